@@ -1,0 +1,505 @@
+"""The entry store: DLedger's data + index files, serving as Raft's log and the commit log.
+
+Owns `<dir>/data/` (entries, see entry_format) and `<dir>/index/` (32 bytes per
+Raft index), plus `<dir>/entries.checkpoint`, a small record naming a committed,
+flushed entry (index, term, pos, chainCrc) from which recovery scans. Invariants:
+
+- Indexes are dense: entries `first_index()..last_index()` are stored; slot 0 of a
+  fresh index is a zero sentinel so that `term(0) == 0`.
+- Every entry's chainCrc links it to the one before; the data files are the truth
+  and the index is rebuilt from them whenever the two disagree.
+- `append` truncates a conflicting suffix first (Raft's log-matching repair); a
+  truncated entry's bytes are zeroed, so nothing truncated reappears on reopen.
+- Recovery scans from the checkpointed entry (or the last three segments) to the
+  end: a torn or corrupt tail is cut at the first bad entry; a bad entry at or
+  below what must be valid (the checkpoint, or the caller's committed index)
+  raises CorruptEntry instead of serving wrong data.
+- With `write_buffer_bytes`, appended data waits in memory until a flush (or the
+  buffer fills): meant for sync flush, where nothing is acknowledged unflushed.
+- NORMAL entries whose body is a RocketMQ message get the message's
+  physicalOffset field set to `pos + 48` as they are appended, on the leader and
+  on followers alike, so replica files are byte-identical.
+
+Writes happen on the caller's thread (page cache only); `flush()` and
+`write_checkpoint()` block on fsync and belong in a worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from raft.types import Entry, EntryKind
+from store.errors import CorruptEntry
+from store.mapped_file import MappedFileQueue
+from store.message import MESSAGE_MAGIC_CODE, PHYSICAL_OFFSET_POS
+
+from .entry_format import (
+    ENTRY_MAGIC,
+    FILLER,
+    FILLER_MAGIC,
+    FILLER_MIN,
+    HEADER,
+    HEADER_SIZE,
+    INDEX_UNIT,
+    INDEX_UNIT_SIZE,
+    StoredEntry,
+    decode_entry,
+    encode_entry,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DATA_SEGMENT_BYTES = 1 << 30
+DEFAULT_INDEX_SEGMENT_BYTES = INDEX_UNIT_SIZE * (1 << 20)
+_CHECKPOINT = struct.Struct(">qqqII")  # index, term, pos, chainCrc, crc of the rest
+_MSG_MAGIC = struct.pack(">i", MESSAGE_MAGIC_CODE)
+_PHY = struct.Struct(">q")
+_SCAN_CHUNK = 4 << 20
+_RECOVER_SEGMENTS = 3
+_INDEX_BUFFER_BYTES = 1 << 20
+
+
+class EntryStore:
+    """Raft log storage (raft.storage.LogStorage) on DLedger's file formats."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        data_segment_bytes: int = DEFAULT_DATA_SEGMENT_BYTES,
+        index_segment_bytes: int = DEFAULT_INDEX_SEGMENT_BYTES,
+        patch_physical_offset: bool = True,
+        committed_index: int = 0,
+        preallocate: bool = True,
+        write_buffer_bytes: int = 0,
+    ) -> None:
+        if index_segment_bytes % INDEX_UNIT_SIZE:
+            raise ValueError(f"index_segment_bytes must be a multiple of {INDEX_UNIT_SIZE}")
+        if data_segment_bytes < 4 * HEADER_SIZE:
+            raise ValueError("data_segment_bytes is too small to hold an entry")
+        self.directory = Path(directory)
+        # Data: write-through unless the caller (sync flush) buffers; the index is
+        # always buffered, since recovery rebuilds it from the data.
+        self._data = MappedFileQueue(
+            self.directory / "data",
+            data_segment_bytes,
+            preallocate=preallocate,
+            write_buffer_bytes=write_buffer_bytes,
+        )
+        self._index = MappedFileQueue(
+            self.directory / "index",
+            index_segment_bytes,
+            preallocate=preallocate,
+            write_buffer_bytes=_INDEX_BUFFER_BYTES,
+        )
+        self._checkpoint_path = self.directory / "entries.checkpoint"
+        self._patch = patch_physical_offset
+        # The tail: (last index, its term, its chainCrc); first index.
+        self._last_index = 0
+        self._last_term = 0
+        self._last_chain = 0
+        self._first_index = 1
+        self._checkpoint_index = 0  # committed entries, never truncated
+        self._recover(committed_index)
+
+    # -- LogStorage --------------------------------------------------------------
+
+    def first_index(self) -> int:
+        return self._first_index
+
+    def last_index(self) -> int:
+        return self._last_index
+
+    def term(self, index: int) -> int:
+        if index == self._last_index:
+            return self._last_term
+        if not self._first_index - 1 <= index <= self._last_index:
+            raise IndexError(f"index {index} outside [{self._first_index - 1}, {self._last_index}]")
+        return self._slot(index)[3]
+
+    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        return [
+            Entry(e.index, e.term, e.body, EntryKind(e.channel))
+            for e in self.stored_entries(lo, hi, max_bytes)
+        ]
+
+    def append(self, entries: Sequence[Entry]) -> None:
+        self.append_entries(entries)
+
+    # -- writing -----------------------------------------------------------------
+
+    def append_entries(self, entries: Sequence[Entry]) -> list[int]:
+        """Append (truncating any conflicting suffix first); returns each entry's pos."""
+        if not entries:
+            return []
+        first = entries[0].index
+        if first <= self._last_index:
+            self.truncate_suffix(first)
+        if first != self._last_index + 1:
+            raise ValueError(f"append at {first} leaves a gap after {self._last_index}")
+        data, seg_size = self._data, self._data.segment_size
+        pos = data.write_position
+        left = data.space_left_in_segment()
+        buf = bytearray()
+        units = bytearray()
+        chain, prev_index, term = self._last_chain, self._last_index, self._last_term
+        positions: list[int] = []
+        for e in entries:
+            if e.index != prev_index + 1 or e.term < term:
+                raise ValueError(f"entry {e.index} (term {e.term}) does not follow {prev_index}")
+            body = e.data
+            size = HEADER_SIZE + len(body)
+            if size + FILLER_MIN > left:
+                if size + FILLER_MIN > seg_size:
+                    raise ValueError(f"entry of {size} bytes exceeds the segment size {seg_size}")
+                buf += FILLER.pack(FILLER_MAGIC, left)
+                buf += bytes(left - FILLER_MIN)
+                pos += left
+                left = seg_size
+            if self._patch and e.kind == EntryKind.NORMAL and body[4:8] == _MSG_MAGIC:
+                body = b"".join((body[:PHYSICAL_OFFSET_POS], _PHY.pack(pos + HEADER_SIZE),
+                                 body[PHYSICAL_OFFSET_POS + 8 :]))  # fmt: skip
+            header, chain = encode_entry(chain, e.index, e.term, pos, int(e.kind), body)
+            buf += header
+            buf += body
+            units += INDEX_UNIT.pack(ENTRY_MAGIC, pos, size, e.index, e.term)
+            positions.append(pos)
+            pos += size
+            left -= size
+            prev_index, term = e.index, e.term
+        self._data.append_across(buf)
+        self._index.append_across(units)
+        self._last_index, self._last_term, self._last_chain = prev_index, term, chain
+        return positions
+
+    def truncate_suffix(self, index: int) -> None:
+        """Remove entries `index..last_index` (Raft conflict resolution)."""
+        if index > self._last_index:
+            return
+        if index <= self._first_index - 1 or index < 1:
+            raise ValueError(f"cannot truncate at {index}: first index is {self._first_index}")
+        if index <= self._checkpoint_index:
+            raise ValueError(f"cannot truncate at {index}: entries up to "
+                             f"{self._checkpoint_index} are committed")  # fmt: skip
+        _, pos, _, _ = self._slot(index)
+        self._data.truncate(pos)
+        self._index.truncate(index * INDEX_UNIT_SIZE)
+        self._last_index = index - 1
+        self._set_tail_from_index(index - 1)
+
+    def delete_prefix(self, index: int) -> int:
+        """Retention: drop whole data segments holding only entries below `index`.
+
+        Returns the new first index. The last entry is never deleted.
+        """
+        index = min(index, self._last_index)
+        if index <= self._first_index:
+            return self._first_index
+        _, pos, _, _ = self._slot(index)
+        self._data.delete_before(pos)
+        first = self._first_in_segment(self._data.min_offset)
+        self._first_index = first
+        # Keep the slot of first-1: Raft needs its term.
+        keep_from = (first - 1) * INDEX_UNIT_SIZE
+        self._index.delete_before(keep_from - keep_from % self._index.segment_size)
+        return first
+
+    # -- reading -----------------------------------------------------------------
+
+    def get(self, index: int) -> StoredEntry:
+        if not self._first_index <= index <= self._last_index:
+            raise IndexError(f"index {index} outside [{self._first_index}, {self._last_index}]")
+        _, pos, size, _ = self._slot(index)
+        entry = self._decode_at(pos, size)
+        if entry.index != index:
+            raise CorruptEntry(
+                self._where(pos), pos, f"index says {index}, entry says {entry.index}"
+            )
+        return entry
+
+    def get_by_pos(self, pos: int) -> StoredEntry:
+        """The entry starting exactly at `pos`; IndexError if none does."""
+        if not self._data.min_offset <= pos < self._data.write_position:
+            raise IndexError(f"position {pos} outside the log")
+        head = self._data.read(pos, min(HEADER_SIZE, self._data.write_position - pos))
+        if len(head) < HEADER_SIZE or HEADER.unpack_from(head)[0] != ENTRY_MAGIC:
+            raise IndexError(f"no entry starts at position {pos}")
+        entry = self._decode_at(pos, HEADER.unpack_from(head)[1])
+        if self._slot(entry.index)[1] != pos:
+            raise IndexError(f"no entry starts at position {pos}")
+        return entry
+
+    def stored_entries(self, lo: int, hi: int, max_bytes: int) -> list[StoredEntry]:
+        """Entries [lo, hi), at least one, at most about max_bytes; one read per call."""
+        if lo >= hi:
+            return []
+        if lo < self._first_index or hi > self._last_index + 1:
+            raise IndexError(f"[{lo}, {hi}) outside [{self._first_index}, {self._last_index}]")
+        raw = self._index.read(lo * INDEX_UNIT_SIZE, (hi - lo) * INDEX_UNIT_SIZE)
+        slots = list(INDEX_UNIT.iter_unpack(raw))
+        start = slots[0][1]
+        count, end = 0, start
+        for _, pos, size, _, _ in slots:
+            if count and pos + size - start > max_bytes:
+                break
+            count, end = count + 1, pos + size
+        buf = self._data.read(start, end - start)
+        out = []
+        for k in range(count):
+            _, pos, _, idx, _ = slots[k]
+            entry = decode_entry(buf, pos - start, pos, where=self._where(pos))
+            if entry.index != idx:
+                raise CorruptEntry(
+                    self._where(pos), pos, f"index says {idx}, entry says {entry.index}"
+                )
+            out.append(entry)
+        return out
+
+    def read_raw(self, pos: int, size: int) -> bytes:
+        """Raw bytes of the data files (replication, verification, tools)."""
+        return self._data.read(pos, size)
+
+    def pos_of(self, index: int) -> int:
+        return self._slot(index)[1]
+
+    @property
+    def end_pos(self) -> int:
+        """Where the next entry (or filler) will be written."""
+        return self._data.write_position
+
+    @property
+    def write_position(self) -> int:
+        return self._data.write_position
+
+    @property
+    def flushed_position(self) -> int:
+        return self._data.flushed_position
+
+    @property
+    def last_chain_crc(self) -> int:
+        return self._last_chain
+
+    @property
+    def data_queue(self) -> MappedFileQueue:
+        return self._data
+
+    # -- durability --------------------------------------------------------------
+
+    def flush(self) -> int:
+        """fsync the data files (what acknowledgements depend on); returns the flushed pos."""
+        return self._data.flush()
+
+    def write_checkpoint(self, committed_index: int) -> None:
+        """Flush everything and record entry `committed_index` as a verified starting point.
+
+        Only committed entries may be checkpointed: they are never truncated.
+        """
+        index = min(committed_index, self._last_index)
+        if index < self._first_index:
+            return
+        entry = self.get(index)
+        self._index.flush()
+        self._data.flush()
+        body = struct.pack(">qqqI", entry.index, entry.term, entry.pos, entry.chain_crc)
+        record = body + struct.pack(">I", zlib.crc32(body))
+        tmp = self._checkpoint_path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, record)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self._checkpoint_path)
+        self._checkpoint_index = max(self._checkpoint_index, entry.index)
+        dfd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def close(self) -> None:
+        self._data.close()
+        self._index.close()
+
+    # -- internals ---------------------------------------------------------------
+
+    def _slot(self, index: int) -> tuple[int, int, int, int]:
+        """The index unit of `index` as (magic, pos, size, term); slot 0 is the sentinel."""
+        raw = self._index.read(index * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE)
+        magic, pos, size, idx, term = INDEX_UNIT.unpack(raw)
+        if index and (magic != ENTRY_MAGIC or idx != index):
+            raise CorruptEntry(str(self._index.directory), index * INDEX_UNIT_SIZE,
+                               f"bad index unit for entry {index}")  # fmt: skip
+        return magic, pos, size, term
+
+    def _decode_at(self, pos: int, size: int) -> StoredEntry:
+        if size < HEADER_SIZE or size > self._data.segment_size:
+            raise CorruptEntry(self._where(pos), pos, f"implausible entry size {size}")
+        return decode_entry(self._data.read(pos, size), 0, pos, where=self._where(pos))
+
+    def _where(self, pos: int) -> str:
+        start = pos - pos % self._data.segment_size
+        return str(self._data.directory / f"{start:020d}")
+
+    def _set_tail_from_index(self, index: int) -> None:
+        if index < self._first_index:
+            self._last_term = self._slot(index)[3] if index else 0
+            self._last_chain = 0
+            return
+        entry = self.get(index)
+        self._last_term, self._last_chain = entry.term, entry.chain_crc
+
+    def _first_in_segment(self, start: int) -> int:
+        head = self._data.read(start, HEADER_SIZE)
+        return int(HEADER.unpack(head)[2])
+
+    # -- recovery ----------------------------------------------------------------
+
+    def _read_checkpoint(self) -> tuple[int, int, int, int] | None:
+        try:
+            raw = self._checkpoint_path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if len(raw) != _CHECKPOINT.size:
+            raise CorruptEntry(str(self._checkpoint_path), 0, f"checkpoint of {len(raw)} bytes")
+        index, term, pos, chain, crc = _CHECKPOINT.unpack(raw)
+        if zlib.crc32(raw[:-4]) != crc:
+            raise CorruptEntry(str(self._checkpoint_path), 0, "checkpoint CRC mismatch")
+        return index, term, pos, chain
+
+    def _recover(self, committed_index: int) -> None:
+        data = self._data
+        segs = data.segments()
+        checkpoint = self._read_checkpoint()
+        if checkpoint is not None and checkpoint[2] >= data.min_offset and segs:
+            index, term, pos, chain = checkpoint
+            anchor = self._scan_one(pos)
+            if anchor is None or (anchor.index, anchor.term, anchor.chain_crc) != (
+                index,
+                term,
+                chain,
+            ):
+                raise CorruptEntry(
+                    self._where(pos), pos, f"checkpointed entry {index} is not there"
+                )
+            must_be_valid = max(committed_index, index)
+            self._checkpoint_index = index
+        else:
+            start = segs[max(0, len(segs) - _RECOVER_SEGMENTS)][0] if segs else 0
+            anchor = self._scan_one(start) if segs else None
+            must_be_valid = committed_index
+            if anchor is None:
+                if start != 0 or committed_index > 0:
+                    raise CorruptEntry(self._where(start), start, "no valid entry opens the log")
+                self._recover_empty()
+                return
+        if anchor.pos == data.min_offset:
+            self._first_index = anchor.index
+        else:
+            self._first_index = self._first_in_segment(data.min_offset)
+        self._scan_from(anchor, must_be_valid)
+
+    def _recover_empty(self) -> None:
+        """No valid entry at all: a fresh store, or one whose first write was torn."""
+        if self._data.segments():
+            self._data.truncate(0)
+        self._index.reset(0)
+        self._index.append(bytes(INDEX_UNIT_SIZE))  # slot 0: the sentinel, term 0
+        self._first_index, self._last_index, self._last_term, self._last_chain = 1, 0, 0, 0
+
+    def _scan_one(self, pos: int) -> StoredEntry | None:
+        """The entry at `pos` if it is whole and its body CRC holds."""
+        head = self._data.read_unchecked(pos, HEADER_SIZE)
+        if len(head) < HEADER_SIZE or HEADER.unpack_from(head)[0] != ENTRY_MAGIC:
+            return None
+        size = HEADER.unpack_from(head)[1]
+        if not HEADER_SIZE <= size <= self._data.segment_size - pos % self._data.segment_size:
+            return None
+        try:
+            return decode_entry(self._data.read_unchecked(pos, size), 0, pos, where="")
+        except CorruptEntry:
+            return None
+
+    def _scan_from(self, anchor: StoredEntry, must_be_valid: int) -> None:
+        """Verify entries after `anchor` to the end; cut the tail at the first bad one."""
+        data = self._data
+        seg_size = data.segment_size
+        data_end = data.write_position  # until now: the end of the last file
+        prev = anchor
+        pos = anchor.pos + anchor.size
+        units = [INDEX_UNIT.pack(ENTRY_MAGIC, anchor.pos, anchor.size, anchor.index, anchor.term)]
+        bad: str | None = None
+        while pos < data_end and bad is None:
+            buf = data.read_unchecked(pos, min(data_end, pos - pos % seg_size + seg_size,
+                                               pos + _SCAN_CHUNK) - pos)  # fmt: skip
+            off = 0
+            while off + FILLER_MIN <= len(buf):
+                magic, size = FILLER.unpack_from(buf, off)
+                left = seg_size - (pos + off) % seg_size
+                if magic == FILLER_MAGIC and size == left:
+                    off += left
+                    break
+                if magic == 0 and size == 0:
+                    bad = "end"
+                    break
+                if magic != ENTRY_MAGIC or not HEADER_SIZE <= size <= left - FILLER_MIN:
+                    bad = f"bad header (magic {magic:#x}, size {size})"
+                    break
+                if off + size > len(buf):
+                    if off == 0:  # an entry larger than a chunk: read it whole
+                        buf = data.read_unchecked(pos, size)
+                        if len(buf) < size:
+                            bad = "torn entry"
+                            break
+                        continue
+                    break
+                try:
+                    entry = decode_entry(buf, off, pos + off, where=self._where(pos + off),
+                                         prev_chain=prev.chain_crc)  # fmt: skip
+                except CorruptEntry as exc:
+                    bad = exc.reason
+                    break
+                if entry.index != prev.index + 1 or entry.term < prev.term:
+                    bad = f"entry {entry.index} (term {entry.term}) after {prev.index}"
+                    break
+                units.append(
+                    INDEX_UNIT.pack(ENTRY_MAGIC, entry.pos, entry.size, entry.index, entry.term)
+                )
+                prev = entry
+                off += size
+            pos += off
+            if off == 0 and bad is None:
+                bad = "torn header"
+        if prev.index < must_be_valid:
+            why = bad if bad not in (None, "end") else "the log ends early"
+            raise CorruptEntry(
+                self._where(pos), pos, f"{why}; entries up to {must_be_valid} must be valid"
+            )
+        if bad not in (None, "end"):
+            log.warning("entry log %s: cutting the tail at %d after entry %d: %s",
+                        self.directory, pos, prev.index, bad)  # fmt: skip
+        data.truncate(pos)
+        self._last_index, self._last_term, self._last_chain = prev.index, prev.term, prev.chain_crc
+        self._rebuild_index(anchor.index, b"".join(units))
+
+    def _rebuild_index(self, first: int, want: bytes) -> None:
+        """Make the index agree with the scanned entries, rewriting it where it does not."""
+        idx = self._index
+        start = first * INDEX_UNIT_SIZE
+        end = start + len(want)
+        have_range = bool(idx.segments()) and idx.min_offset <= start <= idx.write_position
+        if have_range and idx.read_unchecked(start, len(want)) == want:
+            idx.truncate(end)
+            return
+        log.warning("entry index %s disagrees with the data from entry %d: rebuilding it",
+                    idx.directory, first)  # fmt: skip
+        if have_range:
+            idx.truncate(start)
+        else:
+            idx.reset(start)
+        idx.append_across(want)

@@ -1,0 +1,51 @@
+"""Raft consensus for dledger-py: a pure, sans-I/O core (`RaftCore`) in the
+style of etcd-io/raft. See docs/raft.md for the driver contract."""
+
+from raft.config import Config
+from raft.core import PeerProgress, RaftCore, Ready
+from raft.errors import Compacted, NotLeader, ProposalDropped, RaftError, Unavailable
+from raft.messages import (
+    AppendEntries,
+    AppendResponse,
+    Heartbeat,
+    HeartbeatResponse,
+    Message,
+    ReadIndexRequest,
+    ReadIndexResponse,
+    RequestVote,
+    TimeoutNow,
+    VoteResponse,
+)
+from raft.progress import ProgressState
+from raft.storage import LogStorage, MemoryStorage
+from raft.types import Entry, EntryKind, HardState, ReadState, Role
+
+__all__ = [
+    "AppendEntries",
+    "AppendResponse",
+    "Compacted",
+    "Config",
+    "Entry",
+    "EntryKind",
+    "HardState",
+    "Heartbeat",
+    "HeartbeatResponse",
+    "LogStorage",
+    "MemoryStorage",
+    "Message",
+    "NotLeader",
+    "PeerProgress",
+    "ProgressState",
+    "ProposalDropped",
+    "RaftCore",
+    "RaftError",
+    "ReadIndexRequest",
+    "ReadIndexResponse",
+    "ReadState",
+    "Ready",
+    "RequestVote",
+    "Role",
+    "TimeoutNow",
+    "Unavailable",
+    "VoteResponse",
+]

@@ -1,0 +1,54 @@
+"""Plain value types shared by the Raft core, its storage and its drivers.
+
+Owns: log entries, the persistent hard state, node roles, read states.
+Invariants: every type here is immutable and holds only ints, bytes, enums and
+tuples, so drivers can persist or serialize them without copying.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class EntryKind(enum.IntEnum):
+    """What an entry carries."""
+
+    NORMAL = 0  # application data
+    NOOP = 1  # the leader's empty entry on election
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One log entry. `index` starts at 1; index 0 is the sentinel with term 0."""
+
+    index: int
+    term: int
+    data: bytes = b""
+    kind: EntryKind = EntryKind.NORMAL
+
+
+@dataclass(frozen=True, slots=True)
+class HardState:
+    """What must be durable before any message that depends on it is sent."""
+
+    term: int = 0
+    vote: int | None = None  # node id voted for in `term`
+    commit: int = 0
+
+
+class Role(enum.Enum):
+    """The four roles of a node; transitions live in `RaftCore._become_*`."""
+
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre-candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+@dataclass(frozen=True, slots=True)
+class ReadState:
+    """A linearizable read position: serve the read once `applied >= index`."""
+
+    ctx: bytes
+    index: int

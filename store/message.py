@@ -1,0 +1,419 @@
+"""The message codec: RocketMQ's commit-log message layout (V1, IPv4 hosts), big-endian.
+
+One codec for every reader and writer of message bytes (put path, dispatch,
+consumers, recovery, Spark, tests):
+
+    totalSize i32 | magicCode i32 | bodyCRC i32 | queueId i32 | flag i32
+    | queueOffset i64 | physicalOffset i64 | sysFlag i32 | bornTimestamp i64
+    | bornHost (IPv4 4 bytes + port i32) | storeTimestamp i64
+    | storeHost (IPv4 4 bytes + port i32) | reconsumeTimes i32
+    | preparedTransactionOffset i64 | bodyLength i32 | body
+    | topicLength u8 | topic | propertiesLength i16 | properties
+
+`totalSize` counts every byte; `bodyCRC` is CRC32(body) & 0x7fffffff as in
+RocketMQ's UtilAll.crc32. Properties are UTF-8 `name \x01 value \x02` pairs.
+
+Invariants: `encode_message` accepts exactly the messages `validate_message`
+accepts, and `decode_message` accepts exactly the bytes `encode_message` can
+produce (canonical form), so `encode(decode(b)) == b` whenever decoding succeeds.
+Decoding never raises anything but `CorruptEntry`; encoding anything but
+`InvalidMessage`. The queue and physical offsets sit at fixed positions
+(`QUEUE_OFFSET_POS`, `PHYSICAL_OFFSET_POS`) so a writer can patch them in place.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import struct
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from itertools import repeat
+from typing import Any, NamedTuple
+
+from store.errors import CorruptEntry, InvalidMessage
+
+__all__ = [
+    "BLANK_MAGIC_CODE",
+    "DEFAULT_MAX_BODY_BYTES",
+    "FIXED_PART_SIZE",
+    "MESSAGE_MAGIC_CODE",
+    "PHYSICAL_OFFSET_POS",
+    "PROPERTY_KEYS",
+    "PROPERTY_TAGS",
+    "PROPERTY_UNIQ_KEY",
+    "QUEUE_OFFSET_POS",
+    "STORE_TIMESTAMP_POS",
+    "Message",
+    "MessageHeader",
+    "decode_message",
+    "encode_message",
+    "encoded_size",
+    "java_string_hash",
+    "make_properties",
+    "patch_offsets",
+    "peek_header",
+    "split_keys",
+    "tags_hash_code",
+    "validate_message",
+]
+
+MESSAGE_MAGIC_CODE = -626843481  # 0xdaa320a7 as a signed i32 (RocketMQ V1)
+BLANK_MAGIC_CODE = -875286124  # 0xcbd43194: RocketMQ's end-of-file filler
+QUEUE_OFFSET_POS = 20
+PHYSICAL_OFFSET_POS = 28
+STORE_TIMESTAMP_POS = 56
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_TOPIC_BYTES = 127
+MAX_PROPERTIES_BYTES = 32767
+
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+KEY_SEPARATOR = " "
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+
+# sysFlag bits whose layouts we do not support (RocketMQ's IPv6 host flags).
+_BORNHOST_V6_FLAG = 1 << 4
+_STOREHOST_V6_FLAG = 1 << 5
+_V6_FLAGS = _BORNHOST_V6_FLAG | _STOREHOST_V6_FLAG
+
+# Everything up to and including bodyLength, in one precompiled struct.
+_FIXED = struct.Struct(">iiiiiqqiq4siq4siiqi")
+FIXED_PART_SIZE = _FIXED.size
+_OFFSETS = struct.Struct(">qq")
+_PROPS_LEN = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+assert FIXED_PART_SIZE == 88
+assert _FIXED.size - 4 == 84  # bodyLength lies at 84, the body at 88
+
+_MIN_SIZE = FIXED_PART_SIZE + 1 + 1 + 2  # a one-byte topic, no body, no properties
+_TOPIC_RE = re.compile(r"[A-Za-z0-9_%|-]+")
+_TOPIC_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_%|-")
+
+Host = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A commit-log message; the offsets and store fields are filled in by the store."""
+
+    topic: str
+    body: bytes
+    properties: Mapping[str, str] = field(default_factory=dict)
+    queue_id: int = 0
+    flag: int = 0
+    queue_offset: int = 0
+    physical_offset: int = 0
+    sys_flag: int = 0
+    born_timestamp_ms: int = 0
+    born_host: Host = ("0.0.0.0", 0)
+    store_timestamp_ms: int = 0
+    store_host: Host = ("0.0.0.0", 0)
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+
+    @property
+    def keys(self) -> list[str]:
+        return split_keys(self.properties.get(PROPERTY_KEYS))
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get(PROPERTY_UNIQ_KEY)
+
+    @property
+    def tags_code(self) -> int:
+        return tags_hash_code(self.tags)
+
+    def with_positions(self, queue_offset: int, physical_offset: int) -> Message:
+        return replace(self, queue_offset=queue_offset, physical_offset=physical_offset)
+
+
+class MessageHeader(NamedTuple):
+    """What dispatch needs from a message, read without copying the body."""
+
+    total_size: int
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    sys_flag: int
+    store_timestamp_ms: int
+    topic: str
+    tags_code: int
+    keys: list[str]
+    uniq_key: str | None
+
+
+def make_properties(
+    *,
+    tags: str | None = None,
+    keys: Iterable[str] = (),
+    uniq_key: str | None = None,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Build a properties dict with the well-known names set RocketMQ-style."""
+    props: dict[str, str] = dict(extra or {})
+    key_list = list(keys)
+    for key in key_list:
+        if not key or KEY_SEPARATOR in key:
+            raise InvalidMessage(f"key {key!r} must be non-empty and contain no space")
+    if key_list:
+        props[PROPERTY_KEYS] = KEY_SEPARATOR.join(key_list)
+    if tags is not None:
+        props[PROPERTY_TAGS] = tags
+    if uniq_key is not None:
+        props[PROPERTY_UNIQ_KEY] = uniq_key
+    return props
+
+
+def split_keys(keys: str | None) -> list[str]:
+    """The space-separated KEYS property as a list, empty parts dropped (as RocketMQ does)."""
+    return [k for k in keys.split(KEY_SEPARATOR) if k] if keys else []
+
+
+# -- hashing -------------------------------------------------------------------
+
+
+def java_string_hash(s: str) -> int:
+    """Java's `String.hashCode()` (over UTF-16 code units) as a signed 32-bit int."""
+    if s.isascii():
+        units: Iterable[int] = s.encode("ascii")
+    else:
+        raw = s.encode("utf-16-be", "surrogatepass")
+        units = struct.unpack(f">{len(raw) // 2}H", raw)
+    h = 0
+    for unit in units:
+        h = (31 * h + unit) & 0xFFFFFFFF
+    return h - 0x100000000 if h & 0x80000000 else h
+
+
+@lru_cache(maxsize=65536)
+def tags_hash_code(tags: str | None) -> int:
+    """RocketMQ's tagsCode: `tags.hashCode()` widened to i64, 0 for no tags."""
+    return java_string_hash(tags) if tags else 0
+
+
+# -- encoding ------------------------------------------------------------------
+
+
+@lru_cache(maxsize=4096)
+def _topic_bytes(topic: str) -> bytes:
+    if not isinstance(topic, str) or not topic:
+        raise InvalidMessage("topic must be a non-empty string")
+    if _TOPIC_RE.fullmatch(topic) is None:
+        raise InvalidMessage(f"topic {topic!r} may only contain [A-Za-z0-9_%|-]")
+    if len(topic) > MAX_TOPIC_BYTES:
+        raise InvalidMessage(f"topic is {len(topic)} bytes, at most {MAX_TOPIC_BYTES} allowed")
+    return topic.encode("ascii")
+
+
+@lru_cache(maxsize=1024)
+def _host_bytes(ip: str) -> bytes:
+    try:
+        return socket.inet_pton(socket.AF_INET, ip)
+    except (OSError, TypeError):
+        raise InvalidMessage(f"host {ip!r} is not an IPv4 address") from None
+
+
+@lru_cache(maxsize=1024)
+def _host_str(raw: bytes) -> str:
+    return socket.inet_ntop(socket.AF_INET, raw)
+
+
+def _properties_bytes(props: Mapping[str, str]) -> bytes:
+    if not props:
+        return b""
+    try:
+        # "\x01".join raises TypeError for a name or value that is not a str.
+        text = "\x02".join(map("\x01".join, props.items())) + "\x02"
+        raw = text.encode("utf-8")
+    except (TypeError, UnicodeEncodeError):
+        raise InvalidMessage("property names and values must be encodable strings") from None
+    n = len(props)
+    if text.count(NAME_VALUE_SEPARATOR) != n or text.count(PROPERTY_SEPARATOR) != n:
+        raise InvalidMessage("property names and values must not contain \\x01 or \\x02")
+    if "" in props:
+        raise InvalidMessage("property names must be non-empty")
+    if len(raw) > MAX_PROPERTIES_BYTES:
+        raise InvalidMessage(
+            f"properties are {len(raw)} bytes encoded, at most {MAX_PROPERTIES_BYTES} allowed"
+        )
+    return raw
+
+
+def encode_message(msg: Message, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> bytes:
+    """The message's bytes; raises InvalidMessage for anything `decode_message` would refuse."""
+    topic = _topic_bytes(msg.topic)
+    body = msg.body
+    if not isinstance(body, bytes | bytearray):
+        raise InvalidMessage(f"body must be bytes, not {type(body).__name__}")
+    if len(body) > max_body_bytes:
+        raise InvalidMessage(f"body is {len(body)} bytes, at most {max_body_bytes} allowed")
+    props = _properties_bytes(msg.properties)
+    if msg.sys_flag & _V6_FLAGS:
+        raise InvalidMessage("IPv6 host flags in sysFlag are not supported")
+    try:
+        born_ip, born_port = msg.born_host
+        store_ip, store_port = msg.store_host
+    except (TypeError, ValueError):
+        raise InvalidMessage("hosts must be (IPv4 address, port) pairs") from None
+    total = FIXED_PART_SIZE + len(body) + 1 + len(topic) + 2 + len(props)
+    try:
+        head = _FIXED.pack(
+            total,
+            MESSAGE_MAGIC_CODE,
+            zlib.crc32(body) & 0x7FFFFFFF,
+            msg.queue_id,
+            msg.flag,
+            msg.queue_offset,
+            msg.physical_offset,
+            msg.sys_flag,
+            msg.born_timestamp_ms,
+            _host_bytes(born_ip),
+            born_port,
+            msg.store_timestamp_ms,
+            _host_bytes(store_ip),
+            store_port,
+            msg.reconsume_times,
+            msg.prepared_transaction_offset,
+            len(body),
+        )
+    except struct.error as exc:
+        raise InvalidMessage(f"a numeric field is out of range: {exc}") from None
+    return b"".join((head, body, bytes((len(topic),)), topic, _PROPS_LEN.pack(len(props)), props))
+
+
+def encoded_size(msg: Message) -> int:
+    """Length of `encode_message(msg)` for a valid message, without encoding the body."""
+    props = _properties_bytes(msg.properties)
+    return FIXED_PART_SIZE + len(msg.body) + 1 + len(_topic_bytes(msg.topic)) + 2 + len(props)
+
+
+def validate_message(msg: Message, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    """Raise InvalidMessage(reason) unless `msg` can be stored (the same checks as encoding)."""
+    encode_message(msg, max_body_bytes=max_body_bytes)
+
+
+def patch_offsets(buf: bytearray, queue_offset: int, physical_offset: int, at: int = 0) -> None:
+    """Overwrite the queue and physical offsets of the encoded message at `buf[at:]`."""
+    _OFFSETS.pack_into(buf, at + QUEUE_OFFSET_POS, queue_offset, physical_offset)
+
+
+# -- decoding ------------------------------------------------------------------
+
+_Buffer = bytes | bytearray | memoryview
+
+
+def _corrupt(offset: int, reason: str) -> CorruptEntry:
+    return CorruptEntry("message", offset, reason)
+
+
+@lru_cache(maxsize=4096)
+def _decode_topic(raw: bytes) -> str | None:
+    return raw.decode("ascii") if _TOPIC_SAFE.issuperset(raw) else None
+
+
+def _parse_layout(buf: _Buffer, offset: int) -> tuple[tuple[Any, ...], int, str, _Buffer]:
+    """Check magic and lengths; returns (fixed fields, body end, topic, properties bytes)."""
+    if offset < 0 or len(buf) - offset < _MIN_SIZE:
+        raise _corrupt(offset, f"{max(len(buf) - offset, 0)} bytes cannot hold a message")
+    fields = _FIXED.unpack_from(buf, offset)
+    total, magic, body_len = fields[0], fields[1], fields[16]
+    if magic != MESSAGE_MAGIC_CODE:
+        raise _corrupt(offset, f"bad magic code {magic & 0xFFFFFFFF:#010x}")
+    if total < _MIN_SIZE or total > len(buf) - offset:
+        raise _corrupt(offset, f"total size {total} does not fit {len(buf) - offset} bytes")
+    if fields[7] & _V6_FLAGS:
+        raise _corrupt(offset, "IPv6 host flags in sysFlag are not supported")
+    end = offset + total
+    body_end = offset + FIXED_PART_SIZE + body_len
+    if body_len < 0 or body_end + 3 > end:
+        raise _corrupt(offset, f"body length {body_len} overruns total size {total}")
+    topic_len = buf[body_end]
+    topic_end = body_end + 1 + topic_len
+    if topic_len == 0 or topic_len > MAX_TOPIC_BYTES or topic_end + 2 > end:
+        raise _corrupt(offset, f"topic length {topic_len} is invalid")
+    raw_topic = bytes(buf[body_end + 1 : topic_end])
+    topic = _decode_topic(raw_topic)
+    if topic is None:
+        raise _corrupt(offset, f"topic {raw_topic!r} has characters outside [A-Za-z0-9_%|-]")
+    (props_len,) = _PROPS_LEN.unpack_from(buf, topic_end)
+    if props_len < 0 or topic_end + 2 + props_len != end:
+        raise _corrupt(offset, f"properties length {props_len} disagrees with total size {total}")
+    return fields, body_end, topic, buf[topic_end + 2 : end]
+
+
+def _parse_properties(raw: _Buffer, offset: int) -> dict[str, str]:
+    if not raw:
+        return {}
+    try:
+        text = str(raw, "utf-8")
+    except UnicodeDecodeError:
+        raise _corrupt(offset, "properties are not UTF-8") from None
+    if text[-1] != PROPERTY_SEPARATOR:
+        raise _corrupt(offset, "properties do not end with a separator")
+    items = text[:-1].split(PROPERTY_SEPARATOR)
+    try:
+        # dict() refuses any item that does not split into exactly (name, value).
+        props = dict(map(str.split, items, repeat(NAME_VALUE_SEPARATOR)))
+    except ValueError:
+        raise _corrupt(offset, "a property is not one name\\x01value pair") from None
+    if len(props) != len(items) or "" in props:
+        raise _corrupt(offset, "duplicate or empty property name")
+    return props
+
+
+def decode_message(buf: _Buffer, offset: int = 0, verify_crc: bool = True) -> Message:
+    """Decode the message at `buf[offset:]`; raises CorruptEntry on any inconsistency."""
+    fields, body_end, topic, raw_props = _parse_layout(buf, offset)
+    body = bytes(buf[offset + FIXED_PART_SIZE : body_end])
+    if verify_crc and zlib.crc32(body) & 0x7FFFFFFF != fields[2]:
+        raise _corrupt(offset, "body CRC mismatch")
+    if fields[2] < 0:
+        raise _corrupt(offset, f"body CRC {fields[2]} has its top bit set")
+    return Message(
+        topic=topic,
+        body=body,
+        properties=_parse_properties(raw_props, offset),
+        queue_id=fields[3],
+        flag=fields[4],
+        queue_offset=fields[5],
+        physical_offset=fields[6],
+        sys_flag=fields[7],
+        born_timestamp_ms=fields[8],
+        born_host=(_host_str(fields[9]), fields[10]),
+        store_timestamp_ms=fields[11],
+        store_host=(_host_str(fields[12]), fields[13]),
+        reconsume_times=fields[14],
+        prepared_transaction_offset=fields[15],
+    )
+
+
+def peek_header(buf: _Buffer, offset: int = 0) -> MessageHeader:
+    """The dispatch fields of the message at `buf[offset:]`, without copying or checking the body.
+
+    Layout and properties are checked as strictly as by `decode_message`; the body
+    CRC is not (the entry holding the message carries its own CRC).
+    """
+    fields, _body_end, topic, raw_props = _parse_layout(buf, offset)
+    props = _parse_properties(raw_props, offset)
+    return MessageHeader(
+        total_size=fields[0],
+        queue_id=fields[3],
+        queue_offset=fields[5],
+        physical_offset=fields[6],
+        sys_flag=fields[7],
+        store_timestamp_ms=fields[11],
+        topic=topic,
+        tags_code=tags_hash_code(props.get(PROPERTY_TAGS)),
+        keys=split_keys(props.get(PROPERTY_KEYS)),
+        uniq_key=props.get(PROPERTY_UNIQ_KEY),
+    )
