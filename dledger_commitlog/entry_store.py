@@ -33,8 +33,10 @@ import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
+from raft.errors import Compacted, Unavailable
 from raft.types import Entry, EntryKind
 from store.errors import CorruptEntry
+from store.fileio import write_atomically
 from store.mapped_file import MappedFileQueue
 from store.message import MESSAGE_MAGIC_CODE, PHYSICAL_OFFSET_POS
 
@@ -238,8 +240,10 @@ class EntryStore:
         """Entries [lo, hi), at least one, at most about max_bytes; one read per call."""
         if lo >= hi:
             return []
-        if lo < self._first_index or hi > self._last_index + 1:
-            raise IndexError(f"[{lo}, {hi}) outside [{self._first_index}, {self._last_index}]")
+        if lo < self._first_index:
+            raise Compacted(lo, self._first_index)
+        if hi > self._last_index + 1:
+            raise Unavailable(hi - 1, self._last_index)
         raw = self._index.read(lo * INDEX_UNIT_SIZE, (hi - lo) * INDEX_UNIT_SIZE)
         slots = list(INDEX_UNIT.iter_unpack(raw))
         start = slots[0][1]
@@ -307,14 +311,7 @@ class EntryStore:
         self._data.flush()
         body = struct.pack(">qqqI", entry.index, entry.term, entry.pos, entry.chain_crc)
         record = body + struct.pack(">I", zlib.crc32(body))
-        tmp = self._checkpoint_path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, record)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self._checkpoint_path)
+        write_atomically(self._checkpoint_path, record)
         self._checkpoint_index = max(self._checkpoint_index, entry.index)
         dfd = os.open(self.directory, os.O_RDONLY)
         try:

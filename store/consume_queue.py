@@ -1,0 +1,307 @@
+"""ConsumeQueue: one topic queue's fixed-size index into the commit log (RocketMQ layout).
+
+Each unit is 20 big-endian bytes, `commitlogOffset i64 | size i32 | tagsCode i64`,
+and queue offset `q` lives at byte `q * 20` of a MappedFileQueue under
+`<root>/consumequeue/<topic>/<queueId>/`, 300,000 units per file by default (a
+unit never straddles files since the file size is a multiple of 20).
+
+Invariants:
+- Units hold `[min_offset, max_offset)`; appends land exactly at `max_offset`
+  (a gap is an error) and re-appending identical units below it is a no-op, so
+  replaying dispatch after a crash is safe; a different unit there is an error.
+- Units are dispatched in commit-log order: commit-log offsets strictly
+  increase along queue offsets. Truncation and retention binary-search on that.
+- A stored unit has `commitlogOffset >= 0` and `size > 0`; recovery on open
+  scans the last files and takes the data to end at the first unit that is all
+  zeros or breaks that rule, then zeroes whatever follows.
+- `min_offset` moves up only through `delete_below_commitlog_offset`, which
+  deletes whole files and never the one holding the newest unit (so
+  `max_offset` survives a reopen). A reopen starts `min_offset` at the first
+  file; call `delete_below_commitlog_offset` again with the commit log's minimum.
+
+Not thread-safe, except that `flush` may run in a worker thread beside the writer.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from store.errors import ConflictingWrite, OffsetOutOfRange
+from store.mapped_file import MappedFileQueue
+
+__all__ = [
+    "DEFAULT_UNITS_PER_FILE",
+    "UNIT",
+    "UNIT_SIZE",
+    "ConsumeQueue",
+    "CqUnit",
+    "discover_queues",
+    "encode_units",
+]
+
+UNIT = struct.Struct(">qiq")
+UNIT_SIZE = UNIT.size
+assert UNIT_SIZE == 20
+DEFAULT_UNITS_PER_FILE = 300_000
+RECOVERY_FILES = 3  # as RocketMQ: the unflushed tail is at most this many files back
+
+# Byte -> 1 if its top bit is set: finds negative big-endian fields with one translate().
+_HIGH_BIT = bytes(1 if b & 0x80 else 0 for b in range(256))
+
+
+class CqUnit(NamedTuple):
+    commitlog_offset: int
+    size: int
+    tags_code: int
+
+
+def encode_units(units: Iterable[tuple[int, int, int]]) -> bytes:
+    pack = UNIT.pack
+    return b"".join([pack(*u) for u in units])
+
+
+def _count_valid_units(data: bytes) -> int:
+    """Units from the start of `data` before the first one that ends the data.
+
+    A unit ends the data when its size is <= 0 (this covers all-zero units) or its
+    commit-log offset is negative. Works on strided byte slices, not per unit.
+    """
+    n = len(data) // UNIT_SIZE
+    if n == 0:
+        return 0
+    ends = [n]
+    for column in (0, 8):  # sign bits of commitlogOffset and size
+        i = data[column::UNIT_SIZE][:n].translate(_HIGH_BIT).find(1)
+        if i >= 0:
+            ends.append(i)
+    size_bytes = 0
+    for column in (8, 9, 10, 11):
+        size_bytes |= int.from_bytes(data[column::UNIT_SIZE][:n], "big")
+    i = size_bytes.to_bytes(n, "big").find(0)
+    if i >= 0:
+        ends.append(i)
+    return min(ends)
+
+
+def discover_queues(root: str | os.PathLike[str]) -> list[tuple[str, int]]:
+    """(topic, queue id) of every consume queue directory under `root`."""
+    base = Path(root) / "consumequeue"
+    if not base.is_dir():
+        return []
+    found = []
+    for topic_dir in sorted(base.iterdir()):
+        if topic_dir.is_dir():
+            for queue_dir in sorted(topic_dir.iterdir()):
+                if queue_dir.is_dir() and queue_dir.name.isdigit():
+                    found.append((topic_dir.name, int(queue_dir.name)))
+    return found
+
+
+class ConsumeQueue:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        topic: str,
+        queue_id: int,
+        *,
+        units_per_file: int = DEFAULT_UNITS_PER_FILE,
+        preallocate: bool = True,
+    ) -> None:
+        if units_per_file <= 0:
+            raise ValueError(f"units_per_file must be positive, got {units_per_file}")
+        self.topic = topic
+        self.queue_id = queue_id
+        self.directory = Path(root) / "consumequeue" / topic / str(queue_id)
+        self._file_size = units_per_file * UNIT_SIZE
+        self._files = MappedFileQueue(self.directory, self._file_size, preallocate=preallocate)
+        self._recover()
+        self._min = self._files.min_offset // UNIT_SIZE
+        self._max = self._files.write_position // UNIT_SIZE
+        last = self._unit_or_none(self._max - 1)
+        self._last_phy = last.commitlog_offset if last is not None else -1
+
+    # -- recovery --------------------------------------------------------------
+
+    def _recover(self) -> None:
+        segments = self._files.segments()
+        if not segments:
+            return
+        end = segments[0][0]
+        for start, _path in segments[max(0, len(segments) - RECOVERY_FILES) :]:
+            data = self._files.read_unchecked(start, self._file_size)
+            valid = _count_valid_units(data)
+            end = start + valid * UNIT_SIZE
+            if valid * UNIT_SIZE < self._file_size:
+                tail = data[valid * UNIT_SIZE :]
+                if tail.count(0) == len(tail):
+                    self._files.set_write_position(end)
+                else:
+                    self._files.truncate(end)  # stale units past the end: zero them too
+                return
+        self._files.set_write_position(end)
+
+    # -- positions ---------------------------------------------------------------
+
+    @property
+    def min_offset(self) -> int:
+        """The smallest queue offset that can be read."""
+        return self._min
+
+    @property
+    def max_offset(self) -> int:
+        """The queue offset the next unit gets (one past the last unit)."""
+        return self._max
+
+    @property
+    def max_commitlog_offset(self) -> int:
+        """End (offset + size) in the commit log of the last unit; -1 for an empty queue."""
+        last = self._unit_or_none(self._max - 1)
+        return -1 if last is None else last.commitlog_offset + last.size
+
+    def file_starts(self) -> list[int]:
+        """Byte offsets (names) of the queue's files, oldest first."""
+        return [start for start, _path in self._files.segments()]
+
+    @property
+    def flushed_offset(self) -> int:
+        """Queue offsets below this one are durable."""
+        return self._files.flushed_position // UNIT_SIZE
+
+    # -- writing ---------------------------------------------------------------
+
+    def append(self, queue_offset: int, commitlog_offset: int, size: int, tags_code: int) -> bool:
+        """Store one unit at `queue_offset`; False if that identical unit was there already."""
+        return self.append_batch(queue_offset, [(commitlog_offset, size, tags_code)]) == 1
+
+    def append_batch(self, first_queue_offset: int, units: Sequence[tuple[int, int, int]]) -> int:
+        """Store `units` at `first_queue_offset` onward; returns how many were new.
+
+        Units already stored (a replay) must match byte for byte (ConflictingWrite
+        otherwise); the rest extend the queue and must not leave a gap
+        (OffsetOutOfRange) and must keep commit-log offsets increasing (ValueError).
+        """
+        if not units:
+            return 0
+        q = first_queue_offset
+        if q < self._min or q > self._max:
+            raise OffsetOutOfRange(q, self._min, self._max + 1, "consume queue append offset")
+        overlap = min(len(units), self._max - q)
+        if overlap > 0:
+            self._check_replay(q, units[:overlap])
+        fresh = units[overlap:]
+        if not fresh:
+            return 0
+        prev = self._last_phy
+        for phy, size, _tags in fresh:
+            if phy <= prev or size <= 0:
+                raise ValueError(
+                    f"unit ({phy}, {size}) after commit-log offset {prev}: offsets must "
+                    "increase and sizes be positive"
+                )
+            prev = phy
+        data = encode_units(fresh)
+        view = memoryview(data)
+        while view:
+            room = self._files.space_left_in_segment()
+            self._files.append(view[:room])
+            view = view[room:]
+        self._max += len(fresh)
+        self._last_phy = prev
+        return len(fresh)
+
+    def _check_replay(self, q: int, units: Sequence[tuple[int, int, int]]) -> None:
+        stored = self._files.read(q * UNIT_SIZE, len(units) * UNIT_SIZE)
+        expected = encode_units(units)
+        if stored != expected:
+            i = next(
+                k
+                for k in range(len(units))
+                if stored[k * UNIT_SIZE : (k + 1) * UNIT_SIZE]
+                != expected[k * UNIT_SIZE : (k + 1) * UNIT_SIZE]
+            )
+            raise ConflictingWrite(
+                str(self.directory),
+                q + i,
+                f"unit {CqUnit(*UNIT.unpack_from(stored, i * UNIT_SIZE))} is stored, "
+                f"{CqUnit(*units[i])} was appended",
+            )
+
+    # -- reading ---------------------------------------------------------------
+
+    def get(self, queue_offset: int) -> CqUnit:
+        units = self.get_range(queue_offset, 1)
+        if not units:
+            raise OffsetOutOfRange(queue_offset, self._min, self._max, "consume queue offset")
+        return units[0]
+
+    def get_range(self, queue_offset: int, max_count: int) -> list[CqUnit]:
+        """Up to `max_count` units from `queue_offset`; [] at `max_offset` (nothing new yet)."""
+        if queue_offset < self._min or queue_offset > self._max:
+            raise OffsetOutOfRange(queue_offset, self._min, self._max + 1, "consume queue offset")
+        n = min(max_count, self._max - queue_offset)
+        if n <= 0:
+            return []
+        data = self._files.read(queue_offset * UNIT_SIZE, n * UNIT_SIZE)
+        return list(map(CqUnit._make, UNIT.iter_unpack(data)))
+
+    def _unit_or_none(self, queue_offset: int) -> CqUnit | None:
+        """The unit at `queue_offset` if it is still on disk (also below min_offset)."""
+        pos = queue_offset * UNIT_SIZE
+        if queue_offset < 0 or pos < self._files.min_offset or pos >= self._files.write_position:
+            return None
+        return CqUnit._make(UNIT.unpack(self._files.read(pos, UNIT_SIZE)))
+
+    def _first_at_or_after(self, phy: int, low: int) -> int:
+        """The first queue offset in [low, max) whose commit-log offset is >= phy (else max)."""
+        high = self._max
+        while low < high:
+            mid = (low + high) // 2
+            unit = self._unit_or_none(mid)
+            assert unit is not None
+            if unit.commitlog_offset >= phy:
+                high = mid
+            else:
+                low = mid + 1
+        return low
+
+    # -- truncation and retention -------------------------------------------------
+
+    def truncate_to_commitlog_offset(self, phy: int) -> int:
+        """Drop every unit whose commit-log offset is >= `phy`; returns the new max_offset."""
+        low = self._files.min_offset // UNIT_SIZE
+        q = self._first_at_or_after(phy, low)
+        if q == self._max:
+            return self._max
+        self._files.truncate(q * UNIT_SIZE)
+        self._max = q
+        self._min = min(self._min, q)
+        last = self._unit_or_none(q - 1)
+        self._last_phy = last.commitlog_offset if last is not None else -1
+        return q
+
+    def delete_below_commitlog_offset(self, phy: int) -> int:
+        """Forget units below commit-log offset `phy`; delete files holding only such units.
+
+        Returns the new min_offset. The file holding the newest unit is kept.
+        """
+        q = max(self._first_at_or_after(phy, self._min), self._min)
+        keep_from = q * UNIT_SIZE
+        if self._max > 0:
+            last_pos = (self._max - 1) * UNIT_SIZE
+            keep_from = min(keep_from, last_pos - last_pos % self._file_size)
+        self._files.delete_before(keep_from)
+        self._min = q
+        return q
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def flush(self) -> int:
+        """fsync; returns the flushed queue offset. Blocking: call it off the event loop."""
+        return self._files.flush() // UNIT_SIZE
+
+    def close(self) -> None:
+        self._files.close()
