@@ -271,6 +271,22 @@ class EntryStore:
     def pos_of(self, index: int) -> int:
         return self._slot(index)[1]
 
+    def locate(self, index: int) -> tuple[int, int]:
+        """(pos, size) of entry `index`, from the index alone."""
+        _, pos, size, _ = self._slot(index)
+        return pos, size
+
+    def next_entry_pos(self, pos: int) -> int:
+        """`pos` itself, or the next segment's start if a filler lies at `pos`."""
+        if pos < self._data.write_position:
+            magic, size = FILLER.unpack(self._data.read(pos, FILLER_MIN))
+            if (
+                magic == FILLER_MAGIC
+                and size == self._data.segment_size - pos % self._data.segment_size
+            ):
+                return pos + int(size)
+        return pos
+
     @property
     def end_pos(self) -> int:
         """Where the next entry (or filler) will be written."""

@@ -1,0 +1,402 @@
+"""DLedgerCommitLog: messages in, Raft entries out, results back once committed.
+
+Owns the put path above Raft: validation and encoding (once, at the request),
+queue assignment at proposal time, batching of concurrent puts into one
+proposal, idempotency by UNIQ_KEY, and the committed view that readers use.
+
+Invariants:
+- Queue offsets are a function of log order: the leader assigns them from a
+  table of the committed prefix plus its own uncommitted tail (scanned when it
+  becomes leader), so every replica's queues come out byte-identical.
+- A put's future resolves only when the entry at its index commits: success if
+  that entry has the term it was proposed in, a definite failure if another
+  entry took the index; if neither happens before the deadline the outcome is
+  unknown (the client retries with the same UNIQ_KEY and gets the original).
+- Readers see entries up to `committed_index` / `committed_pos` only; these move
+  forward only, as committed entries are applied in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import socket
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from raft.errors import NotLeader
+from raft.types import Entry, EntryKind
+from store.errors import InvalidMessage, OffsetOutOfRange
+from store.message import (
+    QUEUE_OFFSET_POS,
+    STORE_TIMESTAMP_POS,
+    Message,
+    MessageHeader,
+    decode_message,
+    encode_message,
+    make_properties,
+    peek_header,
+)
+
+from .entry_format import HEADER_SIZE
+from .entry_store import EntryStore
+
+log = logging.getLogger(__name__)
+
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_QUEUE_ID_POS = 12
+_MSG_ID = struct.Struct(">4siq")
+
+
+class PutFailed(Exception):
+    """Definitely not stored (another entry took its place): safe to retry."""
+
+
+class OutcomeUnknown(Exception):
+    """Not committed before the deadline; it may still commit. Retry with the same key."""
+
+
+class Overloaded(Exception):
+    """Too many puts in flight."""
+
+
+@dataclass(frozen=True, slots=True)
+class PutSpec:
+    """A validated put, encoded once; queue fields are patched at proposal time."""
+
+    topic: str
+    encoded: bytes
+    uniq_key: str
+    queue_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    msg_id: str
+    commitlog_offset: int
+    queue_id: int
+    queue_offset: int
+    store_timestamp_ms: int
+    duplicate: bool = False
+
+
+def make_msg_id(store_host: tuple[str, int], commitlog_offset: int) -> str:
+    """RocketMQ's layout: store host (IPv4, port) and commit-log offset, hex upper."""
+    return (
+        _MSG_ID.pack(socket.inet_aton(store_host[0]), store_host[1], commitlog_offset).hex().upper()
+    )
+
+
+def offset_of_msg_id(msg_id: str) -> int:
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError as exc:
+        raise InvalidMessage(f"message id {msg_id!r} is not hex") from exc
+    if len(raw) != _MSG_ID.size:
+        raise InvalidMessage(f"message id {msg_id!r} must be {2 * _MSG_ID.size} hex digits")
+    return int(_MSG_ID.unpack(raw)[2])
+
+
+@dataclass(slots=True)
+class _Waiter:
+    term: int
+    future: asyncio.Future[PutResult]
+    duplicate: bool = False
+
+
+class DLedgerCommitLog:
+    """The replicated commit log's put path and committed view on one node."""
+
+    def __init__(
+        self,
+        store: EntryStore,
+        *,
+        store_host: tuple[str, int],
+        queues_per_topic: int,
+        max_message_bytes: int,
+        max_pending: int,
+        idempotency_window: int,
+        propose: Callable[[list[bytes]], tuple[int, int, int]],
+    ) -> None:
+        self.store = store
+        self._store_host = store_host
+        self._queues = queues_per_topic
+        self._max_body = max_message_bytes
+        self._max_pending = max_pending
+        self._propose = propose  # -> (first index, last index, term); raises NotLeader
+        # The committed view.
+        self.committed_index = 0
+        self.committed_pos = 0
+        self._queue_next: dict[tuple[str, int], int] = {}
+        self._recent: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._window = idempotency_window
+        self._commit_listeners: list[Callable[[], None]] = []
+        # The leader's assignment state.
+        self._lead_term = 0
+        self._assign_next: dict[tuple[str, int], int] = {}
+        self._round_robin: dict[str, int] = {}
+        self._tail_uniq: dict[str, int] = {}  # uncommitted tail: uniq key -> index
+        self._waiters: dict[int, list[_Waiter]] = {}
+        self._pending = 0
+        self._queued: list[tuple[PutSpec, asyncio.Future[PutResult]]] = []
+        self._flush_scheduled = False
+
+    # -- building the committed view at start --------------------------------------
+
+    def load_committed(self, upto_index: int, batch_bytes: int = 8 << 20) -> None:
+        """Scan the log up to `upto_index` (already committed) to rebuild the tables."""
+        index = self.store.first_index()
+        while index <= upto_index:
+            batch = self.store.stored_entries(index, upto_index + 1, batch_bytes)
+            self._apply_to_tables(
+                [Entry(e.index, e.term, e.body, EntryKind(e.channel)) for e in batch]
+            )
+            index = batch[-1].index + 1
+        self._set_committed(upto_index)
+
+    def add_commit_listener(self, listener: Callable[[], None]) -> None:
+        self._commit_listeners.append(listener)
+
+    def remove_commit_listener(self, listener: Callable[[], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._commit_listeners.remove(listener)
+
+    # -- put path --------------------------------------------------------------------
+
+    def prepare(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        keys: Sequence[str] = (),
+        tags: str | None = None,
+        properties: dict[str, str] | None = None,
+        uniq_key: str = "",
+        queue_id: int | None = None,
+        born_timestamp_ms: int = 0,
+        flag: int = 0,
+        born_host: tuple[str, int] = ("127.0.0.1", 0),
+    ) -> PutSpec:
+        """Validate and encode; raises InvalidMessage with the reason."""
+        if queue_id is not None and not 0 <= queue_id < self._queues:
+            raise InvalidMessage(f"queue id {queue_id} outside [0, {self._queues})")
+        if not uniq_key:
+            raise InvalidMessage("uniq_key is required (clients generate one per message)")
+        props = make_properties(keys=keys, tags=tags or None, uniq_key=uniq_key, extra=properties)
+        msg = Message(topic=topic, body=body, properties=props, flag=flag,
+                      born_timestamp_ms=born_timestamp_ms, born_host=born_host,
+                      store_host=self._store_host)  # fmt: skip
+        encoded = encode_message(msg, max_body_bytes=self._max_body)
+        return PutSpec(topic, encoded, uniq_key, queue_id)
+
+    async def put(self, specs: Sequence[PutSpec], timeout_s: float) -> list[PutResult]:
+        """Propose `specs` (batched with concurrent puts) and wait for their commit."""
+        loop = asyncio.get_running_loop()
+        if self._pending + len(specs) > self._max_pending:
+            raise Overloaded(f"{self._pending} puts in flight (limit {self._max_pending})")
+        futures: list[asyncio.Future[PutResult]] = []
+        for spec in specs:
+            dup = self._duplicate(spec.uniq_key)
+            if dup is not None:
+                futures.append(dup)
+                continue
+            fut: asyncio.Future[PutResult] = loop.create_future()
+            self._queued.append((spec, fut))
+            futures.append(fut)
+        self._pending += len(specs)
+        if self._queued and not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush_queued)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return list(await asyncio.gather(*(asyncio.shield(f) for f in futures)))
+        except TimeoutError:
+            raise OutcomeUnknown(
+                f"not committed within {timeout_s:.1f}s; it may still be: retry with the same "
+                "uniq_key"
+            ) from None
+        finally:
+            self._pending -= len(specs)
+
+    def _duplicate(self, uniq_key: str) -> asyncio.Future[PutResult] | None:
+        """A future for a put already committed or in the uncommitted tail."""
+        index = self._recent.get(uniq_key) or self._tail_uniq.get(uniq_key)
+        if index is None:
+            return None
+        fut: asyncio.Future[PutResult] = asyncio.get_running_loop().create_future()
+        if index <= self.committed_index:
+            entry = self.store.get(index)
+            fut.set_result(self._result(index, entry.term, peek_header(entry.body), True))
+        else:
+            self._waiters.setdefault(index, []).append(
+                _Waiter(
+                    self.store.term(index) if index <= self.store.last_index() else 0, fut, True
+                )
+            )
+        return fut
+
+    def _flush_queued(self) -> None:
+        """Encode the queued puts' queue fields and propose them as one batch."""
+        self._flush_scheduled = False
+        queued, self._queued = self._queued, []
+        if not queued:
+            return
+        now_ms = int(time.time() * 1000)
+        datas: list[bytes] = []
+        for spec, _ in queued:
+            qid = spec.queue_id
+            if qid is None:
+                qid = self._round_robin.get(spec.topic, 0)
+                self._round_robin[spec.topic] = (qid + 1) % self._queues
+            key = (spec.topic, qid)
+            qoff = self._assign_next.get(key, 0)
+            buf = bytearray(spec.encoded)
+            _I32.pack_into(buf, _QUEUE_ID_POS, qid)
+            _I64.pack_into(buf, QUEUE_OFFSET_POS, qoff)
+            _I64.pack_into(buf, STORE_TIMESTAMP_POS, now_ms)
+            datas.append(bytes(buf))
+        try:
+            first, _last, term = self._propose(datas)
+        except NotLeader as exc:
+            for _, fut in queued:
+                if not fut.done():
+                    fut.set_exception(NotLeader(exc.leader_hint))
+            return
+        # Committed to the log: advance the assignment table.
+        for k, (spec, fut) in enumerate(queued):
+            hdr_qid = _I32.unpack_from(datas[k], _QUEUE_ID_POS)[0]
+            key = (spec.topic, hdr_qid)
+            self._assign_next[key] = self._assign_next.get(key, 0) + 1
+            self._tail_uniq[spec.uniq_key] = first + k
+            self._waiters.setdefault(first + k, []).append(_Waiter(term, fut))
+
+    def become_leader(self, term: int, tail: Sequence[Entry]) -> None:
+        """Start assigning: the committed tables plus the uncommitted `tail` of our log."""
+        self._lead_term = term
+        self._assign_next = dict(self._queue_next)
+        self._tail_uniq = {}
+        self._round_robin = {}
+        for e in tail:
+            if e.kind != EntryKind.NORMAL or not e.data:
+                continue
+            hdr = peek_header(e.data)
+            key = (hdr.topic, hdr.queue_id)
+            self._assign_next[key] = max(self._assign_next.get(key, 0), hdr.queue_offset + 1)
+            if hdr.uniq_key:
+                self._tail_uniq[hdr.uniq_key] = e.index
+
+    # -- applying committed entries ---------------------------------------------------
+
+    def apply(self, entries: Sequence[Entry]) -> None:
+        """Committed entries, in log order, each once."""
+        if not entries:
+            return
+        headers = self._apply_to_tables(entries)
+        waiters = self._waiters
+        if waiters:
+            for e, hdr in zip(entries, headers, strict=True):
+                ws = waiters.pop(e.index, None)
+                if ws:
+                    self._resolve(e, hdr, ws)
+        self._set_committed(entries[-1].index)
+
+    def _apply_to_tables(self, entries: Sequence[Entry]) -> list[MessageHeader | None]:
+        headers: list[MessageHeader | None] = []
+        recent, queue_next, tail = self._recent, self._queue_next, self._tail_uniq
+        for e in entries:
+            if e.kind != EntryKind.NORMAL or not e.data:
+                headers.append(None)
+                continue
+            hdr = peek_header(e.data)
+            headers.append(hdr)
+            key = (hdr.topic, hdr.queue_id)
+            queue_next[key] = max(queue_next.get(key, 0), hdr.queue_offset + 1)
+            if hdr.uniq_key:
+                recent[hdr.uniq_key] = e.index
+                tail.pop(hdr.uniq_key, None)
+        while len(recent) > self._window:
+            recent.popitem(last=False)
+        return headers
+
+    def _resolve(self, e: Entry, hdr: MessageHeader | None, ws: list[_Waiter]) -> None:
+        for w in ws:
+            if w.future.done():
+                continue
+            if e.term == w.term and hdr is not None:
+                w.future.set_result(self._result(e.index, e.term, hdr, w.duplicate))
+            else:
+                w.future.set_exception(
+                    PutFailed(f"entry {e.index} was replaced by a newer leader's; retry")
+                )
+
+    def _result(self, index: int, term: int, hdr: MessageHeader, duplicate: bool) -> PutResult:
+        del term
+        offset = self.store.pos_of(index) + HEADER_SIZE
+        return PutResult(make_msg_id(self._store_host, offset), offset, hdr.queue_id,
+                         hdr.queue_offset, hdr.store_timestamp_ms, duplicate)  # fmt: skip
+
+    def _set_committed(self, index: int) -> None:
+        if index <= self.committed_index:
+            return
+        self.committed_index = index
+        pos, size = self.store.locate(index)
+        self.committed_pos = pos + size
+        for listener in list(self._commit_listeners):
+            listener()
+
+    def fail_waiters_beyond(self, last_index: int) -> None:
+        """Nothing to do: waiters beyond a truncation resolve when their index commits."""
+        del last_index
+
+    # -- committed reads ----------------------------------------------------------------
+
+    def get_by_offset(self, commitlog_offset: int) -> tuple[Message, int]:
+        """The committed message at a commit-log offset, and its encoded size."""
+        pos = commitlog_offset - HEADER_SIZE
+        if commitlog_offset < self.store.data_queue.min_offset + HEADER_SIZE:
+            raise OffsetOutOfRange(commitlog_offset, self.min_offset, self.committed_pos,
+                                   "commit-log offset")  # fmt: skip
+        if pos >= self.committed_pos:
+            raise OffsetOutOfRange(commitlog_offset, self.min_offset, self.committed_pos,
+                                   "commit-log offset (not committed)")  # fmt: skip
+        try:
+            entry = self.store.get_by_pos(pos)
+        except IndexError:
+            raise KeyError(f"no message starts at commit-log offset {commitlog_offset}") from None
+        if entry.channel != EntryKind.NORMAL or not entry.body:
+            raise KeyError(f"no message at commit-log offset {commitlog_offset}")
+        return decode_message(entry.body), len(entry.body)
+
+    @property
+    def min_offset(self) -> int:
+        return self.store.data_queue.min_offset + HEADER_SIZE
+
+    def read_range(
+        self, from_offset: int, max_messages: int, max_bytes: int
+    ) -> tuple[list[bytes], int]:
+        """Encoded committed messages from `from_offset` on, and the offset after them."""
+        store = self.store
+        if from_offset < self.min_offset:
+            index = store.first_index()
+        elif from_offset - HEADER_SIZE >= self.committed_pos:
+            return [], max(from_offset, self.committed_pos + HEADER_SIZE)
+        else:
+            pos = store.next_entry_pos(from_offset - HEADER_SIZE)
+            if pos >= self.committed_pos:
+                return [], pos + HEADER_SIZE
+            try:
+                index = store.get_by_pos(pos).index
+            except IndexError:
+                raise KeyError(f"no message starts at commit-log offset {from_offset}") from None
+        hi = min(self.committed_index + 1, index + max(1, max_messages))
+        if index >= hi:
+            return [], from_offset
+        batch = store.stored_entries(index, hi, max_bytes)
+        out = [e.body for e in batch if e.channel == EntryKind.NORMAL and e.body]
+        nxt = batch[-1].pos + batch[-1].size + HEADER_SIZE
+        return out, nxt

@@ -1,0 +1,220 @@
+"""Node configuration: a TOML file, command-line overrides on top, validated once.
+
+The TOML layout (every key optional but `node_id`, `data_dir` and `peers`):
+
+    node_id = 1
+    cluster = "dledger"
+    data_dir = "data/n1"
+    flush_mode = "sync"            # or "async"
+    [listen]
+    client = "127.0.0.1:7001"      # defaults to this node's peer entry
+    raft = "127.0.0.1:7101"
+    metrics = "127.0.0.1:7201"     # empty string: no metrics endpoint
+    [[peers]]
+    id = 1
+    raft = "127.0.0.1:7101"
+    client = "127.0.0.1:7001"
+    [raft]    tick_ms, election_ticks, heartbeat_ticks, preferred_leader, ...
+    [store]   data_segment_bytes, index_segment_bytes, max_message_bytes, ...
+    [retention] file_reserved_hours, delete_when_hour, force_clean_ratio, refuse_ratio
+
+A peer given on the command line is `ID=RAFT_HOST:PORT/CLIENT_HOST:PORT`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """The configuration is unusable; the message says which setting and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    id: int
+    raft: str
+    client: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    node_id: int
+    data_dir: str
+    peers: tuple[Peer, ...]
+    cluster: str = "dledger"
+    flush_mode: str = "sync"
+    listen_client: str = ""
+    listen_raft: str = ""
+    listen_metrics: str = ""
+    # raft
+    tick_ms: int = 50
+    election_ticks: int = 10
+    heartbeat_ticks: int = 2
+    preferred_leader: int | None = None
+    max_append_entries: int = 1024
+    max_append_bytes: int = 4 << 20
+    max_inflight_msgs: int = 64
+    # store
+    data_segment_bytes: int = 1 << 30
+    index_segment_bytes: int = 32 << 20
+    max_message_bytes: int = 4 << 20
+    flush_interval_ms: int = 200
+    queues_per_topic: int = 4
+    cq_units_per_file: int = 300_000
+    index_slots: int = 5_000_000
+    index_entries: int = 20_000_000
+    max_pending_puts: int = 20_000
+    idempotency_window: int = 100_000
+    # retention
+    file_reserved_hours: float = 72.0
+    delete_when_hour: int = 4
+    force_clean_ratio: float = 0.85
+    refuse_ratio: float = 0.95
+
+    def __post_init__(self) -> None:
+        ids = [p.id for p in self.peers]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"peers: duplicate node ids {ids}")
+        if self.node_id not in ids:
+            raise ConfigError(f"node_id {self.node_id} is not among the peers {ids}")
+        if len(ids) not in (1, 3, 5):
+            raise ConfigError(f"peers: a group of 1, 3 or 5 voters, not {len(ids)}")
+        if self.flush_mode not in ("sync", "async"):
+            raise ConfigError(f"flush_mode must be 'sync' or 'async', not {self.flush_mode!r}")
+        if (
+            self.tick_ms <= 0
+            or self.heartbeat_ticks < 1
+            or self.election_ticks <= self.heartbeat_ticks
+        ):
+            raise ConfigError("raft: need tick_ms > 0 and 1 <= heartbeat_ticks < election_ticks")
+        if self.preferred_leader is not None and self.preferred_leader not in ids:
+            raise ConfigError(f"raft.preferred_leader {self.preferred_leader} is not a peer")
+        if self.queues_per_topic < 1:
+            raise ConfigError("store.queues_per_topic must be at least 1")
+        if not 0 < self.force_clean_ratio <= self.refuse_ratio <= 1:
+            raise ConfigError("retention: need 0 < force_clean_ratio <= refuse_ratio <= 1")
+        for p in self.peers:
+            for what in (p.raft, p.client):
+                parse_address(what)
+
+    @property
+    def me(self) -> Peer:
+        return next(p for p in self.peers if p.id == self.node_id)
+
+    @property
+    def client_address(self) -> str:
+        return self.listen_client or self.me.client
+
+    @property
+    def raft_address(self) -> str:
+        return self.listen_raft or self.me.raft
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"address {text!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def parse_peer(text: str) -> Peer:
+    """`ID=RAFT_HOST:PORT/CLIENT_HOST:PORT`."""
+    ident, sep, rest = text.partition("=")
+    raft, sep2, client = rest.partition("/")
+    if not sep or not sep2 or not ident.strip().isdigit():
+        raise ConfigError(f"peer {text!r} is not ID=RAFT_HOST:PORT/CLIENT_HOST:PORT")
+    return Peer(int(ident), raft.strip(), client.strip())
+
+
+_SECTIONS = {
+    "listen": {"client": "listen_client", "raft": "listen_raft", "metrics": "listen_metrics"},
+    "raft": {
+        "tick_ms": "tick_ms",
+        "election_ticks": "election_ticks",
+        "heartbeat_ticks": "heartbeat_ticks",
+        "preferred_leader": "preferred_leader",
+        "max_append_entries": "max_append_entries",
+        "max_append_bytes": "max_append_bytes",
+        "max_inflight_msgs": "max_inflight_msgs",
+    },
+    "store": {
+        name: name
+        for name in (
+            "data_segment_bytes",
+            "index_segment_bytes",
+            "max_message_bytes",
+            "flush_interval_ms",
+            "queues_per_topic",
+            "cq_units_per_file",
+            "index_slots",
+            "index_entries",
+            "max_pending_puts",
+            "idempotency_window",
+        )
+    },
+    "retention": {
+        name: name
+        for name in (
+            "file_reserved_hours",
+            "delete_when_hour",
+            "force_clean_ratio",
+            "refuse_ratio",
+        )
+    },
+}
+_TOP = ("node_id", "cluster", "data_dir", "flush_mode")
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> NodeConfig:
+    """Read `path` (may be None), apply `overrides` (NodeConfig field names), validate."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            doc = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+        values = _flatten(doc, str(path))
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            values[key] = value
+    for required in ("node_id", "data_dir", "peers"):
+        if required not in values:
+            raise ConfigError(f"missing setting {required!r} (config file or command line)")
+    known = {f.name for f in dataclasses.fields(NodeConfig)}
+    unknown = set(values) - known
+    if unknown:
+        raise ConfigError(f"unknown settings: {', '.join(sorted(unknown))}")
+    try:
+        return NodeConfig(**values)
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _flatten(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        if key in _TOP:
+            out[key] = value
+        elif key == "peers":
+            if not isinstance(value, list):
+                raise ConfigError(f"{where}: peers must be an array of tables")
+            try:
+                out["peers"] = tuple(
+                    Peer(int(p["id"]), str(p["raft"]), str(p["client"])) for p in value
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ConfigError(f"{where}: each peer needs id, raft and client ({exc})") from exc
+        elif key in _SECTIONS and isinstance(value, dict):
+            names = _SECTIONS[key]
+            for sub, v in value.items():
+                if sub not in names:
+                    raise ConfigError(f"{where}: unknown setting {key}.{sub}")
+                out[names[sub]] = v
+        else:
+            raise ConfigError(f"{where}: unknown setting {key!r}")
+    return out

@@ -1,0 +1,58 @@
+"""Prometheus metrics of one node, on its own registry (several nodes may share a process).
+
+Put count and latency, proposal batch sizes, commit index, replication lag per
+follower, fsync latency, role and term. Served over HTTP by `serve_metrics`.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from raft import RaftCore, Role
+
+_ROLES = {Role.FOLLOWER: 0, Role.PRE_CANDIDATE: 1, Role.CANDIDATE: 2, Role.LEADER: 3}
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class NodeMetrics:
+    def __init__(self, node_id: int) -> None:
+        self.node_id = node_id
+        self.registry = r = CollectorRegistry()
+        self.puts = Counter("dledger_puts", "Puts by outcome", ["outcome"], registry=r)
+        self.put_latency = Histogram("dledger_put_latency_seconds", "Put latency until commit",
+                                     buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.batch_size = Histogram("dledger_proposal_batch_messages", "Messages per proposal",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+                                    registry=r)  # fmt: skip
+        self.fsync_latency = Histogram("dledger_fsync_seconds", "fsync latency",
+                                       buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.commit_index = Gauge("dledger_commit_index", "Raft commit index", registry=r)
+        self.last_index = Gauge("dledger_last_index", "Last log index", registry=r)
+        self.term = Gauge("dledger_term", "Raft term", registry=r)
+        self.role = Gauge("dledger_role", "0 follower, 1 pre-candidate, 2 candidate, 3 leader",
+                          registry=r)  # fmt: skip
+        self.leader = Gauge("dledger_leader_id", "Known leader (0: none)", registry=r)
+        self.replication_lag = Gauge("dledger_replication_lag_entries",
+                                     "Leader's last index minus the follower's match index",
+                                     ["follower"], registry=r)  # fmt: skip
+
+    def observe_fsync(self, _flushed: int, seconds: float) -> None:
+        self.fsync_latency.observe(seconds)
+
+    def update_role(self, core: RaftCore) -> None:
+        self.term.set(core.term)
+        self.role.set(_ROLES[core.role])
+        self.leader.set(core.leader_id or 0)
+        self.commit_index.set(core.commit_index)
+        self.last_index.set(core.last_index)
+
+    def update_replication(self, core: RaftCore) -> None:
+        for peer, pr in core.progress.items():
+            if peer != core.id:
+                self.replication_lag.labels(str(peer)).set(max(0, core.last_index - pr.match))
+
+
+def serve_metrics(metrics: NodeMetrics, address: str) -> None:
+    """Start the HTTP endpoint (a daemon thread) at HOST:PORT."""
+    host, _, port = address.rpartition(":")
+    start_http_server(int(port), addr=host, registry=metrics.registry)

@@ -1,0 +1,326 @@
+"""The node driver: one asyncio loop that owns the Raft core, its log and its I/O.
+
+Owns the order the Ready contract demands: append entries (page cache or the
+write buffer), fsync the hard state when term or vote changed, fsync entries in
+sync flush mode (group commit, off the loop), and only then send the messages
+that promise them, apply committed entries, `advance`. One exception, safe in
+Raft: a leader whose term and vote are already durable sends its appends and
+heartbeats before its own fsync, so replication overlaps the leader's disk.
+
+Wall-clock time reaches the core only here, as ticks every `tick_ms`.
+Randomness is a `random.Random` seeded from the OS. Invariants: one Ready in
+flight at a time; inputs (steps, proposals, ticks) arriving meanwhile are
+batched into the next one; nothing the core hands out is dropped on the floor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from raft import Config, HardState, Message, NotLeader, RaftCore, Ready, Role
+from raft.messages import AppendEntries, Heartbeat
+from store.flush import GroupCommit, PeriodicFlush
+
+from .commitlog import DLedgerCommitLog
+from .config import NodeConfig, parse_address
+from .entry_store import EntryStore
+from .metrics import NodeMetrics
+from .raft_state import RaftStateFile
+from .transport import PeerLink, to_proto
+
+log = logging.getLogger(__name__)
+
+_SYNC_WRITE_BUFFER = 4 << 20
+_CHECKPOINT_INTERVAL_S = 1.0
+
+
+class RaftNode:
+    def __init__(self, cfg: NodeConfig, metrics: NodeMetrics | None = None) -> None:
+        self.cfg = cfg
+        self.metrics = metrics or NodeMetrics(cfg.node_id)
+        data = Path(cfg.data_dir)
+        data.mkdir(parents=True, exist_ok=True)
+        self.state_file = RaftStateFile(data / "raft.state")
+        saved = self.state_file.saved
+        self.sync_flush = cfg.flush_mode == "sync"
+        self.store = EntryStore(
+            data / "commitlog",
+            data_segment_bytes=cfg.data_segment_bytes,
+            index_segment_bytes=cfg.index_segment_bytes,
+            committed_index=saved.commit if self.sync_flush else 0,
+            write_buffer_bytes=_SYNC_WRITE_BUFFER if self.sync_flush else 0,
+        )
+        commit = min(saved.commit, self.store.last_index())
+        self.core = RaftCore(
+            Config(
+                id=cfg.node_id,
+                peers=tuple(p.id for p in cfg.peers),
+                election_ticks=cfg.election_ticks,
+                heartbeat_ticks=cfg.heartbeat_ticks,
+                max_append_entries=cfg.max_append_entries,
+                max_append_bytes=cfg.max_append_bytes,
+                max_inflight_msgs=cfg.max_inflight_msgs,
+                max_inflight_bytes=max(cfg.max_append_bytes, 64 << 20),
+                check_quorum=True,
+                pre_vote=True,
+                preferred_leader=cfg.preferred_leader,
+            ),
+            self.store,
+            HardState(saved.term, saved.vote, commit),
+            rng=random.Random(int.from_bytes(os.urandom(8))),
+            applied=commit,
+        )
+        host, port = parse_address(cfg.client_address)
+        self.commitlog = DLedgerCommitLog(
+            self.store,
+            store_host=(_ipv4(host), port),
+            queues_per_topic=cfg.queues_per_topic,
+            max_message_bytes=cfg.max_message_bytes,
+            max_pending=cfg.max_pending_puts,
+            idempotency_window=cfg.idempotency_window,
+            propose=self._propose,
+        )
+        self.commitlog.load_committed(commit)
+        self._executor = ThreadPoolExecutor(2, thread_name_prefix=f"node{cfg.node_id}-io")
+        self._links: dict[int, PeerLink] = {}
+        self._wakeup = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._led_term = 0
+        self._reads: dict[bytes, asyncio.Future[int]] = {}
+        self._read_seq = 0
+        self._group_commit: GroupCommit | None = None
+        self._periodic: PeriodicFlush | None = None
+        self._closed = False
+        self._checkpointed = (commit, saved.commit)
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        on_flush = self.metrics.observe_fsync
+        if self.sync_flush:
+            self._group_commit = GroupCommit(self.store, executor=self._executor, on_flush=on_flush)
+        else:
+            self._periodic = PeriodicFlush(self.store, interval_ms=self.cfg.flush_interval_ms,
+                                           executor=self._executor, on_flush=on_flush)  # fmt: skip
+            self._periodic.start()
+        for peer in self.cfg.peers:
+            if peer.id != self.cfg.node_id:
+                link = PeerLink(self.cfg.cluster, peer.id, peer.raft)
+                link.start()
+                self._links[peer.id] = link
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._ready_loop(), name="ready-loop"),
+            loop.create_task(self._tick_loop(), name="tick-loop"),
+            loop.create_task(self._checkpoint_loop(), name="checkpoint-loop"),
+        ]
+        log.info("node %d started: term %d, log [%d, %d], commit %d, flush %s",
+                 self.cfg.node_id, self.core.term, self.store.first_index(),
+                 self.store.last_index(), self.core.commit_index, self.cfg.flush_mode)  # fmt: skip
+
+    async def close(self) -> None:
+        """Stop, flush what is written, checkpoint, and close the files."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for link in self._links.values():
+            await link.close()
+        if self._group_commit is not None:
+            await self._group_commit.close()
+        if self._periodic is not None:
+            await self._periodic.close()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._checkpoint_now)
+        self.store.close()
+        self._executor.shutdown(wait=True)
+
+    # -- inputs --------------------------------------------------------------------
+
+    def deliver(self, msg: Message) -> None:
+        """A message from a peer."""
+        if msg.dst != self.cfg.node_id or self._closed:
+            return
+        self.core.step(msg)
+        self._wakeup.set()
+
+    def _propose(self, datas: list[bytes]) -> tuple[int, int, int]:
+        self._ensure_leader_state()
+        first, last = self.core.propose(datas)
+        self.metrics.batch_size.observe(len(datas))
+        self._wakeup.set()
+        return first, last, self.core.term
+
+    def _ensure_leader_state(self) -> None:
+        """On the first use of a new leadership: the commit log learns our uncommitted tail."""
+        core = self.core
+        if core.role is Role.LEADER and self._led_term != core.term:
+            self._led_term = core.term
+            tail = core.log_slice(self.commitlog.committed_index + 1, core.last_index + 1)
+            self.commitlog.become_leader(core.term, tail)
+            log.info("node %d leads term %d (tail of %d uncommitted entries)",
+                     self.cfg.node_id, core.term, len(tail))  # fmt: skip
+
+    async def read_index(self, timeout_s: float) -> int:
+        """A linearizable read position, confirmed by a quorum, once applied here."""
+        self._read_seq += 1
+        ctx = f"{self.cfg.node_id}:{self._read_seq}:{time.monotonic_ns()}".encode()
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._reads[ctx] = fut
+        try:
+            self.core.read_index(ctx)
+            self._wakeup.set()
+            async with asyncio.timeout(timeout_s):
+                index = await fut
+                while self.commitlog.committed_index < index:
+                    await self.wait_for_commit()
+                return index
+        finally:
+            self._reads.pop(ctx, None)
+
+    async def wait_for_commit(self) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        self.commitlog.add_commit_listener(done)
+        try:
+            await fut
+        finally:
+            self.commitlog.remove_commit_listener(done)
+
+    async def transfer_leadership(self, target: int, timeout_s: float) -> int:
+        self.core.transfer_leadership(target)
+        self._wakeup.set()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.core.leader_id == target and self.core.role is not Role.LEADER:
+                return target
+            await asyncio.sleep(self.cfg.tick_ms / 1000)
+        raise TimeoutError(f"leadership did not move to {target} within {timeout_s}s")
+
+    # -- the loops -----------------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        interval = self.cfg.tick_ms / 1000
+        next_at = time.monotonic()
+        while True:
+            next_at += interval
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            self.core.tick()
+            self._wakeup.set()
+            self.metrics.update_role(self.core)
+
+    async def _ready_loop(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self.core.has_ready():
+                await self._handle_ready(self.core.ready())
+
+    async def _handle_ready(self, rd: Ready) -> None:
+        core = self.core
+        if rd.entries:
+            self.store.append_entries(rd.entries)
+        hs = rd.hard_state
+        sync_hs = hs is not None and self.state_file.needs_sync(hs)
+        early: list[Message] = []
+        late: list[Message] = []
+        leading = core.role is Role.LEADER and not sync_hs
+        for m in rd.messages:
+            (early if leading and isinstance(m, AppendEntries | Heartbeat) else late).append(m)
+        self._send(early)
+        loop = asyncio.get_running_loop()
+        if sync_hs:
+            assert hs is not None
+            await loop.run_in_executor(self._executor, self.state_file.save, hs)
+        if rd.entries:
+            if self._group_commit is not None:
+                await self._group_commit.sync(self.store.write_position)
+            elif self._periodic is not None:
+                self._periodic.poke()
+        self._send(late)
+        if rd.committed_entries:
+            self.commitlog.apply(rd.committed_entries)
+        for rs in rd.read_states:
+            fut = self._reads.get(rs.ctx)
+            if fut is not None and not fut.done():
+                fut.set_result(rs.index)
+        core.advance(rd)
+        self._ensure_leader_state()
+        if core.role is not Role.LEADER and self._reads:
+            self._fail_reads_without_leader()
+
+    def _fail_reads_without_leader(self) -> None:
+        if self.core.leader_id is None:
+            for fut in self._reads.values():
+                if not fut.done():
+                    fut.set_exception(NotLeader(None))
+
+    def _send(self, messages: Sequence[Message]) -> None:
+        by_peer: dict[int, list[Message]] = {}
+        for m in messages:
+            by_peer.setdefault(m.dst, []).append(m)
+        for peer, msgs in by_peer.items():
+            link = self._links.get(peer)
+            if link is not None:
+                link.send([to_proto(m) for m in msgs])
+
+    async def _checkpoint_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(_CHECKPOINT_INTERVAL_S)
+            self.metrics.update_replication(self.core)
+            await loop.run_in_executor(self._executor, self._checkpoint_now)
+
+    def _checkpoint_now(self) -> None:
+        """Record the applied index in the entry checkpoint and the raft state (off-loop)."""
+        applied = self.commitlog.committed_index
+        if (applied, self.core.commit_index) == self._checkpointed:
+            return
+        if applied >= self.store.first_index():
+            self.store.write_checkpoint(applied)
+        self.state_file.save_commit(applied)
+        self._checkpointed = (applied, self.core.commit_index)
+
+    # -- views -----------------------------------------------------------------------
+
+    def leader_client_address(self) -> str | None:
+        leader = self.core.leader_id
+        for p in self.cfg.peers:
+            if p.id == leader:
+                return p.client
+        return None
+
+
+def _ipv4(host: str) -> str:
+    """The store host must be an IPv4 literal (RocketMQ's message layout)."""
+    if host in ("localhost", "", "0.0.0.0"):
+        return "127.0.0.1"
+    parts = host.split(".")
+    if len(parts) == 4 and all(p.isdigit() for p in parts):
+        return host
+    import socket
+
+    return socket.gethostbyname(host)
+
+
+def run(cfg: NodeConfig) -> None:
+    """Serve until SIGTERM/SIGINT (the `dledger serve` entry point)."""
+    from .service import run as run_service
+
+    run_service(cfg)

@@ -1,0 +1,367 @@
+"""The gRPC client service and the process entry point (`run`).
+
+Maps the proto onto the node: validation errors become INVALID_ARGUMENT before
+anything is proposed (bad input loses nothing and stores nothing); a put on a
+follower is forwarded once to the leader; no leader is UNAVAILABLE (retryable);
+reads serve committed data only. Every error carries a message saying what is
+wrong; the node keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, TypeAlias
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from proto import dledger_pb2 as pb
+from proto import dledger_pb2_grpc as pb_grpc
+from raft import NotLeader, Role
+from store.errors import InvalidMessage, OffsetOutOfRange
+
+from .commitlog import OutcomeUnknown, Overloaded, PutFailed, PutResult, PutSpec, offset_of_msg_id
+from .config import NodeConfig
+from .metrics import serve_metrics
+from .node import RaftNode
+from .transport import GRPC_OPTIONS, PeerService
+
+log = logging.getLogger(__name__)
+
+_FORWARDED = "dledger-forwarded"
+_LEADER = "dledger-leader"
+_DEFAULT_TIMEOUT_S = 10.0
+_Context: TypeAlias = Any  # grpc.aio.ServicerContext; grpcio ships no type hints
+
+
+def _result_pb(r: PutResult) -> pb.PutResult:
+    return pb.PutResult(msg_id=r.msg_id, commitlog_offset=r.commitlog_offset,
+                        queue_id=r.queue_id, queue_offset=r.queue_offset,
+                        store_timestamp_ms=r.store_timestamp_ms, duplicate=r.duplicate)  # fmt: skip
+
+
+class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
+    def __init__(self, node: RaftNode) -> None:
+        self.node = node
+        self.cfg = node.cfg
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close(grace=None)
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _check_cluster(self, cluster: str) -> str | None:
+        if cluster and cluster != self.cfg.cluster:
+            return f"wrong cluster: this node serves {self.cfg.cluster!r}, not {cluster!r}"
+        return None
+
+    def _spec(self, m: pb.MessageData, peer: str) -> PutSpec:
+        del peer
+        return self.node.commitlog.prepare(
+            m.topic,
+            m.body,
+            keys=list(m.keys),
+            tags=m.tags or None,
+            properties=dict(m.properties),
+            uniq_key=m.uniq_key or uuid.uuid4().hex.upper(),
+            queue_id=m.queue_id if m.has_queue_id else None,
+            born_timestamp_ms=m.born_timestamp_ms or int(time.time() * 1000),
+            flag=m.flag,
+        )
+
+    @staticmethod
+    def _timeout(context: _Context) -> float:
+        remaining = context.time_remaining()
+        if remaining is None:
+            return _DEFAULT_TIMEOUT_S
+        return max(0.05, min(float(remaining) - 0.05, 60.0))
+
+    async def _put_specs(
+        self, specs: Sequence[PutSpec], context: _Context, forward: pb.PutBatchRequest
+    ) -> list[PutResult] | None:
+        """Put locally, or forward to the leader; None if the context was aborted."""
+        node = self.node
+        started = time.perf_counter()
+        try:
+            results = await node.commitlog.put(specs, self._timeout(context))
+        except NotLeader as exc:
+            return await self._forward(exc, context, forward)
+        except Overloaded as exc:
+            node.metrics.puts.labels("overloaded").inc(len(specs))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except OutcomeUnknown as exc:
+            node.metrics.puts.labels("unknown").inc(len(specs))
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+        except PutFailed as exc:
+            node.metrics.puts.labels("failed").inc(len(specs))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        node.metrics.puts.labels("ok").inc(len(specs))
+        node.metrics.put_latency.observe(time.perf_counter() - started)
+        return results
+
+    async def _forward(
+        self, exc: NotLeader, context: _Context, request: pb.PutBatchRequest
+    ) -> list[PutResult] | None:
+        leader = self.node.leader_client_address()
+        meta = dict(context.invocation_metadata() or ())
+        if leader is None or exc.leader_hint is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no leader at the moment; retry")
+        assert leader is not None
+        if _FORWARDED in meta or leader == self.cfg.client_address:
+            context.set_trailing_metadata(((_LEADER, leader),))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"not the leader; the leader is at {leader}")  # fmt: skip
+        channel = self._channels.get(leader)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(leader, options=GRPC_OPTIONS)
+            self._channels[leader] = channel
+        stub = pb_grpc.DLedgerClientStub(channel)
+        try:
+            reply = await stub.PutBatch(request, timeout=self._timeout(context),
+                                        metadata=((_FORWARDED, "1"),))  # fmt: skip
+        except grpc.aio.AioRpcError as err:
+            await context.abort(err.code(), f"(forwarded to {leader}) {err.details()}")
+        return [
+            PutResult(
+                r.msg_id,
+                r.commitlog_offset,
+                r.queue_id,
+                r.queue_offset,
+                r.store_timestamp_ms,
+                r.duplicate,
+            )
+            for r in reply.results
+        ]
+
+    async def _prepare(
+        self, messages: Sequence[pb.MessageData], cluster: str, context: _Context
+    ) -> list[PutSpec] | None:
+        wrong = self._check_cluster(cluster)
+        if wrong:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, wrong)
+        if not messages:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no message to put")
+        try:
+            return [self._spec(m, context.peer()) for m in messages]
+        except InvalidMessage as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return None
+
+    # -- RPCs ----------------------------------------------------------------------
+
+    async def Put(self, request: pb.PutRequest, context: _Context) -> pb.PutResponse:
+        specs = await self._prepare([request.message], request.cluster, context)
+        assert specs is not None
+        fwd = pb.PutBatchRequest(messages=[_with_uniq(request.message, specs[0])],
+                                 cluster=request.cluster)  # fmt: skip
+        results = await self._put_specs(specs, context, fwd)
+        assert results is not None
+        return pb.PutResponse(result=_result_pb(results[0]))
+
+    async def PutBatch(self, request: pb.PutBatchRequest, context: _Context) -> pb.PutBatchResponse:
+        specs = await self._prepare(request.messages, request.cluster, context)
+        assert specs is not None
+        fwd = pb.PutBatchRequest(
+            messages=[_with_uniq(m, s) for m, s in zip(request.messages, specs, strict=True)],
+            cluster=request.cluster,
+        )
+        results = await self._put_specs(specs, context, fwd)
+        assert results is not None
+        return pb.PutBatchResponse(results=[_result_pb(r) for r in results])
+
+    async def PutStream(
+        self, request_iterator: AsyncIterator[pb.PutRequest], context: _Context
+    ) -> AsyncIterator[pb.PutResponse]:
+        """Puts in order; many in flight at once; answers come back in request order."""
+        pending: asyncio.Queue[asyncio.Task[pb.PutResponse] | None] = asyncio.Queue(maxsize=1024)
+
+        async def one(req: pb.PutRequest) -> pb.PutResponse:
+            return await self.Put(req, context)
+
+        async def feed() -> None:
+            async for req in request_iterator:
+                await pending.put(asyncio.ensure_future(one(req)))
+            await pending.put(None)
+
+        feeder = asyncio.ensure_future(feed())
+        try:
+            while (task := await pending.get()) is not None:
+                yield await task
+        finally:
+            feeder.cancel()
+
+    async def Get(self, request: pb.GetRequest, context: _Context) -> pb.GetResponse:
+        which = request.WhichOneof("key")
+        try:
+            if which == "msg_id":
+                offset = offset_of_msg_id(request.msg_id)
+            elif which == "commitlog_offset":
+                offset = request.commitlog_offset
+            else:
+                raise InvalidMessage("give msg_id or commitlog_offset")
+            if request.linearizable:
+                await self._linearize(context)
+            msg, size = self.node.commitlog.get_by_offset(offset)
+        except InvalidMessage as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except OffsetOutOfRange as exc:
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
+        except KeyError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
+        return pb.GetResponse(message=stored_message_pb(msg, size, self.node))
+
+    async def _linearize(self, context: _Context) -> None:
+        try:
+            await self.node.read_index(self._timeout(context))
+        except NotLeader:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no leader to confirm the read")
+        except TimeoutError:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "read could not be confirmed")
+
+    async def Pull(self, request: pb.PullRequest, context: _Context) -> pb.PullResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Pull arrives with dispatch")
+        return pb.PullResponse()
+
+    async def QueryByKey(
+        self, request: pb.QueryByKeyRequest, context: _Context
+    ) -> pb.QueryByKeyResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "QueryByKey arrives with dispatch")
+        return pb.QueryByKeyResponse()
+
+    async def Status(self, request: pb.StatusRequest, context: _Context) -> pb.StatusResponse:
+        return status_pb(self.node)
+
+    async def TransferLeadership(
+        self, request: pb.TransferLeadershipRequest, context: _Context
+    ) -> pb.TransferLeadershipResponse:
+        target = request.target_node_id
+        if target not in {p.id for p in self.cfg.peers}:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"node {target} is not a peer")
+        if self.node.core.role is not Role.LEADER:
+            leader = self.node.leader_client_address()
+            if leader:
+                context.set_trailing_metadata(((_LEADER, leader),))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"not the leader; the leader is at {leader}")  # fmt: skip
+        try:
+            leader_id = await self.node.transfer_leadership(
+                target, (request.timeout_ms or 5000) / 1000
+            )
+        except TimeoutError as exc:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+        return pb.TransferLeadershipResponse(leader_id=leader_id)
+
+    async def ReadRange(
+        self, request: pb.ReadRangeRequest, context: _Context
+    ) -> pb.ReadRangeResponse:
+        cl = self.node.commitlog
+        try:
+            bodies, nxt = cl.read_range(request.from_offset, request.max_messages or 1024,
+                                        request.max_bytes or (4 << 20))  # fmt: skip
+        except KeyError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc.args[0]))
+        return pb.ReadRangeResponse(
+            messages=b"".join(bodies),
+            next_offset=nxt,
+            committed_offset=cl.committed_pos,
+            min_offset=cl.min_offset,
+        )
+
+
+def _with_uniq(m: pb.MessageData, spec: PutSpec) -> pb.MessageData:
+    if m.uniq_key == spec.uniq_key:
+        return m
+    copy = pb.MessageData()
+    copy.CopyFrom(m)
+    copy.uniq_key = spec.uniq_key
+    return copy
+
+
+def stored_message_pb(msg: object, size: int, node: RaftNode) -> pb.StoredMessage:
+    from store.message import Message
+
+    from .commitlog import make_msg_id
+
+    assert isinstance(msg, Message)
+    props = {k: v for k, v in msg.properties.items() if k not in ("KEYS", "TAGS", "UNIQ_KEY")}
+    return pb.StoredMessage(
+        topic=msg.topic, queue_id=msg.queue_id, queue_offset=msg.queue_offset,
+        commitlog_offset=msg.physical_offset,
+        msg_id=make_msg_id(msg.store_host, msg.physical_offset),
+        body=msg.body, keys=msg.keys, tags=msg.tags or "", properties=props,
+        born_timestamp_ms=msg.born_timestamp_ms, store_timestamp_ms=msg.store_timestamp_ms,
+        body_size=len(msg.body), size=size, uniq_key=msg.uniq_key or "", flag=msg.flag,
+    )  # fmt: skip
+
+
+def status_pb(node: RaftNode) -> pb.StatusResponse:
+    core, store, cl = node.core, node.store, node.commitlog
+    peers = [
+        pb.PeerStatus(
+            node_id=p, match_index=pr.match, next_index=pr.next, recent_active=pr.recent_active
+        )
+        for p, pr in sorted(core.progress.items())
+    ]
+    return pb.StatusResponse(
+        node_id=node.cfg.node_id, role=core.role.value, term=core.term,
+        leader_id=core.leader_id or 0, leader_address=node.leader_client_address() or "",
+        first_index=store.first_index(), last_index=store.last_index(),
+        committed_index=cl.committed_index, committed_pos=cl.committed_pos,
+        flushed_pos=store.flushed_position, dispatched_pos=0, applied_index=cl.committed_index,
+        cluster=node.cfg.cluster, peers=peers, last_chain_crc=store.last_chain_crc,
+        flush_mode=node.cfg.flush_mode,
+    )  # fmt: skip
+
+
+async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> None:
+    """Run a node until `stop` is set (or SIGTERM/SIGINT)."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    node = RaftNode(cfg)
+    if cfg.listen_metrics:
+        serve_metrics(node.metrics, cfg.listen_metrics)
+    raft_server = grpc.aio.server(options=GRPC_OPTIONS)
+    pb_grpc.add_RaftPeerServicer_to_server(PeerService(cfg.cluster, node.deliver), raft_server)
+    raft_server.add_insecure_port(cfg.raft_address)
+    client_server = grpc.aio.server(options=GRPC_OPTIONS)
+    service = ClientService(node)
+    pb_grpc.add_DLedgerClientServicer_to_server(service, client_server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, client_server)
+    client_server.add_insecure_port(cfg.client_address)
+    await raft_server.start()
+    await node.start()
+    await client_server.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set("dledger.v1.DLedgerClient", health_pb2.HealthCheckResponse.SERVING)
+    log.info("node %d serving clients on %s, raft on %s", cfg.node_id, cfg.client_address,
+             cfg.raft_address)  # fmt: skip
+    try:
+        await stop.wait()
+    finally:
+        log.info("node %d shutting down", cfg.node_id)
+        await health_servicer.enter_graceful_shutdown()
+        await client_server.stop(grace=1.0)
+        await service.close()
+        await node.close()
+        await raft_server.stop(grace=0.5)
+
+
+def run(cfg: NodeConfig) -> None:
+    """Blocking entry point used by `dledger serve`."""
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s node={cfg.node_id} %(levelname)s %(name)s: %(message)s",
+    )
+    asyncio.run(serve(cfg))

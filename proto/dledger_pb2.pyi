@@ -1,0 +1,342 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class MessageData(_message.Message):
+    __slots__ = ("topic", "body", "keys", "tags", "properties", "uniq_key", "born_timestamp_ms", "flag", "queue_id", "has_queue_id")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    UNIQ_KEY_FIELD_NUMBER: _ClassVar[int]
+    BORN_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    FLAG_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    HAS_QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    body: bytes
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    tags: str
+    properties: _containers.ScalarMap[str, str]
+    uniq_key: str
+    born_timestamp_ms: int
+    flag: int
+    queue_id: int
+    has_queue_id: bool
+    def __init__(self, topic: _Optional[str] = ..., body: _Optional[bytes] = ..., keys: _Optional[_Iterable[str]] = ..., tags: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., uniq_key: _Optional[str] = ..., born_timestamp_ms: _Optional[int] = ..., flag: _Optional[int] = ..., queue_id: _Optional[int] = ..., has_queue_id: _Optional[bool] = ...) -> None: ...
+
+class PutRequest(_message.Message):
+    __slots__ = ("message", "cluster")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    message: MessageData
+    cluster: str
+    def __init__(self, message: _Optional[_Union[MessageData, _Mapping]] = ..., cluster: _Optional[str] = ...) -> None: ...
+
+class PutResult(_message.Message):
+    __slots__ = ("msg_id", "commitlog_offset", "queue_id", "queue_offset", "store_timestamp_ms", "duplicate")
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMITLOG_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    STORE_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    msg_id: str
+    commitlog_offset: int
+    queue_id: int
+    queue_offset: int
+    store_timestamp_ms: int
+    duplicate: bool
+    def __init__(self, msg_id: _Optional[str] = ..., commitlog_offset: _Optional[int] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., store_timestamp_ms: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class PutResponse(_message.Message):
+    __slots__ = ("result",)
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    result: PutResult
+    def __init__(self, result: _Optional[_Union[PutResult, _Mapping]] = ...) -> None: ...
+
+class PutBatchRequest(_message.Message):
+    __slots__ = ("messages", "cluster")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[MessageData]
+    cluster: str
+    def __init__(self, messages: _Optional[_Iterable[_Union[MessageData, _Mapping]]] = ..., cluster: _Optional[str] = ...) -> None: ...
+
+class PutBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PutResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[PutResult, _Mapping]]] = ...) -> None: ...
+
+class GetRequest(_message.Message):
+    __slots__ = ("msg_id", "commitlog_offset", "linearizable")
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMITLOG_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LINEARIZABLE_FIELD_NUMBER: _ClassVar[int]
+    msg_id: str
+    commitlog_offset: int
+    linearizable: bool
+    def __init__(self, msg_id: _Optional[str] = ..., commitlog_offset: _Optional[int] = ..., linearizable: _Optional[bool] = ...) -> None: ...
+
+class StoredMessage(_message.Message):
+    __slots__ = ("topic", "queue_id", "queue_offset", "commitlog_offset", "msg_id", "body", "keys", "tags", "properties", "born_timestamp_ms", "store_timestamp_ms", "body_size", "size", "uniq_key", "flag")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMITLOG_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    BORN_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    STORE_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    BODY_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    UNIQ_KEY_FIELD_NUMBER: _ClassVar[int]
+    FLAG_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    msg_id: str
+    body: bytes
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    tags: str
+    properties: _containers.ScalarMap[str, str]
+    born_timestamp_ms: int
+    store_timestamp_ms: int
+    body_size: int
+    size: int
+    uniq_key: str
+    flag: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commitlog_offset: _Optional[int] = ..., msg_id: _Optional[str] = ..., body: _Optional[bytes] = ..., keys: _Optional[_Iterable[str]] = ..., tags: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., born_timestamp_ms: _Optional[int] = ..., store_timestamp_ms: _Optional[int] = ..., body_size: _Optional[int] = ..., size: _Optional[int] = ..., uniq_key: _Optional[str] = ..., flag: _Optional[int] = ...) -> None: ...
+
+class GetResponse(_message.Message):
+    __slots__ = ("message",)
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    message: StoredMessage
+    def __init__(self, message: _Optional[_Union[StoredMessage, _Mapping]] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("topic", "queue_id", "queue_offset", "max_messages", "tag_expression", "wait_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TAG_EXPRESSION_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    queue_offset: int
+    max_messages: int
+    tag_expression: str
+    wait_ms: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., tag_expression: _Optional[str] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class PullResponse(_message.Message):
+    __slots__ = ("messages", "next_offset", "min_offset", "max_offset")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[StoredMessage]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ..., next_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+
+class QueryByKeyRequest(_message.Message):
+    __slots__ = ("topic", "key", "begin_ms", "end_ms", "max_messages")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    key: str
+    begin_ms: int
+    end_ms: int
+    max_messages: int
+    def __init__(self, topic: _Optional[str] = ..., key: _Optional[str] = ..., begin_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., max_messages: _Optional[int] = ...) -> None: ...
+
+class QueryByKeyResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[StoredMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PeerStatus(_message.Message):
+    __slots__ = ("node_id", "match_index", "next_index", "recent_active")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    MATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NEXT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    RECENT_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    match_index: int
+    next_index: int
+    recent_active: bool
+    def __init__(self, node_id: _Optional[int] = ..., match_index: _Optional[int] = ..., next_index: _Optional[int] = ..., recent_active: _Optional[bool] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("node_id", "role", "term", "leader_id", "leader_address", "first_index", "last_index", "committed_index", "committed_pos", "flushed_pos", "dispatched_pos", "applied_index", "cluster", "peers", "last_chain_crc", "flush_mode")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_POS_FIELD_NUMBER: _ClassVar[int]
+    FLUSHED_POS_FIELD_NUMBER: _ClassVar[int]
+    DISPATCHED_POS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    LAST_CHAIN_CRC_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_MODE_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    role: str
+    term: int
+    leader_id: int
+    leader_address: str
+    first_index: int
+    last_index: int
+    committed_index: int
+    committed_pos: int
+    flushed_pos: int
+    dispatched_pos: int
+    applied_index: int
+    cluster: str
+    peers: _containers.RepeatedCompositeFieldContainer[PeerStatus]
+    last_chain_crc: int
+    flush_mode: str
+    def __init__(self, node_id: _Optional[int] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., committed_index: _Optional[int] = ..., committed_pos: _Optional[int] = ..., flushed_pos: _Optional[int] = ..., dispatched_pos: _Optional[int] = ..., applied_index: _Optional[int] = ..., cluster: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerStatus, _Mapping]]] = ..., last_chain_crc: _Optional[int] = ..., flush_mode: _Optional[str] = ...) -> None: ...
+
+class TransferLeadershipRequest(_message.Message):
+    __slots__ = ("target_node_id", "timeout_ms")
+    TARGET_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    target_node_id: int
+    timeout_ms: int
+    def __init__(self, target_node_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class TransferLeadershipResponse(_message.Message):
+    __slots__ = ("leader_id",)
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    leader_id: int
+    def __init__(self, leader_id: _Optional[int] = ...) -> None: ...
+
+class ReadRangeRequest(_message.Message):
+    __slots__ = ("from_offset", "max_messages", "max_bytes")
+    FROM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    from_offset: int
+    max_messages: int
+    max_bytes: int
+    def __init__(self, from_offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class ReadRangeResponse(_message.Message):
+    __slots__ = ("messages", "next_offset", "committed_offset", "min_offset")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    messages: bytes
+    next_offset: int
+    committed_offset: int
+    min_offset: int
+    def __init__(self, messages: _Optional[bytes] = ..., next_offset: _Optional[int] = ..., committed_offset: _Optional[int] = ..., min_offset: _Optional[int] = ...) -> None: ...
+
+class RaftMessage(_message.Message):
+    __slots__ = ("type", "src", "dst", "term", "index", "log_term", "commit", "entries", "reject", "hint_index", "hint_term", "ctx", "pre_vote", "transfer", "granted")
+    class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        APPEND: _ClassVar[RaftMessage.Type]
+        APPEND_RESPONSE: _ClassVar[RaftMessage.Type]
+        HEARTBEAT: _ClassVar[RaftMessage.Type]
+        HEARTBEAT_RESPONSE: _ClassVar[RaftMessage.Type]
+        VOTE: _ClassVar[RaftMessage.Type]
+        VOTE_RESPONSE: _ClassVar[RaftMessage.Type]
+        TIMEOUT_NOW: _ClassVar[RaftMessage.Type]
+        READ_INDEX: _ClassVar[RaftMessage.Type]
+        READ_INDEX_RESPONSE: _ClassVar[RaftMessage.Type]
+    APPEND: RaftMessage.Type
+    APPEND_RESPONSE: RaftMessage.Type
+    HEARTBEAT: RaftMessage.Type
+    HEARTBEAT_RESPONSE: RaftMessage.Type
+    VOTE: RaftMessage.Type
+    VOTE_RESPONSE: RaftMessage.Type
+    TIMEOUT_NOW: RaftMessage.Type
+    READ_INDEX: RaftMessage.Type
+    READ_INDEX_RESPONSE: RaftMessage.Type
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    LOG_TERM_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    REJECT_FIELD_NUMBER: _ClassVar[int]
+    HINT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    HINT_TERM_FIELD_NUMBER: _ClassVar[int]
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PRE_VOTE_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    type: RaftMessage.Type
+    src: int
+    dst: int
+    term: int
+    index: int
+    log_term: int
+    commit: int
+    entries: bytes
+    reject: bool
+    hint_index: int
+    hint_term: int
+    ctx: bytes
+    pre_vote: bool
+    transfer: bool
+    granted: bool
+    def __init__(self, type: _Optional[_Union[RaftMessage.Type, str]] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., term: _Optional[int] = ..., index: _Optional[int] = ..., log_term: _Optional[int] = ..., commit: _Optional[int] = ..., entries: _Optional[bytes] = ..., reject: _Optional[bool] = ..., hint_index: _Optional[int] = ..., hint_term: _Optional[int] = ..., ctx: _Optional[bytes] = ..., pre_vote: _Optional[bool] = ..., transfer: _Optional[bool] = ..., granted: _Optional[bool] = ...) -> None: ...
+
+class RaftBatch(_message.Message):
+    __slots__ = ("cluster", "messages")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    messages: _containers.RepeatedCompositeFieldContainer[RaftMessage]
+    def __init__(self, cluster: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[RaftMessage, _Mapping]]] = ...) -> None: ...
+
+class RaftAck(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
