@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from store.errors import CorruptEntry
@@ -79,34 +80,45 @@ def decode_entry(
     offset: int,
     pos: int,
     *,
-    where: str,
+    where: Callable[[int], str] | None = None,
     prev_chain: int | None = None,
 ) -> StoredEntry:
     """Decode and verify the entry at `buf[offset:]`, which should lie at log position `pos`.
 
-    Raises CorruptEntry naming `where` and `pos` on any mismatch; checks the chain
-    link only when `prev_chain` is given.
+    Raises CorruptEntry naming the file (`where(pos)`, called only on failure) and
+    `pos` on any mismatch; checks the chain link only when `prev_chain` is given.
     """
+    try:
+        return _decode(buf, offset, pos, prev_chain)
+    except _Bad as bad:
+        raise CorruptEntry(where(pos) if where else None, pos, str(bad)) from None
+
+
+class _Bad(Exception):
+    pass
+
+
+def _decode(buf: bytes | memoryview, offset: int, pos: int, prev_chain: int | None) -> StoredEntry:
     if len(buf) - offset < HEADER_SIZE:
-        raise CorruptEntry(where, pos, "truncated header")
+        raise _Bad("truncated header")
     magic, size, index, term, epos, channel, chain, body_crc, body_len = HEADER.unpack_from(
         buf, offset
     )
     if magic != ENTRY_MAGIC:
-        raise CorruptEntry(where, pos, f"bad magic {magic:#x}")
+        raise _Bad(f"bad magic {magic:#x}")
     if body_len < 0 or size != HEADER_SIZE + body_len:
-        raise CorruptEntry(where, pos, f"size {size} disagrees with body length {body_len}")
+        raise _Bad(f"size {size} disagrees with body length {body_len}")
     if epos != pos:
-        raise CorruptEntry(where, pos, f"entry says it lies at {epos}")
+        raise _Bad(f"entry says it lies at {epos}")
     end = offset + size
     if end > len(buf):
-        raise CorruptEntry(where, pos, "truncated body")
+        raise _Bad("truncated body")
     body = bytes(buf[offset + HEADER_SIZE : end])
     if zlib.crc32(body) != body_crc:
-        raise CorruptEntry(where, pos, f"body CRC mismatch in entry {index}")
+        raise _Bad(f"body CRC mismatch in entry {index}")
     if (
         prev_chain is not None
         and chain_crc(prev_chain, size, index, term, pos, channel, body_crc) != chain
     ):
-        raise CorruptEntry(where, pos, f"chain CRC mismatch in entry {index}")
+        raise _Bad(f"chain CRC mismatch in entry {index}")
     return StoredEntry(index, term, pos, channel, chain, body_crc, body)

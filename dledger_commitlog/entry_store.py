@@ -79,6 +79,7 @@ class EntryStore:
         committed_index: int = 0,
         preallocate: bool = True,
         write_buffer_bytes: int = 0,
+        cache_bytes: int = 32 << 20,
     ) -> None:
         if index_segment_bytes % INDEX_UNIT_SIZE:
             raise ValueError(f"index_segment_bytes must be a multiple of {INDEX_UNIT_SIZE}")
@@ -107,6 +108,12 @@ class EntryStore:
         self._last_chain = 0
         self._first_index = 1
         self._checkpoint_index = 0  # committed entries, never truncated
+        # The newest entries as appended (bodies as stored): replication and apply
+        # read them from memory. Covers [_cache_first, last_index] when not empty.
+        self._cache: list[Entry] = []
+        self._cache_first = 1
+        self._cache_size = 0
+        self._cache_limit = cache_bytes
         self._recover(committed_index)
 
     # -- LogStorage --------------------------------------------------------------
@@ -120,11 +127,24 @@ class EntryStore:
     def term(self, index: int) -> int:
         if index == self._last_index:
             return self._last_term
+        k = index - self._cache_first
+        if 0 <= k < len(self._cache):
+            return self._cache[k].term
         if not self._first_index - 1 <= index <= self._last_index:
             raise IndexError(f"index {index} outside [{self._first_index - 1}, {self._last_index}]")
         return self._slot(index)[3]
 
     def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        cache = self._cache
+        k = lo - self._cache_first
+        if cache and 0 <= k and lo < hi <= self._last_index + 1:
+            out = cache[k : hi - self._cache_first]
+            size = 0
+            for n, e in enumerate(out):
+                size += len(e.data)
+                if size > max_bytes and n:
+                    return out[:n]
+            return out
         return [
             Entry(e.index, e.term, e.body, EntryKind(e.channel))
             for e in self.stored_entries(lo, hi, max_bytes)
@@ -151,6 +171,8 @@ class EntryStore:
         units = bytearray()
         chain, prev_index, term = self._last_chain, self._last_index, self._last_term
         positions: list[int] = []
+        cached: list[Entry] = []
+        cached_size = 0
         for e in entries:
             if e.index != prev_index + 1 or e.term < term:
                 raise ValueError(f"entry {e.index} (term {e.term}) does not follow {prev_index}")
@@ -167,6 +189,8 @@ class EntryStore:
                 body = b"".join((body[:PHYSICAL_OFFSET_POS], _PHY.pack(pos + HEADER_SIZE),
                                  body[PHYSICAL_OFFSET_POS + 8 :]))  # fmt: skip
             header, chain = encode_entry(chain, e.index, e.term, pos, int(e.kind), body)
+            cached.append(e if body is e.data else Entry(e.index, e.term, body, e.kind))
+            cached_size += len(body)
             buf += header
             buf += body
             units += INDEX_UNIT.pack(ENTRY_MAGIC, pos, size, e.index, e.term)
@@ -177,7 +201,19 @@ class EntryStore:
         self._data.append_across(buf)
         self._index.append_across(units)
         self._last_index, self._last_term, self._last_chain = prev_index, term, chain
+        self._cache_append(cached, cached_size)
         return positions
+
+    def _cache_append(self, entries: list[Entry], size: int) -> None:
+        if not self._cache:
+            self._cache_first = entries[0].index
+        self._cache.extend(entries)
+        self._cache_size += size
+        if self._cache_size > self._cache_limit:  # drop the older half
+            k = len(self._cache) // 2
+            self._cache_size -= sum(len(e.data) for e in self._cache[:k])
+            del self._cache[:k]
+            self._cache_first += k
 
     def truncate_suffix(self, index: int) -> None:
         """Remove entries `index..last_index` (Raft conflict resolution)."""
@@ -191,6 +227,9 @@ class EntryStore:
         _, pos, _, _ = self._slot(index)
         self._data.truncate(pos)
         self._index.truncate(index * INDEX_UNIT_SIZE)
+        k = max(0, index - self._cache_first)
+        self._cache_size -= sum(len(e.data) for e in self._cache[k:])
+        del self._cache[k:]
         self._last_index = index - 1
         self._set_tail_from_index(index - 1)
 
@@ -206,6 +245,11 @@ class EntryStore:
         self._data.delete_before(pos)
         first = self._first_in_segment(self._data.min_offset)
         self._first_index = first
+        if self._cache_first < first:
+            k = min(len(self._cache), first - self._cache_first)
+            self._cache_size -= sum(len(e.data) for e in self._cache[:k])
+            del self._cache[:k]
+            self._cache_first += k
         # Keep the slot of first-1: Raft needs its term.
         keep_from = (first - 1) * INDEX_UNIT_SIZE
         self._index.delete_before(keep_from - keep_from % self._index.segment_size)
@@ -256,7 +300,7 @@ class EntryStore:
         out = []
         for k in range(count):
             _, pos, _, idx, _ = slots[k]
-            entry = decode_entry(buf, pos - start, pos, where=self._where(pos))
+            entry = decode_entry(buf, pos - start, pos, where=self._where)
             if entry.index != idx:
                 raise CorruptEntry(
                     self._where(pos), pos, f"index says {idx}, entry says {entry.index}"
@@ -353,7 +397,7 @@ class EntryStore:
     def _decode_at(self, pos: int, size: int) -> StoredEntry:
         if size < HEADER_SIZE or size > self._data.segment_size:
             raise CorruptEntry(self._where(pos), pos, f"implausible entry size {size}")
-        return decode_entry(self._data.read(pos, size), 0, pos, where=self._where(pos))
+        return decode_entry(self._data.read(pos, size), 0, pos, where=self._where)
 
     def _where(self, pos: int) -> str:
         start = pos - pos % self._data.segment_size
@@ -434,7 +478,7 @@ class EntryStore:
         if not HEADER_SIZE <= size <= self._data.segment_size - pos % self._data.segment_size:
             return None
         try:
-            return decode_entry(self._data.read_unchecked(pos, size), 0, pos, where="")
+            return decode_entry(self._data.read_unchecked(pos, size), 0, pos)
         except CorruptEntry:
             return None
 
@@ -472,7 +516,7 @@ class EntryStore:
                         continue
                     break
                 try:
-                    entry = decode_entry(buf, off, pos + off, where=self._where(pos + off),
+                    entry = decode_entry(buf, off, pos + off, where=self._where,
                                          prev_chain=prev.chain_crc)  # fmt: skip
                 except CorruptEntry as exc:
                     bad = exc.reason

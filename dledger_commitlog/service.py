@@ -329,6 +329,7 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     node = RaftNode(cfg)
+    _TERM.node = node
     if cfg.listen_metrics:
         serve_metrics(node.metrics, cfg.listen_metrics)
     raft_server = grpc.aio.server(options=GRPC_OPTIONS)
@@ -358,10 +359,29 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> None:
         await raft_server.stop(grace=0.5)
 
 
+class _TermFilter(logging.Filter):
+    """Stamps every log record with the node's current Raft term."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node: RaftNode | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.term = self.node.core.term if self.node is not None else 0
+        return True
+
+
+_TERM = _TermFilter()
+
+
 def run(cfg: NodeConfig) -> None:
-    """Blocking entry point used by `dledger serve`."""
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s node={cfg.node_id} %(levelname)s %(name)s: %(message)s",
+    """Blocking entry point used by `dledger serve`: structured logs carry node and term."""
+    handler = logging.StreamHandler()
+    handler.addFilter(_TERM)
+    handler.setFormatter(
+        logging.Formatter(
+            f"%(asctime)s node={cfg.node_id} term=%(term)s %(levelname)s %(name)s: %(message)s"
+        )
     )
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     asyncio.run(serve(cfg))
