@@ -137,7 +137,7 @@ class EntryStore:
     def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
         cache = self._cache
         k = lo - self._cache_first
-        if cache and 0 <= k and lo < hi <= self._last_index + 1:
+        if cache and k >= 0 and lo < hi <= self._last_index + 1:
             out = cache[k : hi - self._cache_first]
             size = 0
             for n, e in enumerate(out):
