@@ -1,0 +1,127 @@
+"""Unit tests of the service's pieces: wire conversion, config, ids, raft state file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dledger_commitlog.commitlog import make_msg_id, offset_of_msg_id
+from dledger_commitlog.config import ConfigError, load_config, parse_peer
+from dledger_commitlog.raft_state import RaftStateFile
+from dledger_commitlog.transport import decode_entries, encode_entries, from_proto, to_proto
+from raft.messages import (
+    AppendEntries,
+    AppendResponse,
+    Heartbeat,
+    HeartbeatResponse,
+    Message,
+    ReadIndexRequest,
+    ReadIndexResponse,
+    RequestVote,
+    TimeoutNow,
+    VoteResponse,
+)
+from raft.types import Entry, EntryKind, HardState
+from store.errors import CorruptEntry, InvalidMessage
+
+ENTRIES = (Entry(7, 2, b"alpha"), Entry(8, 3, b"", EntryKind.NOOP), Entry(9, 3, bytes(300)))
+MESSAGES: list[Message] = [
+    AppendEntries(1, 2, 3, 6, 2, ENTRIES, 5),
+    AppendEntries(1, 3, 3, 6, 2, (), 5),
+    AppendResponse(2, 1, 3, 9),
+    AppendResponse(2, 1, 3, 6, True, 4, 2),
+    Heartbeat(1, 2, 3, 5, b"ctx"),
+    HeartbeatResponse(2, 1, 3, b"ctx"),
+    RequestVote(2, 1, 4, 9, 3, pre_vote=True),
+    RequestVote(2, 1, 4, 9, 3, transfer=True),
+    VoteResponse(1, 2, 4, True, pre_vote=True),
+    TimeoutNow(1, 2, 3),
+    ReadIndexRequest(2, 1, 3, b"r1"),
+    ReadIndexResponse(1, 2, 3, b"r1", 9),
+]
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_raft_message_survives_the_wire(msg: Message) -> None:
+    wire = to_proto(msg).SerializeToString()
+    from proto import dledger_pb2 as pb
+
+    assert from_proto(pb.RaftMessage.FromString(wire)) == msg
+
+
+def test_entry_blobs_round_trip_and_reject_truncation() -> None:
+    blob = encode_entries(ENTRIES)
+    assert decode_entries(blob) == ENTRIES
+    with pytest.raises(ValueError, match="truncated"):
+        decode_entries(blob[:-1])
+
+
+def test_message_ids_encode_the_offset() -> None:
+    msg_id = make_msg_id(("10.1.2.3", 9876), 123456789)
+    assert msg_id == "0A0102030000269400000000075BCD15"
+    assert offset_of_msg_id(msg_id) == 123456789
+    with pytest.raises(InvalidMessage, match="hex"):
+        offset_of_msg_id("zz")
+    with pytest.raises(InvalidMessage, match="32 hex digits"):
+        offset_of_msg_id("00")
+
+
+def test_raft_state_survives_reopen_and_detects_corruption(tmp_path: Path) -> None:
+    f = RaftStateFile(tmp_path / "raft.state")
+    assert f.saved == HardState()
+    f.save(HardState(5, 2, 10))
+    assert not f.needs_sync(HardState(5, 2, 11))
+    assert f.needs_sync(HardState(6, None, 11))
+    f.save_commit(12)
+    assert RaftStateFile(tmp_path / "raft.state").saved == HardState(5, 2, 12)
+    raw = bytearray((tmp_path / "raft.state").read_bytes())
+    raw[5] ^= 1
+    (tmp_path / "raft.state").write_bytes(bytes(raw))
+    with pytest.raises(CorruptEntry, match="CRC"):
+        RaftStateFile(tmp_path / "raft.state")
+
+
+def test_config_from_toml_with_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "n1.toml"
+    path.write_text(
+        'node_id = 1\ndata_dir = "d"\nflush_mode = "async"\n'
+        "[raft]\nelection_ticks = 20\n"
+        '[[peers]]\nid = 1\nraft = "127.0.0.1:1"\nclient = "127.0.0.1:2"\n'
+        '[[peers]]\nid = 2\nraft = "127.0.0.1:3"\nclient = "127.0.0.1:4"\n'
+        '[[peers]]\nid = 3\nraft = "127.0.0.1:5"\nclient = "127.0.0.1:6"\n'
+    )
+    cfg = load_config(path, {"data_dir": "other", "tick_ms": None})
+    assert (cfg.node_id, cfg.data_dir, cfg.flush_mode, cfg.election_ticks) == (
+        1,
+        "other",
+        "async",
+        20,
+    )
+    assert cfg.client_address == "127.0.0.1:2"
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("node_id = 1\n", "missing setting 'data_dir'"),
+        ('node_id = 1\ndata_dir = "d"\nbogus = 1\npeers = []', "unknown setting 'bogus'"),
+        ('node_id = 1\ndata_dir = "d"\n[raft]\nnope = 1\n', "unknown setting raft.nope"),
+        ("node_id = ", "n1.toml"),
+    ],
+)
+def test_config_errors_say_what_is_wrong(tmp_path: Path, text: str, error: str) -> None:
+    path = tmp_path / "n1.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=error):
+        load_config(path)
+
+
+def test_peer_specs() -> None:
+    assert parse_peer("2=h:1/h:2").client == "h:2"
+    with pytest.raises(ConfigError):
+        parse_peer("2=h:1")
+    with pytest.raises(ConfigError, match="not among the peers"):
+        load_config(None, {"node_id": 4, "data_dir": "d", "peers": (parse_peer("1=h:1/h:2"),)})
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        load_config(None, {"node_id": 1, "data_dir": "d", "peers": (parse_peer("1=h/h:2"),)})
