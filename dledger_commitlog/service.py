@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 _FORWARDED = "dledger-forwarded"
 _LEADER = "dledger-leader"
+_LEADER_ID = "dledger-leader-id"
 _DEFAULT_TIMEOUT_S = 10.0
 _Context: TypeAlias = Any  # grpc.aio.ServicerContext; grpcio ships no type hints
 
@@ -57,6 +58,12 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             await ch.close(grace=None)
 
     # -- helpers ---------------------------------------------------------------------
+
+    def _leader_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (
+            (_LEADER, self.node.leader_client_address() or ""),
+            (_LEADER_ID, str(self.node.core.leader_id or 0)),
+        )
 
     def _check_cluster(self, cluster: str) -> str | None:
         if cluster and cluster != self.cfg.cluster:
@@ -116,7 +123,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no leader at the moment; retry")
         assert leader is not None
         if _FORWARDED in meta or leader == self.cfg.client_address:
-            context.set_trailing_metadata(((_LEADER, leader),))
+            context.set_trailing_metadata(self._leader_metadata())
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"not the leader; the leader is at {leader}")  # fmt: skip
         channel = self._channels.get(leader)
@@ -247,8 +254,9 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"node {target} is not a peer")
         if self.node.core.role is not Role.LEADER:
             leader = self.node.leader_client_address()
-            if leader:
-                context.set_trailing_metadata(((_LEADER, leader),))
+            if leader is None:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "no leader at the moment; retry")
+            context.set_trailing_metadata(self._leader_metadata())
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"not the leader; the leader is at {leader}")  # fmt: skip
         try:

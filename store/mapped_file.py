@@ -35,6 +35,7 @@ from pathlib import Path
 
 NAME_DIGITS = 20
 _ZERO_CHUNK = 1 << 20
+_ZERO_WINDOW = 64 << 20
 
 
 def segment_name(start_offset: int) -> str:
@@ -326,12 +327,22 @@ class MappedFileQueue:
                 self._zero(seg, offset - seg.start, min(file_end, seg.start + self.segment_size))
 
     def _zero(self, seg: _Segment, begin: int, end_offset: int) -> None:
+        """Zero what is not zero in [begin, end_offset) of `seg`.
+
+        Past the first `_ZERO_WINDOW` bytes it stops at the first all-zero chunk:
+        beyond a torn last write (bounded by a write batch) a recovered file holds
+        only zeros, and reading a whole preallocated 1 GiB tail would make every
+        restart pay for it.
+        """
         end = end_offset - seg.start
+        limit = begin + _ZERO_WINDOW
         zeros = bytes(_ZERO_CHUNK)
         while begin < end:
             n = min(_ZERO_CHUNK, end - begin)
             if os.pread(seg.fd, n, begin).count(0) != n:
                 os.pwrite(seg.fd, zeros[:n], begin)
+            elif begin >= limit:
+                return
             begin += n
 
     def delete_before(self, offset: int) -> int:
