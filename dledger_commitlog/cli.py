@@ -1,0 +1,486 @@
+"""The `dledger` command line: one argparse tree built from a registry of subcommands.
+
+Owns argument parsing, output (`--json`: one JSON document on stdout; otherwise
+readable tables) and exit codes: 0 success, 1 the cluster or a server said no,
+2 usage (bad arguments, bad config, unreadable input files). Expected errors
+print one line on stderr, never a traceback. Every subcommand accepts the same
+connection options (`--cluster FILE | --servers H:P,...`, `--cluster-name`,
+`--timeout`, `--json`). Later subcommands (consume, verify, admin clean-now,
+chaos, export, analytics) register with `@command("admin clean-now", ...)` in a
+module named in `COMMAND_MODULES`; a space in the name makes a command group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .client import Client, ClientError, NodeStatus, PullResult, StatusError, StoredMessage
+from .cluster import ClusterError
+from .config import ConfigError, NodeConfig, load_config, parse_peer
+
+COMMAND_MODULES: tuple[str, ...] = ()  # modules whose import registers more subcommands
+_FIELD_TYPES: dict[str, Callable[[str], Any]] = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "int | None": int,
+}
+
+
+class UsageError(Exception):
+    """The command line asks for something impossible; exit code 2."""
+
+
+Run = Callable[[argparse.Namespace], int]
+Configure = Callable[[argparse.ArgumentParser], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    path: tuple[str, ...]  # ("cluster", "up")
+    help: str
+    configure: Configure
+    run: Run
+
+
+_REGISTRY: dict[tuple[str, ...], Command] = {}
+
+
+def command(name: str, help: str, configure: Configure | None = None) -> Callable[[Run], Run]:
+    """Register `run` as the subcommand `name` ("put", "cluster up")."""
+
+    def register(run: Run) -> Run:
+        path = tuple(name.split())
+        if path in _REGISTRY:
+            raise ValueError(f"subcommand {name!r} registered twice")
+        _REGISTRY[path] = Command(path, help, configure or (lambda p: None), run)
+        return run
+
+    return register
+
+
+def build_parser() -> argparse.ArgumentParser:
+    for module in COMMAND_MODULES:
+        importlib.import_module(module)
+    common = argparse.ArgumentParser(add_help=False)
+    conn = common.add_argument_group("connection and output")
+    conn.add_argument("--cluster", metavar="FILE", help="cluster.json of a cluster")
+    conn.add_argument("--servers", metavar="H:P,...", help="client addresses of the servers")
+    conn.add_argument("--cluster-name", metavar="NAME", help="refuse servers of other clusters")
+    conn.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per command")
+    conn.add_argument("--json", action="store_true", help="print one JSON document")
+    parser = argparse.ArgumentParser(prog="dledger", description="dledger-py commit log")
+    groups: dict[tuple[str, ...], Any] = {(): parser.add_subparsers(dest="command", metavar="CMD")}
+    for path, cmd in sorted(_REGISTRY.items()):
+        for depth in range(1, len(path)):
+            prefix = path[:depth]
+            if prefix not in groups:
+                group = groups[prefix[:-1]].add_parser(prefix[-1], help=f"{prefix[-1]} commands")
+                groups[prefix] = group.add_subparsers(dest="_".join(prefix), metavar="CMD")
+                groups[prefix].required = True
+        sub = groups[path[:-1]].add_parser(path[-1], help=cmd.help, parents=[common])
+        cmd.configure(sub)
+        sub.set_defaults(run=cmd.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "run", None) is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        code: int = args.run(args)
+    except (UsageError, ConfigError) as exc:
+        return _fail(f"error: {exc}", 2)
+    except ClientError as exc:
+        where = f" ({exc.address})" if exc.address else ""
+        return _fail(f"{exc.code or type(exc).__name__}{where}: {exc.message}", 1)
+    except ClusterError as exc:
+        return _fail(f"cluster: {exc}", 1)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    except BrokenPipeError:  # `dledger ... | head`: the reader left; so do we, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return code
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"dledger: {message}", file=sys.stderr)
+    return code
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def make_client(args: argparse.Namespace) -> Client:
+    """The client the connection options (or DLEDGER_SERVERS / DLEDGER_CLUSTER) name."""
+    kw: dict[str, Any] = {"timeout_s": args.timeout, "cluster": args.cluster_name}
+    servers = args.servers or os.environ.get("DLEDGER_SERVERS")
+    cluster_file = args.cluster or os.environ.get("DLEDGER_CLUSTER")
+    try:
+        if servers:
+            return Client([s for s in servers.split(",") if s.strip()], **kw)
+        if cluster_file:
+            return Client.from_cluster_file(cluster_file, **kw)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    raise UsageError("no servers: pass --cluster FILE or --servers HOST:PORT,...")
+
+
+def emit(args: argparse.Namespace, doc: Any, text: str) -> None:
+    print(json.dumps(doc, sort_keys=False) if args.json else text)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in headers], *[[_cell(v) for v in row] for row in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    return "-" if value is None or value == "" else str(value)
+
+
+def message_json(m: StoredMessage) -> dict[str, Any]:
+    doc = {f.name: getattr(m, f.name) for f in dataclasses.fields(m)}
+    doc["keys"], doc["properties"] = list(m.keys), dict(m.properties)
+    try:
+        doc["body"] = m.body.decode("utf-8")
+    except UnicodeDecodeError:
+        doc["body"] = base64.b64encode(m.body).decode("ascii")
+        doc["body_encoding"] = "base64"
+    return doc
+
+
+def messages_table(msgs: Sequence[StoredMessage]) -> str:
+    rows = [
+        (m.queue_id, m.queue_offset, m.commitlog_offset, m.msg_id, m.tags, m.keys, _preview(m.body))
+        for m in msgs
+    ]
+    return table(("queue", "q_offset", "cl_offset", "msg_id", "tags", "keys", "body"), rows)
+
+
+def _preview(body: bytes, width: int = 40) -> str:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"<{len(body)} bytes>"
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+# ---------------------------------------------------------------- serve
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="node TOML file (see config.py)")
+    p.add_argument("--peer", action="append", metavar="ID=RAFT/CLIENT", help="repeatable")
+    for f in dataclasses.fields(NodeConfig):
+        if f.name in ("peers", "cluster"):  # --peer; --cluster-name
+            continue
+        kind = _FIELD_TYPES[str(f.type)]
+        opt = "--" + f.name.replace("_", "-")
+        choices = ("sync", "async") if f.name == "flush_mode" else None
+        p.add_argument(opt, dest=f"cfg_{f.name}", type=kind, choices=choices, metavar="V")
+
+
+@command("serve", "run one node until SIGTERM/SIGINT", _serve_args)
+def _serve(args: argparse.Namespace) -> int:
+    config = serve_config(args)
+    from . import node  # lazily: the server's imports are not the CLI's
+
+    run = getattr(node, "run", None)
+    if run is None:
+        return _fail("this build has no server (dledger_commitlog.node.run)", 1)
+    run(config)
+    return 0
+
+
+def serve_config(args: argparse.Namespace) -> NodeConfig:
+    """The NodeConfig `serve` runs: the --config file with the options on top."""
+    overrides: dict[str, Any] = {
+        f.name: getattr(args, f"cfg_{f.name}", None) for f in dataclasses.fields(NodeConfig)
+    }
+    overrides["cluster"] = args.cluster_name
+    overrides["peers"] = tuple(parse_peer(p) for p in args.peer) if args.peer else None
+    return load_config(args.config, overrides)
+
+
+# ---------------------------------------------------------------- messages
+
+
+def _put_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topic", required=True)
+    p.add_argument("--key", action="extend", nargs="+", default=[], metavar="K")
+    p.add_argument("--tag", metavar="TAG")
+    p.add_argument("--property", action="extend", nargs="+", type=_key_value, default=[])
+    p.add_argument("--uniq-key", metavar="U", help="idempotency key (default: a fresh one)")
+    p.add_argument("--queue", type=_non_negative, metavar="Q", help="default: the server picks")
+    body = p.add_mutually_exclusive_group(required=True)
+    body.add_argument("--body", metavar="TEXT")
+    body.add_argument("--body-file", metavar="F", help="'-': standard input")
+
+
+@command("put", "put one message", _put_args)
+def _put(args: argparse.Namespace) -> int:
+    body: bytes | str
+    if args.body is not None:
+        body = args.body
+    elif args.body_file == "-":
+        body = sys.stdin.buffer.read()
+    else:
+        try:
+            body = Path(args.body_file).read_bytes()
+        except OSError as exc:
+            raise UsageError(f"--body-file: {exc}") from exc
+    with make_client(args) as client:
+        r = client.put(
+            args.topic,
+            body,
+            keys=args.key,
+            tags=args.tag,
+            properties=dict(args.property),
+            uniq_key=args.uniq_key,
+            queue_id=args.queue,
+        )
+    doc = {
+        "msg_id": r.msg_id,
+        "commitlog_offset": r.commitlog_offset,
+        "queue_id": r.queue_id,
+        "queue_offset": r.queue_offset,
+        "store_timestamp": r.store_timestamp_ms,
+        "duplicate": r.duplicate,
+    }
+    emit(args, doc, table(tuple(doc), [tuple(doc.values())]))
+    return 0
+
+
+def _get_args(p: argparse.ArgumentParser) -> None:
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--msg-id", metavar="ID")
+    which.add_argument("--offset", type=_non_negative, metavar="N", help="commit-log offset")
+    p.add_argument("--linearizable", action="store_true", help="confirm with the leader first")
+
+
+@command("get", "one message by id or commit-log offset", _get_args)
+def _get(args: argparse.Namespace) -> int:
+    with make_client(args) as client:
+        m = client.get(msg_id=args.msg_id, offset=args.offset, linearizable=args.linearizable)
+    doc = message_json(m)
+    text = "\n".join(f"{k:<18} {_cell(v)}" for k, v in doc.items())
+    emit(args, doc, text)
+    return 0
+
+
+def _pull_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topic", required=True)
+    p.add_argument("--queue", type=_non_negative, required=True, metavar="Q")
+    p.add_argument("--offset", type=_non_negative, required=True, metavar="N")
+    p.add_argument("--max", type=int, default=32, metavar="M")
+    p.add_argument("--tag-expr", default="*", metavar="E", help="'*' or 'TagA || TagB'")
+    p.add_argument("--wait-ms", type=_non_negative, default=0, metavar="W")
+
+
+@command("pull", "messages of one consume queue from an offset", _pull_args)
+def _pull(args: argparse.Namespace) -> int:
+    with make_client(args) as client:
+        r: PullResult = client.pull(
+            args.topic, args.queue, args.offset, args.max, args.tag_expr, args.wait_ms
+        )
+    doc = {
+        "messages": [message_json(m) for m in r.messages],
+        "next_offset": r.next_offset,
+        "min_offset": r.min_offset,
+        "max_offset": r.max_offset,
+    }
+    footer = f"next_offset {r.next_offset}  (queue holds {r.min_offset}..{r.max_offset})"
+    emit(args, doc, messages_table(r.messages) + "\n" + footer)
+    return 0
+
+
+def _query_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topic", required=True)
+    p.add_argument("--key", required=True)
+    p.add_argument("--begin", type=_non_negative, default=0, metavar="TS", help="ms since epoch")
+    p.add_argument("--end", type=_non_negative, default=0, metavar="TS", help="0: now")
+    p.add_argument("--max", type=int, default=32, metavar="M")
+
+
+@command("query", "messages by key", _query_args)
+def _query(args: argparse.Namespace) -> int:
+    with make_client(args) as client:
+        msgs = client.query(args.topic, args.key, args.begin, args.end, args.max)
+    emit(args, {"messages": [message_json(m) for m in msgs]}, messages_table(msgs))
+    return 0
+
+
+# ---------------------------------------------------------------- status and admin
+
+
+def status_json(s: NodeStatus | StatusError) -> dict[str, Any]:
+    if isinstance(s, StatusError):
+        return {"address": s.address, "error": s.error.message, "code": s.error.code}
+    doc = {"node_id": s.node_id, "role": s.role, "term": s.term, "leader": s.leader_id}
+    doc.update({f.name: getattr(s, f.name) for f in dataclasses.fields(s)})
+    doc["peers"] = [dataclasses.asdict(p) for p in s.peers]
+    return doc
+
+
+def status_table(statuses: Sequence[NodeStatus | StatusError]) -> str:
+    headers = ("node", "address", "role", "term", "leader", "last", "commit", "applied", "note")
+    rows: list[list[Any]] = []
+    for s in statuses:
+        if isinstance(s, StatusError):
+            rows.append(["?", s.address, "-", "-", "-", "-", "-", "-", s.error.message[:60]])
+        else:
+            rows.append([s.node_id, s.address, s.role, s.term, s.leader_id or None])
+            rows[-1] += [s.last_index, s.committed_index, s.applied_index, s.flush_mode]
+    return table(headers, rows)
+
+
+@command("status", "every server's Raft and store status")
+def _status(args: argparse.Namespace) -> int:
+    with make_client(args) as client:
+        statuses = client.status_all(timeout_s=min(args.timeout, 5.0))
+    emit(args, {"nodes": [status_json(s) for s in statuses]}, status_table(statuses))
+    return 0 if any(isinstance(s, NodeStatus) for s in statuses) else 1
+
+
+def _transfer_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--to", type=int, required=True, metavar="N", help="target node id")
+    p.add_argument("--timeout-ms", type=int, default=5000, metavar="MS")
+
+
+@command("transfer-leader", "hand leadership to another node", _transfer_args)
+def _transfer(args: argparse.Namespace) -> int:
+    with make_client(args) as client:
+        leader = client.transfer_leadership(args.to, args.timeout_ms)
+    emit(args, {"leader_id": leader}, f"leader is now node {leader}")
+    return 0
+
+
+# ---------------------------------------------------------------- local clusters
+
+
+def _cluster_dir(args: argparse.Namespace) -> Path:
+    if args.dir:
+        return Path(args.dir)
+    if args.cluster:
+        return Path(args.cluster).parent
+    raise UsageError("which cluster? pass --dir D")
+
+
+def _cluster_up_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", metavar="D", help="cluster directory (holds cluster.json)")
+    p.add_argument("--nodes", type=int, default=3, choices=(1, 3, 5))
+    p.add_argument("--base-port", type=int, metavar="P", help="default: free ports")
+    p.add_argument("--flush-mode", choices=("sync", "async"))
+    p.add_argument("--set", action="append", type=_key_value, default=[], metavar="FIELD=V")
+    p.add_argument("--wait", type=float, default=30.0, metavar="S", help="for a leader")
+
+
+def _dir_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", metavar="D", help="cluster directory (holds cluster.json)")
+
+
+def _extra_config(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    kinds = {f.name: _FIELD_TYPES.get(str(f.type)) for f in dataclasses.fields(NodeConfig)}
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        kind = kinds.get(key)
+        if kind is None:
+            raise UsageError(f"--set {key}: not a node setting")
+        try:
+            out[key] = kind(value)
+        except ValueError as exc:
+            raise UsageError(f"--set {key}={value}: {exc}") from exc
+    return out
+
+
+@command("cluster up", "start a local cluster (or restart a stopped one)", _cluster_up_args)
+def _cluster_up(args: argparse.Namespace) -> int:
+    from .cluster import LocalCluster
+
+    try:
+        cluster = LocalCluster(
+            _cluster_dir(args),
+            nodes=args.nodes,
+            base_port=args.base_port,
+            flush_mode=args.flush_mode,
+            extra_config=_extra_config(args.set) or None,
+            cluster=args.cluster_name or "dledger",
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    cluster.up(timeout_s=args.wait)
+    cluster.detach()
+    return _print_cluster(args, cluster)
+
+
+@command("cluster down", "stop a local cluster", _dir_args)
+def _cluster_down(args: argparse.Namespace) -> int:
+    from .cluster import LocalCluster
+
+    directory = _cluster_dir(args)
+    if not (directory / "cluster.json").exists():
+        raise UsageError(f"{directory}: no cluster.json here")
+    LocalCluster(directory).down()
+    emit(args, {"stopped": str(directory)}, f"stopped the cluster in {directory}")
+    return 0
+
+
+@command("cluster status", "processes and status of a local cluster", _dir_args)
+def _cluster_status(args: argparse.Namespace) -> int:
+    from .cluster import LocalCluster
+
+    directory = _cluster_dir(args)
+    if not (directory / "cluster.json").exists():
+        raise UsageError(f"{directory}: no cluster.json here")
+    return _print_cluster(args, LocalCluster(directory))
+
+
+def _print_cluster(args: argparse.Namespace, cluster: Any) -> int:
+    statuses = cluster.statuses(timeout_s=1.0)
+    nodes = []
+    for spec in cluster:
+        doc = {"id": spec.id, "pid": cluster.pid(spec.id), "client": spec.client}
+        doc |= {"raft": spec.raft, "metrics": spec.metrics, "data_dir": spec.data_dir}
+        doc["status"] = status_json(statuses[spec.id])
+        nodes.append(doc)
+    keys = ("role", "term", "leader", "error")
+    rows = [[n["id"], n["pid"], n["client"], *(n["status"].get(k) for k in keys)] for n in nodes]
+    text = table(("node", "pid", "client", "role", "term", "leader", "error"), rows)
+    emit(args, {"dir": str(cluster.directory), "nodes": nodes}, text)
+    return 0

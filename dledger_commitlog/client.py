@@ -1,0 +1,829 @@
+"""Python clients of the DLedgerClient service: `Client` (blocking) and `AsyncClient` (asyncio).
+
+Leader discovery, redirects and retries are decided by two I/O-free pieces both
+clients share: `_Router` (what this client knows of the cluster: its servers, the
+leader, which configured address a leader hint stands for) and `_Attempts` (the
+policy of one call: which address next, how long to wait, when to give up).
+Invariants: a put's uniq_key is fixed before its first attempt, so every retry
+carries the same one and is idempotent; no call outlives its deadline (`timeout_s`);
+INVALID_ARGUMENT, NOT_FOUND and OUT_OF_RANGE are never retried; protobuf stays in
+this module: results are frozen dataclasses converted at the edge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Generic, Self, TypeVar, cast
+
+import grpc
+import grpc.aio
+
+from proto import dledger_pb2 as pb
+from proto import dledger_pb2_grpc as pb_grpc
+
+R = TypeVar("R")
+
+
+# ---------------------------------------------------------------- errors
+
+
+class ClientError(Exception):
+    """A call failed; `code` is the gRPC status name, `address` the server that said so."""
+
+    def __init__(self, message: str, *, code: str = "", address: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.address = address
+
+
+class InvalidArgument(ClientError):
+    """Bad input (client- or server-side): nothing was stored."""
+
+
+class NotFound(ClientError):
+    """Unknown message id, or no message at that offset."""
+
+
+class OffsetOutOfRange(ClientError):
+    """Offset below the minimum retained or beyond the committed end."""
+
+
+class Unavailable(ClientError):
+    """No leader or no server answered before the deadline; nothing was written."""
+
+
+class OutcomeUnknown(ClientError):
+    """A write may or may not have been stored. Retrying with the same `uniq_keys` is safe."""
+
+    def __init__(self, message: str, *, uniq_keys: Sequence[str] = (), **kw: str) -> None:
+        super().__init__(message, **kw)
+        self.uniq_keys = tuple(uniq_keys)
+
+
+class ResourceExhausted(ClientError):
+    """The leader kept refusing: too many puts in flight, or its disk is too full."""
+
+
+class WrongCluster(ClientError):
+    """The server belongs to another cluster than the one this client names."""
+
+
+# ---------------------------------------------------------------- values
+
+
+@dataclass(frozen=True, slots=True)
+class MessageSpec:
+    """A message to put. `uniq_key` None: the client draws one before the first attempt."""
+
+    topic: str
+    body: bytes | str
+    keys: Sequence[str] = ()
+    tags: str | None = None
+    properties: Mapping[str, str] | None = None
+    uniq_key: str | None = None
+    queue_id: int | None = None
+    flag: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.topic, str) or not self.topic:
+            raise InvalidArgument(f"topic must be a non-empty string, not {self.topic!r}")
+        if not isinstance(self.body, bytes | bytearray | memoryview | str):
+            raise InvalidArgument(f"body must be bytes or str, not {type(self.body).__name__}")
+        if isinstance(self.keys, str) or not all(isinstance(k, str) for k in self.keys):
+            raise InvalidArgument(f"keys must be a sequence of strings, not {self.keys!r}")
+        props = self.properties or {}
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
+            raise InvalidArgument("properties must map strings to strings")
+        if self.queue_id is not None and (not isinstance(self.queue_id, int) or self.queue_id < 0):
+            raise InvalidArgument(f"queue_id must be a non-negative int, not {self.queue_id!r}")
+
+    def to_pb(self, now_ms: int) -> pb.MessageData:
+        body = self.body.encode() if isinstance(self.body, str) else bytes(self.body)
+        return pb.MessageData(
+            topic=self.topic,
+            body=body,
+            keys=list(self.keys),
+            tags=self.tags or "",
+            properties=dict(self.properties or {}),
+            uniq_key=self.uniq_key or uuid.uuid4().hex.upper(),
+            born_timestamp_ms=now_ms,
+            flag=self.flag,
+            queue_id=-1 if self.queue_id is None else self.queue_id,
+            has_queue_id=self.queue_id is not None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    msg_id: str
+    commitlog_offset: int
+    queue_id: int
+    queue_offset: int
+    store_timestamp_ms: int
+    duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    msg_id: str
+    body: bytes
+    keys: tuple[str, ...]
+    tags: str
+    properties: Mapping[str, str]
+    born_timestamp_ms: int
+    store_timestamp_ms: int
+    body_size: int
+    size: int
+    uniq_key: str
+    flag: int
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    messages: tuple[StoredMessage, ...]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRangeResult:
+    messages: bytes  # concatenated encoded messages (store.message format), committed only
+    next_offset: int
+    committed_offset: int
+    min_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PeerStatus:
+    node_id: int
+    match_index: int
+    next_index: int
+    recent_active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    address: str  # the address this client asked
+    node_id: int
+    role: str
+    term: int
+    leader_id: int
+    leader_address: str
+    first_index: int
+    last_index: int
+    committed_index: int
+    committed_pos: int
+    flushed_pos: int
+    dispatched_pos: int
+    applied_index: int
+    cluster: str
+    peers: tuple[PeerStatus, ...]
+    last_chain_crc: int
+    flush_mode: str
+
+
+@dataclass(frozen=True, slots=True)
+class StatusError:
+    """`status_all`'s entry for a server that did not answer."""
+
+    address: str
+    error: ClientError
+
+
+def _convert(cls: Any, msg: Any, **given: Any) -> Any:
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in given]
+    return cls(**{name: getattr(msg, name) for name in names}, **given)
+
+
+def put_result(msg: pb.PutResult) -> PutResult:
+    return cast(PutResult, _convert(PutResult, msg))
+
+
+def stored_message(msg: pb.StoredMessage) -> StoredMessage:
+    return cast(
+        StoredMessage,
+        _convert(StoredMessage, msg, keys=tuple(msg.keys), properties=dict(msg.properties)),
+    )
+
+
+def node_status(address: str, msg: pb.StatusResponse) -> NodeStatus:
+    peers = tuple(cast(PeerStatus, _convert(PeerStatus, p)) for p in msg.peers)
+    return cast(NodeStatus, _convert(NodeStatus, msg, address=address, peers=peers))
+
+
+# ---------------------------------------------------------------- retry policy
+
+LEADER_METADATA = "dledger-leader"
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", 10_000),
+]
+_NOT_RETRIED: dict[str, type[ClientError]] = {
+    "INVALID_ARGUMENT": InvalidArgument,
+    "NOT_FOUND": NotFound,
+    "OUT_OF_RANGE": OffsetOutOfRange,
+    "FAILED_PRECONDITION": WrongCluster,  # only without a leader hint: see `_Attempts.failed`
+}
+_DISCOVERY_TIMEOUT_S = 1.0  # Status is cheap: a node slower than this is not worth leading to
+_RETRIED = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED"})
+# gRPC's wording when the connection was never made: the request cannot have arrived.
+_CONNECT_FAILURES = ("failed to connect", "connection refused", "dns resolution failed")
+
+
+class _Failure:
+    """One failed attempt, read off a grpc.RpcError (sync and aio ones alike)."""
+
+    __slots__ = ("code", "details", "leader_hint")
+
+    def __init__(self, code: str, details: str, leader_hint: str | None = None) -> None:
+        self.code = code
+        self.details = details
+        self.leader_hint = leader_hint  # None: no metadata; "": the node knows no leader
+
+    @classmethod
+    def of(cls, exc: grpc.RpcError) -> _Failure:
+        code = exc.code()
+        hint = None
+        for key, value in exc.trailing_metadata() or ():
+            if key == LEADER_METADATA:
+                hint = value.decode() if isinstance(value, bytes) else str(value)
+        return cls(getattr(code, "name", str(code)), exc.details() or "", hint)
+
+    def error(self, address: str) -> ClientError:
+        kind = _NOT_RETRIED.get(self.code, Unavailable if self.code in _RETRIED else ClientError)
+        return kind(self.details or self.code, code=self.code, address=address)
+
+    @property
+    def never_sent(self) -> bool:
+        text = self.details.lower()
+        return self.code == "UNAVAILABLE" and any(s in text for s in _CONNECT_FAILURES)
+
+
+class _Router:
+    """The client's view of the cluster, shared by all its calls."""
+
+    def __init__(self, servers: Sequence[str]) -> None:
+        self.servers = list(dict.fromkeys(s.strip() for s in servers if s.strip()))
+        if not self.servers:
+            raise ValueError("a client needs at least one server address (host:port)")
+        self.leader: str | None = None
+        self._by_id: dict[int, str] = {}  # node id -> the address we reach it at
+        self._aliases: dict[str, str] = {}  # address the cluster uses -> the one we use
+        self._next = 0
+
+    def next_server(self, avoid: str | None = None) -> str:
+        for _ in range(len(self.servers)):
+            address = self.servers[self._next % len(self.servers)]
+            self._next += 1
+            if address != avoid or len(self.servers) == 1:
+                return address
+        return self.servers[0]
+
+    def redirect(self, hint: str) -> str:
+        address = self._aliases.get(hint, hint)
+        if address not in self.servers:
+            self.servers.append(address)
+        self.leader = address
+        return address
+
+    def forget(self, address: str) -> None:
+        if self.leader == address:
+            self.leader = None
+
+    def learn(self, answers: Sequence[NodeStatus]) -> None:
+        """Record Status answers; the leader is the one the highest term names."""
+        for st in answers:
+            self._by_id[st.node_id] = st.address
+            if st.role == "leader" and st.leader_address:
+                self._aliases[st.leader_address] = st.address
+        best: NodeStatus | None = None
+        for st in answers:
+            if st.leader_id and (best is None or st.term > best.term):
+                best = st
+        if best is None:
+            return
+        if best.leader_id in self._by_id:
+            if best.leader_address:
+                self._aliases[best.leader_address] = self._by_id[best.leader_id]
+            self.leader = self._by_id[best.leader_id]
+        elif best.leader_address:
+            self.redirect(best.leader_address)
+
+
+class _Attempts:
+    """The retry policy of one call. `failed` returns the back-off or raises the error."""
+
+    def __init__(self, client: _Base, op: _Op[Any]) -> None:
+        self.router = client._router
+        self.op = op.name
+        self.write = op.write
+        self.uniq_keys = op.uniq_keys
+        self.timeout_s = client.timeout_s
+        self.deadline = time.monotonic() + client.timeout_s
+        self.attempt_timeout_s = client.attempt_timeout_s
+        self.max_retries = client.max_retries
+        self.backoff_base_s = client.backoff_base_s
+        self.backoff_max_s = client.backoff_max_s
+        self.rng = client._rng
+        self.attempts = 0
+        self.maybe_applied = False
+        self.last: tuple[str, _Failure] | None = None
+        self._backoffs = 0
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def next_address(self) -> str:
+        if self.router.leader is not None:
+            return self.router.leader
+        return self.router.next_server(avoid=self.last[0] if self.last else None)
+
+    def timeout(self, floor_s: float = 0.0, cap_s: float | None = None) -> float:
+        remaining = self.remaining()
+        if remaining <= 0:
+            raise self.give_up()
+        return min(remaining, cap_s or max(self.attempt_timeout_s, floor_s))
+
+    def failed(self, address: str, failure: _Failure) -> float:
+        self.attempts += 1
+        self.last = (address, failure)
+        delay: float
+        if failure.code == "FAILED_PRECONDITION" and failure.leader_hint is not None:
+            if failure.leader_hint:
+                was = self.router.leader
+                target = self.router.redirect(failure.leader_hint)
+                delay = 0.0 if target not in (address, was) else self._backoff()
+            else:  # the node is not the leader and knows none: an election is under way
+                self.router.forget(address)
+                delay = self._backoff()
+        elif failure.code in _NOT_RETRIED:
+            raise failure.error(address)
+        elif failure.code in _RETRIED:
+            if not failure.never_sent:
+                self.maybe_applied = True
+            if failure.code != "RESOURCE_EXHAUSTED":
+                self.router.forget(address)
+            delay = self._backoff()
+        else:
+            raise failure.error(address)
+        if self.attempts > self.max_retries or self.remaining() <= delay:
+            raise self.give_up()
+        return delay
+
+    def _backoff(self) -> float:
+        cap = min(self.backoff_max_s, self.backoff_base_s * 2.0 ** min(self._backoffs, 30))
+        self._backoffs += 1
+        return cap / 2 + self.rng.uniform(0, cap / 2)
+
+    def give_up(self) -> ClientError:
+        what = f"{self.op}: gave up after {self.attempts} attempt(s) in {self.timeout_s:g}s"
+        if self.last is None:
+            return Unavailable(f"{what}: no attempt was made", code="DEADLINE_EXCEEDED")
+        address, failure = self.last
+        why = f"{what}; last error from {address}: {failure.code}: {failure.details}"
+        if self.write and self.maybe_applied:
+            return OutcomeUnknown(why, code=failure.code, address=address, uniq_keys=self.uniq_keys)
+        if failure.code == "RESOURCE_EXHAUSTED":
+            return ResourceExhausted(why, code=failure.code, address=address)
+        return Unavailable(why, code=failure.code, address=address)
+
+
+@dataclass(frozen=True, slots=True)
+class _Op(Generic[R]):
+    """One client operation, as both clients run it."""
+
+    name: str
+    method: str  # the RPC
+    request: Any
+    convert: Callable[[Any], R]
+    write: bool = False
+    uniq_keys: tuple[str, ...] = ()
+    floor_s: float = 0.0  # an attempt may take this long however short attempt_timeout_s is
+    forgets_leader: bool = False
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _chunks(items: Iterable[MessageSpec], size: int) -> Iterator[list[MessageSpec]]:
+    chunk: list[MessageSpec] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+class _Base:
+    """Configuration, requests and results shared by `Client` and `AsyncClient`."""
+
+    def __init__(
+        self,
+        servers: Sequence[str] | str,
+        *,
+        cluster: str | None = None,
+        timeout_s: float = 10.0,
+        max_retries: int = 32,
+        attempt_timeout_s: float | None = None,
+        backoff_base_s: float = 0.05,
+        backoff_max_s: float = 1.0,
+        seed: int | None = None,
+    ) -> None:
+        if isinstance(servers, str):
+            servers = servers.split(",")
+        if timeout_s <= 0 or max_retries < 0 or backoff_base_s < 0:
+            raise ValueError("need timeout_s > 0, max_retries >= 0 and backoff_base_s >= 0")
+        self._router = _Router(servers)
+        self.cluster = cluster or ""
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.attempt_timeout_s = attempt_timeout_s or min(max(1.0, timeout_s / 4), 5.0)
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = max(backoff_max_s, backoff_base_s)
+        self._rng = random.Random(seed)
+        self._stubs: dict[str, Any] = {}
+
+    @classmethod
+    def from_cluster_file(cls, path: str | Path, **kwargs: Any) -> Self:
+        """A client of the cluster a `cluster.json` describes (see `cluster.py`)."""
+        try:
+            doc = json.loads(Path(path).read_text())
+            servers = [str(node["client"]) for node in doc["nodes"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a readable cluster file ({exc})") from exc
+        kwargs.setdefault("cluster", doc.get("cluster") or None)
+        return cls(servers, **kwargs)
+
+    @property
+    def servers(self) -> list[str]:
+        return list(self._router.servers)
+
+    @property
+    def leader(self) -> str | None:
+        """The address this client currently believes is the leader's."""
+        return self._router.leader
+
+    def _status_target(self, server: str | None) -> str:
+        return server or self._router.leader or self._router.servers[0]
+
+    def _accept(self, address: str, resp: pb.StatusResponse) -> NodeStatus:
+        st = node_status(address, resp)
+        if self.cluster and st.cluster and st.cluster != self.cluster:
+            raise WrongCluster(
+                f"{address} serves cluster {st.cluster!r}, not {self.cluster!r}", address=address
+            )
+        return st
+
+    def _op_put(self, spec: MessageSpec) -> _Op[PutResult]:
+        msg = spec.to_pb(_now_ms())
+        request = pb.PutRequest(message=msg, cluster=self.cluster)
+        return _Op("put", "Put", request, lambda r: put_result(r.result), True, (msg.uniq_key,))
+
+    def _op_batch(self, specs: Sequence[MessageSpec]) -> _Op[list[PutResult]]:
+        now = _now_ms()
+        msgs = [s.to_pb(now) for s in specs]
+        request = pb.PutBatchRequest(messages=msgs, cluster=self.cluster)
+        keys = tuple(m.uniq_key for m in msgs)
+        return _Op(
+            "put_batch",
+            "PutBatch",
+            request,
+            lambda r: [put_result(x) for x in r.results],
+            True,
+            keys,
+        )
+
+    def _op_get(
+        self, msg_id: str | None, offset: int | None, linearizable: bool
+    ) -> _Op[StoredMessage]:
+        if (msg_id is None) == (offset is None):
+            raise ValueError("get: give exactly one of msg_id and offset")
+        if msg_id is not None:
+            request = pb.GetRequest(msg_id=msg_id, linearizable=linearizable)
+        else:
+            request = pb.GetRequest(commitlog_offset=offset, linearizable=linearizable)
+        return _Op("get", "Get", request, lambda r: stored_message(r.message))
+
+    def _op_pull(
+        self, topic: str, queue_id: int, offset: int, max_messages: int, tags: str, wait_ms: int
+    ) -> _Op[PullResult]:
+        request = pb.PullRequest(
+            topic=topic,
+            queue_id=queue_id,
+            queue_offset=offset,
+            max_messages=max_messages,
+            tag_expression=tags,
+            wait_ms=wait_ms,
+        )
+
+        def convert(r: pb.PullResponse) -> PullResult:
+            msgs = tuple(stored_message(m) for m in r.messages)
+            return PullResult(msgs, r.next_offset, r.min_offset, r.max_offset)
+
+        return _Op("pull", "Pull", request, convert, floor_s=1 + wait_ms / 1000)
+
+    def _op_query(
+        self, topic: str, key: str, begin_ms: int, end_ms: int, max_messages: int
+    ) -> _Op[list[StoredMessage]]:
+        request = pb.QueryByKeyRequest(
+            topic=topic, key=key, begin_ms=begin_ms, end_ms=end_ms, max_messages=max_messages
+        )
+        return _Op(
+            "query", "QueryByKey", request, lambda r: [stored_message(m) for m in r.messages]
+        )
+
+    def _op_range(self, offset: int, max_messages: int, max_bytes: int) -> _Op[ReadRangeResult]:
+        request = pb.ReadRangeRequest(
+            from_offset=offset, max_messages=max_messages, max_bytes=max_bytes
+        )
+
+        def convert(r: pb.ReadRangeResponse) -> ReadRangeResult:
+            return ReadRangeResult(r.messages, r.next_offset, r.committed_offset, r.min_offset)
+
+        return _Op("read_range", "ReadRange", request, convert)
+
+    def _op_transfer(self, target: int, timeout_ms: int) -> _Op[int]:
+        request = pb.TransferLeadershipRequest(target_node_id=target, timeout_ms=timeout_ms)
+        return _Op(
+            "transfer_leadership",
+            "TransferLeadership",
+            request,
+            lambda r: int(r.leader_id),
+            floor_s=1 + timeout_ms / 1000,
+            forgets_leader=True,
+        )
+
+
+class Client(_Base):
+    """Blocking client: one gRPC channel per server, reused across calls."""
+
+    def __init__(self, servers: Sequence[str] | str, **kwargs: Any) -> None:
+        super().__init__(servers, **kwargs)
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def _stub(self, address: str) -> Any:
+        if address not in self._stubs:
+            channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            self._channels[address] = channel
+            self._stubs[address] = pb_grpc.DLedgerClientStub(channel)
+        return self._stubs[address]
+
+    def _run(self, op: _Op[R]) -> R:
+        attempts = _Attempts(self, op)
+        while True:
+            if self._router.leader is None:
+                self._discover(attempts)
+            address = attempts.next_address()
+            try:
+                call = getattr(self._stub(address), op.method)
+                resp = call(op.request, timeout=attempts.timeout(op.floor_s))
+            except grpc.RpcError as exc:
+                time.sleep(attempts.failed(address, _Failure.of(exc)))
+                continue
+            if op.forgets_leader:
+                self._router.leader = None
+            return op.convert(resp)
+
+    def _discover(self, attempts: _Attempts) -> None:
+        answers: list[NodeStatus] = []
+        for address in list(self._router.servers):
+            if attempts.remaining() <= 0:
+                break
+            try:
+                timeout = attempts.timeout(cap_s=_DISCOVERY_TIMEOUT_S)
+                answers.append(self.status(address, timeout_s=timeout))
+            except ClientError:
+                continue
+        self._router.learn(answers)
+
+    def put(
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        keys: Sequence[str] = (),
+        tags: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        uniq_key: str | None = None,
+        queue_id: int | None = None,
+    ) -> PutResult:
+        spec = MessageSpec(topic, body, keys, tags, properties, uniq_key, queue_id)
+        return self._run(self._op_put(spec))
+
+    def put_batch(self, messages: Sequence[MessageSpec]) -> list[PutResult]:
+        """Put messages atomically as one batch (one bad message fails all)."""
+        return self._run(self._op_batch(messages))
+
+    def put_stream(self, messages: Iterable[MessageSpec], batch: int = 64) -> Iterator[PutResult]:
+        """Put an unbounded sequence in order, `batch` messages per PutBatch call."""
+        for chunk in _chunks(messages, batch):
+            yield from self.put_batch(chunk)
+
+    def get(
+        self, msg_id: str | None = None, offset: int | None = None, linearizable: bool = False
+    ) -> StoredMessage:
+        """By message id or by commit-log offset (exactly one)."""
+        return self._run(self._op_get(msg_id, offset, linearizable))
+
+    def pull(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int = 32,
+        tag_expression: str = "*",
+        wait_ms: int = 0,
+    ) -> PullResult:
+        return self._run(
+            self._op_pull(topic, queue_id, offset, max_messages, tag_expression, wait_ms)
+        )
+
+    def query(
+        self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 0, max_messages: int = 32
+    ) -> list[StoredMessage]:
+        return self._run(self._op_query(topic, key, begin_ms, end_ms, max_messages))
+
+    def read_range(
+        self, from_offset: int, max_messages: int = 1024, max_bytes: int = 4 << 20
+    ) -> ReadRangeResult:
+        """Raw committed messages from `from_offset` on, for bulk readers (analytics)."""
+        return self._run(self._op_range(from_offset, max_messages, max_bytes))
+
+    def transfer_leadership(self, target_node_id: int, timeout_ms: int = 5000) -> int:
+        """Ask the leader to hand over to `target_node_id`; returns the new leader's id."""
+        return self._run(self._op_transfer(target_node_id, timeout_ms))
+
+    def status(self, server: str | None = None, timeout_s: float | None = None) -> NodeStatus:
+        """Status of one server (default: the leader, else the first server); one attempt."""
+        address = self._status_target(server)
+        try:
+            resp = self._stub(address).Status(pb.StatusRequest(), timeout=timeout_s or 2.0)
+        except grpc.RpcError as exc:
+            raise _Failure.of(exc).error(address) from None
+        return self._accept(address, resp)
+
+    def status_all(self, timeout_s: float | None = None) -> list[NodeStatus | StatusError]:
+        out: list[NodeStatus | StatusError] = []
+        for address in self.servers:
+            try:
+                out.append(self.status(address, timeout_s))
+            except ClientError as exc:
+                out.append(StatusError(address, exc))
+        return out
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+        self._stubs.clear()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class AsyncClient(_Base):
+    """asyncio client (grpc.aio), the same API with coroutines; use it in one event loop."""
+
+    def __init__(self, servers: Sequence[str] | str, **kwargs: Any) -> None:
+        super().__init__(servers, **kwargs)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def _stub(self, address: str) -> Any:
+        if address not in self._stubs:
+            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            self._channels[address] = channel
+            self._stubs[address] = pb_grpc.DLedgerClientStub(channel)
+        return self._stubs[address]
+
+    async def _run(self, op: _Op[R]) -> R:
+        attempts = _Attempts(self, op)
+        while True:
+            if self._router.leader is None:
+                await self._discover(attempts)
+            address = attempts.next_address()
+            try:
+                call = getattr(self._stub(address), op.method)
+                resp = await call(op.request, timeout=attempts.timeout(op.floor_s))
+            except grpc.RpcError as exc:
+                await asyncio.sleep(attempts.failed(address, _Failure.of(exc)))
+                continue
+            if op.forgets_leader:
+                self._router.leader = None
+            return op.convert(resp)
+
+    async def _discover(self, attempts: _Attempts) -> None:
+        results = await self.status_all(timeout_s=attempts.timeout(cap_s=_DISCOVERY_TIMEOUT_S))
+        self._router.learn([r for r in results if isinstance(r, NodeStatus)])
+
+    async def put(
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        keys: Sequence[str] = (),
+        tags: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        uniq_key: str | None = None,
+        queue_id: int | None = None,
+    ) -> PutResult:
+        spec = MessageSpec(topic, body, keys, tags, properties, uniq_key, queue_id)
+        return await self._run(self._op_put(spec))
+
+    async def put_batch(self, messages: Sequence[MessageSpec]) -> list[PutResult]:
+        return await self._run(self._op_batch(messages))
+
+    async def put_stream(
+        self, messages: Iterable[MessageSpec], batch: int = 64
+    ) -> AsyncIterator[PutResult]:
+        for chunk in _chunks(messages, batch):
+            for result in await self.put_batch(chunk):
+                yield result
+
+    async def get(
+        self, msg_id: str | None = None, offset: int | None = None, linearizable: bool = False
+    ) -> StoredMessage:
+        return await self._run(self._op_get(msg_id, offset, linearizable))
+
+    async def pull(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int = 32,
+        tag_expression: str = "*",
+        wait_ms: int = 0,
+    ) -> PullResult:
+        return await self._run(
+            self._op_pull(topic, queue_id, offset, max_messages, tag_expression, wait_ms)
+        )
+
+    async def query(
+        self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 0, max_messages: int = 32
+    ) -> list[StoredMessage]:
+        return await self._run(self._op_query(topic, key, begin_ms, end_ms, max_messages))
+
+    async def read_range(
+        self, from_offset: int, max_messages: int = 1024, max_bytes: int = 4 << 20
+    ) -> ReadRangeResult:
+        return await self._run(self._op_range(from_offset, max_messages, max_bytes))
+
+    async def transfer_leadership(self, target_node_id: int, timeout_ms: int = 5000) -> int:
+        return await self._run(self._op_transfer(target_node_id, timeout_ms))
+
+    async def status(self, server: str | None = None, timeout_s: float | None = None) -> NodeStatus:
+        address = self._status_target(server)
+        try:
+            resp = await self._stub(address).Status(pb.StatusRequest(), timeout=timeout_s or 2.0)
+        except grpc.RpcError as exc:
+            raise _Failure.of(exc).error(address) from None
+        return self._accept(address, resp)
+
+    async def status_all(self, timeout_s: float | None = None) -> list[NodeStatus | StatusError]:
+        async def one(address: str) -> NodeStatus | StatusError:
+            try:
+                return await self.status(address, timeout_s)
+            except ClientError as exc:
+                return StatusError(address, exc)
+
+        return list(await asyncio.gather(*(one(s) for s in self.servers)))
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+        self._stubs.clear()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

@@ -1,0 +1,308 @@
+"""The `dledger` CLI: argument parsing, output shapes and exit codes, with a fake client."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Self
+
+import pytest
+
+from dledger_commitlog import cli
+from dledger_commitlog.client import (
+    NodeStatus,
+    NotFound,
+    PullResult,
+    PutResult,
+    StatusError,
+    StoredMessage,
+    Unavailable,
+)
+from dledger_commitlog.config import NodeConfig
+
+
+def stored(body: bytes, offset: int = 96) -> StoredMessage:
+    return StoredMessage(
+        topic="orders",
+        queue_id=1,
+        queue_offset=7,
+        commitlog_offset=offset,
+        msg_id="AB" * 16,
+        body=body,
+        keys=("k1",),
+        tags="new",
+        properties={"a": "b"},
+        born_timestamp_ms=1,
+        store_timestamp_ms=2,
+        body_size=len(body),
+        size=150,
+        uniq_key="U" * 32,
+        flag=0,
+    )
+
+
+def status(node_id: int, role: str) -> NodeStatus:
+    zero = dict.fromkeys(("first_index", "last_index", "committed_index", "applied_index"), 0)
+    zero |= dict.fromkeys(("committed_pos", "flushed_pos", "dispatched_pos", "last_chain_crc"), 0)
+    return NodeStatus(
+        f"h:{node_id}", node_id, role, 3, 1, "h:1", cluster="d", peers=(), flush_mode="sync", **zero
+    )
+
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.error: Exception | None = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def _record(self, name: str, *args: Any, **kw: Any) -> None:
+        self.calls.append((name, args, kw))
+        if self.error is not None:
+            raise self.error
+
+    def put(self, topic: str, body: bytes | str, **kw: Any) -> PutResult:
+        self._record("put", topic, body, **kw)
+        return PutResult("AB" * 16, 96, 1, 7, 1700000000000, False)
+
+    def get(self, **kw: Any) -> StoredMessage:
+        self._record("get", **kw)
+        return stored(b"\xff\xfe" if kw["offset"] == 1 else "héllo".encode())
+
+    def pull(self, *args: Any) -> PullResult:
+        self._record("pull", *args)
+        return PullResult((stored(b"a"), stored(b"b", 200)), 9, 0, 9)
+
+    def query(self, *args: Any) -> list[StoredMessage]:
+        self._record("query", *args)
+        return [stored(b"q")]
+
+    def status_all(self, **kw: Any) -> list[NodeStatus | StatusError]:
+        self._record("status_all", **kw)
+        return [status(1, "leader"), StatusError("h:2", Unavailable("refused", code="UNAVAILABLE"))]
+
+    def transfer_leadership(self, *args: Any) -> int:
+        self._record("transfer_leadership", *args)
+        return 2
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
+    client = FakeClient()
+    monkeypatch.setattr(cli, "make_client", lambda args: client)
+    return client
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_put_json_shape_and_arguments(fake: FakeClient, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["put", "--servers", "h:1", "--topic", "orders", "--key", "k1", "k2", "--key", "k3"]
+    argv += ["--tag", "new", "--property", "a=b", "c=d=e", "--body", "hi", "--json"]
+    code, out, _ = run(argv, capsys)
+    assert code == 0
+    doc = json.loads(out)
+    assert set(doc) >= {"msg_id", "commitlog_offset", "queue_id", "queue_offset", "store_timestamp"}
+    ((name, args, kw),) = fake.calls
+    assert (name, args) == ("put", ("orders", "hi"))
+    assert kw["keys"] == ["k1", "k2", "k3"] and kw["properties"] == {"a": "b", "c": "d=e"}
+    assert kw["tags"] == "new" and kw["queue_id"] is None and kw["uniq_key"] is None
+
+
+def test_put_body_file(
+    fake: FakeClient, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "b.bin").write_bytes(b"\x00\x01")
+    code, out, _ = run(["put", "--topic", "t", "--body-file", str(tmp_path / "b.bin")], capsys)
+    assert code == 0 and fake.calls[0][1] == ("t", b"\x00\x01")
+    assert "commitlog_offset" in out.splitlines()[0]  # a table: header line, then values
+    code, _, err = run(["put", "--topic", "t", "--body-file", str(tmp_path / "no")], capsys)
+    assert code == 2 and err.startswith("dledger: error: --body-file") and err.count("\n") == 1
+
+
+def test_get_bodies_text_or_base64(fake: FakeClient, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["get", "--offset", "96", "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["body"] == "héllo" and "body_encoding" not in doc
+    assert doc["keys"] == ["k1"] and doc["properties"] == {"a": "b"}
+    code, out, _ = run(["get", "--offset", "1", "--json"], capsys)
+    doc = json.loads(out)
+    assert doc["body"] == "//4=" and doc["body_encoding"] == "base64"
+    code, out, _ = run(["get", "--msg-id", "AB", "--linearizable"], capsys)
+    assert fake.calls[-1][2] == {"msg_id": "AB", "offset": None, "linearizable": True}
+    assert "héllo" in out
+
+
+def test_pull_and_query(fake: FakeClient, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["pull", "--topic", "orders", "--queue", "1", "--offset", "5", "--max", "2"]
+    code, out, _ = run([*argv, "--tag-expr", "a || b", "--wait-ms", "100", "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and [m["body"] for m in doc["messages"]] == ["a", "b"]
+    assert doc["next_offset"] == 9 and fake.calls[-1][1] == ("orders", 1, 5, 2, "a || b", 100)
+    code, out, _ = run(argv, capsys)
+    assert out.splitlines()[0].split()[:3] == ["queue", "q_offset", "cl_offset"]
+    code, out, _ = run(["query", "--topic", "t", "--key", "k", "--begin", "5", "--json"], capsys)
+    assert json.loads(out)["messages"][0]["body"] == "q"
+    assert list(fake.calls[-1][1]) == ["t", "k", 5, 0, 32]
+
+
+def test_status_and_transfer(fake: FakeClient, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["status", "--json"], capsys)
+    nodes = json.loads(out)["nodes"]
+    assert code == 0 and {"node_id", "role", "term", "leader"} <= set(nodes[0])
+    assert nodes[0]["leader"] == 1 and nodes[1] == {
+        "address": "h:2",
+        "error": "refused",
+        "code": "UNAVAILABLE",
+    }
+    code, out, _ = run(["status"], capsys)
+    assert out.splitlines()[0].split()[:3] == ["node", "address", "role"] and "refused" in out
+    code, out, _ = run(["transfer-leader", "--to", "2", "--json"], capsys)
+    assert json.loads(out) == {"leader_id": 2} and fake.calls[-1][1] == (2, 5000)
+
+
+def test_server_errors_are_one_line_exit_1(
+    fake: FakeClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.error = NotFound("no message at offset 5", code="NOT_FOUND", address="h:1")
+    code, out, err = run(["get", "--offset", "5"], capsys)
+    assert (code, out) == (1, "")
+    assert err == "dledger: NOT_FOUND (h:1): no message at offset 5\n"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["get"],  # neither --msg-id nor --offset
+        ["get", "--msg-id", "A", "--offset", "1"],
+        ["put", "--topic", "t"],  # no body
+        ["put", "--topic", "t", "--body", "x", "--property", "novalue"],
+        ["pull", "--topic", "t", "--queue", "-1", "--offset", "0"],
+        ["serve", "--flush-mode", "maybe"],
+        ["cluster"],
+        ["no-such-command"],
+    ],
+)
+def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_no_servers_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DLEDGER_SERVERS", raising=False)
+    monkeypatch.delenv("DLEDGER_CLUSTER", raising=False)
+    code, _, err = run(["status"], capsys)
+    assert code == 2 and "--cluster FILE or --servers" in err
+    code, _, err = run(["status", "--cluster", "/nonexistent/cluster.json"], capsys)
+    assert code == 2 and "not a readable cluster file" in err
+
+
+def test_make_client_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = cli.build_parser()
+    args = parser.parse_args(["status", "--servers", "a:1, b:2", "--cluster-name", "x"])
+    c = cli.make_client(args)
+    assert c.servers == ["a:1", "b:2"] and c.cluster == "x"
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"nodes": [{"id": 1, "client": "c:3"}]}))
+    monkeypatch.setenv("DLEDGER_CLUSTER", str(path))
+    assert cli.make_client(parser.parse_args(["status"])).servers == ["c:3"]
+
+
+def test_serve_builds_the_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dledger_commitlog import node
+
+    seen: list[NodeConfig] = []
+    monkeypatch.setattr(node, "run", seen.append)
+    toml = tmp_path / "node.toml"
+    toml.write_text('node_id = 1\ndata_dir = "d"\n[raft]\ntick_ms = 30\n')
+    peers = [f"--peer={i}=127.0.0.1:710{i}/127.0.0.1:700{i}" for i in (1, 2, 3)]
+    argv = ["serve", "--config", str(toml), *peers, "--node-id", "2", "--election-ticks", "7"]
+    code, _, _ = run([*argv, "--flush-mode", "async", "--cluster-name", "c9"], capsys)
+    (config,) = seen
+    assert code == 0 and config.node_id == 2 and config.tick_ms == 30
+    assert config.election_ticks == 7 and config.flush_mode == "async" and config.cluster == "c9"
+    assert [p.client for p in config.peers] == [
+        "127.0.0.1:7001",
+        "127.0.0.1:7002",
+        "127.0.0.1:7003",
+    ]
+    code, _, err = run(["serve", "--config", str(toml)], capsys)  # no peers anywhere
+    assert code == 2 and err.startswith("dledger: error: missing setting 'peers'")
+
+
+def test_serve_offers_every_node_setting() -> None:
+    parser = cli.build_parser()
+    args = parser.parse_args(["serve", "--refuse-ratio", "0.9", "--preferred-leader", "2"])
+    for f in dataclasses.fields(NodeConfig):
+        if f.name not in ("peers", "cluster"):
+            assert hasattr(args, f"cfg_{f.name}"), f.name
+    assert args.cfg_refuse_ratio == 0.9 and args.cfg_preferred_leader == 2
+
+
+def test_cluster_set_values_and_registry(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli._extra_config([("tick_ms", "20"), ("force_clean_ratio", "0.5")]) == {
+        "tick_ms": 20,
+        "force_clean_ratio": 0.5,
+    }
+    with pytest.raises(cli.UsageError, match="not a node setting"):
+        cli._extra_config([("nope", "1")])
+    with pytest.raises(cli.UsageError, match="tick_ms=x"):
+        cli._extra_config([("tick_ms", "x")])
+
+    def configure(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--now", action="store_true")
+
+    @cli.command("admin clean-now", "test only", configure)
+    def clean(args: argparse.Namespace) -> int:
+        print("cleaned", args.now, args.json)
+        return 0
+
+    try:
+        assert cli.main(["admin", "clean-now", "--now", "--json"]) == 0
+        assert capsys.readouterr().out == "cleaned True True\n"
+        with pytest.raises(ValueError, match="twice"):
+            cli.command("admin clean-now", "again")(clean)
+    finally:
+        del cli._REGISTRY[("admin", "clean-now")]
+
+
+def test_local_cluster_layout_round_trips(tmp_path: Path) -> None:
+    from dledger_commitlog.cluster import LocalCluster, free_ports, node_toml
+    from dledger_commitlog.config import load_config
+
+    extra = {"tick_ms": 20, "force_clean_ratio": 0.5, "preferred_leader": 2}
+    lc = LocalCluster(tmp_path / "c", base_port=30000, flush_mode="async", extra_config=extra)
+    assert [s.client for s in lc] == ["127.0.0.1:30000", "127.0.0.1:30001", "127.0.0.1:30002"]
+    assert lc.specs[3].raft == "127.0.0.1:30102" and lc.specs[3].metrics == "127.0.0.1:30202"
+    for i, config in lc.configs.items():
+        path = tmp_path / f"{i}.toml"
+        path.write_text(node_toml(config))
+        assert load_config(path) == config and config.flush_mode == "async"
+    lc._write_layout()
+    doc = json.loads((tmp_path / "c/cluster.json").read_text())
+    assert [sorted(n) for n in doc["nodes"]] == [
+        ["client", "data_dir", "id", "metrics", "pid", "raft"]
+    ] * 3
+    again = LocalCluster(tmp_path / "c")  # a stopped cluster keeps its ports and settings
+    assert again.configs == lc.configs and again.pid(1) is None
+    assert len(set(free_ports(6))) == 6
+    for bad in ({"node_id": 3}, {"tick_ms": 0}):
+        with pytest.raises(ValueError):
+            LocalCluster(tmp_path / "d", extra_config=bad)
+    with pytest.raises(ValueError, match="1, 3 or 5"):
+        LocalCluster(tmp_path / "e", nodes=2)
