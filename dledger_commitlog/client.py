@@ -448,7 +448,7 @@ class _Base:
         max_retries: int = 32,
         attempt_timeout_s: float | None = None,
         backoff_base_s: float = 0.05,
-        backoff_max_s: float = 1.0,
+        backoff_max_s: float = 0.25,
         seed: int | None = None,
     ) -> None:
         if isinstance(servers, str):

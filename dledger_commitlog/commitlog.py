@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _QUEUE_ID_POS = 12
+_STORE_HOST_POS = 64  # storeHost: IPv4 (4 bytes) and port (i32), after storeTimestamp
 _MSG_ID = struct.Struct(">4siq")
 
 
@@ -90,6 +91,12 @@ def make_msg_id(store_host: tuple[str, int], commitlog_offset: int) -> str:
     return (
         _MSG_ID.pack(socket.inet_aton(store_host[0]), store_host[1], commitlog_offset).hex().upper()
     )
+
+
+def msg_id_of(encoded: bytes, commitlog_offset: int) -> str:
+    """The id of an encoded message: its own store host and the offset it lies at."""
+    host = encoded[_STORE_HOST_POS : _STORE_HOST_POS + 8]
+    return (host + struct.pack(">q", commitlog_offset)).hex().upper()
 
 
 def offset_of_msg_id(msg_id: str) -> int:
@@ -231,7 +238,7 @@ class DLedgerCommitLog:
         fut: asyncio.Future[PutResult] = asyncio.get_running_loop().create_future()
         if index <= self.committed_index:
             entry = self.store.get(index)
-            fut.set_result(self._result(index, entry.term, peek_header(entry.body), True))
+            fut.set_result(self._result(index, entry.body, peek_header(entry.body), True))
         else:
             self._waiters.setdefault(index, []).append(
                 _Waiter(
@@ -247,6 +254,7 @@ class DLedgerCommitLog:
         if not queued:
             return
         now_ms = int(time.time() * 1000)
+        host = socket.inet_aton(self._store_host[0]) + _I32.pack(self._store_host[1])
         datas: list[bytes] = []
         for spec, _ in queued:
             qid = spec.queue_id
@@ -259,6 +267,7 @@ class DLedgerCommitLog:
             _I32.pack_into(buf, _QUEUE_ID_POS, qid)
             _I64.pack_into(buf, QUEUE_OFFSET_POS, qoff)
             _I64.pack_into(buf, STORE_TIMESTAMP_POS, now_ms)
+            buf[_STORE_HOST_POS : _STORE_HOST_POS + 8] = host  # the leader stores it
             datas.append(bytes(buf))
         try:
             first, _last, term = self._propose(datas)
@@ -328,16 +337,15 @@ class DLedgerCommitLog:
             if w.future.done():
                 continue
             if e.term == w.term and hdr is not None:
-                w.future.set_result(self._result(e.index, e.term, hdr, w.duplicate))
+                w.future.set_result(self._result(e.index, e.data, hdr, w.duplicate))
             else:
                 w.future.set_exception(
                     PutFailed(f"entry {e.index} was replaced by a newer leader's; retry")
                 )
 
-    def _result(self, index: int, term: int, hdr: MessageHeader, duplicate: bool) -> PutResult:
-        del term
+    def _result(self, index: int, data: bytes, hdr: MessageHeader, duplicate: bool) -> PutResult:
         offset = self.store.pos_of(index) + HEADER_SIZE
-        return PutResult(make_msg_id(self._store_host, offset), offset, hdr.queue_id,
+        return PutResult(msg_id_of(data, offset), offset, hdr.queue_id,
                          hdr.queue_offset, hdr.store_timestamp_ms, duplicate)  # fmt: skip
 
     def _set_committed(self, index: int) -> None:

@@ -99,6 +99,7 @@ class RaftNode:
         self._group_commit: GroupCommit | None = None
         self._periodic: PeriodicFlush | None = None
         self._closed = False
+        self._last_role: tuple[Role, int, int | None] = (Role.FOLLOWER, 0, None)
         self._checkpointed = (commit, saved.commit)
 
     # -- lifecycle -----------------------------------------------------------------
@@ -261,9 +262,17 @@ class RaftNode:
             if fut is not None and not fut.done():
                 fut.set_result(rs.index)
         core.advance(rd)
+        self._log_role_change()
         self._ensure_leader_state()
         if core.role is not Role.LEADER and self._reads:
             self._fail_reads_without_leader()
+
+    def _log_role_change(self) -> None:
+        now = (self.core.role, self.core.term, self.core.leader_id)
+        if now != self._last_role:
+            self._last_role = now
+            log.info("node %d is %s in term %d (leader: %s)", self.cfg.node_id, now[0].value,
+                     now[1], now[2])  # fmt: skip
 
     def _fail_reads_without_leader(self) -> None:
         if self.core.leader_id is None:

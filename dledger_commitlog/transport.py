@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 _ENTRY_HEAD = struct.Struct(">qqiI")
 _T = pb.RaftMessage
 MAX_QUEUED = 4096
+_CONNECT_TIMEOUT_S = 0.2
 MAX_BATCH = 256
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
@@ -49,6 +50,13 @@ GRPC_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.keepalive_permit_without_calls", 1),
+    # A peer that restarts must be reachable again within an election timeout: gRPC's
+    # default reconnect backoff (1 s growing to 120 s, shared between channels through
+    # the global subchannel pool) kept elections waiting for seconds.
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 300),
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 
@@ -167,23 +175,27 @@ class PeerLink:
                 yield pb.RaftBatch(cluster=self._cluster, messages=msgs)
 
     async def _run(self) -> None:
-        backoff = 0.02
         while True:
             channel = grpc.aio.insecure_channel(self.address, options=GRPC_OPTIONS)
             try:
-                stub = pb_grpc.RaftPeerStub(channel)
+                # Connect first, with a short bound: a stream started on a channel that
+                # is still connecting can sit for seconds before it fails or flows.
+                await asyncio.wait_for(channel.channel_ready(), _CONNECT_TIMEOUT_S)
                 self.connected = True
-                await stub.Stream(self._batches())
+                await pb_grpc.RaftPeerStub(channel).Stream(self._batches())
             except asyncio.CancelledError:
                 raise
+            except TimeoutError:
+                pass  # not reachable yet: try again with a fresh channel at once
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
                     log.error("peer %d refused our stream: %s", self.peer_id, exc.details())
+                    await asyncio.sleep(1.0)
+                else:
+                    log.info("stream to peer %d broke: %s", self.peer_id, exc.code().name)
             finally:
                 self.connected = False
                 await channel.close(grace=None)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 0.5)
 
     async def close(self) -> None:
         if self._task is not None:
