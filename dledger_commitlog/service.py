@@ -275,7 +275,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             bodies, nxt = cl.read_range(request.from_offset, request.max_messages or 1024,
                                         request.max_bytes or (4 << 20))  # fmt: skip
         except KeyError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc.args[0]))
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
         return pb.ReadRangeResponse(
             messages=b"".join(bodies),
             next_offset=nxt,

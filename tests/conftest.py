@@ -1,0 +1,217 @@
+"""Fixtures and helpers for tests that run real node processes (`LocalCluster`).
+
+`shared_cluster` is one three-node cluster per test module, for the cheap tests
+that leave it healthy; `make_cluster` starts a cluster of a test's own (for tests
+that kill or stop nodes). Every cluster lives under pytest's tmp directories and
+is stopped when its scope ends, pass or fail. When a test that used a cluster
+fails, the tails of its nodes' logs are added to the failure report.
+`wait_until` replaces sleeping-and-hoping: it polls a condition up to a deadline
+and names what it waited for and the last value it saw.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Generator, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import grpc
+import pytest
+
+from dledger_commitlog.client import ClientError, NodeStatus, StatusError
+from dledger_commitlog.cluster import LocalCluster
+from proto import dledger_pb2 as pb
+from proto import dledger_pb2_grpc as pb_grpc
+
+V = TypeVar("V")
+
+# Small segments keep start-up, recovery and offline comparison fast.
+SMALL_SEGMENTS: Final[dict[str, Any]] = {
+    "data_segment_bytes": 1 << 20,
+    "index_segment_bytes": 32 * 4096,
+}
+MAX_MESSAGE_BYTES: Final = 64 * 1024
+SHARED_CONFIG: Final[dict[str, Any]] = {**SMALL_SEGMENTS, "max_message_bytes": MAX_MESSAGE_BYTES}
+LOG_TAIL_LINES: Final = 40
+CONVERGE_S: Final = 20.0  # replicas of a quiet cluster agree within this
+_CHANNEL_OPTIONS: Final = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
+
+_CLUSTERS = pytest.StashKey[list[LocalCluster]]()
+
+Statuses = Mapping[int, NodeStatus | StatusError]
+
+
+def wait_until(
+    observe: Callable[[], V],
+    timeout_s: float,
+    what: str,
+    ok: Callable[[V], object] = bool,
+    interval_s: float = 0.05,
+) -> V:
+    """Poll `observe()` until `ok(value)`; return that value, or fail naming `what`.
+
+    A client or gRPC error raised by `observe` counts as an observation that is not ok.
+    """
+    deadline = time.monotonic() + timeout_s
+    last: object = "(nothing observed)"
+    while True:
+        try:
+            value = observe()
+        except (ClientError, grpc.RpcError) as exc:
+            last = exc
+        else:
+            if ok(value):
+                return value
+            last = value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}; last: {last}")
+        time.sleep(interval_s)
+
+
+def answered(statuses: Statuses) -> dict[int, NodeStatus]:
+    """The statuses of the nodes that answered."""
+    return {i: s for i, s in statuses.items() if isinstance(s, NodeStatus)}
+
+
+def converged(statuses: Statuses, at_least: int = 0) -> bool:
+    """Every node answered, all committed everything they hold, and their logs end alike."""
+    got = answered(statuses)
+    if len(got) != len(statuses) or not got:
+        return False
+    tails = {
+        (s.committed_index, s.last_index, s.last_chain_crc, s.committed_pos) for s in got.values()
+    }
+    (committed, last, _, _), *rest = tails
+    return not rest and committed == last and committed >= at_least
+
+
+def summary(statuses: Statuses) -> str:
+    """One line per node: what a failed wait on statuses should show."""
+    lines = []
+    for i, s in sorted(statuses.items()):
+        if isinstance(s, NodeStatus):
+            lines.append(
+                f"n{i}: {s.role} term={s.term} leader={s.leader_id} last={s.last_index} "
+                f"committed={s.committed_index} pos={s.committed_pos} crc={s.last_chain_crc}"
+            )
+        else:
+            lines.append(f"n{i}: no answer ({s.error.code}: {s.error.message})")
+    return "; ".join(lines)
+
+
+def wait_converged(
+    cluster: LocalCluster,
+    timeout_s: float,
+    at_least: int = 0,
+    nodes: Collection[int] | None = None,
+) -> dict[int, NodeStatus]:
+    """Wait until `nodes` (default: all) hold the same committed log (see `converged`)."""
+    ids = sorted(nodes) if nodes is not None else [s.id for s in cluster]
+
+    def observe() -> _Shown:
+        every = cluster.statuses(timeout_s=1.0)
+        return _Shown({i: every[i] for i in ids})
+
+    final = wait_until(
+        observe,
+        timeout_s,
+        f"nodes {ids} to commit the same log (committed index >= {at_least})",
+        ok=lambda s: converged(s.statuses, at_least),
+    )
+    return answered(final.statuses)
+
+
+class _Shown:
+    """Statuses that print as `summary` in a failed wait."""
+
+    def __init__(self, statuses: Statuses) -> None:
+        self.statuses = statuses
+
+    def __str__(self) -> str:
+        return summary(self.statuses)
+
+
+@contextmanager
+def node_stubs(cluster: LocalCluster) -> Iterator[dict[int, Any]]:
+    """A raw DLedgerClient stub per node: calls reach exactly that node (no redirects)."""
+    channels = {s.id: grpc.insecure_channel(s.client, options=_CHANNEL_OPTIONS) for s in cluster}
+    try:
+        yield {i: pb_grpc.DLedgerClientStub(ch) for i, ch in channels.items()}
+    finally:
+        for ch in channels.values():
+            ch.close()
+
+
+def get_at(stub: Any, offset: int) -> pb.StoredMessage:
+    """The message a node serves at a commit-log offset (raises grpc.RpcError if none)."""
+    message: pb.StoredMessage = stub.Get(
+        pb.GetRequest(commitlog_offset=offset), timeout=2.0
+    ).message
+    return message
+
+
+def _register(item: pytest.Item, cluster: LocalCluster) -> None:
+    clusters = item.stash.setdefault(_CLUSTERS, [])
+    if cluster not in clusters:
+        clusters.append(cluster)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed and report.when == "call":
+        for cluster in item.stash.get(_CLUSTERS, []):
+            for spec in cluster:
+                report.sections.append(
+                    (
+                        f"node {spec.id} log tail ({spec.log_path})",
+                        cluster.log_tail(spec.id, LOG_TAIL_LINES),
+                    )
+                )
+    return report
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One healthy three-node cluster for a whole module (small segments, 64 KiB messages)."""
+    with LocalCluster(tmp_path_factory.mktemp("shared"), extra_config=SHARED_CONFIG) as cluster:
+        cluster.up()
+        yield cluster
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest, shared_cluster: LocalCluster) -> LocalCluster:
+    """The module's shared cluster, with a leader; its logs are reported if the test fails."""
+    _register(request.node, shared_cluster)
+    shared_cluster.wait_for_leader(timeout_s=10.0)
+    return shared_cluster
+
+
+@pytest.fixture
+def make_cluster(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[..., LocalCluster]]:
+    """A factory of clusters of the test's own, started (`up`) and stopped at the end."""
+    made: list[LocalCluster] = []
+
+    def make(name: str = "cluster", **extra_config: Any) -> LocalCluster:
+        config = {**SMALL_SEGMENTS, **extra_config}
+        cluster = LocalCluster(tmp_path / name, extra_config=config)
+        made.append(cluster)
+        _register(request.node, cluster)
+        return cluster.up()
+
+    try:
+        yield make
+    finally:
+        for cluster in made:
+            cluster.down()
