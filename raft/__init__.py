@@ -2,7 +2,7 @@
 style of etcd-io/raft. See docs/raft.md for the driver contract."""
 
 from raft.config import Config
-from raft.core import PeerProgress, RaftCore, Ready
+from raft.core import RaftCore
 from raft.errors import Compacted, NotLeader, ProposalDropped, RaftError, Unavailable
 from raft.messages import (
     AppendEntries,
@@ -16,9 +16,10 @@ from raft.messages import (
     TimeoutNow,
     VoteResponse,
 )
-from raft.progress import ProgressState
+from raft.progress import PeerProgress, ProgressState
+from raft.ready import Ready
 from raft.storage import LogStorage, MemoryStorage
-from raft.types import Entry, EntryKind, HardState, ReadState, Role
+from raft.types import Entry, EntryKind, HardState, ReadState, Rng, Role
 
 __all__ = [
     "AppendEntries",
@@ -44,6 +45,7 @@ __all__ = [
     "ReadState",
     "Ready",
     "RequestVote",
+    "Rng",
     "Role",
     "TimeoutNow",
     "Unavailable",

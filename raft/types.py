@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Protocol
 
 
 class EntryKind(enum.IntEnum):
@@ -52,3 +53,9 @@ class ReadState:
 
     ctx: bytes
     index: int
+
+
+class Rng(Protocol):
+    """The randomness the core needs; pass a seeded `random.Random`."""
+
+    def randrange(self, start: int, stop: int) -> int: ...

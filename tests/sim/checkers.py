@@ -1,0 +1,167 @@
+"""Safety checkers for the simulation, kept apart from the code under test.
+
+They look at the cores only through public read-only views (role, term,
+commit_index, log_slice, log_term), at what the driver persisted (FakeDisk)
+and at what it applied and sent. Invariants:
+- at most one leader per term;
+- log matching: two logs with an entry of the same index and term agree on
+  every entry up to it;
+- state machine safety: every applied entry equals the canonical committed
+  entry at its index (the first node to apply an index defines it);
+- commit never goes back: per core lifetime, and the durable commit never
+  decreases across crashes and restarts;
+- leader completeness: a new leader's log holds every entry committed in an
+  earlier term (bounded by the term of the node that first applied it);
+- Ready contract: a message is only sent once the hard state and entries it
+  promises are on disk.
+- reads: a ReadState's index covers everything applied anywhere before the
+  read was issued (linearizability).
+"""
+
+from __future__ import annotations
+
+from raft import (
+    AppendEntries,
+    AppendResponse,
+    Entry,
+    Message,
+    RaftCore,
+    ReadState,
+    RequestVote,
+    Role,
+    VoteResponse,
+)
+from tests.sim.disk import FakeDisk
+
+
+class InvariantViolation(AssertionError):
+    pass
+
+
+def _fail(msg: str) -> None:
+    raise InvariantViolation(msg)
+
+
+class Checker:
+    def __init__(self) -> None:
+        self.leaders: dict[int, int] = {}  # term -> leader id
+        self.canon: list[Entry] = []  # canon[i - 1] is the committed entry at index i
+        self.canon_term: list[int] = []  # term of the node that first applied canon[i - 1]
+        self.commit_seen: dict[int, int] = {}  # node -> commit of its current core
+        self.durable_commit: dict[int, int] = {}  # node -> highest durable commit
+        self.applied_upto: dict[int, int] = {}  # node -> last applied index this lifetime
+        self.reads_issued: dict[bytes, int] = {}  # ctx -> len(canon) when issued
+        self.verified_leaders: set[tuple[int, int]] = set()  # (term, id)
+
+    # --- per-step checks ---
+
+    def check_node(self, node_id: int, core: RaftCore, disk: FakeDisk) -> None:
+        if core.role is Role.LEADER:
+            holder = self.leaders.setdefault(core.term, node_id)
+            if holder != node_id:
+                _fail(f"two leaders in term {core.term}: {holder} and {node_id}")
+            if (core.term, node_id) not in self.verified_leaders:
+                self.verified_leaders.add((core.term, node_id))
+                self._check_leader_complete(node_id, core)
+        commit = core.commit_index
+        if commit < self.commit_seen.get(node_id, 0):
+            _fail(f"node {node_id} commit went back {self.commit_seen[node_id]} -> {commit}")
+        self.commit_seen[node_id] = commit
+        dc = disk.hard_state.commit
+        if dc < self.durable_commit.get(node_id, 0):
+            _fail(f"node {node_id} durable commit went back to {dc}")
+        self.durable_commit[node_id] = dc
+        if commit < dc:
+            _fail(f"node {node_id} commit {commit} below its durable commit {dc}")
+
+    def _check_leader_complete(self, node_id: int, core: RaftCore) -> None:
+        """Entries committed in a term below the leader's must be in its log. The
+        term of the node that first applied an entry bounds its commit term from
+        above (a stale leader of an old term may legitimately lack newer ones)."""
+        n = max((i + 1 for i, t in enumerate(self.canon_term) if t < core.term), default=0)
+        if n == 0:
+            return
+        if core.last_index < n:
+            _fail(f"leader {node_id} (term {core.term}) lacks committed entries {core.last_index}+")
+        if core.log_slice(1, n + 1) != self.canon[:n]:
+            _fail(f"leader {node_id} (term {core.term}) log disagrees with committed prefix")
+
+    # --- events ---
+
+    def on_restart(self, node_id: int, core: RaftCore) -> None:
+        self.commit_seen[node_id] = core.commit_index
+        self.applied_upto[node_id] = core.applied
+
+    def on_apply(self, node_id: int, term: int, entries: tuple[Entry, ...]) -> None:
+        if not entries:
+            return
+        upto = self.applied_upto.get(node_id, 0)
+        if entries[0].index != upto + 1:
+            _fail(f"node {node_id} applied {entries[0].index} after {upto}")
+        canon = self.canon
+        for e in entries:
+            if e.index <= len(canon):
+                if canon[e.index - 1] != e:
+                    _fail(f"node {node_id} applied {e} but {canon[e.index - 1]} was committed")
+            else:
+                assert e.index == len(canon) + 1
+                canon.append(e)
+                self.canon_term.append(term)
+        self.applied_upto[node_id] = entries[-1].index
+
+    def on_read_issued(self, ctx: bytes) -> None:
+        self.reads_issued[ctx] = len(self.canon)
+
+    def on_read_state(self, node_id: int, rs: ReadState) -> None:
+        floor = self.reads_issued.get(rs.ctx)  # duplicates may arrive: the network copies
+        if floor is None:
+            _fail(f"node {node_id} answered a read nobody issued: {rs.ctx!r}")
+        elif rs.index < floor:
+            _fail(f"read {rs.ctx!r} at {rs.index} misses entries committed up to {floor}")
+
+    def on_send(self, node_id: int, m: Message, disk: FakeDisk) -> None:
+        """The Ready contract: m may only promise what is already durable."""
+        hs = disk.hard_state
+        match m:
+            case RequestVote(pre_vote=True):
+                ok = hs.term >= m.term - 1
+            case RequestVote():  # a later term on disk also rules out a second vote
+                ok = hs.term > m.term or (hs.term == m.term and hs.vote == node_id)
+            case VoteResponse(granted=True, pre_vote=False):
+                ok = hs.term > m.term or (hs.term == m.term and hs.vote == m.dst)
+            case VoteResponse(granted=True, pre_vote=True):
+                ok = True
+            case AppendResponse(reject=False):
+                ok = hs.term >= m.term and disk.storage.last_index() >= m.index
+            case _:
+                ok = hs.term >= m.term
+        if not ok:
+            _fail(
+                f"node {node_id} sent {m} before persisting (disk {hs}, "
+                f"last {disk.storage.last_index()})"
+            )
+        if isinstance(m, AppendEntries) and m.entries:
+            assert m.entries[0].index == m.prev_index + 1
+
+    # --- periodic, more expensive checks ---
+
+    def check_log_matching(self, logs: dict[int, list[Entry]]) -> None:
+        ids = sorted(logs)
+        for i, a in enumerate(ids):
+            for b in ids[i + 1 :]:
+                _check_pair(a, logs[a], b, logs[b])
+
+
+def _check_pair(a: int, la: list[Entry], b: int, lb: list[Entry]) -> None:
+    n = min(len(la), len(lb))
+    if la[:n] == lb[:n]:
+        return
+    k = 0
+    while k < n and la[k] == lb[k]:
+        k += 1
+    for j in range(k, n):
+        if la[j].term == lb[j].term:
+            _fail(
+                f"log matching: nodes {a} and {b} differ before index {j + 1} "
+                f"yet agree on its term {la[j].term}"
+            )

@@ -1,0 +1,45 @@
+"""A fake disk for one simulated node: a durable log plus a durable hard state.
+
+Owns: what survives a crash. Writes happen in the driver's order (entries,
+then hard state, then sync); `persist` models a completed sync, `persist_torn`
+a crash part-way: only a prefix of the entries reaches the disk (the last one
+torn away), and the hard state only if every entry made it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from raft import Entry, HardState, MemoryStorage
+
+
+class FakeDisk:
+    def __init__(self) -> None:
+        self.storage = MemoryStorage()
+        self.hard_state = HardState()
+        self.syncs = 0
+
+    def persist(self, entries: Sequence[Entry], hard_state: HardState | None) -> None:
+        if entries:
+            self.storage.append(entries)
+        if hard_state is not None:
+            self.hard_state = hard_state
+        self.syncs += 1
+        self._check()
+
+    def persist_torn(
+        self, entries: Sequence[Entry], hard_state: HardState | None, rng: random.Random
+    ) -> None:
+        kept = rng.randrange(len(entries) + 1)
+        if kept:
+            self.storage.append(entries[:kept])
+        if kept == len(entries) and hard_state is not None and rng.random() < 0.5:
+            self.hard_state = hard_state
+        self._check()
+
+    def _check(self) -> None:
+        assert self.hard_state.commit <= self.storage.last_index(), (
+            f"durable commit {self.hard_state.commit} beyond durable log "
+            f"{self.storage.last_index()}"
+        )

@@ -1,0 +1,364 @@
+"""The simulation loop: seeded events over a cluster of RaftCores.
+
+Owns: the event queue (ticks, message deliveries, client proposals and reads,
+faults and their repairs), the per-node driver that follows the Ready
+contract against a FakeDisk, and failure reports that name the seed.
+
+One step is one event. Every random choice comes from `random.Random(seed)`,
+so a seed replays exactly. Bounds: the event queue holds at most one tick,
+client and fault event per source plus the bounded in-flight messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import random
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from raft import Config, Message, NotLeader, RaftCore, Ready, Role
+from tests.sim.checkers import Checker
+from tests.sim.disk import FakeDisk
+from tests.sim.network import MAX_IN_FLIGHT, FakeNetwork, LinkProfile
+
+TICK_MS = 10
+CONVERGE_STEPS = 30_000
+
+
+@dataclass(slots=True)
+class SimNode:
+    id: int
+    disk: FakeDisk = field(default_factory=FakeDisk)
+    core: RaftCore | None = None
+    paused_until: int | None = None
+    crash_on_persist: bool = False
+    outstanding: Ready | None = None  # handed out by ready(), being persisted
+
+    @property
+    def live(self) -> bool:
+        return self.core is not None and self.paused_until is None
+
+
+class SimFailure(AssertionError):
+    pass
+
+
+class Simulation:
+    def __init__(self, seed: int, nodes: int | None = None) -> None:
+        self.seed = seed
+        rng = self.rng = random.Random(seed)
+        n = nodes or rng.choice((3, 3, 5))
+        append_bytes = rng.choice((64, 1 << 20))
+        self.config = Config(
+            id=1,
+            peers=tuple(range(1, n + 1)),
+            election_ticks=10,
+            heartbeat_ticks=rng.choice((1, 2, 3)),
+            max_append_entries=rng.choice((1, 3, 64)),
+            max_append_bytes=append_bytes,
+            max_inflight_msgs=rng.choice((1, 2, 16)),
+            max_inflight_bytes=append_bytes * rng.choice((1, 4)),
+            preferred_leader=rng.choice((None, None, None, 1)),
+        )
+        self.sync_disk_rate = rng.choice((1.0, 0.7, 0.0))  # else the disk takes 1-5 ms
+        self.net = FakeNetwork(rng, LinkProfile.random(rng))
+        self.nodes = {i: SimNode(i) for i in self.config.peers}
+        self.checker = Checker()
+        self.now = 0
+        self.steps = 0
+        self.faults = True
+        self.in_flight = 0
+        self._seq = 0
+        self._heap: list[tuple[int, int, str, object]] = []
+        self._counter = 0
+        self.trace: deque[tuple[int, str, object]] = deque(maxlen=40)
+        self.stats: Counter[str] = Counter()
+        for node in self.nodes.values():
+            self._start(node)
+            self._push(rng.randrange(TICK_MS), "tick", node.id)
+        self._push(rng.randrange(20), "client", None)
+        self._push(rng.randrange(50), "read", None)
+        self._push(rng.randrange(100, 400), "fault", None)
+
+    # --- running ---
+
+    def run(self, steps: int) -> None:
+        """`steps` events with faults, then heal everything and demand progress."""
+        try:
+            for _ in range(steps):
+                self.step()
+            self.check_logs()
+            self.converge()
+            self.check_logs()
+        except AssertionError as err:
+            raise SimFailure(self.report(err, steps)) from err
+
+    def report(self, err: BaseException, steps: int) -> str:
+        tail = "\n".join(f"  t={t} {kind} {arg}" for t, kind, arg in self.trace)
+        return (
+            f"simulation seed {self.seed} failed at step {self.steps} (t={self.now} ms): {err}\n"
+            f"replay: .venv/bin/python -m tests.sim --seed {self.seed} --steps {steps}\n"
+            f"config: {self.config}\nnetwork: {self.net.profile}\nlast events:\n{tail}"
+        )
+
+    def step(self) -> None:
+        t, _, kind, arg = heapq.heappop(self._heap)
+        self.now = t
+        self.steps += 1
+        self.trace.append((t, kind, arg))
+        match kind:
+            case "tick":
+                self._on_tick(self.nodes[arg])  # type: ignore[index]
+            case "deliver":
+                self.in_flight -= 1
+                self._on_deliver(arg)  # type: ignore[arg-type]
+            case "client":
+                self._push(self.now + self.rng.randrange(1, 15), "client", None)
+                if self.faults:  # while converging, let the backlog drain
+                    self._client_propose()
+            case "read":
+                self._push(self.now + self.rng.randrange(5, 60), "read", None)
+                self._client_read()
+            case "fault":
+                self._push(self.now + self.rng.randrange(50, 600), "fault", None)
+                if self.faults:
+                    self._inject_fault()
+            case "restart":
+                node = self.nodes[arg]  # type: ignore[index]
+                if node.core is None:
+                    self._start(node)
+            case "resume":
+                self.nodes[arg].paused_until = None  # type: ignore[index]
+            case "heal":
+                self.net.heal()
+            case "persisted":
+                self._on_persisted(arg)  # type: ignore[arg-type]
+            case _:
+                raise AssertionError(kind)
+        for node in self.nodes.values():
+            if node.core is not None:
+                self.checker.check_node(node.id, node.core, node.disk)
+        if self.steps % 500 == 0:
+            self.check_logs()
+
+    def converge(self) -> None:
+        """Heal all faults; a leader must then commit a new entry on every node."""
+        self.faults = False
+        self.net.heal()
+        self.net.profile = LinkProfile(0.0, 0.0, 1, 5, self.net.profile.reorder)
+        for node in self.nodes.values():
+            node.paused_until = None
+            node.crash_on_persist = False
+            if node.core is None:
+                self._start(node)
+        marker = b"converge-%d" % self.seed
+        pending: tuple[int, int, int] | None = None  # (index, proposer, its term)
+        deadline = self.steps + CONVERGE_STEPS
+        while self.steps < deadline:
+            self.step()
+            if pending is None:
+                pending = self._propose_marker(marker)
+                continue
+            index, proposer, term = pending
+            core = self.nodes[proposer].core
+            if all(n.core is not None and n.core.applied >= index for n in self.nodes.values()):
+                if self.checker.canon[index - 1].data == marker:
+                    return
+                pending = None  # the marker was lost to a leader change: propose again
+            elif core is None or core.term != term or core.role is not Role.LEADER:
+                pending = None  # its leader was deposed; the marker may never commit
+        raise AssertionError(f"no progress within {CONVERGE_STEPS} steps after healing")
+
+    def _propose_marker(self, marker: bytes) -> tuple[int, int, int] | None:
+        for node in self.nodes.values():
+            if node.core is not None and node.core.role is Role.LEADER:
+                try:
+                    first, _ = node.core.propose(marker)
+                except NotLeader:
+                    return None
+                self._drive(node)
+                return first, node.id, node.core.term
+        return None
+
+    def check_logs(self) -> None:
+        logs = {
+            n.id: n.core.log_slice(1, n.core.last_index + 1)
+            for n in self.nodes.values()
+            if n.core is not None
+        }
+        for n in self.nodes.values():
+            logs[-n.id] = n.disk.storage.all_entries()  # durable logs must match too
+        self.checker.check_log_matching(logs)
+
+    # --- events ---
+
+    def _push(self, at: int, kind: str, arg: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (at, self._seq, kind, arg))
+
+    def _on_tick(self, node: SimNode) -> None:
+        self._push(self.now + TICK_MS + self.rng.randrange(-1, 2), "tick", node.id)
+        if node.live:
+            assert node.core is not None
+            node.core.tick()
+            self._drive(node)
+
+    def _on_deliver(self, m: Message) -> None:
+        node = self.nodes[m.dst]
+        if node.core is None or not self.net.can_deliver(m):
+            return
+        if node.paused_until is not None:  # held in the socket buffer until it wakes
+            self._send_later(m, node.paused_until + self.rng.randrange(5) - self.now)
+            return
+        node.core.step(m)
+        self._drive(node)
+
+    def _send_later(self, m: Message, delay_ms: int) -> None:
+        if self.in_flight >= MAX_IN_FLIGHT:
+            return
+        self.in_flight += 1
+        self._push(self.now + delay_ms, "deliver", m)
+
+    def _client_propose(self) -> None:
+        live = [n for n in self.nodes.values() if n.live]
+        if not live:
+            return
+        leaders = [n for n in live if n.core is not None and n.core.role is Role.LEADER]
+        node = self.rng.choice(leaders or live)
+        assert node.core is not None
+        self._counter += 1
+        batch = [b"%d.%d" % (self._counter, k) for k in range(self.rng.randint(1, 3))]
+        try:
+            node.core.propose(batch)
+        except NotLeader:
+            self.stats["proposals_refused"] += 1
+            return
+        self.stats["proposals"] += 1
+        self._drive(node)
+
+    def _client_read(self) -> None:
+        live = [n for n in self.nodes.values() if n.live]
+        if not live:
+            return
+        node = self.rng.choice(live)
+        assert node.core is not None
+        self._counter += 1
+        ctx = b"read-%d" % self._counter
+        self.checker.on_read_issued(ctx)
+        try:
+            node.core.read_index(ctx)
+        except NotLeader:
+            return
+        self._drive(node)
+
+    # --- the driver: the Ready contract against the fake disk ---
+
+    def _start(self, node: SimNode) -> None:
+        cfg = dataclasses.replace(self.config, id=node.id)
+        rng = random.Random(self.rng.randrange(1 << 32))
+        node.core = RaftCore(cfg, node.disk.storage, node.disk.hard_state, rng=rng)
+        node.paused_until = None
+        node.crash_on_persist = False
+        node.outstanding = None
+        self.checker.on_restart(node.id, node.core)
+
+    def _crash(self, node: SimNode) -> None:
+        """Kill the node; a write in progress is torn (only a prefix survives)."""
+        self.stats["crashes"] += 1
+        if node.outstanding is not None:
+            rd, node.outstanding = node.outstanding, None
+            self.stats["torn_writes"] += 1
+            node.disk.persist_torn(rd.entries, rd.hard_state, self.rng)
+        node.core = None
+        node.paused_until = None
+        node.crash_on_persist = False
+        self._push(self.now + self.rng.randrange(10, 500), "restart", node.id)
+
+    def _drive(self, node: SimNode) -> None:
+        """Hand out Readies; persist at once, or (a slow disk) start the write and
+        let the core keep stepping until `_on_persisted` completes it."""
+        core = node.core
+        assert core is not None
+        while node.outstanding is None and core.has_ready():
+            rd = node.outstanding = core.ready()
+            if node.crash_on_persist and (rd.entries or rd.hard_state):
+                self._crash(node)
+                return
+            if self.rng.random() >= self.sync_disk_rate:
+                self._push(self.now + self.rng.randrange(1, 6), "persisted", (node.id, rd))
+                return
+            self._complete(node, rd)
+
+    def _on_persisted(self, arg: tuple[int, Ready]) -> None:
+        node = self.nodes[arg[0]]
+        if node.outstanding is not arg[1]:
+            return  # the node crashed meanwhile
+        if node.paused_until is not None:
+            self._push(node.paused_until + self.rng.randrange(3), "persisted", arg)
+            return
+        self._complete(node, arg[1])
+        self._drive(node)
+
+    def _complete(self, node: SimNode, rd: Ready) -> None:
+        core, disk = node.core, node.disk
+        assert core is not None
+        disk.persist(rd.entries, rd.hard_state)
+        for m in rd.messages:
+            self.checker.on_send(node.id, m, disk)
+            for at in self.net.arrivals(m, self.now):
+                self._send_later(m, at - self.now)
+        self.checker.on_apply(node.id, core.term, rd.committed_entries)
+        for rs in rd.read_states:
+            self.stats["reads_answered"] += 1
+            self.checker.on_read_state(node.id, rs)
+        node.outstanding = None
+        core.advance(rd)
+
+    def _inject_fault(self) -> None:
+        rng = self.rng
+        ids = list(self.nodes)
+        victim = self.nodes[rng.choice(ids)]
+        leader = next(
+            (n for n in self.nodes.values() if n.core is not None and n.core.role is Role.LEADER),
+            None,
+        )
+        if leader is not None and rng.random() < 0.5:
+            victim = leader
+        fault = rng.randrange(8)
+        self.stats[f"fault_{_FAULTS[fault]}"] += 1
+        match fault:
+            case 0:
+                if victim.core is not None:
+                    self._crash(victim)
+            case 1:
+                victim.crash_on_persist = victim.core is not None
+            case 2:
+                if victim.live:
+                    victim.paused_until = self.now + rng.randrange(20, 600)
+                    self._push(victim.paused_until, "resume", victim.id)
+            case 3:
+                rng.shuffle(ids)
+                cut = rng.randrange(1, len(ids))
+                self.net.partition([ids[:cut], ids[cut:]])
+                self._push(self.now + rng.randrange(50, 800), "heal", None)
+            case 4:
+                others = [i for i in ids if i != victim.id]
+                if rng.random() < 0.5:
+                    self.net.block_one_way([victim.id], others)
+                else:
+                    self.net.block_one_way(others, [victim.id])
+                self._push(self.now + rng.randrange(50, 800), "heal", None)
+            case 5:
+                self.net.partition([[victim.id], [i for i in ids if i != victim.id]])
+                self._push(self.now + rng.randrange(50, 800), "heal", None)
+            case 6:
+                if leader is not None and leader.live:
+                    assert leader.core is not None
+                    leader.core.transfer_leadership(rng.choice(ids))
+                    self._drive(leader)
+            case _:
+                pass  # a quiet period
+
+
+_FAULTS = ("crash", "torn", "pause", "split", "one_way", "isolate", "transfer", "none")
