@@ -30,6 +30,8 @@ import grpc.aio
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 
+from .commitlog import PutResult as PutResult  # one result type for server and clients
+
 R = TypeVar("R")
 
 
@@ -121,16 +123,6 @@ class MessageSpec:
             queue_id=-1 if self.queue_id is None else self.queue_id,
             has_queue_id=self.queue_id is not None,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class PutResult:
-    msg_id: str
-    commitlog_offset: int
-    queue_id: int
-    queue_offset: int
-    store_timestamp_ms: int
-    duplicate: bool
 
 
 @dataclass(frozen=True, slots=True)

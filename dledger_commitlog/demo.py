@@ -19,8 +19,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .client import Client, ClientError, NodeStatus, PutResult
+from .client import Client, ClientError, NodeStatus
 from .cluster import LocalCluster
+from .commitlog import PutResult
 
 SMALL_SEGMENTS = {"data_segment_bytes": 4 << 20, "index_segment_bytes": 32 * 65536}
 
