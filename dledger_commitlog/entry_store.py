@@ -41,6 +41,7 @@ from store.mapped_file import MappedFileQueue
 from store.message import MESSAGE_MAGIC_CODE, PHYSICAL_OFFSET_POS
 
 from .entry_format import (
+    CHAIN_FIELDS,
     ENTRY_MAGIC,
     FILLER,
     FILLER_MAGIC,
@@ -51,7 +52,6 @@ from .entry_format import (
     INDEX_UNIT_SIZE,
     StoredEntry,
     decode_entry,
-    encode_entry,
 )
 
 log = logging.getLogger(__name__)
@@ -173,11 +173,17 @@ class EntryStore:
         positions: list[int] = []
         cached: list[Entry] = []
         cached_size = 0
+        patch = self._patch
+        normal = EntryKind.NORMAL
+        crc32, chain_pack, head_pack = zlib.crc32, CHAIN_FIELDS.pack, HEADER.pack
+        unit_pack, phy_pack = INDEX_UNIT.pack, _PHY.pack
         for e in entries:
-            if e.index != prev_index + 1 or e.term < term:
-                raise ValueError(f"entry {e.index} (term {e.term}) does not follow {prev_index}")
-            body = e.data
-            size = HEADER_SIZE + len(body)
+            index, eterm, body, kind = e.index, e.term, e.data, e.kind
+            stored = e
+            if index != prev_index + 1 or eterm < term:
+                raise ValueError(f"entry {index} (term {eterm}) does not follow {prev_index}")
+            blen = len(body)
+            size = HEADER_SIZE + blen
             if size + FILLER_MIN > left:
                 if size + FILLER_MIN > seg_size:
                     raise ValueError(f"entry of {size} bytes exceeds the segment size {seg_size}")
@@ -185,19 +191,25 @@ class EntryStore:
                 buf += bytes(left - FILLER_MIN)
                 pos += left
                 left = seg_size
-            if self._patch and e.kind == EntryKind.NORMAL and body[4:8] == _MSG_MAGIC:
-                body = b"".join((body[:PHYSICAL_OFFSET_POS], _PHY.pack(pos + HEADER_SIZE),
+            if patch and kind == normal and body.startswith(_MSG_MAGIC, 4):
+                body = b"".join((body[:PHYSICAL_OFFSET_POS], phy_pack(pos + HEADER_SIZE),
                                  body[PHYSICAL_OFFSET_POS + 8 :]))  # fmt: skip
-            header, chain = encode_entry(chain, e.index, e.term, pos, int(e.kind), body)
-            cached.append(e if body is e.data else Entry(e.index, e.term, body, e.kind))
-            cached_size += len(body)
-            buf += header
+                stored = Entry(index, eterm, body, kind)
+            # entry_format.encode_entry, inlined: this loop is the append hot path (the
+            # one decoder, decode_entry, verifies these bytes on every read and recovery).
+            body_crc = crc32(body)
+            chain = crc32(
+                chain_pack(ENTRY_MAGIC, size, index, eterm, pos, kind, body_crc, blen), chain
+            )
+            buf += head_pack(ENTRY_MAGIC, size, index, eterm, pos, kind, chain, body_crc, blen)
             buf += body
-            units += INDEX_UNIT.pack(ENTRY_MAGIC, pos, size, e.index, e.term)
+            units += unit_pack(ENTRY_MAGIC, pos, size, index, eterm)
+            cached.append(stored)
+            cached_size += blen
             positions.append(pos)
             pos += size
             left -= size
-            prev_index, term = e.index, e.term
+            prev_index, term = index, eterm
         self._data.append_across(buf)
         self._index.append_across(units)
         self._last_index, self._last_term, self._last_chain = prev_index, term, chain
