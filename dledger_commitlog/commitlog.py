@@ -357,10 +357,6 @@ class DLedgerCommitLog:
         for listener in list(self._commit_listeners):
             listener()
 
-    def fail_waiters_beyond(self, last_index: int) -> None:
-        """Nothing to do: waiters beyond a truncation resolve when their index commits."""
-        del last_index
-
     # -- committed reads ----------------------------------------------------------------
 
     def get_by_offset(self, commitlog_offset: int) -> tuple[Message, int]:

@@ -25,8 +25,17 @@ from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 from raft import NotLeader, Role
 from store.errors import InvalidMessage, OffsetOutOfRange
+from store.message import Message
 
-from .commitlog import OutcomeUnknown, Overloaded, PutFailed, PutResult, PutSpec, offset_of_msg_id
+from .commitlog import (
+    OutcomeUnknown,
+    Overloaded,
+    PutFailed,
+    PutResult,
+    PutSpec,
+    make_msg_id,
+    offset_of_msg_id,
+)
 from .config import NodeConfig
 from .metrics import serve_metrics
 from .node import RaftNode
@@ -70,8 +79,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             return f"wrong cluster: this node serves {self.cfg.cluster!r}, not {cluster!r}"
         return None
 
-    def _spec(self, m: pb.MessageData, peer: str) -> PutSpec:
-        del peer
+    def _spec(self, m: pb.MessageData) -> PutSpec:
         return self.node.commitlog.prepare(
             m.topic,
             m.body,
@@ -157,7 +165,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         if not messages:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no message to put")
         try:
-            return [self._spec(m, context.peer()) for m in messages]
+            return [self._spec(m) for m in messages]
         except InvalidMessage as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return None
@@ -223,7 +231,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
         except KeyError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
-        return pb.GetResponse(message=stored_message_pb(msg, size, self.node))
+        return pb.GetResponse(message=stored_message_pb(msg, size))
 
     async def _linearize(self, context: _Context) -> None:
         try:
@@ -293,12 +301,7 @@ def _with_uniq(m: pb.MessageData, spec: PutSpec) -> pb.MessageData:
     return copy
 
 
-def stored_message_pb(msg: object, size: int, node: RaftNode) -> pb.StoredMessage:
-    from store.message import Message
-
-    from .commitlog import make_msg_id
-
-    assert isinstance(msg, Message)
+def stored_message_pb(msg: Message, size: int) -> pb.StoredMessage:
     props = {k: v for k, v in msg.properties.items() if k not in ("KEYS", "TAGS", "UNIQ_KEY")}
     return pb.StoredMessage(
         topic=msg.topic, queue_id=msg.queue_id, queue_offset=msg.queue_offset,
