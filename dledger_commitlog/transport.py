@@ -31,6 +31,7 @@ from raft.messages import (
     ReadIndexRequest,
     ReadIndexResponse,
     RequestVote,
+    Snapshot,
     TimeoutNow,
     VoteResponse,
 )
@@ -95,6 +96,9 @@ def to_proto(m: Message) -> pb.RaftMessage:
         case AppendResponse():
             return _T(type=_T.APPEND_RESPONSE, src=m.src, dst=m.dst, term=m.term, index=m.index,
                       reject=m.reject, hint_index=m.hint_index, hint_term=m.hint_term)  # fmt: skip
+        case Snapshot():
+            return _T(type=_T.SNAPSHOT, src=m.src, dst=m.dst, term=m.term, index=m.index,
+                      log_term=m.log_term, commit=m.commit, snapshot=m.data)  # fmt: skip
         case Heartbeat():
             return _T(type=_T.HEARTBEAT, src=m.src, dst=m.dst, term=m.term, commit=m.commit,
                       ctx=m.ctx)  # fmt: skip
@@ -123,6 +127,8 @@ def from_proto(p: pb.RaftMessage) -> Message:
                              decode_entries(p.entries), p.commit)  # fmt: skip
     if t == _T.APPEND_RESPONSE:
         return AppendResponse(p.src, p.dst, p.term, p.index, p.reject, p.hint_index, p.hint_term)
+    if t == _T.SNAPSHOT:
+        return Snapshot(p.src, p.dst, p.term, p.index, p.log_term, p.commit, p.snapshot)
     if t == _T.HEARTBEAT:
         return Heartbeat(p.src, p.dst, p.term, p.commit, p.ctx)
     if t == _T.HEARTBEAT_RESPONSE:

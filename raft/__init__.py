@@ -13,13 +13,14 @@ from raft.messages import (
     ReadIndexRequest,
     ReadIndexResponse,
     RequestVote,
+    Snapshot,
     TimeoutNow,
     VoteResponse,
 )
 from raft.progress import PeerProgress, ProgressState
 from raft.ready import Ready
 from raft.storage import LogStorage, MemoryStorage
-from raft.types import Entry, EntryKind, HardState, ReadState, Rng, Role
+from raft.types import Entry, EntryKind, HardState, ReadState, Rng, Role, SnapshotMeta
 
 __all__ = [
     "AppendEntries",
@@ -47,6 +48,8 @@ __all__ = [
     "RequestVote",
     "Rng",
     "Role",
+    "Snapshot",
+    "SnapshotMeta",
     "TimeoutNow",
     "Unavailable",
     "VoteResponse",

@@ -13,6 +13,9 @@ Invariants kept here:
 - a leader counts its own log in the quorum only up to what the driver has
   persisted (`advance`), and commits only entries of its own term.
 - a leader that is transferring leadership or has lost its quorum accepts no proposal.
+- a follower behind the leader's first retained entry gets a `Snapshot`; the
+  core never touches its storage for it, the driver restores the storage from
+  `Ready.snapshot`; until then the node does not campaign.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from itertools import repeat
 
 from raft import quorum
 from raft.config import Config
-from raft.errors import NotLeader, ProposalDropped
+from raft.errors import Compacted, NotLeader, ProposalDropped
 from raft.log import RaftLog
 from raft.messages import (
     AppendEntries,
@@ -33,6 +36,7 @@ from raft.messages import (
     ReadIndexRequest,
     ReadIndexResponse,
     RequestVote,
+    Snapshot,
     TimeoutNow,
     VoteResponse,
 )
@@ -40,7 +44,7 @@ from raft.progress import PeerProgress, Progress, ProgressState
 from raft.readonly import ReadOnly
 from raft.ready import Ready
 from raft.storage import LogStorage, data_size
-from raft.types import Entry, EntryKind, HardState, ReadState, Rng, Role
+from raft.types import Entry, EntryKind, HardState, ReadState, Rng, Role, SnapshotMeta
 
 _FRESH = HardState()
 
@@ -81,6 +85,7 @@ class RaftCore:
         self._bcast_pending = False  # leader: new entries or commit to send at ready()
         self._heartbeat_pending = False  # leader: a read needs a heartbeat round
         self._outstanding: Ready | None = None
+        self._unsent_snapshot: SnapshotMeta | None = None  # for the next Ready
         self._become_follower(self._term, None)
 
     # --- read-only views ---
@@ -110,6 +115,12 @@ class RaftCore:
         return self._log.committed
 
     @property
+    def first_index(self) -> int:
+        """The first index held in the log (entries below are compacted or
+        covered by a snapshot)."""
+        return self._log.first_index()
+
+    @property
     def last_index(self) -> int:
         return self._log.last_index()
 
@@ -129,7 +140,7 @@ class RaftCore:
     def progress(self) -> dict[int, PeerProgress]:
         """Per-peer replication state; empty unless this node is the leader."""
         return {
-            p: PeerProgress(pr.match, pr.next, pr.state, pr.recent_active)
+            p: PeerProgress(pr.match, pr.next, pr.state, pr.recent_active, pr.pending_snapshot)
             for p, pr in self._progress.items()
         }
 
@@ -204,7 +215,7 @@ class RaftCore:
                 pass  # a pre-vote does not change our term
             elif isinstance(m, VoteResponse) and m.pre_vote and m.granted:
                 pass  # a granted pre-vote echoes the future term
-            elif isinstance(m, AppendEntries | Heartbeat):
+            elif isinstance(m, AppendEntries | Heartbeat | Snapshot):
                 self._become_follower(m.term, m.src)
             else:
                 self._become_follower(m.term, None)
@@ -232,6 +243,7 @@ class RaftCore:
             self._flush()
         return bool(
             self._msgs
+            or self._unsent_snapshot is not None
             or self._read_states
             or self._log.unstable
             or self._log.has_next_committed()
@@ -250,7 +262,9 @@ class RaftCore:
             messages=tuple(self._msgs),
             committed_entries=tuple(committed),
             read_states=tuple(self._read_states),
+            snapshot=self._unsent_snapshot,
         )
+        self._unsent_snapshot = None
         self._msgs.clear()
         self._read_states.clear()
         if committed:
@@ -264,6 +278,8 @@ class RaftCore:
         self._outstanding = None
         if rd.hard_state is not None:
             self._persisted_hs = rd.hard_state
+        if rd.snapshot is not None:
+            self._log.snapshot_persisted(rd.snapshot)
         if rd.entries and self._log.stable_to(rd.entries) and self._role is Role.LEADER:
             pr = self._progress[self._id]
             if pr.maybe_update(self._log.stable_index()) and self._maybe_commit():
@@ -340,6 +356,8 @@ class RaftCore:
             self._campaign(transfer=False)
 
     def _campaign(self, transfer: bool) -> None:
+        if self._log.snapshot is not None:
+            return  # our log is not in storage yet: wait for the driver's restore
         pre_vote = self._cfg.pre_vote and not transfer
         if pre_vote:
             self._become_pre_candidate()
@@ -383,7 +401,7 @@ class RaftCore:
 
     def _step_stale(self, m: Message) -> None:
         """A message from an older term: tell stale leaders and pre-candidates."""
-        if isinstance(m, AppendEntries | Heartbeat):
+        if isinstance(m, AppendEntries | Heartbeat | Snapshot):
             # Without this a leader cut off by check-quorum/pre-vote never learns the term.
             self._send(AppendResponse(self._id, m.src, self._term, 0, reject=True))
         elif isinstance(m, RequestVote) and m.pre_vote:
@@ -397,6 +415,9 @@ class RaftCore:
             case Heartbeat():
                 self._become_follower(m.term, m.src)
                 self._handle_heartbeat(m)
+            case Snapshot():
+                self._become_follower(m.term, m.src)
+                self._handle_snapshot(m)
             case VoteResponse():
                 if m.pre_vote == (self._role is Role.PRE_CANDIDATE):
                     self._record_vote(m.src, m.granted)
@@ -413,6 +434,10 @@ class RaftCore:
                 self._election_elapsed = 0
                 self._leader_id = m.src
                 self._handle_heartbeat(m)
+            case Snapshot():
+                self._election_elapsed = 0
+                self._leader_id = m.src
+                self._handle_snapshot(m)
             case TimeoutNow():
                 self._campaign(transfer=True)
             case ReadIndexResponse():
@@ -439,8 +464,30 @@ class RaftCore:
             AppendResponse(self._id, m.src, self._term, m.prev_index, True, hint_index, hint_term)
         )
 
+    def _handle_snapshot(self, m: Snapshot) -> None:
+        """Restart the log after (m.index, m.log_term) unless it already holds it.
+        Always answered with a successful AppendResponse: the point is committed."""
+        log = self._log
+        if m.index <= log.committed:
+            index = log.committed  # stale or duplicate: we are already past it
+        elif log.match_term(m.index, m.log_term):
+            log.commit_to(m.index)  # we hold that entry: no restore needed
+            index = m.index
+        else:
+            snap = SnapshotMeta(m.index, m.log_term, m.data)
+            log.restore(snap)
+            self._unsent_snapshot = snap
+            index = m.index
+        self._send(AppendResponse(self._id, m.src, self._term, index))
+
     def _handle_heartbeat(self, m: Heartbeat) -> None:
-        self._log.commit_to(m.commit)
+        # The leader sends min(our match, its commit); after we lost our log (a wiped
+        # data directory) its idea of our match is stale: never commit beyond our log.
+        last = self._log.last_index()
+        self._log.commit_to(min(m.commit, last))
+        if m.commit > last:
+            # Tell the leader where our log ends, as a rejected append would.
+            self._send(AppendResponse(self._id, m.src, self._term, m.commit, True, last, 0))
         self._send(HeartbeatResponse(self._id, m.src, self._term, m.ctx))
 
     # --- leader ---
@@ -478,7 +525,7 @@ class RaftCore:
                 self._handle_heartbeat_response(m)
             case ReadIndexRequest():
                 self._leader_read_index(m.ctx, m.src)
-            case AppendEntries() | Heartbeat():
+            case AppendEntries() | Heartbeat() | Snapshot():
                 raise AssertionError(f"two leaders in term {self._term}: {m}")
             case _:
                 pass  # late votes, stray TimeoutNow, read answers for a follower
@@ -487,17 +534,28 @@ class RaftCore:
         pr = self._progress[m.src]
         pr.recent_active = True
         if m.reject:
+            if m.hint_index < pr.match:
+                # The follower holds less than it acknowledged: its disk was wiped or
+                # lost an unflushed tail. Count only what it has now and probe from there.
+                pr.lost_log(m.hint_index)
+                self._send_appends(m.src)
+                return
             probe = m.hint_index
             if m.hint_term > 0:
                 probe, _ = self._log.find_conflict_by_term(m.hint_index, m.hint_term)
             if pr.maybe_decr_to(m.index, probe):
-                if pr.state is ProgressState.REPLICATE:
+                if pr.state is not ProgressState.PROBE:
                     pr.become_probe()
                 self._send_appends(m.src)
             return
-        if not pr.maybe_update(m.index):
+        updated = pr.maybe_update(m.index)
+        if pr.state is ProgressState.SNAPSHOT:
+            if pr.match < pr.pending_snapshot and pr.match + 1 < self._log.first_index():
+                return  # an older ack: still waiting for the snapshot's
+            pr.become_replicate()
+        elif not updated:
             return
-        if pr.state is ProgressState.PROBE:
+        elif pr.state is ProgressState.PROBE:
             pr.become_replicate()
         else:
             pr.inflights.free_le(m.index)
@@ -511,6 +569,12 @@ class RaftCore:
         pr = self._progress[m.src]
         pr.recent_active = True
         pr.probe_sent = False
+        if pr.state is ProgressState.SNAPSHOT:
+            # The follower is alive but has not acknowledged the snapshot within
+            # about an election timeout: presume it lost and probe again.
+            pr.snapshot_wait += 1
+            if pr.snapshot_wait * self._cfg.heartbeat_ticks >= self._cfg.election_ticks:
+                pr.become_probe()
         if pr.match < self._log.last_index():
             # The follower lags. In replicate, treat the oldest append in flight
             # as lost (one per heartbeat, so a lost window drains); once nothing
@@ -596,15 +660,20 @@ class RaftCore:
         cfg = self._cfg
         last = log.last_index()
         prev_index = pr.next - 1
-        if pr.next <= last:
-            hi = min(last + 1, pr.next + cfg.max_append_entries)
-            ents = log.entries(pr.next, hi, cfg.max_append_bytes)
-        elif send_empty:
-            ents = []
-        else:
-            return False
+        if pr.next < log.first_index():
+            return self._send_snapshot(peer, pr)
+        try:
+            if pr.next <= last:
+                hi = min(last + 1, pr.next + cfg.max_append_entries)
+                ents = log.entries(pr.next, hi, cfg.max_append_bytes)
+            elif send_empty:
+                ents = []
+            else:
+                return False
+            prev_term = log.term(prev_index)
+        except Compacted:  # the storage dropped a prefix meanwhile
+            return self._send_snapshot(peer, pr)
         size = data_size(ents)
-        prev_term = log.term(prev_index)
         self._send(
             AppendEntries(
                 self._id, peer, self._term, prev_index, prev_term, tuple(ents), log.committed
@@ -612,6 +681,18 @@ class RaftCore:
         )
         pr.sent_entries(prev_index + len(ents), len(ents), size)
         pr.sent_commit = max(pr.sent_commit, min(log.committed, prev_index + len(ents)))
+        return True
+
+    def _send_snapshot(self, peer: int, pr: Progress) -> bool:
+        """`peer` needs entries the storage no longer holds: tell it to restart
+        its log where ours starts, and wait for its ack."""
+        log = self._log
+        index = log.first_index() - 1
+        assert index <= log.committed, f"storage dropped uncommitted entries ({index})"
+        term = log.term(index)
+        data = log.storage.snapshot_data()
+        self._send(Snapshot(self._id, peer, self._term, index, term, log.committed, data))
+        pr.become_snapshot(index)
         return True
 
     def _send(self, m: Message) -> None:

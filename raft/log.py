@@ -2,11 +2,17 @@
 
 Owns: `RaftLog`, which combines the driver's `LogStorage` (entries already
 handed to the driver for persistence) with `unstable`, the entries appended
-since the last `Ready`, and tracks the commit and apply positions.
+since the last `Ready`, and tracks the commit and apply positions. After a
+follower accepts a snapshot, `snapshot` hides the storage entirely until the
+driver has restored it (`advance` of the Ready carrying it).
 
 Invariants:
 - unstable[k].index == offset + k; where unstable is non-empty it overrides
   any storage entries at index >= offset (the driver's append will truncate them).
+- with `snapshot` set the log is (snapshot.index, snapshot.term) followed by
+  `unstable` (offset == snapshot.index + 1); the storage is not read at all.
+- everything below first_index() is committed (storage only drops a committed
+  prefix, a snapshot only covers committed entries).
 - terms are non-decreasing along the log, so "largest index with term <= t"
   is a binary search.
 - applied <= applying <= committed <= last_index(); committed never decreases.
@@ -16,20 +22,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from raft.errors import Compacted, Unavailable
 from raft.storage import LogStorage, data_size
-from raft.types import Entry
+from raft.types import Entry, SnapshotMeta
 
 
 class RaftLog:
-    __slots__ = ("applied", "applying", "committed", "offset", "storage", "unstable")
+    __slots__ = ("applied", "applying", "committed", "offset", "snapshot", "storage", "unstable")
 
     def __init__(self, storage: LogStorage, committed: int, applied: int) -> None:
         last = storage.last_index()
         assert committed <= last, f"commit {committed} beyond the stored log ({last})"
+        # A compacted or restored prefix is committed even if the durable commit
+        # index lags (a crash between the driver's restore and its hard state).
+        committed = max(committed, storage.first_index() - 1)
         assert applied <= committed, f"applied {applied} beyond commit {committed}"
         self.storage = storage
         self.unstable: list[Entry] = []
         self.offset = last + 1
+        self.snapshot: SnapshotMeta | None = None  # accepted, storage not yet restored
         self.committed = committed
         self.applying = max(applied, storage.first_index() - 1)
         self.applied = self.applying
@@ -37,11 +48,15 @@ class RaftLog:
     # --- reading ---
 
     def first_index(self) -> int:
+        if self.snapshot is not None:
+            return self.snapshot.index + 1
         return self.storage.first_index()
 
     def last_index(self) -> int:
         if self.unstable:
             return self.offset + len(self.unstable) - 1
+        if self.snapshot is not None:
+            return self.snapshot.index
         return self.storage.last_index()
 
     def last_term(self) -> int:
@@ -49,6 +64,9 @@ class RaftLog:
 
     def stable_index(self) -> int:
         """The last index the driver has been handed and acknowledged (via advance)."""
+        if self.snapshot is not None:
+            # Only leaders ask, and a node with a pending snapshot does not campaign.
+            return self.snapshot.index
         if self.unstable:
             return min(self.offset - 1, self.storage.last_index())
         return self.storage.last_index()
@@ -58,6 +76,12 @@ class RaftLog:
         if index >= self.offset and self.unstable:
             assert index <= self.last_index(), (index, self.last_index())
             return self.unstable[index - self.offset].term
+        if self.snapshot is not None:
+            if index == self.snapshot.index:
+                return self.snapshot.term
+            if index < self.snapshot.index:
+                raise Compacted(index, self.snapshot.index + 1)
+            raise Unavailable(index, self.last_index())
         return self.storage.term(index)
 
     def match_term(self, index: int, term: int) -> bool:
@@ -94,6 +118,8 @@ class RaftLog:
         if lo >= hi:
             return []
         assert hi <= self.last_index() + 1, (hi, self.last_index())
+        if self.snapshot is not None and lo < self.offset:
+            raise Compacted(lo, self.offset)
         out: list[Entry] = []
         if lo < self.offset or not self.unstable:
             out = self.storage.entries(lo, min(hi, self.offset), max_bytes)
@@ -168,6 +194,23 @@ class RaftLog:
                 hi = mid
         return hi
 
+    def restore(self, snap: SnapshotMeta) -> None:
+        """Follower: the log becomes empty after `snap.index` (term `snap.term`),
+        committed up to it. Nothing up to `snap.index` is handed out for applying;
+        `applied` follows once the driver has restored the storage."""
+        assert snap.index > self.committed, (snap.index, self.committed)
+        self.snapshot = snap
+        self.unstable = []
+        self.offset = snap.index + 1
+        self.committed = snap.index
+        self.applying = snap.index
+
+    def snapshot_persisted(self, snap: SnapshotMeta) -> None:
+        """The driver restored its storage to `snap` (a Ready's snapshot)."""
+        if self.snapshot is snap:
+            self.snapshot = None
+        self.applied = max(self.applied, snap.index)
+
     def commit_to(self, index: int) -> bool:
         if index <= self.committed:
             return False
@@ -180,7 +223,8 @@ class RaftLog:
         the unstable tail with the same term become stable; a suffix replaced
         meanwhile (a conflicting append) stays unstable. Matching is
         prefix-closed, so only a replaced suffix is walked."""
-        if not self.unstable or not handed:
+        if not self.unstable or not handed or self.snapshot is not None:
+            # With a snapshot pending, `handed` predates it: the restore wipes it.
             return False
         first = handed[0].index
         low = max(first, self.offset)
@@ -194,8 +238,8 @@ class RaftLog:
         return True
 
     def applied_to(self, index: int) -> None:
-        assert self.applied <= index <= self.committed, (self.applied, index, self.committed)
-        self.applied = index
+        assert index <= self.committed, (index, self.committed)
+        self.applied = max(self.applied, index)  # a snapshot may have jumped ahead
         self.applying = max(self.applying, index)
 
 

@@ -43,6 +43,23 @@ class AppendResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Leader -> follower whose next index is below the leader's first retained
+    entry: "your log restarts after `index`, whose term is `log_term`". `data`
+    is the leader storage's `snapshot_data()`, `commit` the leader's commit
+    index. Answered by an `AppendResponse` (success, index >= `index` once the
+    follower holds that point)."""
+
+    src: int
+    dst: int
+    term: int
+    index: int
+    log_term: int
+    commit: int
+    data: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
 class Heartbeat:
     """Leader -> follower: keeps the lease; `ctx` confirms pending ReadIndex requests."""
 
@@ -120,6 +137,7 @@ class ReadIndexResponse:
 Message = (
     AppendEntries
     | AppendResponse
+    | Snapshot
     | Heartbeat
     | HeartbeatResponse
     | RequestVote

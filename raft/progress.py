@@ -1,13 +1,15 @@
 """What a leader knows about each follower's log, and the append flow control.
 
-Owns: `Progress` (match/next, probe vs. replicate state, recent activity) and
-`Inflights` (the bounded window of pipelined AppendEntries).
+Owns: `Progress` (match/next, probe, replicate or snapshot state, recent
+activity) and `Inflights` (the bounded window of pipelined AppendEntries).
 
 Invariants: match < next; in PROBE at most one append is outstanding
 (`probe_sent`); in REPLICATE `next` is optimistic (last sent + 1) and the
 window holds at most `max_msgs` messages and (beyond its first message)
 `max_bytes` bytes of entry data. Messages are released in order when an ack
-with index >= their last index arrives.
+with index >= their last index arrives. In SNAPSHOT one `Snapshot` message
+(restart after `pending_snapshot`) is outstanding and nothing else is sent
+until the follower acknowledges it or the leader gives up waiting.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 class ProgressState(enum.Enum):
     PROBE = "probe"  # find the match point: one append at a time
     REPLICATE = "replicate"  # stream appends, bounded by the inflight window
+    SNAPSHOT = "snapshot"  # a Snapshot is on its way: wait for its ack
 
 
 class Inflights:
@@ -69,9 +72,11 @@ class Progress:
         "inflights",
         "match",
         "next",
+        "pending_snapshot",
         "probe_sent",
         "recent_active",
         "sent_commit",
+        "snapshot_wait",
         "state",
     )
 
@@ -82,6 +87,8 @@ class Progress:
         self.probe_sent = False
         self.recent_active = False
         self.sent_commit = 0  # the highest commit index sent to the peer
+        self.pending_snapshot = 0  # SNAPSHOT: the index the follower restarts after
+        self.snapshot_wait = 0  # SNAPSHOT: heartbeat responses seen without its ack
         self.inflights = Inflights(max_msgs, max_bytes)
 
     def __repr__(self) -> str:
@@ -99,9 +106,20 @@ class Progress:
         self.probe_sent = False
         self.inflights.reset()
 
+    def become_snapshot(self, index: int) -> None:
+        """A Snapshot restarting the follower's log after `index` was sent."""
+        self.state = ProgressState.SNAPSHOT
+        self.pending_snapshot = index
+        self.snapshot_wait = 0
+        self.next = index + 1
+        self.probe_sent = False
+        self.inflights.reset()
+
     def is_paused(self) -> bool:
         if self.state is ProgressState.PROBE:
             return self.probe_sent
+        if self.state is ProgressState.SNAPSHOT:
+            return True
         return self.inflights.full()
 
     def sent_entries(self, last_index: int, count: int, size: int) -> None:
@@ -122,6 +140,12 @@ class Progress:
         self.next = max(self.next, index + 1)
         return updated
 
+    def lost_log(self, last_index: int) -> None:
+        """The follower's log ends at `last_index`, below its match: start over from there."""
+        self.match = last_index
+        self.next = last_index + 1
+        self.become_probe()
+
     def maybe_decr_to(self, rejected: int, match_hint: int) -> bool:
         """A rejection of prev_index `rejected`; returns whether it was not stale."""
         if self.state is ProgressState.REPLICATE:
@@ -129,7 +153,7 @@ class Progress:
                 return False
             self.next = self.match + 1
             return True
-        if self.next - 1 != rejected:
+        if self.next - 1 != rejected:  # in SNAPSHOT no append is outstanding
             return False
         self.next = max(min(rejected, match_hint + 1), self.match + 1)
         self.probe_sent = False
@@ -144,3 +168,4 @@ class PeerProgress:
     next: int
     state: ProgressState
     recent_active: bool
+    pending_snapshot: int = 0  # in SNAPSHOT: the index the follower restarts after

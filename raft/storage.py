@@ -51,6 +51,20 @@ class LogStorage(Protocol):
         entries[0].index are removed first. Not necessarily durable until synced."""
         ...
 
+    def snapshot_data(self) -> bytes:
+        """Leader side of a snapshot: an opaque description of where the retained
+        log starts (just after first_index() - 1), sent to a follower that is
+        behind it and handed back to that follower's `restore`. Read by the core
+        together with first_index() and term(first_index() - 1)."""
+        ...
+
+    def restore(self, index: int, term: int, data: bytes) -> None:
+        """Follower side (called by the driver for `Ready.snapshot`, never by the
+        core): drop every entry, so that afterwards first_index() == index + 1,
+        last_index() == index and term(index) == term. `data` is the leader's
+        `snapshot_data()`. Must be durable before the Ready's messages are sent."""
+        ...
+
 
 class MemoryStorage:
     """A list-backed `LogStorage`."""
@@ -103,6 +117,14 @@ class MemoryStorage:
         next(sizes)
         self._cum.extend(sizes)
         assert self._ents[-1].index == self.last_index()
+
+    def snapshot_data(self) -> bytes:
+        return b""
+
+    def restore(self, index: int, term: int, data: bytes) -> None:
+        self._ents = [Entry(index, term)]
+        self._cum = [0]
+        self._offset = index
 
     # --- extras for tests and the simulator (not part of LogStorage) ---
 

@@ -38,6 +38,19 @@ class HardState:
     commit: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotMeta:
+    """Where a follower's log restarts after a snapshot: the log becomes empty
+    after `index` (first_index() == index + 1, last_index() == index) with
+    term(index) == `term`. `data` is the leader storage's opaque description of
+    that starting point (`LogStorage.snapshot_data()`). Everything up to `index`
+    is committed; the application state is rebuilt from the log, not from here."""
+
+    index: int
+    term: int
+    data: bytes = b""
+
+
 class Role(enum.Enum):
     """The four roles of a node; transitions live in `RaftCore._become_*`."""
 

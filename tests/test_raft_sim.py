@@ -1,5 +1,6 @@
 """Randomized deterministic simulation: 300 seeds with crashes, torn writes,
-pauses, partitions, drops, duplicates and reordering; safety checked after
+pauses, partitions, drops, duplicates, reordering, log compaction and the
+snapshots it forces; safety checked after
 every step, progress demanded after healing. A failure names its seed and the
 command that replays it (`python -m tests.sim --seed N --steps S`)."""
 
@@ -41,6 +42,7 @@ def test_the_simulation_exercises_faults(nodes: int) -> None:
         for key, value in sim.stats.items():
             total[key] = total.get(key, 0) + value
         assert len(sim.checker.canon) > 10, f"seed {seed} committed almost nothing"
-    for key in ("crashes", "torn_writes", "fault_pause", "fault_split", "fault_transfer"):
+    keys = ("crashes", "torn_writes", "fault_pause", "fault_split", "fault_transfer")
+    for key in (*keys, "compactions", "snapshots_sent", "snapshots_restored"):
         assert total.get(key, 0) > 0, key
     assert total["reads_answered"] > 100

@@ -5,9 +5,13 @@ commit_index, log_slice, log_term), at what the driver persisted (FakeDisk)
 and at what it applied and sent. Invariants:
 - at most one leader per term;
 - log matching: two logs with an entry of the same index and term agree on
-  every entry up to it;
+  every entry up to it (over the indexes both still hold: logs start at their
+  first retained index, and the committed log counts as one of them);
+- compaction and snapshots: the point a log restarts after (the term of
+  first_index - 1) is a committed entry, and a snapshot a node restores is one;
 - state machine safety: every applied entry equals the canonical committed
-  entry at its index (the first node to apply an index defines it);
+  entry at its index (the first node to apply an index defines it); a node's
+  applied sequence is contiguous except where a snapshot jumps it forward;
 - commit never goes back: per core lifetime, and the durable commit never
   decreases across crashes and restarts;
 - leader completeness: a new leader's log holds every entry committed in an
@@ -20,6 +24,8 @@ and at what it applied and sent. Invariants:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from raft import (
     AppendEntries,
     AppendResponse,
@@ -29,6 +35,7 @@ from raft import (
     ReadState,
     RequestVote,
     Role,
+    SnapshotMeta,
     VoteResponse,
 )
 from tests.sim.disk import FakeDisk
@@ -36,6 +43,16 @@ from tests.sim.disk import FakeDisk
 
 class InvariantViolation(AssertionError):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class LogView:
+    """A log as the checker sees it: it restarts after `base_index` (whose term is
+    `base_term`; 0, 0 for a log that was never compacted) with `entries`."""
+
+    base_index: int
+    base_term: int
+    entries: list[Entry]
 
 
 def _fail(msg: str) -> None:
@@ -83,14 +100,30 @@ class Checker:
             return
         if core.last_index < n:
             _fail(f"leader {node_id} (term {core.term}) lacks committed entries {core.last_index}+")
-        if core.log_slice(1, n + 1) != self.canon[:n]:
+        first = core.first_index
+        if first <= n and core.log_slice(first, n + 1) != self.canon[first - 1 : n]:
             _fail(f"leader {node_id} (term {core.term}) log disagrees with committed prefix")
+        base = min(first - 1, n)
+        if base > 0 and core.log_term(base) != self.canon[base - 1].term:
+            _fail(f"leader {node_id} (term {core.term}) disagrees with the term at {base}")
 
     # --- events ---
 
     def on_restart(self, node_id: int, core: RaftCore) -> None:
         self.commit_seen[node_id] = core.commit_index
         self.applied_upto[node_id] = core.applied
+
+    def on_snapshot(self, node_id: int, snap: SnapshotMeta) -> None:
+        """A node restored its log (and so its state machine) from a snapshot:
+        its applied sequence jumps to `snap.index`, which must be committed."""
+        upto = self.applied_upto.get(node_id, 0)
+        if snap.index <= upto:
+            _fail(f"node {node_id} restored a snapshot at {snap.index} after applying {upto}")
+        if snap.index > len(self.canon):
+            _fail(f"node {node_id} restored a snapshot at uncommitted index {snap.index}")
+        if self.canon[snap.index - 1].term != snap.term:
+            _fail(f"node {node_id} restored {snap} but {self.canon[snap.index - 1]} was committed")
+        self.applied_upto[node_id] = snap.index
 
     def on_apply(self, node_id: int, term: int, entries: tuple[Entry, ...]) -> None:
         if not entries:
@@ -145,23 +178,37 @@ class Checker:
 
     # --- periodic, more expensive checks ---
 
-    def check_log_matching(self, logs: dict[int, list[Entry]]) -> None:
+    def check_log_matching(self, logs: dict[int, LogView]) -> None:
+        """Pairwise log matching over the indexes both logs hold, the committed
+        log (as node 0) included; a compacted log must restart after a committed entry."""
+        canon = self.canon
+        for node_id, view in logs.items():
+            b = view.base_index
+            if b > 0 and (b > len(canon) or canon[b - 1].term != view.base_term):
+                _fail(f"node {node_id} log restarts after ({b}, {view.base_term}): not committed")
+        logs = {0: LogView(0, 0, canon), **logs}
         ids = sorted(logs)
         for i, a in enumerate(ids):
             for b in ids[i + 1 :]:
                 _check_pair(a, logs[a], b, logs[b])
 
 
-def _check_pair(a: int, la: list[Entry], b: int, lb: list[Entry]) -> None:
-    n = min(len(la), len(lb))
-    if la[:n] == lb[:n]:
+def _check_pair(a: int, va: LogView, b: int, vb: LogView) -> None:
+    lo = max(va.base_index, vb.base_index) + 1
+    hi = min(va.base_index + len(va.entries), vb.base_index + len(vb.entries)) + 1
+    if lo >= hi:
         return
+    la = va.entries[lo - va.base_index - 1 : hi - va.base_index - 1]
+    lb = vb.entries[lo - vb.base_index - 1 : hi - vb.base_index - 1]
+    if la == lb:
+        return
+    n = len(la)
     k = 0
     while k < n and la[k] == lb[k]:
         k += 1
     for j in range(k, n):
         if la[j].term == lb[j].term:
             _fail(
-                f"log matching: nodes {a} and {b} differ before index {j + 1} "
+                f"log matching: nodes {a} and {b} differ before index {lo + j} "
                 f"yet agree on its term {la[j].term}"
             )

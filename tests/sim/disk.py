@@ -1,9 +1,11 @@
 """A fake disk for one simulated node: a durable log plus a durable hard state.
 
-Owns: what survives a crash. Writes happen in the driver's order (entries,
-then hard state, then sync); `persist` models a completed sync, `persist_torn`
-a crash part-way: only a prefix of the entries reaches the disk (the last one
-torn away), and the hard state only if every entry made it.
+Owns: what survives a crash. Writes happen in the driver's order (a snapshot
+restore, then entries, then hard state, then sync); `persist` models a
+completed sync, `persist_torn` a crash part-way: the restore either happened
+or not (atomic), then only a prefix of the entries reaches the disk (the last
+one torn away), and the hard state only if every entry made it. `compact`
+models retention dropping an applied prefix.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from raft import Entry, HardState, MemoryStorage
+from raft import Entry, HardState, MemoryStorage, SnapshotMeta
 
 
 class FakeDisk:
@@ -20,7 +22,14 @@ class FakeDisk:
         self.hard_state = HardState()
         self.syncs = 0
 
-    def persist(self, entries: Sequence[Entry], hard_state: HardState | None) -> None:
+    def persist(
+        self,
+        snapshot: SnapshotMeta | None,
+        entries: Sequence[Entry],
+        hard_state: HardState | None,
+    ) -> None:
+        if snapshot is not None:
+            self.storage.restore(snapshot.index, snapshot.term, snapshot.data)
         if entries:
             self.storage.append(entries)
         if hard_state is not None:
@@ -29,13 +38,26 @@ class FakeDisk:
         self._check()
 
     def persist_torn(
-        self, entries: Sequence[Entry], hard_state: HardState | None, rng: random.Random
+        self,
+        snapshot: SnapshotMeta | None,
+        entries: Sequence[Entry],
+        hard_state: HardState | None,
+        rng: random.Random,
     ) -> None:
+        if snapshot is not None:
+            if rng.random() < 0.5:
+                return  # the crash came before the restore
+            self.storage.restore(snapshot.index, snapshot.term, snapshot.data)
         kept = rng.randrange(len(entries) + 1)
         if kept:
             self.storage.append(entries[:kept])
         if kept == len(entries) and hard_state is not None and rng.random() < 0.5:
             self.hard_state = hard_state
+        self._check()
+
+    def compact(self, index: int) -> None:
+        """Retention: drop the entries up to `index` (applied, hence committed)."""
+        self.storage.compact(index)
         self._check()
 
     def _check(self) -> None:

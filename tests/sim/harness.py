@@ -2,9 +2,10 @@
 
 Owns: `Cluster`, in the spirit of etcd's rafttest interaction environment:
 `campaign`, `propose`, `tick`, `process_ready`, `deliver` (with filters and
-drops), `stabilize`, `isolate`/`partition`/`heal`, `crash`/`restart`. Every
-node persists each Ready to its own MemoryStorage and hard state before the
-Ready's messages are queued, as a real driver must.
+drops), `stabilize`, `isolate`/`partition`/`heal`, `crash`/`restart`,
+`compact`. Every node persists each Ready (restoring a snapshot first) to its
+own MemoryStorage and hard state before the Ready's messages are queued, as a
+real driver must.
 """
 
 from __future__ import annotations
@@ -14,7 +15,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from raft import Config, Entry, HardState, MemoryStorage, Message, RaftCore, ReadState, Role
+from raft import (
+    Config,
+    Entry,
+    HardState,
+    MemoryStorage,
+    Message,
+    RaftCore,
+    ReadState,
+    Ready,
+    Role,
+    SnapshotMeta,
+)
 
 
 @dataclass(slots=True)
@@ -24,7 +36,8 @@ class Node:
     core: RaftCore | None = None
     applied: list[Entry] = field(default_factory=list)
     read_states: list[ReadState] = field(default_factory=list)
-    readies: int = 0
+    snapshots: list[SnapshotMeta] = field(default_factory=list)  # restored, in order
+    readies: list[Ready] = field(default_factory=list)
 
 
 class Cluster:
@@ -70,6 +83,11 @@ class Cluster:
         node.core = RaftCore(self.config(i), node.storage, node.hard_state, rng=rng)
         node.applied = []
 
+    def compact(self, i: int, index: int | None = None) -> None:
+        """Retention on node i: drop its log up to `index` (default: all it applied)."""
+        core = self.core(i)
+        self.nodes[i].storage.compact(core.applied if index is None else index)
+
     def isolate(self, i: int) -> None:
         self.partition([i], [p for p in self.peers if p != i])
 
@@ -94,7 +112,11 @@ class Cluster:
         if not core.has_ready():
             return False
         rd = core.ready()
-        node.readies += 1
+        node.readies.append(rd)
+        if rd.snapshot is not None:
+            snap = rd.snapshot
+            node.storage.restore(snap.index, snap.term, snap.data)
+            node.snapshots.append(snap)
         node.storage.append(rd.entries)
         if rd.hard_state is not None:
             node.hard_state = rd.hard_state

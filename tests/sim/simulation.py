@@ -1,8 +1,15 @@
 """The simulation loop: seeded events over a cluster of RaftCores.
 
 Owns: the event queue (ticks, message deliveries, client proposals and reads,
-faults and their repairs), the per-node driver that follows the Ready
-contract against a FakeDisk, and failure reports that name the seed.
+faults and their repairs, log compaction), the per-node driver that follows
+the Ready contract against a FakeDisk, and failure reports that name the seed.
+
+Compaction: per seed none, lazy (now and then a random node drops part of its
+applied prefix) or eager (often, the whole applied prefix, preferably on the
+leader), so lagging, restarted and partitioned followers need snapshots.
+Wiping a node's whole data dir is not simulated: a node that forgets its term,
+vote and acknowledged entries may break safety unless it is kept from voting
+until caught up, which the core does not model.
 
 One step is one event. Every random choice comes from `random.Random(seed)`,
 so a seed replays exactly. Bounds: the event queue holds at most one tick,
@@ -17,8 +24,8 @@ import random
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from raft import Config, Message, NotLeader, RaftCore, Ready, Role
-from tests.sim.checkers import Checker
+from raft import Config, Message, NotLeader, RaftCore, Ready, Role, Snapshot
+from tests.sim.checkers import Checker, LogView
 from tests.sim.disk import FakeDisk
 from tests.sim.network import MAX_IN_FLIGHT, FakeNetwork, LinkProfile
 
@@ -62,6 +69,7 @@ class Simulation:
             preferred_leader=rng.choice((None, None, None, 1)),
         )
         self.sync_disk_rate = rng.choice((1.0, 0.7, 0.0))  # else the disk takes 1-5 ms
+        self.compaction = rng.choice(("none", "lazy", "eager", "eager"))
         self.net = FakeNetwork(rng, LinkProfile.random(rng))
         self.nodes = {i: SimNode(i) for i in self.config.peers}
         self.checker = Checker()
@@ -80,6 +88,8 @@ class Simulation:
         self._push(rng.randrange(20), "client", None)
         self._push(rng.randrange(50), "read", None)
         self._push(rng.randrange(100, 400), "fault", None)
+        if self.compaction != "none":
+            self._push(rng.randrange(50, 200), "compact", None)
 
     # --- running ---
 
@@ -99,7 +109,9 @@ class Simulation:
         return (
             f"simulation seed {self.seed} failed at step {self.steps} (t={self.now} ms): {err}\n"
             f"replay: .venv/bin/python -m tests.sim --seed {self.seed} --steps {steps}\n"
-            f"config: {self.config}\nnetwork: {self.net.profile}\nlast events:\n{tail}"
+            f"config: {self.config}\ncompaction: {self.compaction}, "
+            f"sync disk rate {self.sync_disk_rate}\n"
+            f"network: {self.net.profile}\nlast events:\n{tail}"
         )
 
     def step(self) -> None:
@@ -134,6 +146,11 @@ class Simulation:
                 self.net.heal()
             case "persisted":
                 self._on_persisted(arg)  # type: ignore[arg-type]
+            case "compact":
+                eager = self.compaction == "eager"
+                self._push(self.now + self.rng.randrange(*((5, 60) if eager else (50, 400))),
+                           "compact", None)  # fmt: skip
+                self._compact(eager)
             case _:
                 raise AssertionError(kind)
         for node in self.nodes.values():
@@ -182,13 +199,16 @@ class Simulation:
         return None
 
     def check_logs(self) -> None:
-        logs = {
-            n.id: n.core.log_slice(1, n.core.last_index + 1)
-            for n in self.nodes.values()
-            if n.core is not None
-        }
+        logs: dict[int, LogView] = {}
         for n in self.nodes.values():
-            logs[-n.id] = n.disk.storage.all_entries()  # durable logs must match too
+            core = n.core
+            if core is not None:
+                base = core.first_index - 1
+                entries = core.log_slice(base + 1, core.last_index + 1)
+                logs[n.id] = LogView(base, core.log_term(base), entries)
+            st = n.disk.storage  # durable logs must match too
+            base = st.first_index() - 1
+            logs[-n.id] = LogView(base, st.term(base), st.all_entries())
         self.checker.check_log_matching(logs)
 
     # --- events ---
@@ -269,7 +289,7 @@ class Simulation:
         if node.outstanding is not None:
             rd, node.outstanding = node.outstanding, None
             self.stats["torn_writes"] += 1
-            node.disk.persist_torn(rd.entries, rd.hard_state, self.rng)
+            node.disk.persist_torn(rd.snapshot, rd.entries, rd.hard_state, self.rng)
         node.core = None
         node.paused_until = None
         node.crash_on_persist = False
@@ -282,7 +302,7 @@ class Simulation:
         assert core is not None
         while node.outstanding is None and core.has_ready():
             rd = node.outstanding = core.ready()
-            if node.crash_on_persist and (rd.entries or rd.hard_state):
+            if node.crash_on_persist and (rd.entries or rd.hard_state or rd.snapshot):
                 self._crash(node)
                 return
             if self.rng.random() >= self.sync_disk_rate:
@@ -303,9 +323,14 @@ class Simulation:
     def _complete(self, node: SimNode, rd: Ready) -> None:
         core, disk = node.core, node.disk
         assert core is not None
-        disk.persist(rd.entries, rd.hard_state)
+        disk.persist(rd.snapshot, rd.entries, rd.hard_state)
+        if rd.snapshot is not None:
+            self.stats["snapshots_restored"] += 1
+            self.checker.on_snapshot(node.id, rd.snapshot)
         for m in rd.messages:
             self.checker.on_send(node.id, m, disk)
+            if isinstance(m, Snapshot):
+                self.stats["snapshots_sent"] += 1
             for at in self.net.arrivals(m, self.now):
                 self._send_later(m, at - self.now)
         self.checker.on_apply(node.id, core.term, rd.committed_entries)
@@ -314,6 +339,26 @@ class Simulation:
             self.checker.on_read_state(node.id, rs)
         node.outstanding = None
         core.advance(rd)
+
+    def _compact(self, eager: bool) -> None:
+        """Retention on one node (eagerly, the leader half the time): drop part of
+        its applied prefix, or all of it. Runs whenever, even with a write of the
+        node in progress, as retention does in a real driver."""
+        rng = self.rng
+        up = [(n, n.core) for n in self.nodes.values() if n.core is not None]
+        if not up:
+            return
+        node, core = rng.choice(up)
+        if eager and rng.random() < 0.5:
+            node, core = next(((n, c) for n, c in up if c.role is Role.LEADER), (node, core))
+        st = node.disk.storage
+        lo = st.first_index() - 1
+        hi = min(core.applied, st.last_index())
+        if hi <= lo:
+            return
+        index = hi if eager or rng.random() < 0.3 else rng.randint(lo + 1, hi)
+        self.stats["compactions"] += 1
+        node.disk.compact(index)
 
     def _inject_fault(self) -> None:
         rng = self.rng
