@@ -19,6 +19,7 @@ import importlib
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +28,9 @@ from typing import Any
 from .client import Client, ClientError, NodeStatus, PullResult, StatusError, StoredMessage
 from .cluster import ClusterError
 from .config import ConfigError, NodeConfig, load_config, parse_peer
+from .verify import progress_bar, verify_store
 
-COMMAND_MODULES: tuple[str, ...] = ()  # modules whose import registers more subcommands
+COMMAND_MODULES: tuple[str, ...] = ("analytics.cli",)  # their import registers more subcommands
 _FIELD_TYPES: dict[str, Callable[[str], Any]] = {
     "int": int,
     "float": float,
@@ -346,6 +348,65 @@ def _query(args: argparse.Namespace) -> int:
     return 0
 
 
+def _consume_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--group", required=True, metavar="G", help="consumer group")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--tag-expr", default="*", metavar="E", help="'*' or 'TagA || TagB'")
+    p.add_argument("--max", type=_non_negative, default=0, metavar="N",
+                   help="stop after N messages (0: no limit)")  # fmt: skip
+    p.add_argument("--idle-exit", type=float, default=0.0, metavar="S",
+                   help="stop after S seconds without a new message (0: never)")  # fmt: skip
+    p.add_argument("--batch", type=int, default=32, metavar="B", help="messages per pull")
+
+
+@command("consume", "tail a topic from the group's committed offsets, committing as it goes",
+         _consume_args)  # fmt: skip
+def _consume(args: argparse.Namespace) -> int:
+    """Pull every queue of the topic from the group's offset; commit after each batch."""
+    consumed = 0
+    idle_since = time.monotonic()
+    with make_client(args) as client:
+        positions: dict[int, int] = {}
+        wait_ms = 0
+        while not (args.max and consumed >= args.max):
+            for q in client.queue_offsets(args.topic):
+                if q.queue_id not in positions:
+                    committed = client.fetch_offset(args.group, args.topic, q.queue_id)
+                    start = committed.get(q.queue_id, -1)
+                    positions[q.queue_id] = start if start >= 0 else q.min_offset
+            got = 0
+            for queue_id, offset in sorted(positions.items()):
+                limit = args.batch if not args.max else min(args.batch, args.max - consumed)
+                if limit <= 0:
+                    break
+                r = client.pull(args.topic, queue_id, offset, limit, args.tag_expr,
+                                wait_ms=wait_ms)  # fmt: skip
+                for m in r.messages:
+                    _print_consumed(args, m)
+                got += len(r.messages)
+                consumed += len(r.messages)
+                if r.next_offset != offset:
+                    client.commit_offset(args.group, args.topic, queue_id, r.next_offset)
+                    positions[queue_id] = r.next_offset
+            if got:
+                idle_since, wait_ms = time.monotonic(), 0
+            else:
+                if args.idle_exit and time.monotonic() - idle_since >= args.idle_exit:
+                    break
+                wait_ms = max(50, 1000 // max(1, len(positions)))
+    if not args.json:
+        print(f"consumed {consumed} messages", file=sys.stderr)
+    return 0
+
+
+def _print_consumed(args: argparse.Namespace, m: StoredMessage) -> None:
+    if args.json:
+        print(json.dumps(message_json(m)), flush=True)
+    else:
+        print(f"{m.topic}/{m.queue_id}@{m.queue_offset}  {m.msg_id}  tags={m.tags or '-'}  "
+              f"keys={','.join(m.keys) or '-'}  {_preview(m.body)}", flush=True)  # fmt: skip
+
+
 # ---------------------------------------------------------------- status and admin
 
 
@@ -389,6 +450,54 @@ def _transfer(args: argparse.Namespace) -> int:
         leader = client.transfer_leadership(args.to, args.timeout_ms)
     emit(args, {"leader_id": leader}, f"leader is now node {leader}")
     return 0
+
+
+def _verify_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", required=True, metavar="D", help="a stopped node's data dir")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+@command("verify", "check a stopped node's store offline (CRCs, index, queues vs a rebuild)",
+         _verify_args)  # fmt: skip
+def _verify(args: argparse.Namespace) -> int:
+    data_dir = Path(args.data_dir)
+    if not data_dir.is_dir():
+        raise UsageError(f"{data_dir} is not a directory")
+    progress = None if args.no_progress or args.json else progress_bar()
+    try:
+        report = verify_store(data_dir, progress)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    doc = report.as_json()
+    rows = [(k, v) for k, v in doc.items() if k != "problems"]
+    text = table(("check", "result"), rows)
+    if report.problems:
+        text += "\nproblems:\n" + "\n".join(f"  - {p}" for p in report.problems)
+    emit(args, doc, text)
+    return 0 if report.ok else 1
+
+
+def _clean_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true",
+                   help="delete old-enough-or-not segments that are safe to delete")  # fmt: skip
+
+
+@command("admin clean-now", "run commit-log retention now on every node", _clean_args)
+def _clean_now(args: argparse.Namespace) -> int:
+    rows = []
+    with make_client(args) as client:
+        for server in client.servers:
+            try:
+                r = client.clean_now(server, force=args.force)
+                rows.append({"server": server, "deleted_segments": r.deleted_segments,
+                             "min_offset": r.min_offset, "reason": r.reason})  # fmt: skip
+            except ClientError as exc:
+                rows.append({"server": server, "error": exc.message})
+    text = table(("server", "deleted", "min offset", "note"),
+                 [(r["server"], r.get("deleted_segments"), r.get("min_offset"),
+                   r.get("reason") or r.get("error")) for r in rows])  # fmt: skip
+    emit(args, {"nodes": rows}, text)
+    return 0 if all("error" not in r for r in rows) else 1
 
 
 # ---------------------------------------------------------------- local clusters

@@ -153,6 +153,21 @@ class PullResult:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueOffset:
+    topic: str
+    queue_id: int
+    min_offset: int
+    max_offset: int  # the next committed message's queue offset
+
+
+@dataclass(frozen=True, slots=True)
+class CleanResult:
+    deleted_segments: int
+    min_offset: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class ReadRangeResult:
     messages: bytes  # concatenated encoded messages (store.message format), committed only
     next_offset: int
@@ -519,7 +534,14 @@ class _Base:
         return _Op("get", "Get", request, lambda r: stored_message(r.message))
 
     def _op_pull(
-        self, topic: str, queue_id: int, offset: int, max_messages: int, tags: str, wait_ms: int
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        tags: str,
+        wait_ms: int,
+        linearizable: bool = False,
     ) -> _Op[PullResult]:
         request = pb.PullRequest(
             topic=topic,
@@ -528,6 +550,7 @@ class _Base:
             max_messages=max_messages,
             tag_expression=tags,
             wait_ms=wait_ms,
+            linearizable=linearizable,
         )
 
         def convert(r: pb.PullResponse) -> PullResult:
@@ -555,6 +578,30 @@ class _Base:
             return ReadRangeResult(r.messages, r.next_offset, r.committed_offset, r.min_offset)
 
         return _Op("read_range", "ReadRange", request, convert)
+
+    def _op_queue_offsets(self, topic: str, linearizable: bool) -> _Op[list[QueueOffset]]:
+        request = pb.QueueOffsetsRequest(topic=topic, linearizable=linearizable)
+
+        def convert(r: pb.QueueOffsetsResponse) -> list[QueueOffset]:
+            return [QueueOffset(q.topic, q.queue_id, q.min_offset, q.max_offset) for q in r.queues]
+
+        return _Op("queue_offsets", "QueueOffsets", request, convert)
+
+    def _op_commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> _Op[None]:
+        request = pb.CommitOffsetRequest(
+            group=group, topic=topic, queue_id=queue_id, offset=offset, cluster=self.cluster
+        )
+        # Setting an offset twice is harmless: a retry after an unknown outcome is safe.
+        return _Op("commit_offset", "CommitOffset", request, lambda r: None)
+
+    def _op_fetch_offset(
+        self, group: str, topic: str, queue_id: int, linearizable: bool
+    ) -> _Op[dict[int, int]]:
+        request = pb.FetchOffsetRequest(
+            group=group, topic=topic, queue_id=queue_id, linearizable=linearizable
+        )
+        return _Op("fetch_offset", "FetchOffset", request,
+                   lambda r: {o.queue_id: o.offset for o in r.offsets})  # fmt: skip
 
     def _op_transfer(self, target: int, timeout_ms: int) -> _Op[int]:
         request = pb.TransferLeadershipRequest(target_node_id=target, timeout_ms=timeout_ms)
@@ -647,10 +694,36 @@ class Client(_Base):
         max_messages: int = 32,
         tag_expression: str = "*",
         wait_ms: int = 0,
+        linearizable: bool = False,
     ) -> PullResult:
+        """One queue's messages from `offset`; waits up to `wait_ms` when there are none."""
         return self._run(
-            self._op_pull(topic, queue_id, offset, max_messages, tag_expression, wait_ms)
+            self._op_pull(
+                topic, queue_id, offset, max_messages, tag_expression, wait_ms, linearizable
+            )
         )
+
+    def queue_offsets(self, topic: str = "", linearizable: bool = False) -> list[QueueOffset]:
+        """Min and max offsets of the topic's queues (every user topic's when empty)."""
+        return self._run(self._op_queue_offsets(topic, linearizable))
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Record `offset` (the next to consume) for `group` through the Raft log."""
+        self._run(self._op_commit_offset(group, topic, queue_id, offset))
+
+    def fetch_offset(
+        self, group: str, topic: str, queue_id: int = -1, linearizable: bool = False
+    ) -> dict[int, int]:
+        """Queue id -> the group's committed offset (-1: nothing committed)."""
+        return self._run(self._op_fetch_offset(group, topic, queue_id, linearizable))
+
+    def clean_now(self, server: str, force: bool = False, timeout_s: float = 30.0) -> CleanResult:
+        """Run retention now on the node at `server` (each node cleans its own store)."""
+        try:
+            r = self._stub(server).CleanNow(pb.CleanNowRequest(force=force), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            raise _Failure.of(exc).error(server) from None
+        return CleanResult(r.deleted_segments, r.min_offset, r.reason)
 
     def query(
         self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 0, max_messages: int = 32
@@ -771,10 +844,24 @@ class AsyncClient(_Base):
         max_messages: int = 32,
         tag_expression: str = "*",
         wait_ms: int = 0,
+        linearizable: bool = False,
     ) -> PullResult:
         return await self._run(
-            self._op_pull(topic, queue_id, offset, max_messages, tag_expression, wait_ms)
+            self._op_pull(
+                topic, queue_id, offset, max_messages, tag_expression, wait_ms, linearizable
+            )
         )
+
+    async def queue_offsets(self, topic: str = "", linearizable: bool = False) -> list[QueueOffset]:
+        return await self._run(self._op_queue_offsets(topic, linearizable))
+
+    async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        await self._run(self._op_commit_offset(group, topic, queue_id, offset))
+
+    async def fetch_offset(
+        self, group: str, topic: str, queue_id: int = -1, linearizable: bool = False
+    ) -> dict[int, int]:
+        return await self._run(self._op_fetch_offset(group, topic, queue_id, linearizable))
 
     async def query(
         self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 0, max_messages: int = 32

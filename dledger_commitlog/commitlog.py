@@ -52,6 +52,8 @@ _I64 = struct.Struct(">q")
 _QUEUE_ID_POS = 12
 _STORE_HOST_POS = 64  # storeHost: IPv4 (4 bytes) and port (i32), after storeTimestamp
 _MSG_ID = struct.Struct(">4siq")
+_DISPATCH_BATCH = 4096  # entries per read_committed call
+_UNIQ_NAME = b"UNIQ_KEY\x01"  # properties (name \x01 value \x02) end a message; ours is last
 
 
 class PutFailed(Exception):
@@ -84,6 +86,10 @@ class PutResult:
     queue_offset: int
     store_timestamp_ms: int
     duplicate: bool = False
+
+
+def _nothing() -> None:
+    return None
 
 
 def make_msg_id(store_host: tuple[str, int], commitlog_offset: int) -> str:
@@ -152,19 +158,58 @@ class DLedgerCommitLog:
         self._pending = 0
         self._queued: list[tuple[PutSpec, asyncio.Future[PutResult]]] = []
         self._flush_scheduled = False
+        self._read_cursor = (-1, 0)  # (pos, index) where the last read_committed stopped
+        # Called before queue offsets are assigned (the node loads a new leadership).
+        self.before_assign: Callable[[], None] = _nothing
 
     # -- building the committed view at start --------------------------------------
 
-    def load_committed(self, upto_index: int, batch_bytes: int = 8 << 20) -> None:
-        """Scan the log up to `upto_index` (already committed) to rebuild the tables."""
-        index = self.store.first_index()
+    def start_at(self, committed_index: int) -> None:
+        """The committed position at start, before dispatch recovery reads up to it."""
+        self._set_committed(committed_index, notify=False)
+
+    def load_committed(
+        self, upto_index: int, queue_next: dict[tuple[str, int], int], batch_bytes: int = 8 << 20
+    ) -> None:
+        """Seed the tables: queue ends from dispatch, idempotency keys from the log's tail.
+
+        Only the last `idempotency_window` entries are read, so start-up does not
+        grow with the log.
+        """
+        self._queue_next = dict(queue_next)
+        index = max(self.store.first_index(), upto_index - self._window + 1)
+        recent = self._recent
         while index <= upto_index:
             batch = self.store.stored_entries(index, upto_index + 1, batch_bytes)
-            self._apply_to_tables(
-                [Entry(e.index, e.term, e.body, EntryKind(e.channel)) for e in batch]
-            )
+            for e in batch:
+                # Properties end the message: the last UNIQ_KEY name is the property.
+                at = e.body.rfind(_UNIQ_NAME) if e.channel == EntryKind.NORMAL else -1
+                if at >= 0:
+                    start = at + len(_UNIQ_NAME)
+                    end = e.body.find(b"\x02", start)
+                    recent[e.body[start : end if end >= 0 else len(e.body)].decode()] = e.index
             index = batch[-1].index + 1
+        while len(recent) > self._window:
+            recent.popitem(last=False)
         self._set_committed(upto_index)
+
+    def restart_at(self, index: int, queue_next: dict[tuple[str, int], int]) -> None:
+        """The log was restored from a leader's snapshot after entry `index`.
+
+        Queue ends come with the snapshot; the idempotency window restarts empty
+        (a retry of a put committed before the snapshot may be stored again).
+        """
+        self.committed_index = 0
+        self._set_committed(index, notify=False)
+        self._queue_next = dict(queue_next)
+        self._recent.clear()
+        self._tail_uniq.clear()
+        self._read_cursor = (-1, 0)
+
+    @property
+    def queue_next(self) -> dict[tuple[str, int], int]:
+        """(topic, queue id) -> the queue offset of its next committed message."""
+        return self._queue_next
 
     def add_commit_listener(self, listener: Callable[[], None]) -> None:
         self._commit_listeners.append(listener)
@@ -253,16 +298,23 @@ class DLedgerCommitLog:
         queued, self._queued = self._queued, []
         if not queued:
             return
+        # A leadership that started since the last Ready must load its tables
+        # before we assign queue offsets from them.
+        self.before_assign()
         now_ms = int(time.time() * 1000)
         host = socket.inet_aton(self._store_host[0]) + _I32.pack(self._store_host[1])
         datas: list[bytes] = []
+        assigned: dict[tuple[str, int], int] = {}  # queue ends after this batch
         for spec, _ in queued:
             qid = spec.queue_id
             if qid is None:
                 qid = self._round_robin.get(spec.topic, 0)
                 self._round_robin[spec.topic] = (qid + 1) % self._queues
             key = (spec.topic, qid)
-            qoff = self._assign_next.get(key, 0)
+            qoff = assigned.get(key)
+            if qoff is None:
+                qoff = self._assign_next.get(key, 0)
+            assigned[key] = qoff + 1
             buf = bytearray(spec.encoded)
             _I32.pack_into(buf, _QUEUE_ID_POS, qid)
             _I64.pack_into(buf, QUEUE_OFFSET_POS, qoff)
@@ -276,11 +328,9 @@ class DLedgerCommitLog:
                 if not fut.done():
                     fut.set_exception(NotLeader(exc.leader_hint))
             return
-        # Committed to the log: advance the assignment table.
+        # In the log now: advance the assignment table.
+        self._assign_next.update(assigned)
         for k, (spec, fut) in enumerate(queued):
-            hdr_qid = _I32.unpack_from(datas[k], _QUEUE_ID_POS)[0]
-            key = (spec.topic, hdr_qid)
-            self._assign_next[key] = self._assign_next.get(key, 0) + 1
             self._tail_uniq[spec.uniq_key] = first + k
             self._waiters.setdefault(first + k, []).append(_Waiter(term, fut))
 
@@ -348,14 +398,15 @@ class DLedgerCommitLog:
         return PutResult(msg_id_of(data, offset), offset, hdr.queue_id,
                          hdr.queue_offset, hdr.store_timestamp_ms, duplicate)  # fmt: skip
 
-    def _set_committed(self, index: int) -> None:
+    def _set_committed(self, index: int, notify: bool = True) -> None:
         if index <= self.committed_index:
             return
         self.committed_index = index
         pos, size = self.store.locate(index)
         self.committed_pos = pos + size
-        for listener in list(self._commit_listeners):
-            listener()
+        if notify:
+            for listener in list(self._commit_listeners):
+                listener()
 
     # -- committed reads ----------------------------------------------------------------
 
@@ -404,3 +455,41 @@ class DLedgerCommitLog:
         out = [e.body for e in batch if e.channel == EntryKind.NORMAL and e.body]
         nxt = batch[-1].pos + batch[-1].size + HEADER_SIZE
         return out, nxt
+
+    # -- the dispatcher's view (dispatch.CommittedLog) -------------------------------------
+
+    @property
+    def min_pos(self) -> int:
+        """Position of the first retained entry."""
+        store = self.store
+        if store.last_index() >= store.first_index():
+            return store.pos_of(store.first_index())
+        return store.end_pos
+
+    def read_committed(
+        self, from_pos: int, max_bytes: int
+    ) -> tuple[list[tuple[int, bytes]], int, int]:
+        """Committed messages from the entry at `from_pos` on (see dispatch.CommittedLog)."""
+        committed, store = self.committed_pos, self.store
+        if from_pos >= committed:
+            return [], from_pos, committed
+        pos = store.next_entry_pos(max(from_pos, self.min_pos))
+        if pos >= committed:
+            return [], from_pos, committed
+        cursor = self._read_cursor
+        index = cursor[1] if cursor[0] == pos else store.get_by_pos(pos).index
+        hi = min(self.committed_index + 1, index + _DISPATCH_BATCH)
+        batch = store.stored_entries(index, hi, max_bytes)
+        out = [
+            (e.pos + HEADER_SIZE, e.body) for e in batch if e.channel == EntryKind.NORMAL and e.body
+        ]
+        nxt = batch[-1].pos + batch[-1].size
+        self._read_cursor = (nxt, batch[-1].index + 1)
+        return out, nxt, committed
+
+    def read_message(self, commitlog_offset: int, size: int) -> bytes:
+        """Bytes of the commit log at a message's offset (committed data only)."""
+        if commitlog_offset + size > self.committed_pos:
+            raise OffsetOutOfRange(commitlog_offset, self.min_offset, self.committed_pos,
+                                   "commit-log offset (not committed)")  # fmt: skip
+        return self.store.read_raw(commitlog_offset, size)

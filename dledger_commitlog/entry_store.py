@@ -30,7 +30,7 @@ import logging
 import os
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from raft.errors import Compacted, Unavailable
@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 DEFAULT_DATA_SEGMENT_BYTES = 1 << 30
 DEFAULT_INDEX_SEGMENT_BYTES = INDEX_UNIT_SIZE * (1 << 20)
 _CHECKPOINT = struct.Struct(">qqqII")  # index, term, pos, chainCrc, crc of the rest
+BASE_SIZE = _CHECKPOINT.size - 4
 _MSG_MAGIC = struct.pack(">i", MESSAGE_MAGIC_CODE)
 _PHY = struct.Struct(">q")
 _SCAN_CHUNK = 4 << 20
@@ -101,6 +102,12 @@ class EntryStore:
             write_buffer_bytes=_INDEX_BUFFER_BYTES,
         )
         self._checkpoint_path = self.directory / "entries.checkpoint"
+        # Where the log restarts after retention or a restore: the entry before the
+        # first (index, term, end position, chainCrc). None: the log starts at index 1.
+        self._base_path = self.directory / "entries.base"
+        self._base: tuple[int, int, int, int] | None = self._read_record(self._base_path)
+        # Application state sent along with a snapshot (the node sets it).
+        self.snapshot_extra: Callable[[], bytes] = bytes
         self._patch = patch_physical_offset
         # The tail: (last index, its term, its chainCrc); first index.
         self._last_index = 0
@@ -248,14 +255,21 @@ class EntryStore:
     def delete_prefix(self, index: int) -> int:
         """Retention: drop whole data segments holding only entries below `index`.
 
-        Returns the new first index. The last entry is never deleted.
+        Returns the new first index. The last entry is never deleted. The entry
+        before the new first one is recorded durably (the base) first: Raft needs
+        its term, a follower restored from this log needs its position and chainCrc.
         """
         index = min(index, self._last_index)
         if index <= self._first_index:
             return self._first_index
         _, pos, _, _ = self._slot(index)
+        keep_start = pos - pos % self._data.segment_size
+        if keep_start <= self._data.min_offset:
+            return self._first_index
+        first = self._first_in_segment(keep_start)
+        before = self.get(first - 1)
+        self._set_base((before.index, before.term, before.pos + before.size, before.chain_crc))
         self._data.delete_before(pos)
-        first = self._first_in_segment(self._data.min_offset)
         self._first_index = first
         if self._cache_first < first:
             k = min(len(self._cache), first - self._cache_first)
@@ -266,6 +280,48 @@ class EntryStore:
         keep_from = (first - 1) * INDEX_UNIT_SIZE
         self._index.delete_before(keep_from - keep_from % self._index.segment_size)
         return first
+
+    @property
+    def base(self) -> tuple[int, int, int, int] | None:
+        """(index, term, end pos, chainCrc) of the entry before the first, once compacted."""
+        return self._base
+
+    def snapshot_data(self) -> bytes:
+        """Where this log restarts (for a follower behind the first retained entry)."""
+        base = self._base or (0, 0, 0, 0)
+        return _CHECKPOINT.pack(*base, 0)[:-4] + self.snapshot_extra()
+
+    def restore(self, index: int, term: int, data: bytes) -> None:
+        """Empty the log so that it restarts after entry `index` (a leader's snapshot)."""
+        if len(data) < BASE_SIZE:
+            raise ValueError(f"snapshot data of {len(data)} bytes, expected >= {BASE_SIZE}")
+        b_index, b_term, pos, chain, _ = _CHECKPOINT.unpack(data[:BASE_SIZE] + bytes(4))
+        if (b_index, b_term) != (index, term):
+            raise ValueError(
+                f"snapshot of entry {index} (term {term}) describes {b_index}/{b_term}"
+            )
+        self._set_base((index, term, pos, chain))
+        self._checkpoint_path.unlink(missing_ok=True)
+        self._data.reset(pos)
+        self._start_index_at_base()
+        self._cache.clear()
+        self._cache_first, self._cache_size = index + 1, 0
+        self._first_index, self._last_index = index + 1, index
+        self._last_term, self._last_chain = term, chain
+        self._checkpoint_index = index
+        log.info("entry log %s restarts after entry %d (term %d) at %d", self.directory,
+                 index, term, pos)  # fmt: skip
+
+    def _set_base(self, base: tuple[int, int, int, int]) -> None:
+        body = _CHECKPOINT.pack(*base, 0)[:-4]
+        write_atomically(self._base_path, body + struct.pack(">I", zlib.crc32(body)))
+        self._base = base
+
+    def _start_index_at_base(self) -> None:
+        assert self._base is not None
+        index, term, pos, _ = self._base
+        self._index.reset(index * INDEX_UNIT_SIZE)
+        self._index.append(INDEX_UNIT.pack(ENTRY_MAGIC, pos, 0, index, term))
 
     # -- reading -----------------------------------------------------------------
 
@@ -418,7 +474,7 @@ class EntryStore:
     def _set_tail_from_index(self, index: int) -> None:
         if index < self._first_index:
             self._last_term = self._slot(index)[3] if index else 0
-            self._last_chain = 0
+            self._last_chain = self._base[3] if self._base and self._base[0] == index else 0
             return
         entry = self.get(index)
         self._last_term, self._last_chain = entry.term, entry.chain_crc
@@ -429,22 +485,28 @@ class EntryStore:
 
     # -- recovery ----------------------------------------------------------------
 
-    def _read_checkpoint(self) -> tuple[int, int, int, int] | None:
+    @staticmethod
+    def _read_record(path: Path) -> tuple[int, int, int, int] | None:
+        """A checkpoint or base record: (index, term, pos, chainCrc), CRC-checked."""
         try:
-            raw = self._checkpoint_path.read_bytes()
+            raw = path.read_bytes()
         except FileNotFoundError:
             return None
         if len(raw) != _CHECKPOINT.size:
-            raise CorruptEntry(str(self._checkpoint_path), 0, f"checkpoint of {len(raw)} bytes")
+            raise CorruptEntry(str(path), 0, f"record of {len(raw)} bytes")
         index, term, pos, chain, crc = _CHECKPOINT.unpack(raw)
         if zlib.crc32(raw[:-4]) != crc:
-            raise CorruptEntry(str(self._checkpoint_path), 0, "checkpoint CRC mismatch")
+            raise CorruptEntry(str(path), 0, "record CRC mismatch")
         return index, term, pos, chain
 
     def _recover(self, committed_index: int) -> None:
         data = self._data
         segs = data.segments()
-        checkpoint = self._read_checkpoint()
+        checkpoint = self._read_record(self._checkpoint_path)
+        base = self._base
+        if base is not None and (not segs or base[2] >= data.min_offset):
+            self._recover_from_base(base, checkpoint, committed_index)
+            return
         if checkpoint is not None and checkpoint[2] >= data.min_offset and segs:
             index, term, pos, chain = checkpoint
             anchor = self._scan_one(pos)
@@ -472,6 +534,39 @@ class EntryStore:
         else:
             self._first_index = self._first_in_segment(data.min_offset)
         self._scan_from(anchor, must_be_valid)
+
+    def _recover_from_base(
+        self,
+        base: tuple[int, int, int, int],
+        checkpoint: tuple[int, int, int, int] | None,
+        committed_index: int,
+    ) -> None:
+        """The log restarted at the base (a restore): its first entry lies at base pos."""
+        index, term, pos, chain = base
+        if not self._data.segments():
+            self._data.reset(pos)
+        anchor = self._scan_one(pos)
+        self._first_index = index + 1
+        if anchor is None or anchor.index != index + 1:
+            if committed_index > index:
+                raise CorruptEntry(self._where(pos), pos, "no valid entry after the base")
+            if self._data.segments():
+                self._data.truncate(pos)
+            self._start_index_at_base()
+            self._last_index, self._last_term, self._last_chain = index, term, chain
+            return
+        if checkpoint is not None and checkpoint[0] > index:
+            self._checkpoint_index = checkpoint[0]
+        slot = INDEX_UNIT.pack(ENTRY_MAGIC, pos, 0, index, term)
+        idx = self._index
+        start = index * INDEX_UNIT_SIZE
+        if not (
+            idx.segments()
+            and idx.min_offset <= start < idx.write_position
+            and idx.read_unchecked(start, INDEX_UNIT_SIZE) == slot
+        ):
+            self._start_index_at_base()
+        self._scan_from(anchor, max(committed_index, self._checkpoint_index))
 
     def _recover_empty(self) -> None:
         """No valid entry at all: a fresh store, or one whose first write was torn."""

@@ -17,33 +17,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import random
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from dispatch.dispatcher import Dispatcher, DispatchSnapshot
 from raft import Config, HardState, Message, NotLeader, RaftCore, Ready, Role
 from raft.messages import AppendEntries, Heartbeat
+from raft.types import SnapshotMeta
 from store.flush import GroupCommit, PeriodicFlush
 
 from .commitlog import DLedgerCommitLog
 from .config import NodeConfig, parse_address
-from .entry_store import EntryStore
+from .entry_store import BASE_SIZE, EntryStore
 from .metrics import NodeMetrics
 from .raft_state import RaftStateFile
+from .retention import Retention
 from .transport import PeerLink, to_proto
+from .verify import write_layout
 
 log = logging.getLogger(__name__)
 
 _SYNC_WRITE_BUFFER = 4 << 20
 _CHECKPOINT_INTERVAL_S = 1.0
+_RETENTION_INTERVAL_S = 10.0
 
 
 class RaftNode:
     def __init__(self, cfg: NodeConfig, metrics: NodeMetrics | None = None) -> None:
+        started = time.perf_counter()
         self.cfg = cfg
         self.metrics = metrics or NodeMetrics(cfg.node_id)
         data = Path(cfg.data_dir)
@@ -88,7 +96,43 @@ class RaftNode:
             idempotency_window=cfg.idempotency_window,
             propose=self._propose,
         )
-        self.commitlog.load_committed(commit)
+        write_layout(data, {
+            "data_segment_bytes": cfg.data_segment_bytes,
+            "index_segment_bytes": cfg.index_segment_bytes,
+            "cq_units_per_file": cfg.cq_units_per_file,
+            "index_slots": cfg.index_slots,
+            "index_entries": cfg.index_entries,
+        })  # fmt: skip
+        self.commitlog.start_at(commit)
+        self.dispatcher = Dispatcher(
+            data,
+            self.commitlog,
+            units_per_file=cfg.cq_units_per_file,
+            index_slots=cfg.index_slots,
+            index_entries=cfg.index_entries,
+        )
+        log_end = (
+            sum(self.store.locate(self.store.last_index()))
+            if self.store.last_index() >= self.store.first_index()
+            else self.commitlog.min_pos
+        )
+        self.recovery = self.dispatcher.recover(log_end)
+        caught_up = self.dispatcher.catch_up()
+        self.commitlog.load_committed(commit, self.dispatcher.max_offsets())
+        self.recovery.seconds = time.perf_counter() - started
+        log.info(
+            "node %d recovered in %.2fs after a %s: dispatch resumed at %d, re-dispatched %d "
+            "messages to %d%s", cfg.node_id, self.recovery.seconds,
+            "crash" if self.recovery.crashed else "clean shutdown", self.recovery.resume_pos,
+            caught_up, self.dispatcher.dispatched_pos,
+            "".join(f"; {n}" for n in self.recovery.notes),
+        )  # fmt: skip
+        self.store.snapshot_extra = self._snapshot_extra
+        self.commitlog.before_assign = self._ensure_leader_state
+        self.retention = Retention(cfg, self.store, self.commitlog, self.dispatcher, self.core)
+        self.retention.check_disk()
+        self._dispatch_wakeup = asyncio.Event()
+        self.commitlog.add_commit_listener(self._dispatch_wakeup.set)
         self._executor = ThreadPoolExecutor(2, thread_name_prefix=f"node{cfg.node_id}-io")
         self._links: dict[int, PeerLink] = {}
         self._wakeup = asyncio.Event()
@@ -101,6 +145,9 @@ class RaftNode:
         self._closed = False
         self._last_role: tuple[Role, int, int | None] = (Role.FOLLOWER, 0, None)
         self._checkpointed = (commit, saved.commit)
+        self._checkpoint_lock = threading.Lock()
+        self.fatal: BaseException | None = None
+        self.on_fatal: Callable[[], None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -122,6 +169,8 @@ class RaftNode:
             loop.create_task(self._ready_loop(), name="ready-loop"),
             loop.create_task(self._tick_loop(), name="tick-loop"),
             loop.create_task(self._checkpoint_loop(), name="checkpoint-loop"),
+            loop.create_task(self._dispatch_loop(), name="dispatch-loop"),
+            loop.create_task(self._retention_loop(), name="retention-loop"),
         ]
         log.info("node %d started: term %d, log [%d, %d], commit %d, flush %s",
                  self.cfg.node_id, self.core.term, self.store.first_index(),
@@ -144,7 +193,10 @@ class RaftNode:
         if self._periodic is not None:
             await self._periodic.close()
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._checkpoint_now)
+        self.dispatcher.catch_up()
+        snap = self.dispatcher.snapshot()
+        await loop.run_in_executor(self._executor, self._checkpoint_now, snap)
+        self.dispatcher.close(clean=True)
         self.store.close()
         self._executor.shutdown(wait=True)
 
@@ -235,6 +287,8 @@ class RaftNode:
 
     async def _handle_ready(self, rd: Ready) -> None:
         core = self.core
+        if rd.snapshot is not None:
+            await self._restore(rd.snapshot)
         if rd.entries:
             self.store.append_entries(rd.entries)
         hs = rd.hard_state
@@ -267,6 +321,28 @@ class RaftNode:
         if core.role is not Role.LEADER and self._reads:
             self._fail_reads_without_leader()
 
+    def _snapshot_extra(self) -> bytes:
+        """What a follower restored from our log needs besides it (leader side)."""
+        doc = {
+            "queue_next": [[t, q, n] for (t, q), n in sorted(self.commitlog.queue_next.items())],
+            "offsets": [[g, t, q, o] for (g, t, q), o in sorted(self.dispatcher.offsets.items())],
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    async def _restore(self, snap: SnapshotMeta) -> None:
+        """Our log restarts after the leader's snapshot index: reset the store and dispatch."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self.store.restore, snap.index, snap.term,
+                                   snap.data)  # fmt: skip
+        extra = json.loads(snap.data[BASE_SIZE:] or b"{}")
+        queue_next = {(t, int(q)): int(n) for t, q, n in extra.get("queue_next", [])}
+        offsets = {(g, t, int(q)): int(o) for g, t, q, o in extra.get("offsets", [])}
+        self.commitlog.restart_at(snap.index, queue_next)
+        self.dispatcher.reset(self.commitlog.committed_pos, offsets)
+        await loop.run_in_executor(self._executor, self._checkpoint_now, self.dispatcher.snapshot())
+        log.warning("node %d was behind the leader's retained log: restarted after entry %d",
+                    self.cfg.node_id, snap.index)  # fmt: skip
+
     def _log_role_change(self) -> None:
         now = (self.core.role, self.core.term, self.core.leader_id)
         if now != self._last_role:
@@ -289,22 +365,86 @@ class RaftNode:
             if link is not None:
                 link.send([to_proto(m) for m in msgs])
 
+    async def _dispatch_loop(self) -> None:
+        """Dispatch committed messages in batches as the commit position advances."""
+        dispatcher, wakeup = self.dispatcher, self._dispatch_wakeup
+        while True:
+            await wakeup.wait()
+            wakeup.clear()
+            try:
+                more = dispatcher.dispatch_batch()
+            except Exception as exc:
+                # A unit that conflicts with the queue, or a message that does not
+                # decode: the store is inconsistent. Stop rather than serve wrong data.
+                log.critical("node %d: dispatch failed at %d: %s", self.cfg.node_id,
+                             dispatcher.dispatched_pos, exc, exc_info=True)  # fmt: skip
+                self.fatal = exc
+                if self.on_fatal is not None:
+                    self.on_fatal()
+                return
+            if more:
+                wakeup.set()  # more may be committed: another batch after others ran
+                await asyncio.sleep(0)
+
+    async def wait_for_dispatch(self, timeout_s: float) -> bool:
+        """Wait until the next dispatched batch (True) or the timeout (False)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        self.dispatcher.add_listener(done)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await fut
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self.dispatcher.remove_listener(done)
+
+    async def wait_dispatched(self, pos: int, timeout_s: float) -> None:
+        """Wait until dispatch has passed commit-log position `pos`."""
+        async with asyncio.timeout(timeout_s):
+            while self.dispatcher.dispatched_pos < pos:
+                await self.wait_for_dispatch(timeout_s)
+
+    async def _retention_loop(self) -> None:
+        while True:
+            await asyncio.sleep(_RETENTION_INTERVAL_S)
+            try:
+                self.retention.run_pass()
+            except OSError as exc:
+                log.error("node %d: retention pass failed: %s", self.cfg.node_id, exc)
+
+    async def clean_now(self, force: bool) -> tuple[int, int, str]:
+        """`dledger admin clean-now`: a retention pass now (`force`: whatever the age)."""
+        out = self.retention.run_pass(forced=True, ignore_age=force)
+        return out.deleted_segments, out.min_offset, out.reason
+
     async def _checkpoint_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(_CHECKPOINT_INTERVAL_S)
             self.metrics.update_replication(self.core)
-            await loop.run_in_executor(self._executor, self._checkpoint_now)
+            snap = self.dispatcher.snapshot()
+            await loop.run_in_executor(self._executor, self._checkpoint_now, snap)
 
-    def _checkpoint_now(self) -> None:
-        """Record the applied index in the entry checkpoint and the raft state (off-loop)."""
-        applied = self.commitlog.committed_index
-        if (applied, self.core.commit_index) == self._checkpointed:
-            return
-        if applied >= self.store.first_index():
-            self.store.write_checkpoint(applied)
-        self.state_file.save_commit(applied)
-        self._checkpointed = (applied, self.core.commit_index)
+    def _checkpoint_now(self, snap: DispatchSnapshot) -> None:
+        """Record the applied index, then what dispatch covers (off-loop).
+
+        The raft state's commit index goes first, so that at restart the node's
+        committed prefix covers everything the dispatch checkpoint says was dispatched.
+        """
+        with self._checkpoint_lock:  # the loop's pass may still run when close() checkpoints
+            applied = self.commitlog.committed_index
+            if (applied, self.core.commit_index) != self._checkpointed:
+                if applied >= self.store.first_index():
+                    self.store.write_checkpoint(applied)
+                self.state_file.save_commit(applied)
+                self._checkpointed = (applied, self.core.commit_index)
+            self.dispatcher.persist(snap)
 
     # -- views -----------------------------------------------------------------------
 

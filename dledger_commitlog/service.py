@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import struct
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -21,11 +22,17 @@ from typing import Any, TypeAlias
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from dispatch.dispatcher import (
+    OFFSETS_TOPIC,
+    SYSTEM_TOPIC_PREFIX,
+    encode_offset_commit,
+    parse_tag_expression,
+)
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 from raft import NotLeader, Role
 from store.errors import InvalidMessage, OffsetOutOfRange
-from store.message import Message
+from store.message import Message, check_name, decode_message
 
 from .commitlog import (
     OutcomeUnknown,
@@ -47,6 +54,10 @@ _FORWARDED = "dledger-forwarded"
 _LEADER = "dledger-leader"
 _LEADER_ID = "dledger-leader-id"
 _DEFAULT_TIMEOUT_S = 10.0
+_DEFAULT_PULL = 32
+_MAX_PULL = 1024  # messages per Pull or QueryByKey answer
+_MAX_PULL_RAW = 65536  # raw pulls (analytics) are bounded by max_bytes instead
+_I32 = struct.Struct(">i")
 _Context: TypeAlias = Any  # grpc.aio.ServicerContext; grpcio ships no type hints
 
 
@@ -80,6 +91,8 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         return None
 
     def _spec(self, m: pb.MessageData) -> PutSpec:
+        if m.topic.startswith(SYSTEM_TOPIC_PREFIX):
+            raise InvalidMessage(f"topic {m.topic!r}: the prefix {SYSTEM_TOPIC_PREFIX} is reserved")
         return self.node.commitlog.prepare(
             m.topic,
             m.body,
@@ -105,6 +118,8 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         """Put locally, or forward to the leader; None if the context was aborted."""
         node = self.node
         started = time.perf_counter()
+        if node.retention.refusal is not None:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, node.retention.refusal)
         try:
             results = await node.commitlog.put(specs, self._timeout(context))
         except NotLeader as exc:
@@ -122,9 +137,10 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         node.metrics.put_latency.observe(time.perf_counter() - started)
         return results
 
-    async def _forward(
-        self, exc: NotLeader, context: _Context, request: pb.PutBatchRequest
-    ) -> list[PutResult] | None:
+    async def _leader_stub(
+        self, exc: NotLeader, context: _Context
+    ) -> tuple[str, pb_grpc.DLedgerClientStub]:
+        """A stub for the leader, or abort: no leader, or this call was forwarded once."""
         leader = self.node.leader_client_address()
         meta = dict(context.invocation_metadata() or ())
         if leader is None or exc.leader_hint is None:
@@ -138,7 +154,12 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         if channel is None:
             channel = grpc.aio.insecure_channel(leader, options=GRPC_OPTIONS)
             self._channels[leader] = channel
-        stub = pb_grpc.DLedgerClientStub(channel)
+        return leader, pb_grpc.DLedgerClientStub(channel)
+
+    async def _forward(
+        self, exc: NotLeader, context: _Context, request: pb.PutBatchRequest
+    ) -> list[PutResult] | None:
+        leader, stub = await self._leader_stub(exc, context)
         try:
             reply = await stub.PutBatch(request, timeout=self._timeout(context),
                                         metadata=((_FORWARDED, "1"),))  # fmt: skip
@@ -241,15 +262,180 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         except TimeoutError:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "read could not be confirmed")
 
+    async def _dispatched_linearizable(self, context: _Context) -> None:
+        """ReadIndex, then wait until dispatch covers the confirmed committed position."""
+        await self._linearize(context)
+        try:
+            await self.node.wait_dispatched(self.node.commitlog.committed_pos,
+                                            self._timeout(context))  # fmt: skip
+        except TimeoutError:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "dispatch did not catch up in time")
+
+    def _check_queue(self, topic: str, queue_id: int) -> None:
+        check_name(topic)
+        limit = 1 if topic.startswith(SYSTEM_TOPIC_PREFIX) else self.cfg.queues_per_topic
+        if not 0 <= queue_id < limit:
+            raise InvalidMessage(f"queue id {queue_id} outside [0, {limit}) for {topic!r}")
+
     async def Pull(self, request: pb.PullRequest, context: _Context) -> pb.PullResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Pull arrives with dispatch")
-        return pb.PullResponse()
+        """Messages of one queue from an offset; long-polls up to wait_ms for new ones."""
+        node, r = self.node, request
+        try:
+            self._check_queue(r.topic, r.queue_id)
+            tags = parse_tag_expression(r.tag_expression)
+            if r.max_messages < 0 or r.wait_ms < 0 or r.max_bytes < 0:
+                raise InvalidMessage("max_messages, wait_ms and max_bytes must not be negative")
+            if r.linearizable:
+                await self._dispatched_linearizable(context)
+            limit = _MAX_PULL_RAW if r.raw else _MAX_PULL
+            max_messages = min(r.max_messages or _DEFAULT_PULL, limit)
+            max_bytes = r.max_bytes or (4 << 20)
+            wait_s = min(r.wait_ms / 1000, self._timeout(context))
+            deadline = time.monotonic() + wait_s
+            while True:
+                found, nxt = node.dispatcher.scan(r.topic, r.queue_id, r.queue_offset,
+                                                  max_messages, tags, max_bytes=max_bytes,
+                                                  end_offset=r.end_offset)  # fmt: skip
+                remaining = deadline - time.monotonic()
+                if found or nxt != r.queue_offset or remaining <= 0:
+                    break
+                await node.wait_for_dispatch(remaining)
+        except InvalidMessage as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except OffsetOutOfRange as exc:
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
+        cq = node.dispatcher.queue(r.topic, r.queue_id)
+        reply = pb.PullResponse(
+            next_offset=nxt,
+            min_offset=cq.min_offset if cq is not None else 0,
+            max_offset=cq.max_offset if cq is not None else 0,
+        )
+        if r.raw:
+            reply.raw_messages = b"".join(data for _, data in found)
+        else:
+            reply.messages.extend(stored_message_pb(decode_message(d), u.size) for u, d in found)
+        return reply
 
     async def QueryByKey(
         self, request: pb.QueryByKeyRequest, context: _Context
     ) -> pb.QueryByKeyResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "QueryByKey arrives with dispatch")
-        return pb.QueryByKeyResponse()
+        """Messages whose KEYS (or UNIQ_KEY) hold `key`, newest first, in [begin, end]."""
+        r, cl = request, self.node.commitlog
+        try:
+            check_name(r.topic)
+            if not r.key:
+                raise InvalidMessage("key must not be empty")
+            if r.max_messages < 0 or r.begin_ms < 0 or r.end_ms < 0:
+                raise InvalidMessage("max_messages, begin_ms and end_ms must not be negative")
+        except InvalidMessage as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        end = r.end_ms or int(time.time() * 1000)
+        limit = min(r.max_messages or _DEFAULT_PULL, _MAX_PULL)
+        out: list[pb.StoredMessage] = []
+        # Candidates include hash collisions: ask for more, keep the exact matches.
+        for offset in self.node.dispatcher.query_offsets(r.topic, r.key, r.begin_ms, end,
+                                                         4 * limit):  # fmt: skip
+            try:
+                (size,) = _I32.unpack(cl.read_message(offset, 4))
+                msg = decode_message(cl.read_message(offset, size))
+            except OffsetOutOfRange:
+                continue  # deleted by retention since the index was read
+            if (
+                msg.topic == r.topic
+                and (r.key in msg.keys or msg.uniq_key == r.key)
+                and r.begin_ms <= msg.store_timestamp_ms <= end
+            ):
+                out.append(stored_message_pb(msg, size))
+                if len(out) >= limit:
+                    break
+        return pb.QueryByKeyResponse(messages=out)
+
+    async def QueueOffsets(
+        self, request: pb.QueueOffsetsRequest, context: _Context
+    ) -> pb.QueueOffsetsResponse:
+        if request.topic:
+            try:
+                check_name(request.topic)
+            except InvalidMessage as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if request.linearizable:
+            await self._dispatched_linearizable(context)
+        d = self.node.dispatcher
+        return pb.QueueOffsetsResponse(
+            queues=[
+                pb.QueueOffset(topic=t, queue_id=q, min_offset=lo, max_offset=hi)
+                for t, q, lo, hi in d.queue_offsets(request.topic)
+            ],
+            dispatched_offset=d.dispatched_pos,
+        )
+
+    async def CommitOffset(
+        self, request: pb.CommitOffsetRequest, context: _Context
+    ) -> pb.CommitOffsetResponse:
+        """Record a group's offset through the Raft log (so it survives failover)."""
+        r, node = request, self.node
+        try:
+            wrong = self._check_cluster(r.cluster)
+            if wrong:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, wrong)
+            check_name(r.group, "group")
+            self._check_queue(r.topic, r.queue_id)
+            if r.offset < 0:
+                raise InvalidMessage(f"offset {r.offset} must not be negative")
+            spec = node.commitlog.prepare(
+                OFFSETS_TOPIC,
+                encode_offset_commit(r.group, r.topic, r.queue_id, r.offset),
+                keys=[r.group],
+                uniq_key=uuid.uuid4().hex.upper(),
+                queue_id=0,
+                born_timestamp_ms=int(time.time() * 1000),
+            )
+        except InvalidMessage as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            (result,) = await node.commitlog.put([spec], self._timeout(context))
+            await node.wait_dispatched(result.commitlog_offset + 1, self._timeout(context))
+        except NotLeader as exc:
+            leader, stub = await self._leader_stub(exc, context)
+            try:
+                await stub.CommitOffset(request, timeout=self._timeout(context),
+                                        metadata=((_FORWARDED, "1"),))  # fmt: skip
+            except grpc.aio.AioRpcError as err:
+                await context.abort(err.code(), f"(forwarded to {leader}) {err.details()}")
+        except (OutcomeUnknown, TimeoutError) as exc:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"offset commit: {exc}")
+        except (PutFailed, Overloaded) as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"offset commit: {exc}")
+        return pb.CommitOffsetResponse()
+
+    async def FetchOffset(
+        self, request: pb.FetchOffsetRequest, context: _Context
+    ) -> pb.FetchOffsetResponse:
+        r = request
+        try:
+            check_name(r.group, "group")
+            if r.queue_id != -1:
+                self._check_queue(r.topic, r.queue_id)
+            else:
+                check_name(r.topic)
+        except InvalidMessage as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if r.linearizable:
+            await self._dispatched_linearizable(context)
+        offsets = self.node.dispatcher.offsets
+        queues = [r.queue_id] if r.queue_id != -1 else range(self.cfg.queues_per_topic)
+        return pb.FetchOffsetResponse(
+            offsets=[
+                pb.GroupOffset(
+                    topic=r.topic, queue_id=q, offset=offsets.get((r.group, r.topic, q), -1)
+                )
+                for q in queues
+            ]
+        )
+
+    async def CleanNow(self, request: pb.CleanNowRequest, context: _Context) -> pb.CleanNowResponse:
+        deleted, min_offset, reason = await self.node.clean_now(force=request.force)
+        return pb.CleanNowResponse(deleted_segments=deleted, min_offset=min_offset, reason=reason)
 
     async def Status(self, request: pb.StatusRequest, context: _Context) -> pb.StatusResponse:
         return status_pb(self.node)
@@ -326,7 +512,8 @@ def status_pb(node: RaftNode) -> pb.StatusResponse:
         leader_id=core.leader_id or 0, leader_address=node.leader_client_address() or "",
         first_index=store.first_index(), last_index=store.last_index(),
         committed_index=cl.committed_index, committed_pos=cl.committed_pos,
-        flushed_pos=store.flushed_position, dispatched_pos=0, applied_index=cl.committed_index,
+        flushed_pos=store.flushed_position, dispatched_pos=node.dispatcher.dispatched_pos,
+        applied_index=cl.committed_index,
         cluster=node.cfg.cluster, peers=peers, last_chain_crc=store.last_chain_crc,
         flush_mode=node.cfg.flush_mode,
     )  # fmt: skip
@@ -340,6 +527,7 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     node = RaftNode(cfg)
+    node.on_fatal = stop.set
     _TERM.node = node
     if cfg.listen_metrics:
         serve_metrics(node.metrics, cfg.listen_metrics)

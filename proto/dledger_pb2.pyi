@@ -140,32 +140,132 @@ class GetResponse(_message.Message):
     def __init__(self, message: _Optional[_Union[StoredMessage, _Mapping]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("topic", "queue_id", "queue_offset", "max_messages", "tag_expression", "wait_ms")
+    __slots__ = ("topic", "queue_id", "queue_offset", "max_messages", "tag_expression", "wait_ms", "raw", "linearizable", "max_bytes", "end_offset")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TAG_EXPRESSION_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    RAW_FIELD_NUMBER: _ClassVar[int]
+    LINEARIZABLE_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     queue_offset: int
     max_messages: int
     tag_expression: str
     wait_ms: int
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., tag_expression: _Optional[str] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    raw: bool
+    linearizable: bool
+    max_bytes: int
+    end_offset: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., tag_expression: _Optional[str] = ..., wait_ms: _Optional[int] = ..., raw: _Optional[bool] = ..., linearizable: _Optional[bool] = ..., max_bytes: _Optional[int] = ..., end_offset: _Optional[int] = ...) -> None: ...
 
 class PullResponse(_message.Message):
-    __slots__ = ("messages", "next_offset", "min_offset", "max_offset")
+    __slots__ = ("messages", "next_offset", "min_offset", "max_offset", "raw_messages")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RAW_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[StoredMessage]
     next_offset: int
     min_offset: int
     max_offset: int
-    def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ..., next_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+    raw_messages: bytes
+    def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ..., next_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., raw_messages: _Optional[bytes] = ...) -> None: ...
+
+class QueueOffsetsRequest(_message.Message):
+    __slots__ = ("topic", "linearizable")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    LINEARIZABLE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    linearizable: bool
+    def __init__(self, topic: _Optional[str] = ..., linearizable: _Optional[bool] = ...) -> None: ...
+
+class QueueOffset(_message.Message):
+    __slots__ = ("topic", "queue_id", "min_offset", "max_offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+
+class QueueOffsetsResponse(_message.Message):
+    __slots__ = ("queues", "dispatched_offset")
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    DISPATCHED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueOffset]
+    dispatched_offset: int
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueOffset, _Mapping]]] = ..., dispatched_offset: _Optional[int] = ...) -> None: ...
+
+class CommitOffsetRequest(_message.Message):
+    __slots__ = ("group", "topic", "queue_id", "offset", "cluster")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    queue_id: int
+    offset: int
+    cluster: str
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., cluster: _Optional[str] = ...) -> None: ...
+
+class CommitOffsetResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FetchOffsetRequest(_message.Message):
+    __slots__ = ("group", "topic", "queue_id", "linearizable")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    LINEARIZABLE_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    queue_id: int
+    linearizable: bool
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., linearizable: _Optional[bool] = ...) -> None: ...
+
+class GroupOffset(_message.Message):
+    __slots__ = ("topic", "queue_id", "offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    offset: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class FetchOffsetResponse(_message.Message):
+    __slots__ = ("offsets",)
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    offsets: _containers.RepeatedCompositeFieldContainer[GroupOffset]
+    def __init__(self, offsets: _Optional[_Iterable[_Union[GroupOffset, _Mapping]]] = ...) -> None: ...
+
+class CleanNowRequest(_message.Message):
+    __slots__ = ("force",)
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    force: bool
+    def __init__(self, force: _Optional[bool] = ...) -> None: ...
+
+class CleanNowResponse(_message.Message):
+    __slots__ = ("deleted_segments", "min_offset", "reason")
+    DELETED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    deleted_segments: int
+    min_offset: int
+    reason: str
+    def __init__(self, deleted_segments: _Optional[int] = ..., min_offset: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class QueryByKeyRequest(_message.Message):
     __slots__ = ("topic", "key", "begin_ms", "end_ms", "max_messages")
@@ -276,7 +376,7 @@ class ReadRangeResponse(_message.Message):
     def __init__(self, messages: _Optional[bytes] = ..., next_offset: _Optional[int] = ..., committed_offset: _Optional[int] = ..., min_offset: _Optional[int] = ...) -> None: ...
 
 class RaftMessage(_message.Message):
-    __slots__ = ("type", "src", "dst", "term", "index", "log_term", "commit", "entries", "reject", "hint_index", "hint_term", "ctx", "pre_vote", "transfer", "granted")
+    __slots__ = ("type", "src", "dst", "term", "index", "log_term", "commit", "entries", "reject", "hint_index", "hint_term", "ctx", "pre_vote", "transfer", "granted", "snapshot")
     class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         APPEND: _ClassVar[RaftMessage.Type]
@@ -288,6 +388,7 @@ class RaftMessage(_message.Message):
         TIMEOUT_NOW: _ClassVar[RaftMessage.Type]
         READ_INDEX: _ClassVar[RaftMessage.Type]
         READ_INDEX_RESPONSE: _ClassVar[RaftMessage.Type]
+        SNAPSHOT: _ClassVar[RaftMessage.Type]
     APPEND: RaftMessage.Type
     APPEND_RESPONSE: RaftMessage.Type
     HEARTBEAT: RaftMessage.Type
@@ -297,6 +398,7 @@ class RaftMessage(_message.Message):
     TIMEOUT_NOW: RaftMessage.Type
     READ_INDEX: RaftMessage.Type
     READ_INDEX_RESPONSE: RaftMessage.Type
+    SNAPSHOT: RaftMessage.Type
     TYPE_FIELD_NUMBER: _ClassVar[int]
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
@@ -312,6 +414,7 @@ class RaftMessage(_message.Message):
     PRE_VOTE_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     type: RaftMessage.Type
     src: int
     dst: int
@@ -327,7 +430,8 @@ class RaftMessage(_message.Message):
     pre_vote: bool
     transfer: bool
     granted: bool
-    def __init__(self, type: _Optional[_Union[RaftMessage.Type, str]] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., term: _Optional[int] = ..., index: _Optional[int] = ..., log_term: _Optional[int] = ..., commit: _Optional[int] = ..., entries: _Optional[bytes] = ..., reject: _Optional[bool] = ..., hint_index: _Optional[int] = ..., hint_term: _Optional[int] = ..., ctx: _Optional[bytes] = ..., pre_vote: _Optional[bool] = ..., transfer: _Optional[bool] = ..., granted: _Optional[bool] = ...) -> None: ...
+    snapshot: bytes
+    def __init__(self, type: _Optional[_Union[RaftMessage.Type, str]] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., term: _Optional[int] = ..., index: _Optional[int] = ..., log_term: _Optional[int] = ..., commit: _Optional[int] = ..., entries: _Optional[bytes] = ..., reject: _Optional[bool] = ..., hint_index: _Optional[int] = ..., hint_term: _Optional[int] = ..., ctx: _Optional[bytes] = ..., pre_vote: _Optional[bool] = ..., transfer: _Optional[bool] = ..., granted: _Optional[bool] = ..., snapshot: _Optional[bytes] = ...) -> None: ...
 
 class RaftBatch(_message.Message):
     __slots__ = ("cluster", "messages")

@@ -79,6 +79,26 @@ class DLedgerClientStub:
                 request_serializer=proto_dot_dledger__pb2.ReadRangeRequest.SerializeToString,
                 response_deserializer=proto_dot_dledger__pb2.ReadRangeResponse.FromString,
                 _registered_method=True)
+        self.QueueOffsets = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/QueueOffsets',
+                request_serializer=proto_dot_dledger__pb2.QueueOffsetsRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.QueueOffsetsResponse.FromString,
+                _registered_method=True)
+        self.CommitOffset = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/CommitOffset',
+                request_serializer=proto_dot_dledger__pb2.CommitOffsetRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.CommitOffsetResponse.FromString,
+                _registered_method=True)
+        self.FetchOffset = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/FetchOffset',
+                request_serializer=proto_dot_dledger__pb2.FetchOffsetRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.FetchOffsetResponse.FromString,
+                _registered_method=True)
+        self.CleanNow = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/CleanNow',
+                request_serializer=proto_dot_dledger__pb2.CleanNowRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.CleanNowResponse.FromString,
+                _registered_method=True)
 
 
 class DLedgerClientServicer:
@@ -138,6 +158,30 @@ class DLedgerClientServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QueueOffsets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitOffset(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchOffset(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CleanNow(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DLedgerClientServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +229,26 @@ def add_DLedgerClientServicer_to_server(servicer, server):
                     servicer.ReadRange,
                     request_deserializer=proto_dot_dledger__pb2.ReadRangeRequest.FromString,
                     response_serializer=proto_dot_dledger__pb2.ReadRangeResponse.SerializeToString,
+            ),
+            'QueueOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueueOffsets,
+                    request_deserializer=proto_dot_dledger__pb2.QueueOffsetsRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.QueueOffsetsResponse.SerializeToString,
+            ),
+            'CommitOffset': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitOffset,
+                    request_deserializer=proto_dot_dledger__pb2.CommitOffsetRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.CommitOffsetResponse.SerializeToString,
+            ),
+            'FetchOffset': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchOffset,
+                    request_deserializer=proto_dot_dledger__pb2.FetchOffsetRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.FetchOffsetResponse.SerializeToString,
+            ),
+            'CleanNow': grpc.unary_unary_rpc_method_handler(
+                    servicer.CleanNow,
+                    request_deserializer=proto_dot_dledger__pb2.CleanNowRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.CleanNowResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -430,6 +494,114 @@ class DLedgerClient:
             '/dledger.v1.DLedgerClient/ReadRange',
             proto_dot_dledger__pb2.ReadRangeRequest.SerializeToString,
             proto_dot_dledger__pb2.ReadRangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueueOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/QueueOffsets',
+            proto_dot_dledger__pb2.QueueOffsetsRequest.SerializeToString,
+            proto_dot_dledger__pb2.QueueOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitOffset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/CommitOffset',
+            proto_dot_dledger__pb2.CommitOffsetRequest.SerializeToString,
+            proto_dot_dledger__pb2.CommitOffsetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchOffset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/FetchOffset',
+            proto_dot_dledger__pb2.FetchOffsetRequest.SerializeToString,
+            proto_dot_dledger__pb2.FetchOffsetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CleanNow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/CleanNow',
+            proto_dot_dledger__pb2.CleanNowRequest.SerializeToString,
+            proto_dot_dledger__pb2.CleanNowResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -17,7 +17,19 @@ Invariants:
 - `min_offset` moves up only through `delete_below_commitlog_offset`, which
   deletes whole files and never the one holding the newest unit (so
   `max_offset` survives a reopen). A reopen starts `min_offset` at the first
-  file; call `delete_below_commitlog_offset` again with the commit log's minimum.
+  unit of the first file; call `delete_below_commitlog_offset` again with the
+  commit log's minimum (RocketMQ's correctMinOffset).
+- A queue may start above offset 0 (a node whose commit log restarts later,
+  after retention or a catch-up from a leader that deleted its prefix): when a
+  queue with no live units gets a unit at `q0 > max_offset`, its files are
+  dropped and the file holding `q0` is made again with the units before `q0`
+  filled with blank units `(0, 0x7FFFFFFF, 0)`, as RocketMQ's fillPreBlank does.
+  Blanks pass the recovery scan (so they are not mistaken for the end of data)
+  and only ever form a prefix of the first file, which a reopen skips to find
+  `min_offset`. The files are then those a queue built from `q0` on writes.
+  Truncation that would leave no file at all makes the queue empty the same
+  way (on a file boundary, with the whole previous file blank), so a reopen
+  still finds it where it was.
 
 Not thread-safe, except that `flush` may run in a worker thread beside the writer.
 """
@@ -34,6 +46,7 @@ from store.errors import ConflictingWrite, OffsetOutOfRange
 from store.mapped_file import MappedFileQueue
 
 __all__ = [
+    "BLANK_UNIT",
     "DEFAULT_UNITS_PER_FILE",
     "UNIT",
     "UNIT_SIZE",
@@ -47,6 +60,8 @@ UNIT = struct.Struct(">qiq")
 UNIT_SIZE = UNIT.size
 assert UNIT_SIZE == 20
 DEFAULT_UNITS_PER_FILE = 300_000
+BLANK_UNIT = (0, 0x7FFFFFFF, 0)  # fills a first file below the queue's first unit
+_BLANK = UNIT.pack(*BLANK_UNIT)
 RECOVERY_FILES = 3  # as RocketMQ: the unflushed tail is at most this many files back
 
 # Byte -> 1 if its top bit is set: finds negative big-endian fields with one translate().
@@ -119,8 +134,9 @@ class ConsumeQueue:
         self._file_size = units_per_file * UNIT_SIZE
         self._files = MappedFileQueue(self.directory, self._file_size, preallocate=preallocate)
         self._recover()
-        self._min = self._files.min_offset // UNIT_SIZE
         self._max = self._files.write_position // UNIT_SIZE
+        self._floor = self._skip_blanks()  # the first unit on disk that is not a blank
+        self._min = self._floor
         last = self._unit_or_none(self._max - 1)
         self._last_phy = last.commitlog_offset if last is not None else -1
 
@@ -143,6 +159,18 @@ class ConsumeQueue:
                     self._files.truncate(end)  # stale units past the end: zero them too
                 return
         self._files.set_write_position(end)
+
+    def _skip_blanks(self) -> int:
+        """The first queue offset of the first file that does not hold a blank unit."""
+        low = self._files.min_offset // UNIT_SIZE
+        high = min(self._max, low + self._file_size // UNIT_SIZE)
+        while low < high:  # blanks are a prefix: binary search for its end
+            mid = (low + high) // 2
+            if self._files.read(mid * UNIT_SIZE, UNIT_SIZE) == _BLANK:
+                low = mid + 1
+            else:
+                high = mid
+        return low
 
     # -- positions ---------------------------------------------------------------
 
@@ -187,6 +215,8 @@ class ConsumeQueue:
         if not units:
             return 0
         q = first_queue_offset
+        if q > self._max and self._min == self._max:
+            self._restart_at(q)
         if q < self._min or q > self._max:
             raise OffsetOutOfRange(q, self._min, self._max + 1, "consume queue append offset")
         overlap = min(len(units), self._max - q)
@@ -212,6 +242,23 @@ class ConsumeQueue:
         self._max += len(fresh)
         self._last_phy = prev
         return len(fresh)
+
+    def _restart_at(self, q: int, *, remember: bool = False) -> None:
+        """Make the queue empty at `q`: drop every file, and fill the units of `q`'s file
+        below it with blanks, so that recovery reads the file as data up to `q`.
+
+        On a file boundary there is nothing to fill; the next unit's file name records
+        `q`. With `remember` (no unit follows) the file before it is filled instead,
+        so that a reopen still finds the queue at `q`.
+        """
+        pos = q * UNIT_SIZE
+        file_start = pos - pos % self._file_size
+        if remember and pos == file_start and q > 0:
+            file_start -= self._file_size
+        self._files.reset(file_start)
+        self._files.append(_BLANK * (q - file_start // UNIT_SIZE))
+        self._min = self._max = self._floor = q
+        self._last_phy = -1
 
     def _check_replay(self, q: int, units: Sequence[tuple[int, int, int]]) -> None:
         stored = self._files.read(q * UNIT_SIZE, len(units) * UNIT_SIZE)
@@ -249,9 +296,12 @@ class ConsumeQueue:
         return list(map(CqUnit._make, UNIT.iter_unpack(data)))
 
     def _unit_or_none(self, queue_offset: int) -> CqUnit | None:
-        """The unit at `queue_offset` if it is still on disk (also below min_offset)."""
+        """The unit at `queue_offset` if it is still on disk (also below min_offset),
+        None for a blank."""
         pos = queue_offset * UNIT_SIZE
-        if queue_offset < 0 or pos < self._files.min_offset or pos >= self._files.write_position:
+        if queue_offset < self._floor or pos < self._files.min_offset:
+            return None  # gone, or a blank
+        if pos >= self._files.write_position:
             return None
         return CqUnit._make(UNIT.unpack(self._files.read(pos, UNIT_SIZE)))
 
@@ -272,10 +322,12 @@ class ConsumeQueue:
 
     def truncate_to_commitlog_offset(self, phy: int) -> int:
         """Drop every unit whose commit-log offset is >= `phy`; returns the new max_offset."""
-        low = self._files.min_offset // UNIT_SIZE
-        q = self._first_at_or_after(phy, low)
+        q = self._first_at_or_after(phy, self._floor)
         if q == self._max:
             return self._max
+        if q * UNIT_SIZE <= self._files.min_offset and q > 0:
+            self._restart_at(q, remember=True)  # no file would be left to record `q`
+            return q
         self._files.truncate(q * UNIT_SIZE)
         self._max = q
         self._min = min(self._min, q)
@@ -286,7 +338,9 @@ class ConsumeQueue:
     def delete_below_commitlog_offset(self, phy: int) -> int:
         """Forget units below commit-log offset `phy`; delete files holding only such units.
 
-        Returns the new min_offset. The file holding the newest unit is kept.
+        `min_offset` moves to the first unit whose commit-log offset is >= `phy`, also
+        inside a file (RocketMQ's correctMinOffset), and never back. Returns the new
+        min_offset. The file holding the newest unit is kept.
         """
         q = max(self._first_at_or_after(phy, self._min), self._min)
         keep_from = q * UNIT_SIZE
@@ -294,6 +348,7 @@ class ConsumeQueue:
             last_pos = (self._max - 1) * UNIT_SIZE
             keep_from = min(keep_from, last_pos - last_pos % self._file_size)
         self._files.delete_before(keep_from)
+        self._floor = max(self._floor, self._files.min_offset // UNIT_SIZE)
         self._min = q
         return q
 

@@ -22,8 +22,13 @@ store timestamp seen (RocketMQ keeps the last; under clock skew the max is what
 makes the per-file time filter safe). Queries compare hashes only: callers check
 the keys (and exact timestamps) of the messages they read back.
 
-IndexService names files by creation time, `yyyyMMddHHmmssSSS` in UTC, strictly
-increasing even if the clock is not; the newest file takes the writes.
+The index is a pure function of the committed log: IndexService names a file by
+the store timestamp of the first message put into it (`yyyyMMddHHmmssSSS` in UTC,
+at least one millisecond after the previous file's name, so names strictly
+increase even when store timestamps do not), and truncation cuts a file in place
+back to exactly the bytes a fresh build of the kept messages writes. Deleting the
+index and rebuilding it from the same log prefix gives the same names and bytes.
+The newest file takes the writes.
 """
 
 from __future__ import annotations
@@ -31,9 +36,9 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-import time
+import sys
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -65,6 +70,13 @@ DEFAULT_ENTRY_COUNT = 20_000_000
 _INVALID_INDEX = 0
 _I32_MAX = 0x7FFFFFFF
 _NAME_LEN = 17  # yyyyMMddHHmmssSSS
+_MAX_NAME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: names keep 17 digits
+_SWAP = sys.byteorder == "little"  # array() is host order, the file big-endian
+_CHUNK_ENTRIES = 1 << 16  # entries per read when scanning a column
+_VALIDATE_ENTRIES = 1 << 18  # a crash loses at most the entries written since a flush
+_UNDO_COST = 4  # undoing one put costs about as much as re-putting this many slots
+_ZERO_CHUNK = 1 << 20
+_ZERO_WINDOW = 16 << 20  # past this many bytes beyond the header's count, stop at zeros
 
 
 def build_key(topic: str, key: str) -> str:
@@ -162,8 +174,7 @@ class IndexFile:
         if count == 1:
             self.begin_timestamp_ms = store_timestamp_ms
             self.begin_phy_offset = phy_offset
-        diff_s = (store_timestamp_ms - self.begin_timestamp_ms) // 1000
-        diff_s = min(max(diff_s, 0), _I32_MAX)
+        diff_s = _time_diff_s(store_timestamp_ms, self.begin_timestamp_ms)
         ENTRY.pack_into(
             mm, self._entries_at + count * ENTRY_SIZE, key_hash, phy_offset, diff_s, head
         )
@@ -184,24 +195,267 @@ class IndexFile:
         off). Entries below `indexCount` were flushed with the header and are
         trusted. Returns whether it rebuilt anything.
         """
-        slots = array("i", self._mm[HEADER_SIZE : self._entries_at])
-        if SLOT.pack(1) != array("i", [1]).tobytes():
-            slots.byteswap()
+        slots = self._read_slots()
         if max(slots) < self.index_count and min(slots) >= 0:
             return False
-        self._mm[HEADER_SIZE : self._entries_at] = bytes(self._entries_at - HEADER_SIZE)
-        used = 0
-        raw = self._mm[
-            self._entries_at + ENTRY_SIZE : self._entries_at + self.index_count * ENTRY_SIZE
-        ]
-        for number, (key_hash, _, _, _) in enumerate(ENTRY.iter_unpack(raw), start=1):
-            slot_at = HEADER_SIZE + (key_hash % self.slot_count) * SLOT_SIZE
-            if SLOT.unpack_from(self._mm, slot_at)[0] == _INVALID_INDEX:
-                used += 1
-            SLOT.pack_into(self._mm, slot_at, number)
-        self.hash_slot_count = used
+        self._rebuild_slots(self.index_count)
         HEADER.pack_into(self._mm, 0, *self.header())
         return True
+
+    def truncate(self, phy_offset: int, store_timestamp_of: Callable[[int], int]) -> bool:
+        """Cut the file in place back to its messages below `phy_offset`; returns whether
+        it changed anything.
+
+        Afterwards the file is byte for byte what putting only the kept messages into
+        a fresh file writes: every slot that names a removed entry goes back down its
+        chain to the newest kept entry (undoing the puts newest first), removed
+        entries are zeroed and the header is recomputed. `begin*` fields stay (the
+        first entry is kept unless nothing is, and then the header is all zeros);
+        `endTimestamp` is the largest store timestamp of the kept messages, read back
+        through `store_timestamp_of(phy_offset)` for the few whose stored time diff
+        is the largest (`CorruptEntry`, before anything is written, if one does not
+        match its entry).
+
+        Robust to a torn file. Entries beyond the header's `indexCount` are dropped
+        (the caller puts their messages again) and zeroed; an entry the header counts
+        but a crash lost (all zeros, or a phyOffset below its predecessor's; checked
+        over the last `_VALIDATE_ENTRIES` kept) cuts the file before its message.
+        Slots naming a dropped entry are walked back through `prevIndex` links; when
+        a link does not hold up the slot table is rebuilt from the kept entries.
+
+        Cost: a binary search, one read of the slot table, work proportional to the
+        entries dropped (or, when most go, to those kept), and for `endTimestamp`
+        usually one chunk of the diff column, else one pass over it.
+        """
+        count = self.index_count
+        keep = self._first_entry_to_drop(phy_offset, count)
+        end_timestamp_ms = self.end_timestamp_ms
+        if 1 < keep < count:
+            end_timestamp_ms = self._max_store_timestamp(keep, store_timestamp_of)
+        changed = self._undo_slots(keep, count)
+        changed |= self._zero_entries(keep, count)
+        if keep == count and not changed:
+            return False
+        if keep <= 1:
+            self.begin_timestamp_ms = self.end_timestamp_ms = 0
+            self.begin_phy_offset = self.end_phy_offset = 0
+            self.hash_slot_count = 0
+            self.index_count = 1
+            self._mm[:HEADER_SIZE] = bytes(HEADER_SIZE)  # as a fresh file
+            return True
+        self.end_timestamp_ms = end_timestamp_ms
+        self.end_phy_offset = self._entry(keep - 1)[1]
+        self.index_count = keep
+        HEADER.pack_into(self._mm, 0, *self.header())
+        return True
+
+    # -- truncation helpers ------------------------------------------------------
+
+    def _entry(self, number: int) -> tuple[int, int, int, int]:
+        fields: tuple[int, int, int, int] = ENTRY.unpack_from(
+            self._mm, self._entries_at + number * ENTRY_SIZE
+        )
+        return fields
+
+    def _at(self, number: int) -> int:
+        """Byte position of entry `number`."""
+        return self._entries_at + number * ENTRY_SIZE
+
+    def _column(self, first: int, end: int, at: int, code: str = "i") -> array[int]:
+        """The field at byte `at` of entries [first, end), as host-order ints."""
+        return _column(self._mm[self._at(first) : self._at(end)], at, code)
+
+    def _read_slots(self) -> array[int]:
+        slots = array("i", self._mm[HEADER_SIZE : self._entries_at])
+        if _SWAP:
+            slots.byteswap()
+        return slots
+
+    def _write_slots(self, slots: array[int]) -> None:
+        if _SWAP:
+            slots = array("i", slots)
+            slots.byteswap()
+        self._mm[HEADER_SIZE : self._entries_at] = slots.tobytes()
+
+    def _first_entry_to_drop(self, phy_offset: int, count: int) -> int:
+        """The first entry number in [1, count) to drop: phyOffset >= phy_offset, or lost
+        in a crash, or after a lost one; count if none.
+
+        Entries are in phyOffset order, so a binary search finds the cut. A crash can
+        only have lost entries written since the last flush, so the last
+        `_VALIDATE_ENTRIES` entries before the cut are checked: an all-zero entry or
+        a phyOffset below its predecessor's is lost, and since it may have been a key
+        of the message before it, the cut moves back to that message.
+        """
+        low, high = 1, count
+        while low < high:
+            mid = (low + high) // 2
+            if self._entry(mid)[1] >= phy_offset:
+                high = mid
+            else:
+                low = mid + 1
+        lost = self._first_lost(max(1, low - _VALIDATE_ENTRIES), low)
+        if lost is None:
+            return low
+        if lost == 1:
+            return 1
+        return self._first_entry_to_drop(self._entry(lost - 1)[1], lost)
+
+    def _first_lost(self, first: int, end: int) -> int | None:
+        """The first entry in [first, end) that is all zeros or breaks phyOffset order."""
+        previous = self.begin_phy_offset if first == 1 else self._entry(first - 1)[1]
+        for n in range(first, end, _CHUNK_ENTRIES):
+            stop = min(end, n + _CHUNK_ENTRIES)
+            raw = self._mm[self._at(n) : self._at(stop)]
+            zero = _first_zero_entry(raw)
+            phys = _column(raw, 4, "q")[:zero].tolist()
+            if phys and (phys[0] < previous or phys != sorted(phys)):
+                return n + next(
+                    i for i, phy in enumerate(phys) if phy < (phys[i - 1] if i else previous)
+                )
+            if zero < stop - n:
+                return n + zero
+            previous = phys[-1]
+        return None
+
+    def _undo_slots(self, keep: int, count: int) -> bool:
+        """Point every slot that names an entry >= `keep` at the newest kept entry of its
+        chain and recount the used slots; returns whether a slot changed."""
+        if (count - keep) * _UNDO_COST > keep:  # rebuilding from what is kept is cheaper
+            self._rebuild_slots(keep)
+            return True
+        slots = self._read_slots()
+        slot_count = self.slot_count
+        changed: set[int] = set()
+        for n in reversed(range(keep, count, _CHUNK_ENTRIES)):  # newest first, as put
+            end = min(count, n + _CHUNK_ENTRIES)
+            hashes = self._column(n, end, 0)[::-1]
+            prevs = self._column(n, end, 16)[::-1]
+            for number, key_hash, prev in zip(
+                range(end - 1, n - 1, -1), hashes, prevs, strict=True
+            ):
+                slot = key_hash % slot_count
+                if slots[slot] != number or not 0 <= prev < number:
+                    continue  # not the head (a torn slot), or a torn entry: walked below
+                if prev == 0 and key_hash == 0 and self._entry(number) == (0, 0, 0, 0):
+                    continue
+                slots[slot] = prev
+                changed.add(slot)
+        used = self.hash_slot_count - sum(1 for slot in changed if slots[slot] == 0)
+        if max(slots) >= keep or min(slots) < 0:  # torn: slots name entries past the header
+            used = -1  # the header's count no longer describes these slots: recount
+            for slot, head in enumerate(slots):
+                if not 0 <= head < keep:
+                    resolved = self._walk_back(slot, head, keep)
+                    if resolved is None:
+                        self._rebuild_slots(keep)
+                        return True
+                    slots[slot] = resolved
+                    changed.add(slot)
+        for slot in changed:
+            SLOT.pack_into(self._mm, HEADER_SIZE + slot * SLOT_SIZE, slots[slot])
+        if used < 0:
+            used = len(slots) - slots.count(_INVALID_INDEX)
+        moved = bool(changed) or used != self.hash_slot_count
+        self.hash_slot_count = used
+        return moved
+
+    def _walk_back(self, slot: int, head: int, keep: int) -> int | None:
+        """Follow `prevIndex` from `head` to the first entry below `keep`; None when a
+        link does not hold up (an entry out of range, lost, or of another slot)."""
+        while head >= keep:  # prevIndex strictly decreases, so this ends
+            if head >= self.entry_count:
+                return None
+            entry = self._entry(head)
+            key_hash, prev = entry[0], entry[3]
+            if entry == (0, 0, 0, 0) or key_hash < 0 or key_hash % self.slot_count != slot:
+                return None
+            if not 0 <= prev < head:
+                return None
+            head = prev
+        return head if head >= 0 else None
+
+    def _rebuild_slots(self, count: int) -> None:
+        """Rebuild the slot table and `hashSlotCount` from entries [1, count)."""
+        slots = array("i", bytes(self._entries_at - HEADER_SIZE))
+        slot_count = self.slot_count
+        for first in range(1, count, _CHUNK_ENTRIES):
+            hashes = self._column(first, min(count, first + _CHUNK_ENTRIES), 0)
+            for number, key_hash in enumerate(hashes, start=first):
+                slots[key_hash % slot_count] = number
+        self._write_slots(slots)
+        self.hash_slot_count = len(slots) - slots.count(_INVALID_INDEX)
+
+    def _zero_entries(self, keep: int, count: int) -> bool:
+        """Zero entries from `keep` on: all up to `count`, and whatever a torn write left
+        past it, up to the first all-zero chunk beyond a bounded window (the area past
+        the header's count only ever receives writes made since it was flushed)."""
+        mm = self._mm
+        pos = self._at(keep)
+        window_end = self._at(count) + _ZERO_WINDOW
+        end = len(mm)
+        changed = False
+        while pos < end:
+            n = min(_ZERO_CHUNK, end - pos)
+            if mm[pos : pos + n].count(0) != n:
+                mm[pos : pos + n] = bytes(n)
+                changed = True
+            elif pos >= window_end:
+                break
+            pos += n
+        return changed
+
+    def _max_store_timestamp(self, keep: int, store_timestamp_of: Callable[[int], int]) -> int:
+        """The largest store timestamp among entries [1, keep).
+
+        A stored time diff grows with the timestamp, so the largest timestamp is among
+        the entries with the largest diff. That diff is usually the one of the old
+        `endTimestamp` (an upper bound); otherwise one pass over the diff column finds
+        it. Only the messages with that diff are read back, newest first, until the
+        answer is certain (it is the old `endTimestamp`, or the top of its second).
+        Chunks whose bytes do not even contain the diff are skipped unread.
+        """
+        begin = self.begin_timestamp_ms
+        ranges = [(n, min(keep, n + _CHUNK_ENTRIES)) for n in range(1, keep, _CHUNK_ENTRIES)]
+        ranges.reverse()
+        bound = _time_diff_s(self.end_timestamp_ms, begin)
+        if any(bound in self._column(n, end, 12) for n, end in self._holding(bound, ranges)):
+            max_diff = bound
+        else:
+            max_diff = max(max(self._column(n, end, 12)) for n, end in ranges)
+        certain = {self.end_timestamp_ms}  # the max over a superset of the kept entries
+        if max_diff < _I32_MAX:
+            certain.add(begin + max_diff * 1000 + 999)
+        best = -(1 << 63)
+        seen: set[int] = set()
+        for n, end in self._holding(max_diff, ranges):
+            diffs = self._column(n, end, 12)
+            for i in range(len(diffs) - 1, -1, -1):
+                if diffs[i] != max_diff:
+                    continue
+                phy = self._entry(n + i)[1]
+                if phy in seen:
+                    continue
+                seen.add(phy)
+                ts = store_timestamp_of(phy)
+                if _time_diff_s(ts, begin) != max_diff:
+                    raise CorruptEntry(
+                        str(self.path),
+                        n + i,
+                        f"store timestamp {ts} of the message at {phy} does not give the "
+                        f"entry's time diff, {max_diff} s after {begin}",
+                    )
+                best = max(best, ts)
+                if best in certain:
+                    return best
+        return best
+
+    def _holding(self, diff: int, ranges: list[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+        """The ranges whose bytes contain `diff` as a big-endian i32 somewhere."""
+        pattern = SLOT.pack(diff)
+        for n, end in ranges:
+            if self._mm.find(pattern, self._at(n), self._at(end)) >= 0:
+                yield n, end
 
     # -- reading ---------------------------------------------------------------
 
@@ -250,6 +504,36 @@ class IndexFile:
         self.path.unlink(missing_ok=True)
 
 
+def _time_diff_s(store_timestamp_ms: int, begin_timestamp_ms: int) -> int:
+    """An entry's timeDiff: whole seconds after the file's begin, clamped to [0, i32 max]."""
+    return min(max((store_timestamp_ms - begin_timestamp_ms) // 1000, 0), _I32_MAX)
+
+
+def _column(raw: bytes, at: int, code: str = "i") -> array[int]:
+    """The big-endian field at byte `at` of every 20-byte entry in `raw`, in host order:
+    `code` "i" for an i32, "q" for an i64."""
+    n = len(raw) // ENTRY_SIZE
+    width = 8 if code == "q" else 4
+    col = bytearray(width * n)
+    for j in range(width):
+        col[j::width] = raw[at + j :: ENTRY_SIZE][:n]
+    values = array(code, col)
+    if _SWAP:
+        values.byteswap()
+    return values
+
+
+def _first_zero_entry(raw: bytes) -> int:
+    """Index of the first all-zero entry in `raw` (lost in a crash), else the count."""
+    zero = bytes(ENTRY_SIZE)
+    at = raw.find(zero)
+    while at >= 0:
+        if at % ENTRY_SIZE == 0:
+            return at // ENTRY_SIZE
+        at = raw.find(zero, at + ENTRY_SIZE - at % ENTRY_SIZE)
+    return len(raw) // ENTRY_SIZE
+
+
 def _name_for(ms: int) -> str:
     stamp = datetime.fromtimestamp(ms / 1000, UTC)
     return stamp.strftime("%Y%m%d%H%M%S") + f"{ms % 1000:03d}"
@@ -260,8 +544,8 @@ def _ms_of(name: str) -> int:
     return int(stamp.timestamp()) * 1000 + int(name[14:])
 
 
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
+def _no_timestamps(phy_offset: int) -> int:
+    raise StoreError(f"cutting an index file needs the store timestamp of {phy_offset}")
 
 
 class IndexService:
@@ -273,13 +557,15 @@ class IndexService:
         *,
         slot_count: int = DEFAULT_SLOT_COUNT,
         entry_count: int = DEFAULT_ENTRY_COUNT,
-        clock_ms: Callable[[], int] = _wall_clock_ms,
+        clock_ms: Callable[[], int] | None = None,
     ) -> None:
+        """`clock_ms` is accepted for compatibility and unused: file names come from
+        store timestamps, which keeps the index a pure function of the log."""
+        del clock_ms
         self.directory = Path(root) / "index"
         self.directory.mkdir(parents=True, exist_ok=True)
         self.slot_count = slot_count
         self.entry_count = entry_count
-        self._clock_ms = clock_ms
         self.files: list[IndexFile] = []
         for path in sorted(self.directory.iterdir()):
             if len(path.name) == _NAME_LEN and path.name.isdigit():
@@ -315,23 +601,29 @@ class IndexService:
         keys = [k for k in keys if k]
         if not keys or phy_offset <= self.end_phy_offset:
             return False
-        current = self._writable(len(keys))
+        current = self._writable(len(keys), store_timestamp_ms)
         for key in keys:
             if not current.put(build_key(topic, key), phy_offset, store_timestamp_ms):
-                current = self._writable(1)
+                current = self._writable(1, store_timestamp_ms)
                 current.put(build_key(topic, key), phy_offset, store_timestamp_ms)
         return True
 
-    def _writable(self, needed: int) -> IndexFile:
+    def _writable(self, needed: int, store_timestamp_ms: int) -> IndexFile:
         last = self.files[-1] if self.files else None
-        if last is not None and (last.room >= needed or (last.entries == 0 and last.room > 0)):
+        if last is not None and last.entries == 0:
+            # Created but never written (a crash in between): its name may come from a
+            # message that is gone, so it is made again for this one.
+            self.files.pop().destroy()
+            last = self.files[-1] if self.files else None
+        if last is not None and last.room >= needed:
             return last
         if last is not None:
             last.flush()  # a full file is sealed durably before its successor takes writes
-        return self._create()
+        return self._create(store_timestamp_ms)
 
-    def _create(self) -> IndexFile:
-        ms = self._clock_ms()
+    def _create(self, store_timestamp_ms: int) -> IndexFile:
+        """A new file named by the store timestamp of its first message."""
+        ms = min(max(store_timestamp_ms, 0), _MAX_NAME_MS)
         if self.files:
             ms = max(ms, _ms_of(self.files[-1].path.name) + 1)
         f = IndexFile(
@@ -356,20 +648,34 @@ class IndexService:
 
     # -- recovery and retention --------------------------------------------------
 
-    def truncate_to_commitlog_offset(self, phy_offset: int) -> int:
+    def truncate_to_commitlog_offset(
+        self, phy_offset: int, store_timestamp_of: Callable[[int], int] | None = None
+    ) -> int:
         """Drop index data for messages at or after `phy_offset`; returns where to re-index from.
 
-        Deletes every file whose `endPhyOffset >= phy_offset` (whole files: an index
-        cannot be cut inside) and repairs the slot table of the new last file if the
-        crash left it inconsistent. Returns the smallest physical offset whose
-        messages must be put again (`end_phy_offset + 1` of what is kept, 0 if
-        nothing); `put_message` skips messages that are already indexed.
+        Files that begin at or after `phy_offset` (and files a crash left empty) are
+        deleted; the file that straddles it is cut in place (`IndexFile.truncate`),
+        which also repairs a file torn by the crash. `store_timestamp_of(phy)` gives
+        the store timestamp of the message at `phy` (the caller reads it from the
+        commit log); without it a straddling file is deleted whole, as before. Returns
+        the smallest physical offset whose messages must be put again (`end_phy_offset
+        + 1` of what is kept, 0 if nothing); `put_message` skips messages already
+        indexed, so replaying from an earlier offset is harmless.
         """
-        while self.files and self.files[-1].entries and self.files[-1].end_phy_offset >= phy_offset:
+        changed = False
+        while self.files:
+            last = self.files[-1]
+            cut = store_timestamp_of is not None or last.end_phy_offset < phy_offset
+            if last.entries and last.begin_phy_offset < phy_offset and cut:
+                begin = last.begin_phy_offset
+                changed |= last.truncate(phy_offset, store_timestamp_of or _no_timestamps)
+                if last.entries:
+                    break
+                # Emptied by a torn first entry: the message it began with may have
+                # started in the previous file (more keys than a file holds).
+                phy_offset = begin
             self.files.pop().destroy()
-        while self.files and self.files[-1].entries == 0:
-            self.files.pop().destroy()
-        if self.files and self.files[-1].repair_slots():
+        if changed and self.files:
             self.files[-1].flush()
         fsync_dir(self.directory)
         return self.end_phy_offset + 1

@@ -23,11 +23,12 @@ Decoding never raises anything but `CorruptEntry`; encoding anything but
 
 from __future__ import annotations
 
+import operator
 import re
 import socket
 import struct
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import repeat
@@ -185,14 +186,22 @@ def split_keys(keys: str | None) -> list[str]:
 def java_string_hash(s: str) -> int:
     """Java's `String.hashCode()` (over UTF-16 code units) as a signed 32-bit int."""
     if s.isascii():
-        units: Iterable[int] = s.encode("ascii")
+        units: Sequence[int] = s.encode("ascii")
     else:
         raw = s.encode("utf-16-be", "surrogatepass")
         units = struct.unpack(f">{len(raw) // 2}H", raw)
-    h = 0
-    for unit in units:
-        h = (31 * h + unit) & 0xFFFFFFFF
+    n = len(units)
+    if n <= _POW_LEN:  # sum(unit * 31^(n-1-i)) mod 2^32, in C rather than a Python loop
+        h = int(sum(map(operator.mul, units, _POW31[_POW_LEN - n :]))) & 0xFFFFFFFF
+    else:
+        h = 0
+        for unit in units:
+            h = (31 * h + unit) & 0xFFFFFFFF
     return h - 0x100000000 if h & 0x80000000 else h
+
+
+_POW_LEN = 1024
+_POW31 = [pow(31, k, 1 << 32) for k in range(_POW_LEN)][::-1]  # 31^(len-1) .. 31^0
 
 
 @lru_cache(maxsize=65536)
@@ -206,13 +215,18 @@ def tags_hash_code(tags: str | None) -> int:
 
 @lru_cache(maxsize=4096)
 def _topic_bytes(topic: str) -> bytes:
-    if not isinstance(topic, str) or not topic:
-        raise InvalidMessage("topic must be a non-empty string")
-    if _TOPIC_RE.fullmatch(topic) is None:
-        raise InvalidMessage(f"topic {topic!r} may only contain [A-Za-z0-9_%|-]")
-    if len(topic) > MAX_TOPIC_BYTES:
-        raise InvalidMessage(f"topic is {len(topic)} bytes, at most {MAX_TOPIC_BYTES} allowed")
+    check_name(topic)
     return topic.encode("ascii")
+
+
+def check_name(name: str, what: str = "topic") -> None:
+    """A topic (or consumer group) name: [A-Za-z0-9_%|-], 1 to MAX_TOPIC_BYTES long."""
+    if not isinstance(name, str) or not name:
+        raise InvalidMessage(f"{what} must be a non-empty string")
+    if _TOPIC_RE.fullmatch(name) is None:
+        raise InvalidMessage(f"{what} {name!r} may only contain [A-Za-z0-9_%|-]")
+    if len(name) > MAX_TOPIC_BYTES:
+        raise InvalidMessage(f"{what} is {len(name)} bytes, at most {MAX_TOPIC_BYTES} allowed")
 
 
 @lru_cache(maxsize=1024)

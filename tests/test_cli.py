@@ -267,18 +267,18 @@ def test_cluster_set_values_and_registry(capsys: pytest.CaptureFixture[str]) -> 
     def configure(p: argparse.ArgumentParser) -> None:
         p.add_argument("--now", action="store_true")
 
-    @cli.command("admin clean-now", "test only", configure)
+    @cli.command("admin test-only", "test only", configure)
     def clean(args: argparse.Namespace) -> int:
         print("cleaned", args.now, args.json)
         return 0
 
     try:
-        assert cli.main(["admin", "clean-now", "--now", "--json"]) == 0
+        assert cli.main(["admin", "test-only", "--now", "--json"]) == 0
         assert capsys.readouterr().out == "cleaned True True\n"
         with pytest.raises(ValueError, match="twice"):
-            cli.command("admin clean-now", "again")(clean)
+            cli.command("admin test-only", "again")(clean)
     finally:
-        del cli._REGISTRY[("admin", "clean-now")]
+        del cli._REGISTRY[("admin", "test-only")]
 
 
 def test_local_cluster_layout_round_trips(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store.consume_queue import (
+    BLANK_UNIT,
     UNIT_SIZE,
     ConsumeQueue,
     CqUnit,
@@ -21,6 +22,7 @@ from store.message import tags_hash_code
 
 PER_FILE = 4
 FILE_BYTES = PER_FILE * UNIT_SIZE
+BLANK_HEX = "0000000000000000 7fffffff 0000000000000000"
 
 
 def queue(root: Path, per_file: int = PER_FILE) -> ConsumeQueue:
@@ -149,6 +151,89 @@ def test_delete_below_commitlog_offset(tmp_path: Path) -> None:
     again.close()
 
 
+def test_delete_below_moves_min_inside_a_file_and_again_after_reopen(tmp_path: Path) -> None:
+    cq = queue(tmp_path)
+    cq.append_batch(0, units(7))
+    assert cq.delete_below_commitlog_offset(1500) == 2  # inside the first file: nothing deleted
+    assert cq.file_starts() == [0, FILE_BYTES]
+    with pytest.raises(OffsetOutOfRange):
+        cq.get_range(1, 1)
+    assert cq.get_range(2, 1) == [CqUnit(*units(7)[2])]
+    cq.close()
+    again = queue(tmp_path)
+    assert again.min_offset == 0  # the caller corrects it with the commit log's minimum
+    assert again.delete_below_commitlog_offset(1500) == 2
+    assert again.delete_below_commitlog_offset(4000) == 4
+    assert again.file_starts() == [FILE_BYTES]
+    again.close()
+
+
+def test_a_queue_can_start_above_zero(tmp_path: Path) -> None:
+    cq = queue(tmp_path)
+    assert cq.append_batch(6, units(3, 6)) == 3  # a log that begins at queue offset 6
+    assert (cq.min_offset, cq.max_offset) == (6, 9)
+    assert cq.file_starts() == [FILE_BYTES, 2 * FILE_BYTES]
+    path = tmp_path / "consumequeue" / "TopicA" / "3" / f"{FILE_BYTES:020d}"
+    assert path.read_bytes()[: 2 * UNIT_SIZE] == bytes.fromhex(BLANK_HEX * 2)
+    assert bytes.fromhex(BLANK_HEX) == encode_units([BLANK_UNIT])
+    with pytest.raises(OffsetOutOfRange):
+        cq.get(5)
+    assert cq.get_range(6, 10) == [CqUnit(*u) for u in units(3, 6)]
+    cq.close()
+    again = queue(tmp_path)  # the blanks are neither the end of the data nor units
+    assert (again.min_offset, again.max_offset) == (6, 9)
+    assert again.append_batch(6, units(4, 6)) == 1  # replay, then one more
+    assert again.delete_below_commitlog_offset(0) == 6
+    assert again.truncate_to_commitlog_offset(0) == 6  # to nothing: empty at 6
+    assert (again.min_offset, again.max_offset, again.max_commitlog_offset) == (6, 6, -1)
+    again.close()
+    empty = queue(tmp_path)
+    assert (empty.min_offset, empty.max_offset, empty.max_commitlog_offset) == (6, 6, -1)
+    assert empty.get_range(6, 5) == []
+    empty.append(6, 6000, 106, 6)
+    assert empty.get(6) == CqUnit(*units(1, 6)[0])
+    empty.close()
+
+
+def test_a_start_on_a_file_boundary(tmp_path: Path) -> None:
+    cq = queue(tmp_path)
+    cq.append_batch(8, units(1, 8))
+    assert cq.file_starts() == [2 * FILE_BYTES]
+    cq.close()
+    again = queue(tmp_path)
+    assert (again.min_offset, again.max_offset) == (8, 9)
+    # Truncated to nothing, no file would say where the queue is: a file of blanks does.
+    assert again.truncate_to_commitlog_offset(0) == 8
+    assert queue_files(tmp_path) == {f"{FILE_BYTES:020d}": bytes.fromhex(BLANK_HEX * PER_FILE)}
+    again.close()
+    empty = queue(tmp_path)
+    assert (empty.min_offset, empty.max_offset, empty.max_commitlog_offset) == (8, 8, -1)
+    empty.close()
+
+
+def test_a_queue_emptied_by_retention_restarts_later(tmp_path: Path) -> None:
+    cq = queue(tmp_path)
+    cq.append_batch(0, units(6))
+    with pytest.raises(OffsetOutOfRange):
+        cq.append(9, 9000, 1, 0)  # a gap in a queue with live units is still an error
+    assert cq.delete_below_commitlog_offset(1 << 40) == 6  # the commit log lost its prefix
+    assert cq.append_batch(13, units(2, 13)) == 2  # its new log starts at queue offset 13
+    assert (cq.min_offset, cq.max_offset) == (13, 15)
+    assert cq.file_starts() == [3 * FILE_BYTES]  # the old files are gone
+    with pytest.raises(OffsetOutOfRange):
+        cq.append(12, 12_000, 1, 0)
+    cq.close()
+    fresh = queue(tmp_path / "fresh")
+    fresh.append_batch(13, units(2, 13))
+    fresh.close()
+    assert queue_files(tmp_path) == queue_files(tmp_path / "fresh")
+
+
+def queue_files(root: Path) -> dict[str, bytes]:
+    directory = root / "consumequeue" / "TopicA" / "3"
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
 def test_discover_queues(tmp_path: Path) -> None:
     assert discover_queues(tmp_path) == []
     for topic, qid in (("B", 1), ("A", 0), ("A", 2)):
@@ -176,13 +261,16 @@ ops = st.lists(
         st.tuples(st.just("truncate"), st.integers(0, 40)),
         st.tuples(st.just("delete"), st.integers(0, 40)),
         st.tuples(st.just("reopen"), st.just(0)),
+        st.tuples(st.just("restart"), st.integers(1, 7)),
     ),
     max_size=30,
 )
 
+Unit = tuple[int, int, int]
+
 
 @settings(
-    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(ops=ops)
 def test_matches_model(
@@ -190,38 +278,67 @@ def test_matches_model(
 ) -> None:
     root = tmp_path_factory.mktemp("cq")
     cq = queue(root, per_file=3)
-    model: list[tuple[int, int, int]] = []  # every unit ever kept, by queue offset
-    low = 0  # the model's min offset
+    model: list[Unit | None] = []  # units by queue offset; None below `base`
+    base = low = 0  # the model's first unit and min offset
     next_phy = 0
+
+    def kept_below(phy: int) -> int:
+        """The queue offset of the first unit at or after commit-log offset `phy`."""
+        return base + sum(1 for u in model[base:] if u is not None and u[0] < phy)
+
     for op, n in ops:
-        if op == "append":
+        if op == "append" or (op == "restart" and low < len(model)):
             batch = [(next_phy + 10 * i, 10, next_phy + i) for i in range(n)]
+            if op == "restart":  # a gap in a queue with live units
+                with pytest.raises(OffsetOutOfRange):
+                    cq.append_batch(len(model) + n, batch)
+                continue
             assert cq.append_batch(len(model), batch) == n
             model.extend(batch)
             next_phy += 10 * n
+        elif op == "restart":  # no live units: the log now starts n units further on
+            batch = [(next_phy, 10, 0)]
+            assert cq.append_batch(len(model) + n, batch) == 1
+            model.extend([None] * n)
+            model.extend(batch)
+            base = low = len(model) - 1
+            next_phy += 10
         elif op == "replay" and len(model) > low:
-            start = max(low, len(model) - n)
-            assert cq.append_batch(start, model[start:]) == 0
+            first = max(low, len(model) - n)
+            assert cq.append_batch(first, model[first:]) == 0  # type: ignore[arg-type]
         elif op == "truncate":
-            phy = 10 * n
-            keep = sum(1 for u in model if u[0] < phy)
+            keep = kept_below(10 * n)
             if keep < low:
                 continue  # committed data below retention is never truncated
-            assert cq.truncate_to_commitlog_offset(phy) == keep
+            assert cq.truncate_to_commitlog_offset(10 * n) == keep
             del model[keep:]
         elif op == "delete":
-            phy = 10 * n
-            low = max(low, sum(1 for u in model if u[0] < phy))
-            assert cq.delete_below_commitlog_offset(phy) == low
+            low = max(low, kept_below(10 * n))
+            assert cq.delete_below_commitlog_offset(10 * n) == low
         elif op == "reopen":
             cq.close()
             cq = queue(root, per_file=3)
-            low = max(cq.delete_below_commitlog_offset(10 * _phy_floor(model, low)), low)
+            assert cq.min_offset <= low
+            low = max(cq.delete_below_commitlog_offset(_phy_floor(model, low)), low)
         assert (cq.min_offset, cq.max_offset) == (low, len(model))
-        assert cq.get_range(low, 100) == [CqUnit(*u) for u in model[low:]]
+        assert cq.get_range(low, 100) == [CqUnit(*u) for u in model[low:] if u is not None]
     cq.close()
+    # The files are those of a queue built from `base` on (minus what retention deleted),
+    # except files of blanks that keep the position of a queue truncated to nothing.
+    fresh = queue(root / "fresh", per_file=3)
+    fresh.append_batch(base, [u for u in model[base:] if u is not None])
+    fresh.close()
+    files, expected = queue_files(root), queue_files(root / "fresh")
+    blank_or_zero = {encode_units([BLANK_UNIT]), bytes(UNIT_SIZE)}
+    for name, raw in files.items():
+        units_of = {raw[k : k + UNIT_SIZE] for k in range(0, len(raw), UNIT_SIZE)}
+        assert expected.get(name) == raw or units_of <= blank_or_zero
+    if low < len(model):
+        assert max(files) == max(expected)
 
 
-def _phy_floor(model: list[tuple[int, int, int]], low: int) -> int:
-    """The commit-log minimum (in units of 10) that makes `low` the first live unit."""
-    return model[low][0] // 10 if low < len(model) else (model[-1][0] // 10 + 1 if model else 0)
+def _phy_floor(model: list[Unit | None], low: int) -> int:
+    """The commit-log minimum that makes `low` the first live unit."""
+    if low < len(model) and (unit := model[low]) is not None:
+        return unit[0]
+    return max((u[0] + 1 for u in model if u is not None), default=0)

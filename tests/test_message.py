@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import struct
 import zlib
 
 import pytest
@@ -280,3 +281,12 @@ def test_mutations_are_caught_or_canonical(msg: Message, data: st.DataObject) ->
     # Whatever decodes is canonical: it re-encodes to exactly the bytes read.
     assert encode_message(back, max_body_bytes=1 << 30) == bytes(raw)
     assert head.total_size == len(raw)
+
+
+@given(st.text(max_size=1100))
+def test_java_string_hash_matches_the_reference_loop(s: str) -> None:
+    raw = s.encode("utf-16-be", "surrogatepass")
+    h = 0
+    for unit in struct.unpack(f">{len(raw) // 2}H", raw):
+        h = (31 * h + unit) & 0xFFFFFFFF
+    assert java_string_hash(s) == (h - (1 << 32) if h & 0x80000000 else h)
