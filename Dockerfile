@@ -10,6 +10,8 @@ COPY raft ./raft
 COPY store ./store
 COPY dispatch ./dispatch
 COPY dledger_commitlog ./dledger_commitlog
+COPY analytics ./analytics
+COPY chaos ./chaos
 RUN pip install . && rm -rf /src/build
 
 WORKDIR /data
