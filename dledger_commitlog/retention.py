@@ -21,10 +21,9 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from store.retention import RetentionPolicy, deletable_segments, disk_usage_ratio
-
 from dispatch.dispatcher import Dispatcher
 from raft import RaftCore, Role
+from store.retention import RetentionPolicy, deletable_segments, disk_usage_ratio
 
 from .commitlog import DLedgerCommitLog
 from .config import NodeConfig
