@@ -1,0 +1,444 @@
+"""Encoded messages to Arrow record batches, vectorized: the analytics decoder.
+
+`store.message.decode_message` is the canonical codec, one message per call;
+Spark needs millions of rows per second from a Python worker, so this module
+decodes a whole buffer of messages at once with numpy and Arrow compute: the
+88-byte fixed part of every message is gathered in one numpy operation and read
+as a structured array, variable-length fields (body, topic, properties) become
+Arrow *view* arrays over the buffer that Arrow copies out in C++, and properties
+are split with Arrow's string kernels. Only `walk`, which finds the boundaries
+of concatenated messages, steps message by message, and only where sizes vary.
+
+Checks (a failure raises `CorruptEntry`, never returns garbage): every message
+lies whole inside the buffer, its totalSize matches the expected size (when
+known: a consume-queue unit's size), magic code, supported sysFlag, body, topic
+and properties lengths that add up to totalSize exactly, and, when the caller
+knows them, the topic, queue id, consecutive queue offsets and commit-log
+offsets; properties must be UTF-8 `name\\x01value\\x02` pairs when a property
+column is decoded. The body CRC is not recomputed (it would cost more than all
+the rest): the entry holding a message carries its own CRCs, which the node
+verifies on recovery.
+
+The schema (`FIELDS`) is that of the `dledger` Spark source; `properties` holds
+the message's properties except KEYS and TAGS, which have their own columns.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from store.errors import CorruptEntry
+from store.message import (
+    FIXED_PART_SIZE,
+    MESSAGE_MAGIC_CODE,
+    PHYSICAL_OFFSET_POS,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    QUEUE_OFFSET_POS,
+    STORE_TIMESTAMP_POS,
+)
+
+__all__ = [
+    "ARROW_SCHEMA",
+    "COLUMNS",
+    "FIELDS",
+    "SPARK_DDL",
+    "Expected",
+    "decode",
+    "empty_batch",
+    "walk",
+]
+
+TIMESTAMP: Final = pa.timestamp("us", tz="UTC")
+# (name, Arrow type, Spark type): the source's schema, in order.
+FIELDS: Final[tuple[tuple[str, pa.DataType, str], ...]] = (
+    ("topic", pa.string(), "string"),
+    ("queue_id", pa.int32(), "int"),
+    ("queue_offset", pa.int64(), "bigint"),
+    ("commitlog_offset", pa.int64(), "bigint"),
+    ("msg_id", pa.string(), "string"),
+    ("keys", pa.list_(pa.string()), "array<string>"),
+    ("tags", pa.string(), "string"),
+    ("properties", pa.map_(pa.string(), pa.string()), "map<string,string>"),
+    ("born_timestamp", TIMESTAMP, "timestamp"),
+    ("store_timestamp", TIMESTAMP, "timestamp"),
+    ("body", pa.binary(), "binary"),
+    ("body_size", pa.int32(), "int"),
+)
+COLUMNS: Final = tuple(name for name, _, _ in FIELDS)
+ARROW_TYPES: Final = {name: t for name, t, _ in FIELDS}
+SPARK_TYPES: Final = {name: t for name, _, t in FIELDS}
+ARROW_SCHEMA: Final = pa.schema([pa.field(name, t) for name, t, _ in FIELDS])
+SPARK_DDL: Final = ", ".join(f"{name} {t}" for name, _, t in FIELDS)
+
+_STORE_HOST_POS = 64
+_V6_FLAGS = (1 << 4) | (1 << 5)
+_MIN_SIZE = FIXED_PART_SIZE + 1 + 1 + 2
+_MAX_TOPIC = 127
+_I32 = struct.Struct(">i")
+_MIN_RUN = 8  # equal-size messages worth a vectorized stride in `walk`
+_MAX_RUN = 1 << 16
+_SCALAR_STEPS = 256
+# The fixed part of a message, up to and including bodyLength (88 bytes).
+_HEADER = np.dtype(
+    [
+        ("total", ">i4"),
+        ("magic", ">i4"),
+        ("body_crc", ">i4"),
+        ("queue_id", ">i4"),
+        ("flag", ">i4"),
+        ("queue_offset", ">i8"),
+        ("physical_offset", ">i8"),
+        ("sys_flag", ">i4"),
+        ("born", ">i8"),
+        ("born_host", "V8"),
+        ("stored", ">i8"),
+        ("store_host", "V8"),
+        ("reconsume", ">i4"),
+        ("prepared", ">i8"),
+        ("body_len", ">i4"),
+    ]
+)
+assert _HEADER.itemsize == FIXED_PART_SIZE
+assert _HEADER.fields is not None and _HEADER.fields["queue_offset"][1] == QUEUE_OFFSET_POS
+assert _HEADER.fields["physical_offset"][1] == PHYSICAL_OFFSET_POS
+assert _HEADER.fields["stored"][1] == STORE_TIMESTAMP_POS
+
+_AR12 = np.arange(12, dtype=np.int64)
+_HEX = np.frombuffer(b"".join(f"{b:02X}".encode() for b in range(256)), np.uint8).reshape(256, 2)
+_PROPERTY_COLUMNS = frozenset({"keys", "tags", "properties"})
+
+Int64s = npt.NDArray[np.int64]
+Ints = npt.NDArray[np.int32]
+Bytes = npt.NDArray[np.uint8]
+
+
+class Expected:
+    """What the caller knows about the messages it asks `decode` to check against."""
+
+    __slots__ = ("commitlog_offsets", "first_queue_offset", "queue_id", "sizes", "topic")
+
+    def __init__(
+        self,
+        *,
+        topic: str | None = None,
+        queue_id: int | None = None,
+        first_queue_offset: int | None = None,
+        sizes: Ints | None = None,
+        commitlog_offsets: Int64s | None = None,
+    ) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.first_queue_offset = first_queue_offset
+        self.sizes = sizes
+        self.commitlog_offsets = commitlog_offsets
+
+
+def walk(raw: bytes | memoryview, where: str = "message buffer") -> Int64s:
+    """Start offsets of the messages concatenated in `raw` (each begins with its totalSize).
+
+    Runs of equal-size messages (common: one queue, one producer) are found with
+    numpy, a stride at a time; sizes that vary are walked one message at a time.
+    """
+    end = len(raw)
+    arr = np.frombuffer(raw, np.uint8)
+    parts: list[Int64s] = []
+    single: list[int] = []
+    unpack = _I32.unpack_from
+    off = 0
+    try:
+        while off < end:
+            size = unpack(raw, off)[0]
+            if size < _MIN_SIZE:
+                raise CorruptEntry(where, off, f"message size {size} is impossible")
+            k = _equal_run(arr, off, size, min((end - off) // size, _MAX_RUN))
+            if k >= _MIN_RUN:
+                if single:
+                    parts.append(np.asarray(single, np.int64))
+                    single = []
+                parts.append(off + size * np.arange(k, dtype=np.int64))
+                off += k * size
+                continue
+            for _ in range(_SCALAR_STEPS):  # sizes vary here: walk them one by one
+                single.append(off)
+                off += size
+                if off >= end:
+                    break
+                size = unpack(raw, off)[0]
+                if size < _MIN_SIZE:
+                    raise CorruptEntry(where, off, f"message size {size} is impossible")
+    except struct.error:
+        raise CorruptEntry(where, off, "truncated message header") from None
+    if single:
+        parts.append(np.asarray(single, np.int64))
+    starts = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    if off != end:
+        raise CorruptEntry(where, int(starts[-1]), f"message overruns the buffer end {end}")
+    return starts
+
+
+def _equal_run(arr: Bytes, off: int, size: int, limit: int) -> int:
+    """How many messages of `size` follow one another from `off` (at most `limit`), galloping."""
+    k, step = 0, 16
+    while k < limit:
+        m = min(step, limit - k)
+        same = _i32_at(arr, off + size * np.arange(k, k + m, dtype=np.int64)) == size
+        if not same.all():
+            return k + int(np.argmin(same))
+        k, step = k + m, step * 4
+    return k
+
+
+def _items(arr: Bytes, width: int) -> npt.NDArray[np.void]:
+    """`arr` seen as overlapping items of `width` bytes, one starting at every byte."""
+    return np.ndarray(
+        shape=(len(arr) - width + 1,), dtype=np.dtype(f"V{width}"), buffer=arr, strides=(1,)
+    )
+
+
+def _i32_at(arr: Bytes, pos: Int64s) -> Ints:
+    """Big-endian i32 at each position (all within `arr`)."""
+    out: Ints = _items(arr, 4)[pos].view(">i4")
+    return out
+
+
+def empty_batch(columns: Sequence[str]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array([], ARROW_TYPES[c]) for c in columns], names=list(columns)
+    )
+
+
+def decode(
+    buf: bytes | pa.Buffer,
+    starts: Int64s,
+    columns: Sequence[str] = COLUMNS,
+    expected: Expected | None = None,
+    where: str = "message buffer",
+) -> pa.RecordBatch:
+    """The messages at `buf[starts[i]:]` as a record batch of `columns` (see the module doc)."""
+    return _Decoder(buf, starts, expected or Expected(), where).batch(columns)
+
+
+class _Decoder:
+    def __init__(self, buf: bytes | pa.Buffer, starts: Int64s, exp: Expected, where: str) -> None:
+        self.data = buf if isinstance(buf, pa.Buffer) else pa.py_buffer(buf)
+        self.arr: Bytes = np.frombuffer(self.data, dtype=np.uint8)
+        self.starts = np.ascontiguousarray(starts, dtype=np.int64)
+        self.n = len(self.starts)
+        self.exp = exp
+        self.where = where
+        self._check_layout()
+
+    def _fail(self, bad: npt.NDArray[np.bool_], reason: str) -> None:
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise CorruptEntry(self.where, int(self.starts[i]), f"message {i}: {reason}")
+
+    def _check_layout(self) -> None:
+        arr, s, exp = self.arr, self.starts, self.exp
+        if self.n == 0:
+            return
+        if len(arr) >= 2**31:
+            raise ValueError("decode buffers are limited to 2 GiB")
+        self._fail((s < 0) | (s > len(arr) - _MIN_SIZE), "does not fit in the buffer")
+        # One gather of every fixed part, then fields are views into it.
+        gathered = _items(arr, FIXED_PART_SIZE)[s]
+        self.head_bytes = gathered.view(np.uint8).reshape(self.n, FIXED_PART_SIZE)
+        head = self.head = gathered.view(_HEADER)
+        total = head["total"].astype(np.int64)
+        if exp.sizes is not None:
+            self._fail(total != exp.sizes, "totalSize differs from the expected size")
+        self._fail((total < _MIN_SIZE) | (s + total > len(arr)), "totalSize overruns the buffer")
+        self._fail(head["magic"] != MESSAGE_MAGIC_CODE, "bad magic code")
+        self._fail(head["sys_flag"] & _V6_FLAGS != 0, "IPv6 sysFlag")
+        body_len = head["body_len"].astype(np.int64)
+        end = s + total
+        body_end = s + FIXED_PART_SIZE + body_len
+        self._fail((body_len < 0) | (body_end + 3 > end), "body length overruns totalSize")
+        topic_len = arr[body_end].astype(np.int64)
+        topic_end = body_end + 1 + topic_len
+        self._fail(
+            (topic_len == 0) | (topic_len > _MAX_TOPIC) | (topic_end + 2 > end), "bad topic length"
+        )
+        props_len = (arr[topic_end].astype(np.int64) << 8) | arr[topic_end + 1]
+        props_len = np.where(props_len >= 1 << 15, props_len - (1 << 16), props_len)
+        self._fail((props_len < 0) | (topic_end + 2 + props_len != end), "bad properties length")
+        self.body_len, self.topic_len, self.props_len = body_len, topic_len, props_len
+        self.body_end, self.topic_end = body_end, topic_end
+        if exp.queue_id is not None:
+            self._fail(head["queue_id"] != exp.queue_id, f"queue id is not {exp.queue_id}")
+        if exp.first_queue_offset is not None:
+            first = exp.first_queue_offset
+            want = np.arange(first, first + self.n, dtype=np.int64)
+            self._fail(head["queue_offset"] != want, "queue offsets are not consecutive")
+        if exp.commitlog_offsets is not None:
+            bad = head["physical_offset"] != exp.commitlog_offsets
+            self._fail(bad, "physical offset differs from its unit")
+        if exp.topic is not None:
+            raw = exp.topic.encode()
+            self._fail(topic_len != len(raw), f"topic is not {exp.topic!r}")
+            got = _items(arr, len(raw))[body_end + 1]
+            self._fail(got != np.frombuffer(raw, f"V{len(raw)}")[0], "topic differs")
+        self.end = end
+
+    # -- columns ---------------------------------------------------------------
+
+    def batch(self, columns: Sequence[str]) -> pa.RecordBatch:
+        if self.n == 0:
+            return empty_batch(columns)
+        props = self._properties() if _PROPERTY_COLUMNS & set(columns) else {}
+        arrays = []
+        for c in columns:
+            if c in props:
+                arrays.append(props[c])
+            else:
+                arrays.append(getattr(self, "_col_" + c)())
+        return pa.RecordBatch.from_arrays(arrays, names=list(columns))
+
+    def _col_topic(self) -> pa.Array:
+        if self.exp.topic is not None:
+            raw = self.exp.topic.encode()
+            offsets = np.arange(self.n + 1, dtype=np.int32) * len(raw)
+            return pa.Array.from_buffers(
+                pa.string(), self.n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * self.n)]
+            )
+        return self._text(self.body_end + 1, self.topic_len, "topic")
+
+    def _col_queue_id(self) -> pa.Array:
+        if self.exp.queue_id is not None:
+            return pa.array(np.full(self.n, self.exp.queue_id, np.int32))
+        return pa.array(self.head["queue_id"].astype(np.int32))
+
+    def _col_queue_offset(self) -> pa.Array:
+        return pa.array(self.head["queue_offset"].astype(np.int64))
+
+    def _col_commitlog_offset(self) -> pa.Array:
+        return pa.array(self.head["physical_offset"].astype(np.int64))
+
+    def _col_msg_id(self) -> pa.Array:
+        """RocketMQ's id: store host (IPv4, port) and commit-log offset, 32 hex digits."""
+        raw = np.empty((self.n, 16), np.uint8)
+        raw[:, :8] = self.head_bytes[:, _STORE_HOST_POS : _STORE_HOST_POS + 8]
+        raw[:, 8:] = self.head_bytes[:, PHYSICAL_OFFSET_POS : PHYSICAL_OFFSET_POS + 8]
+        text = _HEX[raw].reshape(self.n, 32)
+        offsets = np.arange(self.n + 1, dtype=np.int32) * 32
+        return pa.Array.from_buffers(
+            pa.string(), self.n, [None, pa.py_buffer(offsets), pa.py_buffer(text.tobytes())]
+        )
+
+    def _timestamp(self, field: str) -> pa.Array:
+        return pa.array(self.head[field].astype(np.int64) * 1000, TIMESTAMP)
+
+    def _col_born_timestamp(self) -> pa.Array:
+        return self._timestamp("born")
+
+    def _col_store_timestamp(self) -> pa.Array:
+        return self._timestamp("stored")
+
+    def _col_body(self) -> pa.Array:
+        return self._binary(self.starts + FIXED_PART_SIZE, self.body_len)
+
+    def _col_body_size(self) -> pa.Array:
+        return pa.array(self.body_len.astype(np.int32))
+
+    # -- variable-length fields --------------------------------------------------
+
+    def _binary(self, starts: Int64s, lengths: Int64s) -> pa.Array:
+        """`buf[starts[i] : starts[i] + lengths[i]]` as a binary array, built in C++."""
+        n, arr = self.n, self.arr
+        views = np.zeros((n, 16), np.uint8)
+        views[:, 0:4] = lengths.astype("<i4").view(np.uint8).reshape(n, 4)
+        long = lengths > 12
+        if long.any():
+            ls = starts[long]
+            views[long, 4:8] = np.lib.stride_tricks.sliding_window_view(arr, 4)[ls]
+            views[long, 12:16] = ls.astype("<i4").view(np.uint8).reshape(-1, 4)
+        short = ~long
+        if short.any():
+            ss = starts[short]
+            if len(arr) >= 12 and ss.max() <= len(arr) - 12:
+                inline = np.lib.stride_tricks.sliding_window_view(arr, 12)[ss]
+            else:  # near the end of the buffer: byte by byte
+                inline = arr[np.minimum(ss[:, None] + _AR12, len(arr) - 1)]
+            inline[_AR12[None, :] >= lengths[short][:, None]] = 0
+            views[short, 4:16] = inline
+        view = pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(views), self.data])
+        return view.cast(pa.binary())
+
+    def _text(self, starts: Int64s, lengths: Int64s, what: str) -> pa.Array:
+        try:
+            return self._binary(starts, lengths).cast(pa.string())
+        except pa.ArrowInvalid:
+            bad = np.zeros(self.n, bool)
+            for i, v in enumerate(self._binary(starts, lengths).to_pylist()):
+                try:
+                    bytes(v).decode()
+                except UnicodeDecodeError:
+                    bad[i] = True
+            self._fail(bad, f"{what} is not UTF-8")
+            raise
+
+    def _properties(self) -> dict[str, pa.Array]:
+        n = self.n
+        # The properties end with a separator when there are any.
+        has_props = self.props_len > 0
+        last = self.arr[np.where(has_props, self.end - 1, self.starts)]
+        self._fail(has_props & (last != 2), "properties do not end with a separator")
+        text = self._text(self.topic_end + 2, self.props_len, "properties")
+        parts = pc.split_pattern(text, "\x02")
+        offsets = np.asarray(parts.offsets, dtype=np.int64)
+        flat = parts.flatten()
+        # Every list ends with the empty string after the last separator: drop it.
+        keep = np.ones(len(flat), bool)
+        keep[offsets[1:] - 1] = False
+        items = flat.filter(pa.array(keep))
+        parent = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets) - 1)
+        pairs = pc.split_pattern(items, "\x01")
+        sizes = np.asarray(pc.list_value_length(pairs), dtype=np.int64)
+        bad_pair = np.zeros(n, bool)
+        bad_pair[parent[sizes != 2]] = True
+        self._fail(bad_pair, "a property is not one name\\x01value pair")
+        pair_values = pairs.flatten()
+        names = pair_values.take(pa.array(np.arange(0, 2 * len(items), 2)))
+        values = pair_values.take(pa.array(np.arange(1, 2 * len(items), 2)))
+        empty_name = np.zeros(n, bool)
+        empty_name[parent[np.asarray(pc.equal(pc.binary_length(names), 0))]] = True
+        self._fail(empty_name, "empty property name")
+        is_keys = np.asarray(pc.equal(names, PROPERTY_KEYS), dtype=bool)
+        is_tags = np.asarray(pc.equal(names, PROPERTY_TAGS), dtype=bool)
+        tags = values.take(_pick(n, parent, is_tags))
+        key_text = values.take(_pick(n, parent, is_keys))
+        split = pc.split_pattern(key_text, " ")
+        key_items = split.flatten()
+        key_parent = np.asarray(pc.list_parent_indices(split), dtype=np.int64)
+        nonempty = np.asarray(pc.not_equal(key_items, ""), dtype=bool)
+        keys = pa.ListArray.from_arrays(
+            _offsets(key_parent[nonempty], n), key_items.filter(pa.array(nonempty))
+        )
+        other = ~(is_keys | is_tags)
+        mask = pa.array(other)
+        properties = pa.MapArray.from_arrays(
+            _offsets(parent[other], n), names.filter(mask), values.filter(mask)
+        )
+        return {"keys": keys, "tags": tags, "properties": properties}
+
+
+def _pick(n: int, parent: Int64s, hit: npt.NDArray[np.bool_]) -> pa.Array:
+    """Per row, the index of its (last) item where `hit`, null where none."""
+    idx = np.full(n, -1, np.int64)
+    idx[parent[hit]] = np.nonzero(hit)[0]
+    return pa.array(idx, mask=idx < 0)
+
+
+def _offsets(parent: Int64s, n: int) -> pa.Array:
+    counts = np.bincount(parent, minlength=n)
+    out = np.zeros(n + 1, np.int32)
+    np.cumsum(counts, out=out[1:])
+    return pa.array(out)

@@ -1,0 +1,225 @@
+"""The `dledger` Spark source over running clusters: it reads committed data, and only that.
+
+Shares the one Spark session of test_spark.py (its `spark` fixture, session scoped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
+
+from dledger_commitlog.client import Client, ClientError, MessageSpec, NodeStatus
+from dledger_commitlog.cluster import LocalCluster
+from store.message import Message
+from tests.conftest import wait_until
+from tests.test_analytics_offline import key, plain, row_of
+from tests.test_analytics_server import client_scan, dispatched_everywhere, fresh_topic
+from tests.test_spark import spark
+
+pytestmark = pytest.mark.slow
+assert spark
+
+
+def read(spark: SparkSession, servers: list[str], topics: str, **options: str) -> DataFrame:
+    reader = spark.read.format("dledger").option("servers", ",".join(servers))
+    for name, value in {"topics": topics, **options}.items():
+        reader = reader.option(name, value)
+    return reader.load()
+
+
+def specs(topic: str, count: int, start: int = 0) -> list[MessageSpec]:
+    return [
+        MessageSpec(
+            topic,
+            f"{topic} body {k}".encode() * (1 + k % 4),
+            keys=[f"key{k % 5}", f"id{k}"],
+            tags="even" if k % 2 == 0 else None,
+            properties={"seq": str(k)},
+        )
+        for k in range(start, start + count)
+    ]
+
+
+def scanned_rows(cluster: LocalCluster, topics: set[str]) -> list[dict[str, Any]]:
+    """The committed messages of `topics` by a client scan (ReadRange + the canonical codec)."""
+    with cluster.client() as client:
+        msgs: list[Message] = [m for m in client_scan(client) if m.topic in topics]
+    return [row_of(m) for m in msgs]
+
+
+def test_batch_rows_counts_and_checksums_equal_a_client_scan(
+    spark: SparkSession, cluster: LocalCluster
+) -> None:
+    topics = {fresh_topic("a"), fresh_topic("b")}
+    with cluster.client() as client:
+        for t in sorted(topics):
+            client.put_batch(specs(t, 150))
+    for t in topics:
+        dispatched_everywhere(cluster, t, 150)
+    want = scanned_rows(cluster, topics)
+    assert len(want) == 300
+    df = read(spark, [s.client for s in cluster], ",".join(sorted(topics)), minPartitions="5")
+    got = plain(r.asDict(recursive=True) for r in df.collect())
+    assert sorted(got, key=key) == sorted(want, key=key)
+    sums = df.groupBy("topic").agg(
+        F.count(F.lit(1)).alias("n"), F.sum(F.crc32("body")).alias("crc")
+    )
+    expected: dict[str, tuple[int, int]] = {}
+    for r in want:
+        n, crc = expected.get(r["topic"], (0, 0))
+        expected[r["topic"]] = (n + 1, crc + zlib.crc32(r["body"]))
+    assert {r["topic"]: (r["n"], r["crc"]) for r in sums.collect()} == expected
+
+
+def test_a_node_cut_off_from_its_quorum_contributes_no_uncommitted_rows(
+    spark: SparkSession, make_cluster: Callable[..., LocalCluster]
+) -> None:
+    cluster = make_cluster()
+    topic = fresh_topic("cut")
+    with cluster.client() as client:
+        committed = client.put_batch(specs(topic, 60))
+    leader = cluster.leader_id()
+    dispatched_everywhere(cluster, topic, 60)
+    followers = [s.id for s in cluster if s.id != leader]
+    for f in followers:
+        cluster.pause(f)
+    pending = threading.Thread(target=_put_without_quorum, args=(cluster, leader, topic))
+    try:
+        pending.start()
+        # The old leader appends the puts but cannot commit them, and soon steps down:
+        # a node cut off from the others, holding uncommitted entries in its log.
+        st = wait_until(
+            lambda: cluster.statuses()[leader],
+            15,
+            f"node {leader} to hold uncommitted entries and step down",
+            ok=lambda s: (
+                isinstance(s, NodeStatus)
+                and s.last_index > s.committed_index
+                and s.role != "leader"
+            ),
+        )
+        assert isinstance(st, NodeStatus)
+        df = read(spark, [cluster.specs[leader].client], topic)
+        got = {r["msg_id"] for r in df.select("msg_id").collect()}
+        assert got == {r.msg_id for r in committed}
+        after = cluster.statuses()[leader]
+        assert isinstance(after, NodeStatus) and after.committed_index == st.committed_index
+    finally:
+        for f in followers:
+            cluster.resume(f)
+        pending.join(30)
+
+
+def _put_without_quorum(cluster: LocalCluster, leader: int, topic: str) -> None:
+    """Put through the isolated leader only: it appends, and can never commit."""
+    client = Client([cluster.specs[leader].client], timeout_s=4, max_retries=0)
+    with client, contextlib.suppress(ClientError):
+        client.put_batch(specs(topic, 25, start=1000))
+
+
+def test_stream_stopped_and_restarted_over_a_growing_log_yields_each_message_once(
+    spark: SparkSession, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    topic = fresh_topic("stream")
+    servers = [s.client for s in cluster]
+    with cluster.client() as client:
+        acked = client.put_batch(specs(topic, 100))
+    dispatched_everywhere(cluster, topic, 100)
+    sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
+    writing = threading.Event()
+    more: list[Any] = []
+
+    def writer() -> None:
+        with cluster.client() as client:
+            for k in range(10):
+                more.extend(client.put_batch(specs(topic, 15, start=100 + 15 * k)))
+                writing.set()
+
+    with _query(spark, servers, topic, sink, checkpoint, available_now=False) as query:
+        t = threading.Thread(target=writer)
+        t.start()
+        wait_until(lambda: query.recentProgress, 60, "a first micro-batch", ok=_has_rows)
+        assert writing.wait(30)
+    # Stopped while the log grows; the rest of the writes land while no query runs.
+    t.join(60)
+    assert len(more) == 150
+    dispatched_everywhere(cluster, topic, 250)
+    with _query(spark, servers, topic, sink, checkpoint, available_now=True) as query:
+        assert query.awaitTermination(120)
+        assert query.exception() is None
+    got = spark.read.parquet(str(sink)).select("msg_id", "queue_id", "queue_offset").collect()
+    assert len(got) == len({r["msg_id"] for r in got})  # exactly once
+    assert {r["msg_id"] for r in got} == {r.msg_id for r in acked + more}
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sum(sizes) < 250  # the restart read only what the first run had not
+    assert max(sizes) <= 90 and len(sizes) >= 2  # availableNow, still rate-limited
+
+
+def _has_rows(progress: list[Any]) -> bool:
+    return any(p["numInputRows"] for p in progress)
+
+
+@contextlib.contextmanager
+def _query(
+    spark: SparkSession,
+    servers: list[str],
+    topic: str,
+    sink: Path,
+    checkpoint: Path,
+    available_now: bool,
+) -> Iterator[StreamingQuery]:
+    writer = (
+        spark.readStream.format("dledger")
+        .option("servers", ",".join(servers))
+        .option("topics", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", "90")
+        .load()
+        .select("msg_id", "queue_id", "queue_offset", "body")
+        .writeStream.format("parquet")
+        .option("path", str(sink))
+        .option("checkpointLocation", str(checkpoint))
+    )
+    trigger = {"availableNow": True} if available_now else {"processingTime": "200 milliseconds"}
+    query = writer.trigger(**trigger).start()
+    try:
+        yield query
+    finally:
+        query.stop()
+
+
+def test_a_stopped_node_read_offline_equals_the_servers(
+    spark: SparkSession, cluster: LocalCluster
+) -> None:
+    topic = fresh_topic("offline")
+    with cluster.client() as client:
+        client.put_batch(specs(topic, 120))
+    dispatched_everywhere(cluster, topic, 120)
+    node = max(s.id for s in cluster)
+    online = read(spark, [s.client for s in cluster], topic).collect()
+    cluster.stop(node)
+    try:
+        offline = (
+            spark.read.format("dledger")
+            .option("path", cluster.specs[node].data_dir)
+            .option("topics", topic)
+            .load()
+            .collect()
+        )
+    finally:
+        cluster.start(node)
+    a = plain(r.asDict(recursive=True) for r in online)
+    b = plain(r.asDict(recursive=True) for r in offline)
+    assert len(a) == 120
+    assert sorted(a, key=key) == sorted(b, key=key)
+    assert json.dumps(sorted(r["msg_id"] for r in a)) == json.dumps(sorted(r["msg_id"] for r in b))
