@@ -107,7 +107,10 @@ def main() -> None:
         say(f"replica logs agree (same chain CRC at the same index): {len(crcs) == 1}")
         for s in sorted(statuses, key=lambda s: s.node_id):
             say(f"  node {s.node_id}: {s.role:<9} term {s.term} committed {s.committed_index}")
-        say("Spark analytics over the committed data: coming with the analytics work")
+        from analytics.demo import spark_summary  # lazily: Spark starts only here
+
+        for line in spark_summary([spec.client for spec in cluster], everything):
+            say(line)
         client.close()
         if wrong:
             sys.exit("[demo] acknowledged messages were lost")
