@@ -21,12 +21,12 @@ import pytest
 from analytics.codec import COLUMNS
 from analytics.errors import SourceError
 from analytics.sources import OfflineStore, QueueInfo
-from dledger_commitlog.commitlog import make_msg_id
 from dledger_commitlog.entry_store import EntryStore
 from raft.types import Entry
 from store.consume_queue import ConsumeQueue
 from store.errors import CorruptEntry
 from store.message import Message, encode_message, make_properties, tags_hash_code
+from tests.test_analytics_codec import expected_row
 
 HEADER = 48  # entry header before each message: physical offset = entry pos + 48
 STORE_HOST = ("127.0.0.1", 7001)
@@ -98,31 +98,14 @@ class SyntheticNode:
             cq.append(msg.queue_offset, phy, len(entry.data), tags_hash_code(msg.tags))
             cq.flush()
             cq.close()
-            self.rows.append(row_of(msg.with_positions(msg.queue_offset, phy)))
+            self.rows.append(expected_row(msg.with_positions(msg.queue_offset, phy)))
 
     def rows_of(self, topic: str, queue_id: int) -> list[dict[str, Any]]:
         return [r for r in self.rows if (r["topic"], r["queue_id"]) == (topic, queue_id)]
 
 
-def row_of(m: Message) -> dict[str, Any]:
-    return {
-        "topic": m.topic,
-        "queue_id": m.queue_id,
-        "queue_offset": m.queue_offset,
-        "commitlog_offset": m.physical_offset,
-        "msg_id": make_msg_id(m.store_host, m.physical_offset),
-        "keys": m.keys,
-        "tags": m.tags,
-        "properties": {k: v for k, v in m.properties.items() if k not in ("KEYS", "TAGS")},
-        "born_timestamp_ms": m.born_timestamp_ms,
-        "store_timestamp_ms": m.store_timestamp_ms,
-        "body": m.body,
-        "body_size": len(m.body),
-    }
-
-
 def plain(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows as `row_of` shapes them (maps as dicts, timestamps as ms), from Arrow or Spark."""
+    """Rows as `expected_row` shapes them (maps as dicts, timestamps as ms), from Arrow or Spark."""
     out = []
     for row in rows:
         r = dict(row)
