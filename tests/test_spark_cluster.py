@@ -22,7 +22,8 @@ from dledger_commitlog.client import Client, ClientError, MessageSpec, NodeStatu
 from dledger_commitlog.cluster import LocalCluster
 from store.message import Message
 from tests.conftest import wait_until
-from tests.test_analytics_offline import key, plain, row_of
+from tests.test_analytics_codec import expected_row
+from tests.test_analytics_offline import key, plain
 from tests.test_analytics_server import client_scan, dispatched_everywhere, fresh_topic
 from tests.test_spark import spark
 
@@ -54,7 +55,7 @@ def scanned_rows(cluster: LocalCluster, topics: set[str]) -> list[dict[str, Any]
     """The committed messages of `topics` by a client scan (ReadRange + the canonical codec)."""
     with cluster.client() as client:
         msgs: list[Message] = [m for m in client_scan(client) if m.topic in topics]
-    return [row_of(m) for m in msgs]
+    return [expected_row(m) for m in msgs]
 
 
 def test_batch_rows_counts_and_checksums_equal_a_client_scan(
