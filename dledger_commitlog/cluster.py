@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -111,8 +111,17 @@ class LocalCluster:
         flush_mode: str | None = None,
         extra_config: dict[str, Any] | None = None,
         cluster: str = "dledger",
+        *,
+        links: Mapping[tuple[int, int], str] | None = None,
+        hosts: Mapping[int, str] | None = None,
+        command_prefix: Callable[[int], list[str]] | None = None,
     ) -> None:
+        """`links[(i, j)]` is the address node i dials for node j's Raft port (a fault
+        proxy, say; default: j's own address). `hosts[i]` is the IP node i listens on
+        (default 127.0.0.1). `command_prefix(i)` is put before node i's command line
+        (`ip netns exec NS`, say)."""
         self.directory = Path(directory).resolve()
+        self.command_prefix = command_prefix
         self.cluster_file = self.directory / "cluster.json"
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._pids: dict[int, int] = {}  # from cluster.json: processes another process started
@@ -125,15 +134,30 @@ class LocalCluster:
             self.extra_config = dict(extra_config or saved.get("extra_config") or {})
             self.specs = {n["id"]: self._spec(n) for n in saved["nodes"]}
             self._pids = {n["id"]: int(n["pid"]) for n in saved["nodes"] if n.get("pid")}
+            saved_links = {_link_key(k): str(v) for k, v in saved.get("links", {}).items()}
+            self.links = dict(links) if links is not None else saved_links
         else:
             self.cluster = cluster
             self.flush_mode = flush_mode or "sync"
             self.extra_config = dict(extra_config or {})
-            self.specs = self._allocate(nodes, base_port)
+            self.specs = self._allocate(nodes, base_port, hosts or {})
+            self.links = {}
         bad = _PER_NODE & set(self.extra_config)
         if bad:
             raise ValueError(f"extra_config cannot set per-node settings: {sorted(bad)}")
         self.configs = {i: self._config(i) for i in self.specs}  # validates early
+        if links is not None:
+            self.set_links(links)
+
+    def set_links(self, links: Mapping[tuple[int, int], str]) -> None:
+        """Route node i's Raft traffic to node j through `links[(i, j)]` from the next start."""
+        for src, dst in links:
+            if src not in self.specs or dst not in self.specs or src == dst:
+                raise ValueError(f"links: ({src}, {dst}) is not a pair of distinct node ids")
+        self.links = dict(links)
+        self.configs = {i: self._config(i) for i in self.specs}
+        if self.directory.exists() and any(s.config_path.exists() for s in self.specs.values()):
+            self._write_layout()
 
     # ------------------------------------------------------------ layout
 
@@ -152,7 +176,9 @@ class LocalCluster:
         home = self.directory / f"n{n['id']}"
         return NodeSpec(n["id"], n["client"], n["raft"], n.get("metrics", ""), n["data_dir"], home)
 
-    def _allocate(self, nodes: int, base_port: int | None) -> dict[int, NodeSpec]:
+    def _allocate(
+        self, nodes: int, base_port: int | None, hosts: Mapping[int, str]
+    ) -> dict[int, NodeSpec]:
         if nodes not in (1, 3, 5):
             raise ValueError(f"a cluster has 1, 3 or 5 nodes, not {nodes}")
         if base_port is None:
@@ -163,14 +189,18 @@ class LocalCluster:
             raise ValueError(f"base_port {base_port}: need 0 < P and P + 200 + nodes < 65536")
         specs = {}
         for i in range(1, nodes + 1):
-            client, raft, metrics = (f"127.0.0.1:{ports[k * nodes + i - 1]}" for k in range(3))
+            host = hosts.get(i, "127.0.0.1")
+            client, raft, metrics = (f"{host}:{ports[k * nodes + i - 1]}" for k in range(3))
             home = self.directory / f"n{i}"
             specs[i] = NodeSpec(i, client, raft, metrics, str(home / "data"), home)
         return specs
 
     def _config(self, node_id: int) -> NodeConfig:
         spec = self.specs[node_id]
-        peers = tuple(Peer(s.id, s.raft, s.client) for s in self.specs.values())
+        peers = tuple(
+            Peer(s.id, self.links.get((node_id, s.id), s.raft), s.client)
+            for s in self.specs.values()
+        )
         values: dict[str, Any] = {"cluster": self.cluster, "flush_mode": self.flush_mode}
         values.update(self.extra_config)
         values.update(node_id=node_id, data_dir=spec.data_dir, peers=peers)
@@ -190,6 +220,7 @@ class LocalCluster:
             "cluster": self.cluster,
             "flush_mode": self.flush_mode,
             "extra_config": self.extra_config,
+            "links": {f"{src}->{dst}": addr for (src, dst), addr in sorted(self.links.items())},
             "nodes": [
                 {
                     "id": s.id,
@@ -242,6 +273,7 @@ class LocalCluster:
             filter(None, [str(_PROJECT_ROOT), env.get("PYTHONPATH")])
         )
         cmd = [
+            *(self.command_prefix(node_id) if self.command_prefix else []),
             sys.executable,
             "-m",
             "dledger_commitlog",
@@ -431,6 +463,11 @@ class LocalCluster:
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.down()
+
+
+def _link_key(text: str) -> tuple[int, int]:
+    src, _, dst = text.partition("->")
+    return int(src), int(dst)
 
 
 def _leader_of(statuses: Collection[NodeStatus | StatusError]) -> int | None:
