@@ -115,13 +115,15 @@ class LocalCluster:
         links: Mapping[tuple[int, int], str] | None = None,
         hosts: Mapping[int, str] | None = None,
         command_prefix: Callable[[int], list[str]] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         """`links[(i, j)]` is the address node i dials for node j's Raft port (a fault
         proxy, say; default: j's own address). `hosts[i]` is the IP node i listens on
         (default 127.0.0.1). `command_prefix(i)` is put before node i's command line
-        (`ip netns exec NS`, say)."""
+        (`ip netns exec NS`, say). `env` is added to the nodes' environment."""
         self.directory = Path(directory).resolve()
         self.command_prefix = command_prefix
+        self.env = dict(env or {})
         self.cluster_file = self.directory / "cluster.json"
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._pids: dict[int, int] = {}  # from cluster.json: processes another process started
@@ -268,7 +270,7 @@ class LocalCluster:
         spec.home.mkdir(parents=True, exist_ok=True)
         if not spec.config_path.exists():
             self._write_layout()
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         env["PYTHONPATH"] = os.pathsep.join(
             filter(None, [str(_PROJECT_ROOT), env.get("PYTHONPATH")])
         )
@@ -463,6 +465,23 @@ class LocalCluster:
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.down()
+
+
+def answered(statuses: Mapping[int, NodeStatus | StatusError]) -> dict[int, NodeStatus]:
+    """The statuses of the nodes that answered."""
+    return {i: s for i, s in statuses.items() if isinstance(s, NodeStatus)}
+
+
+def converged(statuses: Mapping[int, NodeStatus | StatusError], at_least: int = 0) -> bool:
+    """Every node answered, all committed everything they hold, and their logs end alike."""
+    got = answered(statuses)
+    if len(got) != len(statuses) or not got:
+        return False
+    tails = {
+        (s.committed_index, s.last_index, s.last_chain_crc, s.committed_pos) for s in got.values()
+    }
+    (committed, last, _, _), *rest = tails
+    return not rest and committed == last and committed >= at_least
 
 
 def _link_key(text: str) -> tuple[int, int]:

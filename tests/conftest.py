@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from dledger_commitlog.client import ClientError, NodeStatus, StatusError
-from dledger_commitlog.cluster import LocalCluster
+from dledger_commitlog.cluster import LocalCluster, answered, converged
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 
@@ -73,23 +73,6 @@ def wait_until(
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}; last: {last}")
         time.sleep(interval_s)
-
-
-def answered(statuses: Statuses) -> dict[int, NodeStatus]:
-    """The statuses of the nodes that answered."""
-    return {i: s for i, s in statuses.items() if isinstance(s, NodeStatus)}
-
-
-def converged(statuses: Statuses, at_least: int = 0) -> bool:
-    """Every node answered, all committed everything they hold, and their logs end alike."""
-    got = answered(statuses)
-    if len(got) != len(statuses) or not got:
-        return False
-    tails = {
-        (s.committed_index, s.last_index, s.last_chain_crc, s.committed_pos) for s in got.values()
-    }
-    (committed, last, _, _), *rest = tails
-    return not rest and committed == last and committed >= at_least
 
 
 def summary(statuses: Statuses) -> str:
