@@ -30,6 +30,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
                         "and iptables (root)")  # fmt: skip
     p.add_argument("--dir", metavar="DIR", help="run directory (default: a temporary one, "
                    "removed when the run is valid)")  # fmt: skip
+    p.add_argument("--leader-faults", type=int, metavar="N",
+                   help="end the schedule after N faults that take the leader away")  # fmt: skip
     p.add_argument("--out", metavar="FILE.json", help="write the report here too")
 
 
@@ -51,6 +53,7 @@ def _chaos(args: argparse.Namespace) -> int:
         nodes=args.nodes,
         clients=args.clients,
         network=args.network,
+        max_leader_faults=args.leader_faults,
     )
     try:
         cfg.validate()

@@ -58,6 +58,7 @@ class ChaosConfig:
     keep: bool = False  # keep the run directory even when the run is valid
     settle_s: float = 60.0  # bound on every wait for the cluster to recover
     extra_config: dict[str, Any] = field(default_factory=dict)
+    max_leader_faults: int | None = None  # end the schedule early after this many
 
     def validate(self) -> None:
         if self.scenario not in SCENARIOS:
@@ -268,7 +269,8 @@ def run(cfg: ChaosConfig, log: Log = lambda _: None) -> ChaosReport:
         workload.start()
         _wait(lambda: workload.acked_count() > 0, cfg.settle_s, "a first acknowledged put")
         nemesis = Nemesis(cluster, net, history, random.Random(cfg.seed),
-                          time.monotonic() + cfg.duration_s, settle_s=cfg.settle_s)  # fmt: skip
+                          time.monotonic() + cfg.duration_s, settle_s=cfg.settle_s,
+                          max_leader_faults=cfg.max_leader_faults)  # fmt: skip
         log(f"running {cfg.scenario} for {cfg.duration_s:g} s (seed {cfg.seed})")
         try:
             SCENARIOS[cfg.scenario][0](nemesis)

@@ -2,7 +2,8 @@
 
 A scenario is a function of a `Nemesis` that injects faults until the nemesis's
 deadline and may leave faults in place (the runner heals everything afterwards).
-Every fault is recorded in the history as an `info` event; faults that take the
+Every fault is recorded in the history as an `info` event once it is in place (so a
+failover is timed from the moment the leader is really gone); faults that take the
 leader away are also recorded as leader faults, from which the runner measures
 failover times. Randomness comes only from `nemesis.rng` (seeded), so a seed
 replays the same schedule (timings still vary with the machine).
@@ -44,13 +45,17 @@ class Nemesis:
     stopped: set[int] = field(default_factory=set)
     stop_event: threading.Event = field(default_factory=threading.Event)
     settle_s: float = 30.0  # how long a node may take to come back and catch up
+    max_leader_faults: int | None = None  # stop the schedule after this many
 
     @property
     def nodes(self) -> list[int]:
         return sorted(self.cluster.specs)
 
     def running(self) -> bool:
-        return time.monotonic() < self.deadline and not self.stop_event.is_set()
+        enough = self.max_leader_faults is not None and (
+            len(self.leader_faults) >= self.max_leader_faults
+        )
+        return time.monotonic() < self.deadline and not self.stop_event.is_set() and not enough
 
     def pause_for(self, lo: float, hi: float) -> None:
         """The schedule's gap between two steps (cut short at the deadline)."""
@@ -100,8 +105,8 @@ class Nemesis:
     # -------------------------------------------------------------- process faults
 
     def kill(self, node: int, leader: bool = False) -> None:
-        self.fault("kill", f"kill -9 n{node}", leader)
         self.cluster.kill(node, signal.SIGKILL)
+        self.fault("kill", f"kill -9 n{node}", leader)
         self.stopped.add(node)
         self.paused.discard(node)
 
@@ -111,8 +116,8 @@ class Nemesis:
         self.stopped.discard(node)
 
     def pause(self, node: int, leader: bool = False) -> None:
-        self.fault("pause", f"SIGSTOP n{node}", leader)
         self.cluster.pause(node)
+        self.fault("pause", f"SIGSTOP n{node}", leader)
         self.paused.add(node)
 
     def resume(self, node: int) -> None:
@@ -162,8 +167,8 @@ def leader_kill(n: Nemesis) -> None:
 def leader_isolate(n: Nemesis) -> None:
     while n.running():
         old = n.leader()
-        n.fault("isolate", f"n{old} isolated", leader=True)
         isolate(n.net, old, n.nodes)
+        n.fault("isolate", f"n{old} isolated", leader=True)
         n.leader(exclude={old})
         _wait_stepped_down(n, old)
         n.pause_for(0.5, 1.5)
@@ -192,8 +197,8 @@ def partition_minority(n: Nemesis) -> None:
         old = n.leader()
         others = [i for i in n.nodes if i != old]
         side = [old, *n.rng.sample(others, (len(n.nodes) - 1) // 2 - 1)]
-        n.fault("partition", f"{sorted(side)} | rest", leader=True)
         partition(n.net, n.nodes, side)
+        n.fault("partition", f"{sorted(side)} | rest", leader=True)
         n.leader(exclude=set(side))
         n.pause_for(1.0, 2.5)
         n.fault("heal", "links healed")
@@ -208,8 +213,8 @@ def partition_majority(n: Nemesis) -> None:
         old = n.leader()
         others = [i for i in n.nodes if i != old]
         side = n.rng.sample(others, (len(n.nodes) - 1) // 2)
-        n.fault("partition", f"{sorted(side)} | rest")
         partition(n.net, n.nodes, side)
+        n.fault("partition", f"{sorted(side)} | rest")
         n.pause_for(1.5, 3.0)
         n.fault("heal", "links healed")
         n.net.heal()
@@ -283,8 +288,8 @@ def rolling_restart(n: Nemesis) -> None:
             if not n.running():
                 return
             was_leader = n.leader() == node
-            n.fault("restart", f"SIGTERM n{node}", leader=was_leader)
             n.cluster.stop(node)
+            n.fault("restart", f"SIGTERM n{node} stopped", leader=was_leader)
             n.cluster.start(node)
             n.wait_caught_up()
             n.pause_for(0.3, 1.0)
@@ -294,9 +299,9 @@ def rolling_restart(n: Nemesis) -> None:
 def full_cluster_kill(n: Nemesis) -> None:
     while n.running():
         n.pause_for(1.0, 2.5)
-        n.fault("kill-all", "kill -9 every node", leader=True)
         for node in n.nodes:
             n.cluster.kill(node, signal.SIGKILL)
+        n.fault("kill-all", "kill -9 every node", leader=True)
         for node in n.nodes:
             n.cluster.start(node)
         n.wait_caught_up()
