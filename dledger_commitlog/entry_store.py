@@ -11,9 +11,15 @@ flushed entry (index, term, pos, chainCrc) from which recovery scans. Invariants
 - `append` truncates a conflicting suffix first (Raft's log-matching repair); a
   truncated entry's bytes are zeroed, so nothing truncated reappears on reopen.
 - Recovery scans from the checkpointed entry (or the last three segments) to the
-  end: a torn or corrupt tail is cut at the first bad entry; a bad entry at or
-  below what must be valid (the checkpoint, or the caller's committed index)
-  raises CorruptEntry instead of serving wrong data.
+  end: a torn or corrupt tail is cut at the first bad entry (its bytes and all
+  after it zeroed, as `truncate` does) with a warning naming file, position and
+  index. A bad entry at or below the entry checkpoint raises CorruptEntry
+  instead: those entries are the recovery anchor and may already have been
+  dispatched and retained elsewhere, so only an operator (restoring the node's
+  data from a replica) repairs them. A cut below the caller's committed index
+  (`committed_index`, e.g. raft.state's commit) is allowed but reported: see
+  `tail_cut` and `missing_through`; the node must then get those entries back
+  from the leader before it takes part in elections again.
 - With `write_buffer_bytes`, appended data waits in memory until a flush (or the
   buffer fills): meant for sync flush, where nothing is acknowledged unflushed.
 - NORMAL entries whose body is a RocketMQ message get the message's
@@ -31,6 +37,7 @@ import os
 import struct
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from raft.errors import Compacted, Unavailable
@@ -65,6 +72,25 @@ _PHY = struct.Struct(">q")
 _SCAN_CHUNK = 4 << 20
 _RECOVER_SEGMENTS = 3
 _INDEX_BUFFER_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class TailCut:
+    """What recovery cut off: the first bad entry and why.
+
+    `seen_through` is the last index of intact entries found *after* the bad one
+    (0: none). Intact entries behind a bad one mean the bad bytes are not a torn
+    last write but damage to data that had reached the disk, so those entries may
+    have been acknowledged (in sync flush mode an entry is acknowledged only once
+    fsynced); a bad last entry followed by nothing is indistinguishable from a
+    torn write.
+    """
+
+    file: str
+    pos: int
+    index: int  # the index the first bad entry should have had (last good + 1)
+    reason: str
+    seen_through: int = 0
 
 
 class EntryStore:
@@ -121,6 +147,12 @@ class EntryStore:
         self._cache_first = 1
         self._cache_size = 0
         self._cache_limit = cache_bytes
+        # Set by recovery: the bad entry it cut the tail at (None: a clean end).
+        self.tail_cut: TailCut | None = None
+        self._recovered_committed = committed_index
+        # Called after every successful fsync of the data files with the flushed position
+        # (tests trace it to simulate a power loss); runs on the flushing thread.
+        self.on_data_flushed: Callable[[int], None] | None = None
         self._recover(committed_index)
 
     # -- LogStorage --------------------------------------------------------------
@@ -424,7 +456,24 @@ class EntryStore:
 
     def flush(self) -> int:
         """fsync the data files (what acknowledgements depend on); returns the flushed pos."""
-        return self._data.flush()
+        flushed = self._data.flush()
+        if self.on_data_flushed is not None:
+            self.on_data_flushed(flushed)
+        return flushed
+
+    @property
+    def missing_through(self) -> int:
+        """The highest index this log held, or was told was committed, before recovery,
+        when recovery cut it short of that (0: nothing known to be missing).
+
+        max(the caller's `committed_index`, `tail_cut.seen_through`) if above the
+        recovered last index. Entries up to it may be committed with this node's vote
+        or acknowledgement: they must come back from the leader before this node
+        votes or campaigns (RaftCore's `catch_up_to`).
+        """
+        seen = self.tail_cut.seen_through if self.tail_cut is not None else 0
+        lost = max(self._recovered_committed, seen)
+        return lost if lost > self._last_index else 0
 
     def write_checkpoint(self, committed_index: int) -> None:
         """Flush everything and record entry `committed_index` as a verified starting point.
@@ -436,7 +485,9 @@ class EntryStore:
             return
         entry = self.get(index)
         self._index.flush()
-        self._data.flush()
+        flushed = self._data.flush()
+        if self.on_data_flushed is not None:
+            self.on_data_flushed(flushed)
         body = struct.pack(">qqqI", entry.index, entry.term, entry.pos, entry.chain_crc)
         record = body + struct.pack(">I", zlib.crc32(body))
         write_atomically(self._checkpoint_path, record)
@@ -516,17 +567,20 @@ class EntryStore:
                 chain,
             ):
                 raise CorruptEntry(
-                    self._where(pos), pos, f"checkpointed entry {index} is not there"
-                )
-            must_be_valid = max(committed_index, index)
+                    self._where(pos), pos, f"checkpointed entry {index} is not there "
+                    "(entries.checkpoint): restore this node's data from a replica"
+                )  # fmt: skip
+            must_be_valid = index
             self._checkpoint_index = index
         else:
             start = segs[max(0, len(segs) - _RECOVER_SEGMENTS)][0] if segs else 0
             anchor = self._scan_one(start) if segs else None
-            must_be_valid = committed_index
+            must_be_valid = 0
             if anchor is None:
-                if start != 0 or committed_index > 0:
+                if start != 0:
                     raise CorruptEntry(self._where(start), start, "no valid entry opens the log")
+                if segs and (committed_index > 0 or self._data.read_unchecked(0, 4) != bytes(4)):
+                    self._note_cut(start, 1, "the first entry is bad", committed_index)
                 self._recover_empty()
                 return
         if anchor.pos == data.min_offset:
@@ -548,8 +602,13 @@ class EntryStore:
         anchor = self._scan_one(pos)
         self._first_index = index + 1
         if anchor is None or anchor.index != index + 1:
-            if committed_index > index:
-                raise CorruptEntry(self._where(pos), pos, "no valid entry after the base")
+            if checkpoint is not None and checkpoint[0] > index:
+                raise CorruptEntry(self._where(pos), pos, "no valid entry after the base, "
+                                   f"yet entry {checkpoint[0]} is checkpointed")  # fmt: skip
+            if committed_index > index or (
+                self._data.segments() and self._data.read_unchecked(pos, 4) != bytes(4)
+            ):
+                self._note_cut(pos, index + 1, "no valid entry after the base", committed_index)
             if self._data.segments():
                 self._data.truncate(pos)
             self._start_index_at_base()
@@ -566,7 +625,7 @@ class EntryStore:
             and idx.read_unchecked(start, INDEX_UNIT_SIZE) == slot
         ):
             self._start_index_at_base()
-        self._scan_from(anchor, max(committed_index, self._checkpoint_index))
+        self._scan_from(anchor, self._checkpoint_index)
 
     def _recover_empty(self) -> None:
         """No valid entry at all: a fresh store, or one whose first write was torn."""
@@ -642,14 +701,57 @@ class EntryStore:
         if prev.index < must_be_valid:
             why = bad if bad not in (None, "end") else "the log ends early"
             raise CorruptEntry(
-                self._where(pos), pos, f"{why}; entries up to {must_be_valid} must be valid"
-            )
+                self._where(pos), pos,
+                f"{why} at entry {prev.index + 1}; entries up to {must_be_valid} are below the "
+                "entry checkpoint (entries.checkpoint) and cannot be cut: restore this node's "
+                "data from a replica",
+            )  # fmt: skip
         if bad not in (None, "end"):
-            log.warning("entry log %s: cutting the tail at %d after entry %d: %s",
-                        self.directory, pos, prev.index, bad)  # fmt: skip
+            self._note_cut(pos, prev.index + 1, bad or "", self._recovered_committed)
+        elif prev.index < self._recovered_committed:
+            log.warning("entry log %s ends at entry %d (position %d), short of the committed "
+                        "index %d: the missing entries must come back from the leader",
+                        self.directory, prev.index, pos, self._recovered_committed)  # fmt: skip
         data.truncate(pos)
         self._last_index, self._last_term, self._last_chain = prev.index, prev.term, prev.chain_crc
         self._rebuild_index(anchor.index, b"".join(units))
+
+    def _note_cut(self, pos: int, index: int, reason: str, committed: int) -> None:
+        """Record (and log) a tail cut at `pos`, where entry `index` should have been."""
+        seen = self._skim_past(pos)
+        self.tail_cut = TailCut(self._where(pos), pos, index, reason, seen)
+        lost = max(committed, seen)
+        log.warning(
+            "entry log %s: corrupt or torn entry %d at position %d of %s (%s): cutting the "
+            "log there%s", self.directory, index, pos, self._where(pos), reason,
+            f"; entries {index}..{lost} that may be committed are missing until the leader "
+            "replicates them again" if lost >= index else "",
+        )  # fmt: skip
+
+    def _skim_past(self, pos: int) -> int:
+        """The last index of intact entries right after the bad entry at `pos` (0: none)."""
+        data, seg = self._data, self._data.segment_size
+        end = data.write_position
+        head = data.read_unchecked(pos, HEADER_SIZE)
+        if len(head) < HEADER_SIZE:
+            return 0
+        magic, size, last = HEADER.unpack_from(head)[:3]
+        if magic != ENTRY_MAGIC or not HEADER_SIZE <= size <= seg - pos % seg:
+            return 0
+        seen, at = 0, pos + size
+        while at < end:
+            magic, fill = FILLER.unpack(
+                data.read_unchecked(at, FILLER_MIN).ljust(FILLER_MIN, b"\0")
+            )
+            if magic == FILLER_MAGIC and fill == seg - at % seg:
+                at += fill
+                continue
+            entry = self._scan_one(at)
+            if entry is None or entry.index != last + 1:
+                break
+            seen = last = entry.index
+            at += entry.size
+        return seen
 
     def _rebuild_index(self, first: int, want: bytes) -> None:
         """Make the index agree with the scanned entries, rewriting it where it does not."""

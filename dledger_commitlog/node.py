@@ -7,6 +7,19 @@ that promise them, apply committed entries, `advance`. One exception, safe in
 Raft: a leader whose term and vote are already durable sends its appends and
 heartbeats before its own fsync, so replication overlaps the leader's disk.
 
+A log that recovery had to cut below what this node knew was committed (a
+corrupt entry above the entry checkpoint, see EntryStore) starts the core with
+`catch_up_to`: in sync flush mode the node neither votes nor campaigns until
+the leader has replicated those entries back (an entry it had fsynced may have
+been counted for a commit). In async flush mode it does not: a power loss of a
+majority loses the unflushed tail everywhere, and gating every node would leave
+the cluster without a leader for good (docs/disk-faults.md).
+
+Test hook: with DLEDGER_FLUSH_TRACE=1 in the environment, every successful fsync
+of the commit-log data appends the flushed position (8 bytes, big-endian) to
+`<data_dir>/flush.trace`, unsynced: chaos.disk.power_loss reads it to drop what
+never reached the disk.
+
 Wall-clock time reaches the core only here, as ticks every `tick_ms`.
 Randomness is a `random.Random` seeded from the OS. Invariants: one Ready in
 flight at a time; inputs (steps, proposals, ticks) arriving meanwhile are
@@ -63,10 +76,21 @@ class RaftNode:
             data / "commitlog",
             data_segment_bytes=cfg.data_segment_bytes,
             index_segment_bytes=cfg.index_segment_bytes,
-            committed_index=saved.commit if self.sync_flush else 0,
+            committed_index=saved.commit,
             write_buffer_bytes=_SYNC_WRITE_BUFFER if self.sync_flush else 0,
         )
+        if os.environ.get(FLUSH_TRACE_ENV) == "1":
+            self.store.on_data_flushed = FlushTrace(data / FLUSH_TRACE_FILE, self.store)
         commit = min(saved.commit, self.store.last_index())
+        missing = self.store.missing_through
+        catch_up_to = missing if self.sync_flush else 0
+        if missing:
+            log.warning(
+                "node %d: its log ends at entry %d but entries up to %d may be committed; %s",
+                cfg.node_id, self.store.last_index(), missing,
+                "it stays out of elections until the leader has replicated them again"
+                if catch_up_to else "async flush: they are lost here unless a peer has them",
+            )  # fmt: skip
         self.core = RaftCore(
             Config(
                 id=cfg.node_id,
@@ -85,6 +109,7 @@ class RaftNode:
             HardState(saved.term, saved.vote, commit),
             rng=random.Random(int.from_bytes(os.urandom(8))),
             applied=commit,
+            catch_up_to=catch_up_to,
         )
         host, port = parse_address(cfg.client_address)
         self.commitlog = DLedgerCommitLog(
@@ -198,6 +223,8 @@ class RaftNode:
         await loop.run_in_executor(self._executor, self._checkpoint_now, snap)
         self.dispatcher.close(clean=True)
         self.store.close()
+        if isinstance(self.store.on_data_flushed, FlushTrace):
+            self.store.on_data_flushed.close()
         self._executor.shutdown(wait=True)
 
     # -- inputs --------------------------------------------------------------------
@@ -454,6 +481,37 @@ class RaftNode:
             if p.id == leader:
                 return p.client
         return None
+
+
+FLUSH_TRACE_ENV = "DLEDGER_FLUSH_TRACE"
+FLUSH_TRACE_FILE = "flush.trace"
+
+
+class FlushTrace:
+    """Appends the commit log's flushed position after each fsync (a test hook).
+
+    Writes `store.flushed_position` read under a lock rather than the flush's own
+    return value, so the traced sequence follows the real one even when the
+    periodic flush and the checkpointer's flush finish in either order. The file
+    is never fsynced: it models what reached the disk, and it only has to survive
+    SIGKILL (the page cache does).
+    """
+
+    def __init__(self, path: Path, store: EntryStore) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._store = store
+        self._lock = threading.Lock()
+
+    def __call__(self, _flushed: int) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.write(self._fd, self._store.flushed_position.to_bytes(8, "big"))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
 
 def _ipv4(host: str) -> str:

@@ -16,6 +16,10 @@ Invariants kept here:
 - a follower behind the leader's first retained entry gets a `Snapshot`; the
   core never touches its storage for it, the driver restores the storage from
   `Ready.snapshot`; until then the node does not campaign.
+- a node started with `catch_up_to` beyond its log (its disk lost entries it had
+  acknowledged or knew committed) neither campaigns nor grants votes or pre-votes
+  until a leader's replication has made its log match the leader's up to that
+  index: with such a vote a quorum could elect a leader lacking committed entries.
 """
 
 from __future__ import annotations
@@ -60,7 +64,11 @@ class RaftCore:
         *,
         rng: Rng,
         applied: int = 0,
+        catch_up_to: int = 0,
     ) -> None:
+        """`catch_up_to`: this node's log lost entries up to that index which it knows
+        (or must presume) were committed or acknowledged; it stays out of elections
+        until a leader has replicated its log up to there (0: nothing is missing)."""
         self._cfg = config
         self._id = config.id
         self._peers = tuple(sorted(config.peers))
@@ -86,6 +94,10 @@ class RaftCore:
         self._heartbeat_pending = False  # leader: a read needs a heartbeat round
         self._outstanding: Ready | None = None
         self._unsent_snapshot: SnapshotMeta | None = None  # for the next Ready
+        # Out of elections until a leader's log matches ours up to here (0: not gated).
+        # A lone voter has nobody to catch up from: its lost entries are simply gone.
+        lacking = catch_up_to > self._log.last_index() and len(self._peers) > 1
+        self._catch_up_to = catch_up_to if lacking else 0
         self._become_follower(self._term, None)
 
     # --- read-only views ---
@@ -127,6 +139,12 @@ class RaftCore:
     @property
     def applied(self) -> int:
         return self._log.applied
+
+    @property
+    def catch_up_to(self) -> int:
+        """The index this node must get back from a leader before it may vote or
+        campaign (see the constructor); 0 once it has, or if it never lost anything."""
+        return self._catch_up_to
 
     @property
     def lead_transferee(self) -> int | None:
@@ -358,6 +376,8 @@ class RaftCore:
     def _campaign(self, transfer: bool) -> None:
         if self._log.snapshot is not None:
             return  # our log is not in storage yet: wait for the driver's restore
+        if self._catch_up_to:
+            return  # we lack entries that may be committed: a leader must restore them
         pre_vote = self._cfg.pre_vote and not transfer
         if pre_vote:
             self._become_pre_candidate()
@@ -386,7 +406,7 @@ class RaftCore:
                 pass
 
     def _handle_vote_request(self, m: RequestVote) -> None:
-        can_vote = (
+        can_vote = not self._catch_up_to and (
             self._vote == m.src
             or (self._vote is None and self._leader_id is None)
             or (m.pre_vote and m.term > self._term)
@@ -455,6 +475,7 @@ class RaftCore:
         last_new = log.maybe_append(m.prev_index, m.prev_term, m.entries)
         if last_new is not None:
             log.commit_to(min(m.commit, last_new))
+            self._caught_up_to(last_new)
             self._send(AppendResponse(self._id, m.src, self._term, last_new))
             return
         hint_index, hint_term = log.find_conflict_by_term(
@@ -478,13 +499,20 @@ class RaftCore:
             log.restore(snap)
             self._unsent_snapshot = snap
             index = m.index
+        self._caught_up_to(index)
         self._send(AppendResponse(self._id, m.src, self._term, index))
+
+    def _caught_up_to(self, index: int) -> None:
+        """The leader's log and ours agree up to `index`: lift the election gate there."""
+        if self._catch_up_to and index >= self._catch_up_to:
+            self._catch_up_to = 0
 
     def _handle_heartbeat(self, m: Heartbeat) -> None:
         # The leader sends min(our match, its commit); after we lost our log (a wiped
         # data directory) its idea of our match is stale: never commit beyond our log.
         last = self._log.last_index()
         self._log.commit_to(min(m.commit, last))
+        self._caught_up_to(self._log.committed)
         if m.commit > last:
             # Tell the leader where our log ends, as a rejected append would.
             self._send(AppendResponse(self._id, m.src, self._term, m.commit, True, last, 0))
@@ -547,6 +575,11 @@ class RaftCore:
                 if pr.state is not ProgressState.PROBE:
                     pr.become_probe()
                 self._send_appends(m.src)
+            return
+        if m.index > self._log.last_index():
+            # The follower holds (as committed) more than our whole log: only possible
+            # after a majority lost acknowledged entries (async flush and a power loss).
+            # Its log cannot be matched against ours; never count it (and never crash).
             return
         updated = pr.maybe_update(m.index)
         if pr.state is ProgressState.SNAPSHOT:

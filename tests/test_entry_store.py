@@ -228,7 +228,11 @@ def _flip(path: Path, pos: int, rng: random.Random) -> None:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_flip_before_the_committed_index_raises_naming_the_place(tmp_path: Path, seed: int) -> None:
+def test_flip_above_the_checkpoint_cuts_the_log_and_names_what_is_missing(
+    tmp_path: Path, seed: int
+) -> None:
+    """A committed entry damaged above the checkpoint: the log is cut there, never
+    served, and the store reports the committed entries it must get back."""
     rng = random.Random(2000 + seed)
     s = open_store(tmp_path)
     fill(s, 20)
@@ -238,12 +242,13 @@ def test_flip_before_the_committed_index_raises_naming_the_place(tmp_path: Path,
     s.flush()
     s.close()
     _flip(tmp_path, victim.pos + rng.randrange(victim.size), rng)
-    with pytest.raises(CorruptEntry) as info:
-        open_store(tmp_path, committed_index=40)
-    assert info.value.offset == victim.pos, f"seed={seed}"
-    assert info.value.file is not None and info.value.file.endswith(
-        f"{victim.pos // SEG * SEG:020d}"
-    )
+    s = open_store(tmp_path, committed_index=40)
+    assert s.last_index() == victim.index - 1, f"seed={seed}"
+    cut = s.tail_cut
+    assert cut is not None and cut.pos == victim.pos and cut.index == victim.index
+    assert cut.file.endswith(f"{victim.pos // SEG * SEG:020d}"), f"seed={seed}"
+    assert s.missing_through == 40, f"seed={seed}"
+    s.close()
 
 
 def test_a_checkpointed_entry_that_changed_is_an_error(tmp_path: Path) -> None:
