@@ -140,7 +140,7 @@ def get_at(stub: Any, offset: int) -> pb.StoredMessage:
     return message
 
 
-def _register(item: pytest.Item, cluster: LocalCluster) -> None:
+def register(item: pytest.Item, cluster: LocalCluster) -> None:
     clusters = item.stash.setdefault(_CLUSTERS, [])
     if cluster not in clusters:
         clusters.append(cluster)
@@ -174,7 +174,7 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCl
 @pytest.fixture
 def cluster(request: pytest.FixtureRequest, shared_cluster: LocalCluster) -> LocalCluster:
     """The module's shared cluster, with a leader; its logs are reported if the test fails."""
-    _register(request.node, shared_cluster)
+    register(request.node, shared_cluster)
     shared_cluster.wait_for_leader(timeout_s=10.0)
     return shared_cluster
 
@@ -190,7 +190,7 @@ def make_cluster(
         config = {**SMALL_SEGMENTS, **extra_config}
         cluster = LocalCluster(tmp_path / name, extra_config=config)
         made.append(cluster)
-        _register(request.node, cluster)
+        register(request.node, cluster)
         return cluster.up()
 
     try:
