@@ -78,6 +78,7 @@ class ChaosReport:
     timing: dict[str, Any]
     faults: list[str]
     harness_errors: list[str]
+    exits: list[str]  # nodes that stopped on their own (restarted by the harness)
     directory: str
     elapsed_s: float
 
@@ -118,6 +119,8 @@ class ChaosReport:
             **self.timing,
             "faults": self.faults,
             "harness_errors": self.harness_errors,
+            "node_exits": len(self.exits),
+            "exits": self.exits,
             "directory": self.directory,
             "elapsed_s": round(self.elapsed_s, 3),
         }
@@ -152,6 +155,8 @@ class ChaosReport:
                          + (f" ({t['failovers_unfinished']} unfinished)"
                             if t["failovers_unfinished"] else "")),
         ]  # fmt: skip
+        if self.exits:
+            rows.append(("nodes that exited", f"{len(self.exits)}: {self.exits[:3]}"))
         if v.lost_in_window:
             rows.insert(5, ("lost in the window", f"{len(v.lost_in_window)} (async power loss)"))
         rows += [("problem", p) for p in v.problems() + self.harness_errors]
@@ -283,7 +288,7 @@ def run(cfg: ChaosConfig, log: Log = lambda _: None) -> ChaosReport:
         workload.stop(timeout_s=cfg.settle_s)
         harness += [f"client thread failed: {e!r}" for e in workload.errors]
         log("healed; waiting for the replicas to converge")
-        _wait(lambda: converged(cluster.statuses(timeout_s=1.0)), cfg.settle_s,
+        _wait(lambda: nemesis_converged(nemesis, cluster), cfg.settle_s,
               "every replica to hold the same committed log")  # fmt: skip
         replicas = [
             Replica.from_raw(i, read_replica(a, cluster.cluster)) for i, a in servers.items()
@@ -306,7 +311,8 @@ def run(cfg: ChaosConfig, log: Log = lambda _: None) -> ChaosReport:
         harness.append("no replica was read")
     faults = [f"{e.time:7.2f}s {e.f}: {e.detail}".rstrip(": ") for e in history.faults()]
     timing = timings(history, nemesis.leader_faults if nemesis else [])
-    report = ChaosReport(info, verdict, timing.as_json(), faults, harness, str(root),
+    exits = nemesis.exits if nemesis else []
+    report = ChaosReport(info, verdict, timing.as_json(), faults, harness, exits, str(root),
                          time.monotonic() - started)  # fmt: skip
     history.write_jsonl(root / "history.jsonl")
     (root / "report.json").write_text(json.dumps(report.as_json(), indent=2) + "\n")
@@ -314,6 +320,11 @@ def run(cfg: ChaosConfig, log: Log = lambda _: None) -> ChaosReport:
         shutil.rmtree(root, ignore_errors=True)
         report.directory = ""
     return report
+
+
+def nemesis_converged(nemesis: Nemesis, cluster: LocalCluster) -> bool:
+    nemesis.supervise()
+    return converged(cluster.statuses(timeout_s=1.0))
 
 
 def _wait(cond: Callable[[], bool], timeout_s: float, what: str) -> None:

@@ -46,6 +46,7 @@ class Nemesis:
     stop_event: threading.Event = field(default_factory=threading.Event)
     settle_s: float = 30.0  # how long a node may take to come back and catch up
     max_leader_faults: int | None = None  # stop the schedule after this many
+    exits: list[str] = field(default_factory=list)  # nodes that stopped on their own
 
     @property
     def nodes(self) -> list[int]:
@@ -77,6 +78,7 @@ class Nemesis:
         """A leader all answering nodes agree on (not in `exclude`)."""
         deadline = time.monotonic() + timeout_s
         while True:
+            self.supervise()
             got = self.statuses()
             leaders = {s.node_id: s.term for s in got.values() if s.role == "leader"}
             if leaders:
@@ -87,6 +89,15 @@ class Nemesis:
                 raise ScenarioError(f"no leader (excluding {exclude}) within {timeout_s:g}s")
             time.sleep(0.05)
 
+    def supervise(self) -> None:
+        """Restart a node that exited on its own (as a supervisor would), noting why."""
+        for node in self.nodes:
+            if node not in self.stopped and not self.cluster.is_running(node):
+                last = self.cluster.log_tail(node, 1).strip()[-300:]
+                self.exits.append(f"n{node}: {last}")
+                self.fault("exited", f"n{node} exited on its own; restarted ({last})")
+                self.cluster.start(node)
+
     def wait_caught_up(self, nodes: list[int] | None = None) -> None:
         """Every node in `nodes` (default all) answers and commits what the leader had."""
         ids = nodes if nodes is not None else self.nodes
@@ -95,6 +106,7 @@ class Nemesis:
         goal = target.committed_index if target is not None else 0
         deadline = time.monotonic() + self.settle_s
         while True:
+            self.supervise()
             got = self.statuses()
             if all(i in got and got[i].committed_index >= goal for i in ids):
                 return
