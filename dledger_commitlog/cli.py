@@ -30,7 +30,8 @@ from .cluster import ClusterError
 from .config import ConfigError, NodeConfig, load_config, parse_peer
 from .verify import progress_bar, verify_store
 
-COMMAND_MODULES: tuple[str, ...] = ("analytics.cli", "chaos.cli")  # their import registers more subcommands
+# Their import registers more subcommands.
+COMMAND_MODULES: tuple[str, ...] = ("analytics.cli", "chaos.cli")
 _FIELD_TYPES: dict[str, Callable[[str], Any]] = {
     "int": int,
     "float": float,

@@ -21,7 +21,8 @@ import grpc
 import pytest
 
 from dledger_commitlog.client import ClientError, NodeStatus, StatusError
-from dledger_commitlog.cluster import LocalCluster, answered, converged
+from dledger_commitlog.cluster import LocalCluster, converged
+from dledger_commitlog.cluster import answered as answered
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 
