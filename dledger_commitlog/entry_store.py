@@ -10,6 +10,9 @@ flushed entry (index, term, pos, chainCrc) from which recovery scans. Invariants
   and the index is rebuilt from them whenever the two disagree.
 - `append` truncates a conflicting suffix first (Raft's log-matching repair); a
   truncated entry's bytes are zeroed, so nothing truncated reappears on reopen.
+  Entries at or below the entry checkpoint are never truncated, with one
+  exception: `roll_back_to`, for a node whose committed tail the cluster lost
+  (async flush, see RaftNode's rollback marker), moves the checkpoint down first.
 - Recovery scans from the checkpointed entry (or the last three segments) to the
   end: a torn or corrupt tail is cut at the first bad entry (its bytes and all
   after it zeroed, as `truncate` does) with a warning naming file, position and
@@ -43,7 +46,7 @@ from pathlib import Path
 from raft.errors import Compacted, Unavailable
 from raft.types import Entry, EntryKind
 from store.errors import CorruptEntry
-from store.fileio import write_atomically
+from store.fileio import fsync_dir, write_atomically
 from store.mapped_file import MappedFileQueue
 from store.message import MESSAGE_MAGIC_CODE, PHYSICAL_OFFSET_POS
 
@@ -283,6 +286,41 @@ class EntryStore:
         del self._cache[k:]
         self._last_index = index - 1
         self._set_tail_from_index(index - 1)
+
+    def roll_back_to(self, index: int) -> None:
+        """Cut the log after entry `index` even below the entry checkpoint, durably (blocking).
+
+        Only for a node whose committed tail the cluster no longer has (async flush,
+        a power loss of a majority: see RaftNode's rollback marker). The checkpoint
+        moves down to `index` first (or is removed when `index` is below the first
+        retained entry, the base then anchoring recovery), then the entries after
+        `index` are cut, and both are fsynced: a crash in between leaves a log that a
+        repeated call finishes. A log that starts after `index` (retention) cannot
+        be rolled back: ValueError.
+        """
+        if index < self._first_index - 1:
+            raise ValueError(
+                f"cannot roll back to entry {index}: the log starts after entry "
+                f"{self._first_index - 1} (retention); restore this node's data from a replica"
+            )
+        record = self._read_record(self._checkpoint_path)
+        if record is not None and record[0] > index:
+            if index >= self._first_index:
+                entry = self.get(index)
+                body = struct.pack(">qqqI", entry.index, entry.term, entry.pos, entry.chain_crc)
+                write_atomically(self._checkpoint_path, body + struct.pack(">I", zlib.crc32(body)))
+            else:
+                self._checkpoint_path.unlink(missing_ok=True)
+                fsync_dir(self.directory)
+        self._checkpoint_index = min(self._checkpoint_index, index)
+        if index < self._last_index:
+            log.warning("entry log %s: rolling back entries %d..%d (the cluster lost them)",
+                        self.directory, index + 1, self._last_index)  # fmt: skip
+            self.truncate_suffix(index + 1)
+        self._index.flush()
+        self.flush()
+        for d in (self._data.directory, self._index.directory):
+            fsync_dir(d)  # segments deleted by the cut
 
     def delete_prefix(self, index: int) -> int:
         """Retention: drop whole data segments holding only entries below `index`.

@@ -15,6 +15,18 @@ been counted for a commit). In async flush mode it does not: a power loss of a
 majority loses the unflushed tail everywhere, and gating every node would leave
 the cluster without a leader for good (docs/disk-faults.md).
 
+A leader whose log conflicts with entries this node holds as committed
+(`raft.LogDiverged`, raised by the core's `step`) means a majority lost entries
+this node recorded as committed: possible only in async flush mode, after a power
+loss of a majority. In async mode the node logs it loudly, writes the rollback
+marker `<data_dir>/rollback.json` (roll back to the last entry its log shares
+with the leader's) and stops (`on_fatal`); the next start cuts the log there,
+even below the entry checkpoint, lowers raft.state's commit index, lets the
+dispatcher cut consume queues and key index back to the new log end, persists
+that, removes the marker and rejoins as a follower that catches up from the
+leader. In sync flush mode that conflict is an invariant violation: the node
+stops without a marker (docs/disk-faults.md).
+
 Test hook: with DLEDGER_FLUSH_TRACE=1 in the environment, every successful fsync
 of the commit-log data appends the flushed position (8 bytes, big-endian) to
 `<data_dir>/flush.trace`, unsynced: chaos.disk.power_loss reads it to drop what
@@ -41,9 +53,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dispatch.dispatcher import Dispatcher, DispatchSnapshot
-from raft import Config, HardState, Message, NotLeader, RaftCore, Ready, Role
+from raft import Config, HardState, LogDiverged, Message, NotLeader, RaftCore, Ready, Role
 from raft.messages import AppendEntries, Heartbeat
 from raft.types import SnapshotMeta
+from store.fileio import fsync_dir, write_atomically
 from store.flush import GroupCommit, PeriodicFlush
 
 from .commitlog import DLedgerCommitLog
@@ -70,8 +83,13 @@ class RaftNode:
         data = Path(cfg.data_dir)
         data.mkdir(parents=True, exist_ok=True)
         self.state_file = RaftStateFile(data / "raft.state")
-        saved = self.state_file.saved
         self.sync_flush = cfg.flush_mode == "sync"
+        rollback_path = data / ROLLBACK_FILE
+        roll_back_to = read_rollback_marker(rollback_path)
+        if roll_back_to is not None:
+            # Commit index first: a crash before the log cut then repeats the rollback.
+            self.state_file.lower_commit(roll_back_to)
+        saved = self.state_file.saved
         self.store = EntryStore(
             data / "commitlog",
             data_segment_bytes=cfg.data_segment_bytes,
@@ -79,6 +97,11 @@ class RaftNode:
             committed_index=saved.commit,
             write_buffer_bytes=_SYNC_WRITE_BUFFER if self.sync_flush else 0,
         )
+        if roll_back_to is not None:
+            log.error("node %d: rollback marker %s: rolling the log back from entry %d to "
+                      "entry %d (entries the cluster lost after a power loss)", cfg.node_id,
+                      rollback_path, self.store.last_index(), roll_back_to)  # fmt: skip
+            self.store.roll_back_to(roll_back_to)
         if os.environ.get(FLUSH_TRACE_ENV) == "1":
             self.store.on_data_flushed = FlushTrace(data / FLUSH_TRACE_FILE, self.store)
         commit = min(saved.commit, self.store.last_index())
@@ -144,6 +167,13 @@ class RaftNode:
         self.recovery = self.dispatcher.recover(log_end)
         caught_up = self.dispatcher.catch_up()
         self.commitlog.load_committed(commit, self.dispatcher.max_offsets())
+        if roll_back_to is not None:
+            # Queues and index are cut back to the new log end (recover): make that
+            # and the lower dispatch position durable before the marker goes.
+            self.dispatcher.persist(self.dispatcher.snapshot())
+            rollback_path.unlink()
+            fsync_dir(data)
+            self.recovery.notes.append(f"rolled back to entry {roll_back_to} ({ROLLBACK_FILE})")
         self.recovery.seconds = time.perf_counter() - started
         log.info(
             "node %d recovered in %.2fs after a %s: dispatch resumed at %d, re-dispatched %d "
@@ -173,6 +203,7 @@ class RaftNode:
         self._checkpoint_lock = threading.Lock()
         self.fatal: BaseException | None = None
         self.on_fatal: Callable[[], None] | None = None
+        self.diverged: LogDiverged | None = None
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -231,10 +262,46 @@ class RaftNode:
 
     def deliver(self, msg: Message) -> None:
         """A message from a peer."""
-        if msg.dst != self.cfg.node_id or self._closed:
+        if msg.dst != self.cfg.node_id or self._closed or self.diverged is not None:
             return
-        self.core.step(msg)
+        try:
+            self.core.step(msg)
+        except LogDiverged as exc:
+            self._on_diverged(exc)
+            return
         self._wakeup.set()
+
+    def _on_diverged(self, exc: LogDiverged) -> None:
+        """The leader's log lacks entries we hold as committed: roll back (async) or stop."""
+        self.diverged = exc
+        node = self.cfg.node_id
+        if self.sync_flush:
+            log.critical(
+                "node %d: INVARIANT VIOLATED in sync flush mode: %s. Nothing acknowledged "
+                "can be lost in sync mode; stopping. Restore this node's data from a "
+                "replica (or investigate the disks)", node, exc,
+            )  # fmt: skip
+        else:
+            path = Path(self.cfg.data_dir) / ROLLBACK_FILE
+            to = exc.agree
+            before = read_rollback_marker(path)
+            if before is not None:
+                to = min(to, before)
+            write_atomically(path, json.dumps({
+                "roll_back_to": to, "conflict_at": exc.index, "committed": exc.committed,
+                "leader": exc.leader, "term": exc.term,
+            }).encode())  # fmt: skip
+            log.error(
+                "node %d: LOST COMMITTED ENTRIES: leader %d (term %d) has other entries than "
+                "ours from entry %d, while we hold entries up to %d as committed (async "
+                "flush: a power loss of a majority lost entries %d..%d, which this node may "
+                "have served). Stopping; wrote %s: the next start rolls the log back to "
+                "entry %d and rejoins", node, exc.leader, exc.term, exc.index, exc.committed,
+                exc.index, exc.committed, path, to,
+            )  # fmt: skip
+        self.fatal = exc
+        if self.on_fatal is not None:
+            self.on_fatal()
 
     def _propose(self, datas: list[bytes]) -> tuple[int, int, int]:
         self._ensure_leader_state()
@@ -301,6 +368,8 @@ class RaftNode:
         while True:
             next_at += interval
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            if self.diverged is not None:
+                return  # stopping: it must not campaign meanwhile
             self.core.tick()
             self._wakeup.set()
             self.metrics.update_role(self.core)
@@ -481,6 +550,21 @@ class RaftNode:
             if p.id == leader:
                 return p.client
         return None
+
+
+ROLLBACK_FILE = "rollback.json"
+
+
+def read_rollback_marker(path: Path) -> int | None:
+    """The index a rollback marker says to roll the log back to (None: no marker)."""
+    try:
+        doc = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    to = doc.get("roll_back_to") if isinstance(doc, dict) else None
+    if not isinstance(to, int) or to < 0:
+        raise ValueError(f"{path}: no valid roll_back_to index: {doc!r}")
+    return to
 
 
 FLUSH_TRACE_ENV = "DLEDGER_FLUSH_TRACE"

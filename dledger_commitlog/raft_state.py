@@ -55,6 +55,13 @@ class RaftStateFile:
             if commit > self.saved.commit:
                 self._write(HardState(self.saved.term, self.saved.vote, commit))
 
+    def lower_commit(self, commit: int) -> None:
+        """Bring the recorded commit index down to `commit` (blocking): only for a
+        rollback of a committed tail the cluster lost (see RaftNode)."""
+        with self._lock:
+            if self.saved.commit > commit:
+                self._write(HardState(self.saved.term, self.saved.vote, commit))
+
     def _write(self, hs: HardState) -> None:
         body = _RECORD.pack(_MAGIC, hs.term, hs.vote or 0, hs.commit, 0)[:-4]
         write_atomically(self.path, body + struct.pack(">I", zlib.crc32(body)))

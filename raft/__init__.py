@@ -3,7 +3,14 @@ style of etcd-io/raft. See docs/raft.md for the driver contract."""
 
 from raft.config import Config
 from raft.core import RaftCore
-from raft.errors import Compacted, NotLeader, ProposalDropped, RaftError, Unavailable
+from raft.errors import (
+    Compacted,
+    LogDiverged,
+    NotLeader,
+    ProposalDropped,
+    RaftError,
+    Unavailable,
+)
 from raft.messages import (
     AppendEntries,
     AppendResponse,
@@ -32,6 +39,7 @@ __all__ = [
     "HardState",
     "Heartbeat",
     "HeartbeatResponse",
+    "LogDiverged",
     "LogStorage",
     "MemoryStorage",
     "Message",

@@ -20,6 +20,11 @@ Invariants kept here:
   acknowledged or knew committed) neither campaigns nor grants votes or pre-votes
   until a leader's replication has made its log match the leader's up to that
   index: with such a vote a quorum could elect a leader lacking committed entries.
+- a follower never truncates or overwrites an entry at or below its commit index,
+  and acknowledges only what an append proves matches. A leader's append or
+  snapshot that differs from its committed prefix (possible only after a majority
+  lost acknowledged entries: async flush and a power loss) raises `LogDiverged`
+  from `step` before anything changes the log; the driver rolls back or stops.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from itertools import repeat
 
 from raft import quorum
 from raft.config import Config
-from raft.errors import Compacted, NotLeader, ProposalDropped
+from raft.errors import Compacted, LogDiverged, NotLeader, ProposalDropped
 from raft.log import RaftLog
 from raft.messages import (
     AppendEntries,
@@ -224,7 +229,7 @@ class RaftCore:
             self._send(ReadIndexRequest(self._id, self._leader_id, self._term, ctx))
 
     def step(self, m: Message) -> None:
-        """Process one message addressed to this node."""
+        """Process one message addressed to this node (raises `LogDiverged`: see there)."""
         assert m.dst == self._id, (m, self._id)
         if m.term > self._term:
             if isinstance(m, RequestVote) and not m.transfer and self._in_lease():
@@ -469,9 +474,17 @@ class RaftCore:
 
     def _handle_append(self, m: AppendEntries) -> None:
         log = self._log
-        if m.prev_index < log.committed:
+        if m.prev_index < log.first_index() - 1:
+            # Below our retained log, all committed here: nothing to check or append.
             self._send(AppendResponse(self._id, m.src, self._term, log.committed))
             return
+        if m.prev_index < log.committed and log.match_term(m.prev_index, m.prev_term):
+            # Overlaps our committed prefix: it must agree with it (see LogDiverged).
+            # We then acknowledge only what this append proves, never our commit
+            # index: the leader's log may lack entries we hold as committed.
+            conflict = log.committed_conflict(m.entries)
+            if conflict is not None:
+                raise LogDiverged(conflict, conflict - 1, log.committed, m.src, self._term)
         last_new = log.maybe_append(m.prev_index, m.prev_term, m.entries)
         if last_new is not None:
             log.commit_to(min(m.commit, last_new))
@@ -489,6 +502,11 @@ class RaftCore:
         """Restart the log after (m.index, m.log_term) unless it already holds it.
         Always answered with a successful AppendResponse: the point is committed."""
         log = self._log
+        if m.index <= log.committed and not (
+            m.index < log.first_index() - 1 or log.match_term(m.index, m.log_term)
+        ):
+            # The leader's committed prefix ends with another entry than ours there.
+            raise LogDiverged(m.index, m.index - 1, log.committed, m.src, self._term)
         if m.index <= log.committed:
             index = log.committed  # stale or duplicate: we are already past it
         elif log.match_term(m.index, m.log_term):

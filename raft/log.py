@@ -174,6 +174,16 @@ class RaftLog:
                 self.append(entries[k:])
         return last_new
 
+    def committed_conflict(self, entries: Sequence[Entry]) -> int | None:
+        """The index of the first of `entries` at or below the commit index whose term
+        differs from ours (None: they agree). `entries` must continue an index at
+        which our log matches the sender's."""
+        if not entries or entries[0].index > self.committed:
+            return None
+        upto = entries[: self.committed - entries[0].index + 1]
+        k = self._first_conflict(upto)
+        return upto[k].index if k < len(upto) else None
+
     def _first_conflict(self, entries: Sequence[Entry]) -> int:
         """Position of the first entry not already in the log with the same term.
         Matching is prefix-closed (log matching), so this is a binary search."""

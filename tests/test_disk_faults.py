@@ -11,6 +11,8 @@ DLEDGER_TEST_SEED to replay it); kill timing is not under the seed's control.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import random
 import signal
@@ -22,12 +24,21 @@ from typing import Any
 import pytest
 
 from chaos.disk import FlipReport, flip_byte, power_loss, read_trace
-from dledger_commitlog.cluster import LocalCluster
+from dledger_commitlog.cluster import LocalCluster, converged
+from dledger_commitlog.config import NodeConfig, Peer
 from dledger_commitlog.entry_format import HEADER_SIZE
 from dledger_commitlog.entry_store import EntryStore
-from dledger_commitlog.node import FLUSH_TRACE_ENV, FlushTrace
+from dledger_commitlog.node import (
+    FLUSH_TRACE_ENV,
+    ROLLBACK_FILE,
+    FlushTrace,
+    RaftNode,
+    read_rollback_marker,
+)
+from dledger_commitlog.raft_state import RaftStateFile
 from dledger_commitlog.verify import verify_store, write_layout
-from raft.types import Entry
+from raft import LogDiverged, Role
+from raft.types import Entry, EntryKind
 from store.errors import CorruptEntry
 from store.message import Message
 from tests.conftest import CONVERGE_S, get_at, node_stubs, wait_converged, wait_until
@@ -281,6 +292,36 @@ def _crash_all_under_load(
     return acked, list(acks.times), killed_at
 
 
+def _restart_rolled_back_until_converged(cluster: LocalCluster, timeout_s: float) -> list[int]:
+    """The chaos harness as an operator's supervisor: a node that stopped because
+    the cluster lost entries it held as committed (LogDiverged, async flush) left a
+    rollback marker; start it again (it rolls back and rejoins). Returns the nodes
+    restarted so, once all nodes hold the same committed log."""
+    restarted: list[int] = []
+    deadline = time.monotonic() + timeout_s
+    statuses: object = None
+    while time.monotonic() < deadline:
+        for spec in cluster:
+            if cluster.is_running(spec.id):
+                continue
+            marker = Path(spec.data_dir) / ROLLBACK_FILE
+            assert marker.exists(), (
+                f"node {spec.id} stopped without a rollback marker:\n{cluster.log_tail(spec.id)}"
+            )
+            log = Path(spec.log_path).read_text(errors="replace")
+            assert "LOST COMMITTED ENTRIES" in log, f"node {spec.id}: no loud error logged"
+            print(f"node {spec.id} stopped on lost committed entries: {marker.read_text()}")
+            cluster.start(spec.id)
+            restarted.append(spec.id)
+        statuses = cluster.statuses(timeout_s=1.0)
+        if converged(statuses) and all(cluster.is_running(s.id) for s in cluster):
+            for spec in cluster:
+                assert not (Path(spec.data_dir) / ROLLBACK_FILE).exists(), spec.id
+            return restarted
+        time.sleep(0.2)
+    raise AssertionError(f"no convergence within {timeout_s}s: {statuses}")
+
+
 @pytest.mark.slow
 def test_async_power_loss_loses_at_most_the_last_flush_interval(
     make_cluster: Callable[..., LocalCluster], monkeypatch: pytest.MonkeyPatch
@@ -298,7 +339,8 @@ def test_async_power_loss_loses_at_most_the_last_flush_interval(
     assert all(r.trace_pos > 0 for r in reports.values()), "nothing was ever traced"
     with cluster.client() as client:
         client.put("pw", b"after the power loss")
-    wait_converged(cluster, CONVERGE_S)
+    rolled_back = _restart_rolled_back_until_converged(cluster, 2 * CONVERGE_S)
+    print(f"restarted after a rollback marker: {rolled_back or 'none'}")
     cutoff = killed_at - FLUSH_INTERVAL_MS / 1000 - POWER_LOSS_SLACK_S
     safe = [a for a, t in zip(acked, times, strict=True) if t < cutoff]
     window = [a for a, t in zip(acked, times, strict=True) if t >= cutoff]
@@ -307,6 +349,8 @@ def test_async_power_loss_loses_at_most_the_last_flush_interval(
     for i, messages in views.items():
         check_acked(safe, messages, f"node {i} (acknowledged before the loss window)")
     first = next(iter(views.values()))
+    for i, messages in views.items():
+        assert messages == first, f"node {i} serves other committed messages than the others"
     lost = [a for a in window if getattr(first.get(a.result.commitlog_offset), "body", None)
             != a.body]  # fmt: skip
     print(f"{len(safe)} puts acknowledged before the window kept; {len(lost)} of "
@@ -325,3 +369,92 @@ def test_sync_mode_loses_nothing_when_every_node_is_killed_at_once(
     wait_converged(cluster, CONVERGE_S)
     for i, messages in _messages_everywhere(cluster).items():
         check_acked(acked, messages, f"node {i}")
+
+
+# ---------------------------------------------------------------- rollback marker
+
+
+def _single_node(root: Path, flush_mode: str = "async") -> RaftNode:
+    cfg = NodeConfig(
+        node_id=1, data_dir=str(root), peers=(Peer(1, "127.0.0.1:1", "127.0.0.1:2"),),
+        flush_mode=flush_mode, tick_ms=5, data_segment_bytes=SEG, index_segment_bytes=ISEG,
+        cq_units_per_file=64, index_slots=64, index_entries=256,
+    )  # fmt: skip
+    return RaftNode(cfg)
+
+
+async def _put_some(node: RaftNode, n: int, tag: str) -> None:
+    await node.start()
+    try:
+        async with asyncio.timeout(10):
+            for _ in range(1000):  # a lone voter elects itself within a few ticks
+                if node.core.role is Role.LEADER:
+                    break
+                await asyncio.sleep(0.01)
+            for i in range(n):
+                body = b"%s-%d-" % (tag.encode(), i) * 10
+                spec = node.commitlog.prepare("rb", body, uniq_key=f"{tag}{i}")
+                await node.commitlog.put([spec], 5.0)
+            await node.wait_dispatched(node.commitlog.committed_pos, 5.0)
+    finally:
+        await node.close()
+
+
+def test_a_rollback_marker_cuts_the_log_below_its_checkpoint_and_dispatch_with_it(
+    tmp_path: Path,
+) -> None:
+    """What a node does at start after it stopped on LogDiverged (async flush):
+    the log, raft.state's commit, the entry checkpoint and the consume queues all
+    go back to the marker's index; the marker goes; verify passes; puts go on."""
+    asyncio.run(_put_some(_single_node(tmp_path), 40, "old"))
+    store = EntryStore(tmp_path / "commitlog", data_segment_bytes=SEG, index_segment_bytes=ISEG)
+    last = store.last_index()
+    keep = last - 25
+    end_of_keep = sum(store.locate(keep))
+    kept = sum(1 for e in store.entries(1, keep + 1, 1 << 30) if e.kind is EntryKind.NORMAL)
+    store.close()
+    assert RaftStateFile(tmp_path / "raft.state").saved.commit == last
+    assert EntryStore._read_record(tmp_path / "commitlog" / "entries.checkpoint")[0] == last  # type: ignore[index]
+    (tmp_path / ROLLBACK_FILE).write_text(json.dumps({"roll_back_to": keep}))
+    node = _single_node(tmp_path)
+    try:
+        assert node.store.last_index() == keep
+        assert node.commitlog.committed_index == keep
+        assert node.dispatcher.dispatched_pos == end_of_keep
+        assert sum(node.dispatcher.max_offsets().values()) == kept < 40
+        assert RaftStateFile(tmp_path / "raft.state").saved.commit == keep
+        assert EntryStore._read_record(tmp_path / "commitlog" / "entries.checkpoint")[0] == keep  # type: ignore[index]
+        assert not (tmp_path / ROLLBACK_FILE).exists()
+    finally:
+        asyncio.run(node.close())
+    report = verify_store(tmp_path)
+    assert report.ok, report.problems
+    asyncio.run(_put_some(_single_node(tmp_path), 5, "new"))  # it goes on from there
+    report = verify_store(tmp_path)
+    assert report.ok, report.problems
+
+
+def test_the_node_writes_a_marker_and_stops_on_a_diverged_leader_in_async_mode(
+    tmp_path: Path,
+) -> None:
+    node = _single_node(tmp_path)
+    stopped: list[bool] = []
+    node.on_fatal = lambda: stopped.append(True)
+    exc = LogDiverged(index=7, agree=6, committed=9, leader=2, term=5)
+    node._on_diverged(exc)
+    assert stopped and node.fatal is exc
+    assert json.loads((tmp_path / ROLLBACK_FILE).read_text())["roll_back_to"] == 6
+    node.diverged = None
+    node._on_diverged(LogDiverged(index=9, agree=8, committed=9, leader=2, term=6))
+    assert read_rollback_marker(tmp_path / ROLLBACK_FILE) == 6, "never moves up"
+    asyncio.run(node.close())
+
+
+def test_a_diverged_leader_in_sync_mode_is_fatal_without_a_marker(tmp_path: Path) -> None:
+    node = _single_node(tmp_path, flush_mode="sync")
+    stopped: list[bool] = []
+    node.on_fatal = lambda: stopped.append(True)
+    node._on_diverged(LogDiverged(index=7, agree=6, committed=9, leader=2, term=5))
+    assert stopped and isinstance(node.fatal, LogDiverged)
+    assert not (tmp_path / ROLLBACK_FILE).exists()
+    asyncio.run(node.close())
