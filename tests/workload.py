@@ -12,6 +12,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from chaos.checker import split_raw
+from chaos.workload import body_for
 from dledger_commitlog.client import ClientError, PutResult
 from dledger_commitlog.cluster import LocalCluster
 from dledger_commitlog.entry_format import HEADER_SIZE
@@ -21,13 +23,7 @@ from store.message import Message, decode_message
 
 def split_messages(buf: bytes) -> list[Message]:
     """ReadRange's concatenated encoded messages, decoded one by one (totalSize first)."""
-    out, at = [], 0
-    while at < len(buf):
-        size = int.from_bytes(buf[at : at + 4], "big", signed=True)
-        assert size > 0, f"bad message size {size} at {at} of a ReadRange answer"
-        out.append(decode_message(buf[at : at + size]))
-        at += size
-    return out
+    return [decode_message(one) for _, one in split_raw(buf)]
 
 
 def read_all(stub: Any, from_offset: int = 0) -> dict[int, Message]:
@@ -47,10 +43,6 @@ def read_all(stub: Any, from_offset: int = 0) -> dict[int, Message]:
 def leader_and_follower(cluster: LocalCluster) -> tuple[int, int]:
     leader = cluster.wait_for_leader(timeout_s=10.0)
     return leader, next(s.id for s in cluster if s.id != leader)
-
-
-def body_for(tag: str, size: int) -> bytes:
-    return f"{tag}|".encode().ljust(size, b".")
 
 
 @dataclass(frozen=True, slots=True)
