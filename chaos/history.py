@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -141,16 +140,3 @@ class History:
         with Path(path).open("w") as out:
             for e in self.events:
                 out.write(json.dumps(asdict(e), separators=(",", ":")) + "\n")
-
-    @classmethod
-    def read_jsonl(cls, path: str | Path) -> History:
-        h = cls(started=0.0)
-        with Path(path).open() as src:
-            for line in src:
-                e = Event(**json.loads(line))
-                h._events.append(e)
-                h._next_op = max(h._next_op, e.op + 1)
-        return h
-
-    def __iter__(self) -> Iterator[Event]:
-        return iter(self.events)
