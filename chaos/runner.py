@@ -33,6 +33,7 @@ from typing import Any
 
 from dledger_commitlog.client import Client, ClientError
 from dledger_commitlog.cluster import LocalCluster, converged
+from dledger_commitlog.config import SMALL_SEGMENTS
 from dledger_commitlog.entry_format import HEADER_SIZE
 from dledger_commitlog.verify import verify_store
 
@@ -57,6 +58,8 @@ class ChaosConfig:
     network: str = "toxiproxy"  # or "netns" (root only)
     keep: bool = False  # keep the run directory even when the run is valid
     settle_s: float = 60.0  # bound on every wait for the cluster to recover
+    # node settings on top of SMALL_SEGMENTS (1 GiB default segments would
+    # preallocate 3 GiB per run)
     extra_config: dict[str, Any] = field(default_factory=dict)
     max_leader_faults: int | None = None  # end the schedule early after this many
 
@@ -207,6 +210,7 @@ class Monitor:
 def make_network(cfg: ChaosConfig, cluster_dir: Path) -> tuple[LocalCluster, Network]:
     flush_mode = "async" if cfg.scenario in ASYNC_SCENARIOS else "sync"
     env = {"DLEDGER_FLUSH_TRACE": "1"} if cfg.scenario == "power-loss" else {}
+    settings = {**SMALL_SEGMENTS, **cfg.extra_config}
     if cfg.network == "netns":
         from .netns import NetnsNetwork, available
 
@@ -216,15 +220,16 @@ def make_network(cfg: ChaosConfig, cluster_dir: Path) -> tuple[LocalCluster, Net
         netns = NetnsNetwork(list(range(1, cfg.nodes + 1)))
         try:
             cluster = LocalCluster(cluster_dir, cfg.nodes, flush_mode=flush_mode, env=env,
-                                   extra_config=cfg.extra_config, hosts=netns.hosts(),
+                                   extra_config=settings, hosts=netns.hosts(),
                                    command_prefix=netns.command_prefix)  # fmt: skip
             netns.attach({s.id: s.raft for s in cluster})
         except BaseException:
             netns.close()
             raise
         return cluster, netns
-    cluster = LocalCluster(cluster_dir, cfg.nodes, flush_mode=flush_mode, env=env,
-                           extra_config=cfg.extra_config)  # fmt: skip
+    cluster = LocalCluster(
+        cluster_dir, cfg.nodes, flush_mode=flush_mode, env=env, extra_config=settings
+    )
     proxies = ToxiproxyNetwork({s.id: s.raft for s in cluster})
     cluster.set_links(proxies.links())
     return cluster, proxies

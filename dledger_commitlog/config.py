@@ -29,6 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Segments for throwaway local clusters (the demo, chaos runs). The defaults
+# preallocate 1 GiB of log per node, which a laptop's disk or a test run that
+# starts a dozen clusters should not pay; small segments also roll over often,
+# so these runs cross file boundaries.
+SMALL_SEGMENTS: dict[str, Any] = {"data_segment_bytes": 4 << 20, "index_segment_bytes": 32 * 65536}
+
 
 class ConfigError(ValueError):
     """The configuration is unusable; the message says which setting and why."""

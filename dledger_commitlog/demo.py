@@ -22,8 +22,7 @@ from pathlib import Path
 from .client import Client, ClientError, NodeStatus
 from .cluster import LocalCluster
 from .commitlog import PutResult
-
-SMALL_SEGMENTS = {"data_segment_bytes": 4 << 20, "index_segment_bytes": 32 * 65536}
+from .config import SMALL_SEGMENTS
 
 
 def say(text: str) -> None:
