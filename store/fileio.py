@@ -19,6 +19,22 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def mkdir_durably(directory: str | os.PathLike[str]) -> None:
+    """`mkdir -p`, making each directory it creates durable in its parent.
+
+    Without the parent's fsync a power loss can forget a new directory, and with
+    it files whose data was fsynced (fdatasync does not cover directory entries).
+    """
+    path = Path(directory)
+    missing: list[Path] = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for new in reversed(missing):
+        new.mkdir(exist_ok=True)
+        fsync_dir(new.parent)
+
+
 def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
     """Write `data` to a temp file, fsync it, rename it over `path`, fsync the directory."""
     p = Path(path)

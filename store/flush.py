@@ -58,6 +58,7 @@ class GroupCommit:
         self._closed = False
         self._on_flush = on_flush  # (flushed position, seconds the fsync took)
         self.fsync_count = 0
+        self.error: BaseException | None = None  # a failed fsync: never retried
 
     async def sync(self, position: int | None = None) -> int:
         """Return once every byte below `position` (default: all written) is on disk."""
@@ -65,6 +66,8 @@ class GroupCommit:
         pos = target.write_position if position is None else position
         if target.flushed_position >= pos:
             return target.flushed_position
+        if self.error is not None:
+            raise OSError(f"an earlier fsync failed ({self.error}); nothing is flushed since")
         if self._closed:
             raise ConnectionAbortedError("group commit closed")
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -89,7 +92,8 @@ class GroupCommit:
             self._fail_all(ConnectionAbortedError("group commit closed"))
             return
         exc = done.exception()
-        if exc is not None:  # an fsync error fails every waiter it would have served
+        if exc is not None:  # an fsync error fails every waiter, now and later
+            self.error = exc
             self._fail_all(exc)
             return
         flushed, seconds = done.result()
@@ -141,6 +145,7 @@ class PeriodicFlush:
         min_bytes: int = 4 * 4096,
         executor: ThreadPoolExecutor | None = None,
         on_flush: Callable[[int, float], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
     ) -> None:
         if interval_ms <= 0:
             raise ValueError("interval_ms must be positive")
@@ -152,6 +157,8 @@ class PeriodicFlush:
         self._poke = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._on_flush = on_flush
+        self._on_error = on_error
+        self.error: BaseException | None = None
 
     def start(self) -> None:
         if self._task is None:
@@ -171,17 +178,29 @@ class PeriodicFlush:
             if self._target.flushed_position >= self._target.write_position:
                 continue
             started = time.perf_counter()
-            flushed = await loop.run_in_executor(self._executor, self._target.flush)
+            try:
+                flushed = await loop.run_in_executor(self._executor, self._target.flush)
+            except Exception as exc:
+                # After a failed fsync the kernel may have dropped the dirty pages:
+                # a retry that succeeds proves nothing. Stop flushing and report.
+                self.error = exc
+                if self._on_error is not None:
+                    self._on_error(exc)
+                return
             if self._on_flush is not None:
                 self._on_flush(flushed, time.perf_counter() - started)
 
     async def close(self) -> None:
-        """Stop and flush what is left, so a clean shutdown loses nothing."""
+        """Stop and flush what is left, so a clean shutdown loses nothing.
+
+        After a failed flush nothing more is flushed (see `_run`).
+        """
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._target.flush)
+        if self.error is None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._target.flush)
         if self._own_executor:
             self._executor.shutdown(wait=True)

@@ -43,7 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from store.errors import CorruptEntry, StoreError
-from store.fileio import fsync_dir
+from store.fileio import fsync_dir, mkdir_durably
 from store.message import java_string_hash
 
 __all__ = [
@@ -563,7 +563,7 @@ class IndexService:
         store timestamps, which keeps the index a pure function of the log."""
         del clock_ms
         self.directory = Path(root) / "index"
-        self.directory.mkdir(parents=True, exist_ok=True)
+        mkdir_durably(self.directory)
         self.slot_count = slot_count
         self.entry_count = entry_count
         self.files: list[IndexFile] = []

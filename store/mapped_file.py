@@ -29,11 +29,20 @@ a whole batch, which is how every writer here calls us.
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import threading
 from pathlib import Path
 
+from store.fileio import fsync_dir, mkdir_durably
+
+log = logging.getLogger(__name__)
+
 NAME_DIGITS = 20
+# posix_fallocate's answers for "this filesystem cannot preallocate": a sparse
+# file is still correct there. Anything else (ENOSPC above all) is an error.
+_NO_FALLOCATE = frozenset({errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
 _ZERO_CHUNK = 1 << 20
 _ZERO_WINDOW = 64 << 20
 
@@ -67,7 +76,7 @@ class MappedFileQueue:
         if segment_size <= 0:
             raise ValueError(f"segment_size must be positive, got {segment_size}")
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        mkdir_durably(self.directory)
         self.segment_size = segment_size
         self._preallocate = preallocate
         self._lock = threading.Lock()
@@ -222,18 +231,40 @@ class MappedFileQueue:
             return
 
         def work() -> None:
-            self._spare = self._create(start)
+            try:
+                self._spare = self._create(start)
+            except OSError as exc:  # the roll-over creates it again and reports the error
+                log.warning("preallocating the next segment failed: %s", exc)
 
         self._spare_thread = threading.Thread(target=work, name="segment-prealloc", daemon=True)
         self._spare_thread.start()
 
     def _create(self, start: int) -> _Segment:
+        """A new segment with all its blocks allocated, or OSError and no file.
+
+        Allocating up front turns a full disk into one clear error at roll-over,
+        instead of a write failing somewhere inside a segment.
+        """
         path = self.directory / segment_name(start)
+        existed = path.exists()
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            os.posix_fallocate(fd, 0, self.segment_size)
-        except OSError:  # filesystems without fallocate: a sparse file is still correct
-            os.ftruncate(fd, self.segment_size)
+            try:
+                os.posix_fallocate(fd, 0, self.segment_size)
+            except OSError as exc:
+                if exc.errno not in _NO_FALLOCATE:
+                    raise
+                os.ftruncate(fd, self.segment_size)
+        except OSError as exc:
+            os.close(fd)
+            if not existed:
+                path.unlink(missing_ok=True)
+            raise OSError(exc.errno, f"cannot allocate segment {path} "
+                          f"({self.segment_size} bytes): {exc.strerror}") from exc  # fmt: skip
+        if not existed:
+            # fdatasync of the segment does not make its name durable: without
+            # this a power loss could drop a young segment with fsynced data.
+            fsync_dir(self.directory)
         return _Segment(start, path, fd)
 
     def _open(self, start: int, path: Path) -> _Segment:

@@ -123,6 +123,36 @@ class _Shown:
 
 
 @contextmanager
+def small_filesystem(directory: Path, size_mib: int) -> Iterator[Callable[[int], None]]:
+    """A real filesystem of `size_mib` MiB (tmpfs) mounted on `directory`, for full-disk tests.
+
+    Yields `grow(size_mib)`. Skips when this process may not mount (not root,
+    or a container without the capability). Unmounted afterwards, also on failure.
+    """
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("a full-disk test mounts a small tmpfs, which needs root")
+    directory.mkdir(parents=True, exist_ok=True)
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(directory)]
+    done = subprocess.run(mount, check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+
+    def grow(new_mib: int) -> None:
+        remount = ["mount", "-o", f"remount,size={new_mib}m", str(directory)]
+        subprocess.run(remount, check=True, capture_output=True)
+
+    try:
+        yield grow
+    finally:
+        unmount = ["umount", str(directory)]
+        if subprocess.run(unmount, check=False, capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(directory)], check=False, capture_output=True)
+
+
+@contextmanager
 def node_stubs(cluster: LocalCluster) -> Iterator[dict[int, Any]]:
     """A raw DLedgerClient stub per node: calls reach exactly that node (no redirects)."""
     channels = {s.id: grpc.insecure_channel(s.client, options=_CHANNEL_OPTIONS) for s in cluster}

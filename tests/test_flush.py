@@ -6,6 +6,8 @@ import asyncio
 import threading
 from pathlib import Path
 
+import pytest
+
 from store.flush import GroupCommit, PeriodicFlush
 from store.mapped_file import MappedFileQueue
 
@@ -64,25 +66,63 @@ def test_group_commit_returns_at_once_when_already_durable(tmp_path: Path) -> No
     q.close()
 
 
-def test_group_commit_fails_waiters_when_fsync_fails(tmp_path: Path) -> None:
-    class Broken(CountingQueue):
-        def flush(self) -> int:
-            raise OSError("disk on fire")
+class Broken(CountingQueue):
+    """Every fsync fails, as on a disk that has gone bad."""
 
+    def flush(self) -> int:
+        self.flushes += 1
+        raise OSError("disk on fire")
+
+
+def test_group_commit_fails_waiters_when_fsync_fails_and_never_retries(tmp_path: Path) -> None:
     q = Broken(tmp_path)
 
-    async def main() -> str:
+    async def main() -> tuple[str, str]:
         gc = GroupCommit(q)
         q.append(b"y")
         try:
-            await gc.sync(1)
-        except OSError as exc:
-            return str(exc)
+            with pytest.raises(OSError) as first:
+                await gc.sync(1)
+            # A later fsync could "succeed" after the kernel dropped the dirty
+            # pages: group commit must not report durability again.
+            q.append(b"z")
+            with pytest.raises(OSError) as second:
+                await gc.sync(2)
         finally:
             await gc.close()
-        return "no error"
+        return str(first.value), str(second.value)
 
-    assert asyncio.run(main()) == "disk on fire"
+    first, second = asyncio.run(main())
+    assert first == "disk on fire"
+    assert "an earlier fsync failed (disk on fire)" in second
+    assert q.flushes == 1
+    q.close()
+
+
+def test_periodic_flush_stops_and_reports_after_a_failed_fsync(tmp_path: Path) -> None:
+    q = Broken(tmp_path)
+    errors: list[BaseException] = []
+
+    async def main() -> None:
+        failed = asyncio.Event()
+
+        def on_error(exc: BaseException) -> None:
+            errors.append(exc)
+            failed.set()
+
+        pf = PeriodicFlush(q, interval_ms=10, min_bytes=1 << 30, on_error=on_error)
+        pf.start()
+        q.append(b"a" * 100)
+        async with asyncio.timeout(5):
+            await failed.wait()
+        q.append(b"b" * 100)
+        pf.poke()
+        await asyncio.sleep(0.05)  # five more intervals in which it must not flush again
+        await pf.close()  # and no final flush either
+
+    asyncio.run(main())
+    assert [str(e) for e in errors] == ["disk on fire"]
+    assert q.flushes == 1
     q.close()
 
 

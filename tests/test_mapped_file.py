@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from store.mapped_file import MappedFileQueue, segment_name
+from tests.conftest import small_filesystem
 
 SEG = 64
 
@@ -171,3 +173,27 @@ def test_write_buffer_commits_itself_when_full(tmp_path: Path) -> None:
     assert [s for s, _ in q.segments()] == [0, SEG]
     assert q.read(0, 104) == b"a" * 60 + b"b" * 4 + b"c" * 40
     q.close()
+
+
+def test_a_full_disk_fails_the_roll_over_clearly_and_keeps_what_was_written(
+    tmp_path: Path,
+) -> None:
+    """A real 1 MiB filesystem: the third 512 KiB segment does not fit."""
+    fs = tmp_path / "fs"
+    with small_filesystem(fs, 1):
+        seg = 512 * 1024
+        q = MappedFileQueue(fs, seg, preallocate=False)
+        q.append(b"a" * seg)
+        q.append(b"b" * 1000)  # the second segment: the filesystem is now full
+        q.flush()
+        q.append(b"c" * (seg - 1000))  # fills the second segment
+        with pytest.raises(OSError) as err:
+            q.append(b"d")  # a third one cannot be allocated
+        assert err.value.errno == errno.ENOSPC
+        assert f"cannot allocate segment {fs / segment_name(2 * seg)}" in str(err.value)
+        assert not (fs / segment_name(2 * seg)).exists(), "no half-allocated segment is left"
+        q.flush()
+        q.close()
+        again = MappedFileQueue(fs, seg, preallocate=False)
+        assert again.read(0, 1) == b"a" and again.read(2 * seg - 1, 1) == b"c"
+        again.close()
