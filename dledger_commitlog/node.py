@@ -41,7 +41,6 @@ batched into the next one; nothing the core hands out is dropped on the floor.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -56,7 +55,7 @@ from dispatch.dispatcher import Dispatcher, DispatchSnapshot
 from raft import Config, HardState, LogDiverged, Message, NotLeader, RaftCore, Ready, Role
 from raft.messages import AppendEntries, Heartbeat
 from raft.types import SnapshotMeta
-from store.fileio import fsync_dir, write_atomically
+from store.fileio import fsync_dir, mkdir_durably, write_atomically
 from store.flush import GroupCommit, PeriodicFlush
 
 from .commitlog import DLedgerCommitLog
@@ -81,7 +80,7 @@ class RaftNode:
         self.cfg = cfg
         self.metrics = metrics or NodeMetrics(cfg.node_id)
         data = Path(cfg.data_dir)
-        data.mkdir(parents=True, exist_ok=True)
+        mkdir_durably(data)
         self.state_file = RaftStateFile(data / "raft.state")
         self.sync_flush = cfg.flush_mode == "sync"
         rollback_path = data / ROLLBACK_FILE
@@ -212,8 +211,13 @@ class RaftNode:
         if self.sync_flush:
             self._group_commit = GroupCommit(self.store, executor=self._executor, on_flush=on_flush)
         else:
-            self._periodic = PeriodicFlush(self.store, interval_ms=self.cfg.flush_interval_ms,
-                                           executor=self._executor, on_flush=on_flush)  # fmt: skip
+            self._periodic = PeriodicFlush(
+                self.store,
+                interval_ms=self.cfg.flush_interval_ms,
+                executor=self._executor,
+                on_flush=on_flush,
+                on_error=lambda exc: self._stop_on(exc, "flush"),
+            )
             self._periodic.start()
         for peer in self.cfg.peers:
             if peer.id != self.cfg.node_id:
@@ -228,26 +232,63 @@ class RaftNode:
             loop.create_task(self._dispatch_loop(), name="dispatch-loop"),
             loop.create_task(self._retention_loop(), name="retention-loop"),
         ]
+        for task in self._tasks:
+            task.add_done_callback(self._task_done)
         log.info("node %d started: term %d, log [%d, %d], commit %d, flush %s",
                  self.cfg.node_id, self.core.term, self.store.first_index(),
                  self.store.last_index(), self.core.commit_index, self.cfg.flush_mode)  # fmt: skip
 
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._stop_on(task.exception(), task.get_name())
+
+    def _stop_on(self, exc: BaseException | None, where: str) -> None:
+        """A loop failed (a full disk, an I/O error): stop rather than linger half-alive.
+
+        A node whose ready loop died would still answer RPCs but never append,
+        flush or send again. Stopping lets the others elect a leader, and the
+        next start recovers from disk as after a crash.
+        """
+        if self._closed or exc is None:
+            return
+        log.critical("node %d: %s failed: %s. Stopping; a restart recovers from disk "
+                     "as after a crash", self.cfg.node_id, where, exc, exc_info=exc)  # fmt: skip
+        if self.fatal is None:
+            self.fatal = exc
+        if self.on_fatal is not None:
+            self.on_fatal()
+
+    @property
+    def failed(self) -> bool:
+        """Stopped by a failure (not a lost tail): memory and disk may disagree."""
+        return self.fatal is not None and not isinstance(self.fatal, LogDiverged)
+
     async def close(self) -> None:
-        """Stop, flush what is written, checkpoint, and close the files."""
+        """Stop, flush what is written, checkpoint, and close the files.
+
+        After a failure (`failed`) nothing more is flushed or checkpointed and
+        the abort marker stays, so the next start recovers as after a crash.
+        """
         if self._closed:
             return
         self._closed = True
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # failures: reported
         for link in self._links.values():
             await link.close()
         if self._group_commit is not None:
             await self._group_commit.close()
         if self._periodic is not None:
             await self._periodic.close()
+        if self.failed:
+            try:
+                self.dispatcher.close(clean=False)
+                self.store.close()
+            except OSError as exc:
+                log.error("node %d: closing the files failed: %s", self.cfg.node_id, exc)
+            self._executor.shutdown(wait=True)
+            return
         loop = asyncio.get_running_loop()
         self.dispatcher.catch_up()
         snap = self.dispatcher.snapshot()

@@ -519,8 +519,8 @@ def status_pb(node: RaftNode) -> pb.StatusResponse:
     )  # fmt: skip
 
 
-async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> None:
-    """Run a node until `stop` is set (or SIGTERM/SIGINT)."""
+async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseException | None:
+    """Run a node until `stop` is set (or SIGTERM/SIGINT); return what stopped it if fatal."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -556,6 +556,7 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> None:
         await service.close()
         await node.close()
         await raft_server.stop(grace=0.5)
+    return node.fatal
 
 
 class _TermFilter(logging.Filter):
@@ -583,4 +584,5 @@ def run(cfg: NodeConfig) -> None:
         )
     )
     logging.basicConfig(level=logging.INFO, handlers=[handler])
-    asyncio.run(serve(cfg))
+    if asyncio.run(serve(cfg)) is not None:
+        raise SystemExit(1)  # stopped by a failure: supervisors restart on a non-zero exit
