@@ -201,6 +201,8 @@ class RaftNode:
         self._checkpointed = (commit, saved.commit)
         self._checkpoint_lock = threading.Lock()
         self.fatal: BaseException | None = None
+        # Memory and disk may disagree (a loop or a flush failed): close writes nothing.
+        self.failed = False
         self.on_fatal: Callable[[], None] | None = None
         self.diverged: LogDiverged | None = None
 
@@ -246,22 +248,29 @@ class RaftNode:
         """A loop failed (a full disk, an I/O error): stop rather than linger half-alive.
 
         A node whose ready loop died would still answer RPCs but never append,
-        flush or send again. Stopping lets the others elect a leader, and the
+        flush or send again. From here on it takes no Raft message, does not
+        tick and writes no checkpoint; close() then writes nothing more, and the
         next start recovers from disk as after a crash.
         """
-        if self._closed or exc is None:
+        if exc is None or self.failed:
             return
+        self.failed = True
         log.critical("node %d: %s failed: %s. Stopping; a restart recovers from disk "
                      "as after a crash", self.cfg.node_id, where, exc, exc_info=exc)  # fmt: skip
         if self.fatal is None:
             self.fatal = exc
+        if self._closed:
+            return
+        for task in self._tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
         if self.on_fatal is not None:
             self.on_fatal()
 
     @property
-    def failed(self) -> bool:
-        """Stopped by a failure (not a lost tail): memory and disk may disagree."""
-        return self.fatal is not None and not isinstance(self.fatal, LogDiverged)
+    def stopping(self) -> bool:
+        """A failure or a lost committed tail: the node only waits for close()."""
+        return self.failed or self.diverged is not None
 
     async def close(self) -> None:
         """Stop, flush what is written, checkpoint, and close the files.
@@ -279,15 +288,17 @@ class RaftNode:
             await link.close()
         if self._group_commit is not None:
             await self._group_commit.close()
+            self._stop_on(self._group_commit.error, "the last fsync")
         if self._periodic is not None:
             await self._periodic.close()
+            self._stop_on(self._periodic.error, "the last flush")
         if self.failed:
+            self._executor.shutdown(wait=True)  # a checkpoint in flight ends first
             try:
                 self.dispatcher.close(clean=False)
                 self.store.close()
             except OSError as exc:
                 log.error("node %d: closing the files failed: %s", self.cfg.node_id, exc)
-            self._executor.shutdown(wait=True)
             return
         loop = asyncio.get_running_loop()
         self.dispatcher.catch_up()
@@ -303,7 +314,7 @@ class RaftNode:
 
     def deliver(self, msg: Message) -> None:
         """A message from a peer."""
-        if msg.dst != self.cfg.node_id or self._closed or self.diverged is not None:
+        if msg.dst != self.cfg.node_id or self._closed or self.stopping:
             return
         try:
             self.core.step(msg)
@@ -340,7 +351,8 @@ class RaftNode:
                 "entry %d and rejoins", node, exc.leader, exc.term, exc.index, exc.committed,
                 exc.index, exc.committed, path, to,
             )  # fmt: skip
-        self.fatal = exc
+        if self.fatal is None:
+            self.fatal = exc
         if self.on_fatal is not None:
             self.on_fatal()
 
@@ -409,8 +421,8 @@ class RaftNode:
         while True:
             next_at += interval
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-            if self.diverged is not None:
-                return  # stopping: it must not campaign meanwhile
+            if self.stopping:
+                return  # it must not campaign meanwhile
             self.core.tick()
             self._wakeup.set()
             self.metrics.update_role(self.core)
@@ -511,13 +523,9 @@ class RaftNode:
             try:
                 more = dispatcher.dispatch_batch()
             except Exception as exc:
-                # A unit that conflicts with the queue, or a message that does not
-                # decode: the store is inconsistent. Stop rather than serve wrong data.
-                log.critical("node %d: dispatch failed at %d: %s", self.cfg.node_id,
-                             dispatcher.dispatched_pos, exc, exc_info=True)  # fmt: skip
-                self.fatal = exc
-                if self.on_fatal is not None:
-                    self.on_fatal()
+                # A unit that conflicts with the queue, a message that does not
+                # decode, a failed write: stop rather than serve wrong data.
+                self._stop_on(exc, f"dispatch at {dispatcher.dispatched_pos}")
                 return
             if more:
                 wakeup.set()  # more may be committed: another batch after others ran

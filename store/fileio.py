@@ -33,6 +33,8 @@ def mkdir_durably(directory: str | os.PathLike[str]) -> None:
     for new in reversed(missing):
         new.mkdir(exist_ok=True)
         fsync_dir(new.parent)
+    if not Path(directory).is_dir():
+        raise NotADirectoryError(f"{directory} exists and is not a directory")
 
 
 def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:

@@ -90,6 +90,7 @@ class MappedFileQueue:
         self._spare: _Segment | None = None
         self._spare_thread: threading.Thread | None = None
         self._closed = False
+        self._flush_error: OSError | None = None  # a failed fdatasync: sticky
         for path in sorted(self.directory.iterdir()):
             if len(path.name) == NAME_DIGITS and path.name.isdigit():
                 self._segments.append(self._open(int(path.name), path))
@@ -255,16 +256,15 @@ class MappedFileQueue:
                 if exc.errno not in _NO_FALLOCATE:
                     raise
                 os.ftruncate(fd, self.segment_size)
+            # fdatasync of the segment does not make its name durable: without
+            # this a power loss could drop a young segment with fsynced data.
+            fsync_dir(self.directory)
         except OSError as exc:
             os.close(fd)
             if not existed:
                 path.unlink(missing_ok=True)
             raise OSError(exc.errno, f"cannot allocate segment {path} "
                           f"({self.segment_size} bytes): {exc.strerror}") from exc  # fmt: skip
-        if not existed:
-            # fdatasync of the segment does not make its name durable: without
-            # this a power loss could drop a young segment with fsynced data.
-            fsync_dir(self.directory)
         return _Segment(start, path, fd)
 
     def _open(self, start: int, path: Path) -> _Segment:
@@ -422,7 +422,15 @@ class MappedFileQueue:
 
         Returns the flushed position. Safe to call from a worker thread while the
         owner appends: bytes appended before this call started are covered.
+
+        A failed fdatasync fails this and every later flush, and the flushed
+        position stays where it was: the kernel may have dropped the dirty pages,
+        so a later call that "succeeds" would prove nothing ("fsyncgate").
         """
+        if self._flush_error is not None:
+            err = self._flush_error
+            raise OSError(err.errno, f"{self.directory}: an earlier fdatasync failed "
+                          f"({err.strerror}); nothing is flushed since")  # fmt: skip
         target = self.commit()
         with self._lock:
             epoch = self._epoch
@@ -430,17 +438,22 @@ class MappedFileQueue:
             self._dirty.clear()
             for seg in dirty:
                 seg.busy += 1
+        synced = False
         try:
             for seg in dirty:
                 if not seg.retired:
                     os.fdatasync(seg.fd)
+            synced = True
+        except OSError as exc:
+            self._flush_error = exc
+            raise
         finally:
             with self._lock:
                 for seg in dirty:
                     seg.busy -= 1
                     if seg.retired and seg.busy == 0:
                         os.close(seg.fd)
-                if epoch == self._epoch:
+                if synced and epoch == self._epoch:
                     self._flushed_pos = max(self._flushed_pos, min(target, self._write_pos))
         return self._flushed_pos
 
@@ -459,6 +472,6 @@ class MappedFileQueue:
                 os.close(seg.fd)
             else:
                 seg.retired = True
-        if spare is not None:  # keep the preallocated file: it holds only zeros
+        if spare is not None:  # a spare holds only zeros: remove it, no phantom segment
             os.close(spare.fd)
             spare.path.unlink(missing_ok=True)

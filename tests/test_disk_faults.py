@@ -12,6 +12,7 @@ DLEDGER_TEST_SEED to replay it); kill timing is not under the seed's control.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import random
@@ -38,6 +39,7 @@ from dledger_commitlog.node import (
 from dledger_commitlog.raft_state import RaftStateFile
 from dledger_commitlog.verify import verify_store, write_layout
 from raft import LogDiverged, Role
+from raft.messages import Heartbeat
 from raft.types import Entry, EntryKind
 from store.errors import CorruptEntry
 from store.message import Message
@@ -383,14 +385,20 @@ def _single_node(root: Path, flush_mode: str = "async") -> RaftNode:
     return RaftNode(cfg)
 
 
+async def _lead(node: RaftNode) -> None:
+    """Wait (10 s at most) until a lone voter has elected itself, a few ticks."""
+    async with asyncio.timeout(10):
+        for _ in range(1000):
+            if node.core.role is Role.LEADER:
+                return
+            await asyncio.sleep(0.01)
+
+
 async def _put_some(node: RaftNode, n: int, tag: str) -> None:
     await node.start()
     try:
+        await _lead(node)
         async with asyncio.timeout(10):
-            for _ in range(1000):  # a lone voter elects itself within a few ticks
-                if node.core.role is Role.LEADER:
-                    break
-                await asyncio.sleep(0.01)
             for i in range(n):
                 body = b"%s-%d-" % (tag.encode(), i) * 10
                 spec = node.commitlog.prepare("rb", body, uniq_key=f"{tag}{i}")
@@ -458,3 +466,54 @@ def test_a_diverged_leader_in_sync_mode_is_fatal_without_a_marker(tmp_path: Path
     assert stopped and isinstance(node.fatal, LogDiverged)
     assert not (tmp_path / ROLLBACK_FILE).exists()
     asyncio.run(node.close())
+
+
+# ---------------------------------------------------------------- a failed flush
+
+
+def test_a_failed_flush_stops_the_node_and_its_close_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Async flush, fdatasync fails with EIO: the node stops on its own (no retry,
+    no Raft message taken, no checkpoint past the failure, the abort marker stays)
+    and the next start recovers as after a crash."""
+    asyncio.run(_put_some(_single_node(tmp_path), 10, "ok"))
+    node = _single_node(tmp_path)
+
+    def eio(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    async def main() -> int:
+        stopped = asyncio.Event()
+        node.on_fatal = stopped.set
+        await node.start()
+        try:
+            await _lead(node)
+            async with asyncio.timeout(10):
+                monkeypatch.setattr(os, "fdatasync", eio)
+                first_late = node.store.last_index() + 1
+                for i in range(5):  # async flush: acknowledged before any fsync
+                    spec = node.commitlog.prepare("rb", b"late-%d" % i, uniq_key=f"late{i}")
+                    await node.commitlog.put([spec], 5.0)
+                await stopped.wait()  # the periodic flush fails within its interval
+            assert node.failed and node.stopping
+            assert isinstance(node.fatal, OSError) and node.fatal.errno == errno.EIO
+            term = node.core.term
+            node.deliver(Heartbeat(src=2, dst=1, term=term + 1, commit=0))
+            assert node.core.term == term, "a stopping node takes no Raft message"
+        finally:
+            await node.close()
+            monkeypatch.undo()
+        return first_late
+
+    first_late = asyncio.run(main())
+    assert (tmp_path / "abort").exists(), "the abort marker stays after a failure"
+    checkpoint = EntryStore._read_record(tmp_path / "commitlog" / "entries.checkpoint")
+    assert checkpoint is not None and checkpoint[0] < first_late
+    again = _single_node(tmp_path)
+    try:
+        assert again.recovery.crashed
+    finally:
+        asyncio.run(again.close())
+    report = verify_store(tmp_path)
+    assert report.ok, report.problems

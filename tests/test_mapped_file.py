@@ -197,3 +197,29 @@ def test_a_full_disk_fails_the_roll_over_clearly_and_keeps_what_was_written(
         again = MappedFileQueue(fs, seg, preallocate=False)
         assert again.read(0, 1) == b"a" and again.read(2 * seg - 1, 1) == b"c"
         again.close()
+
+
+def test_a_failed_fdatasync_fails_every_later_flush_and_claims_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After EIO from fdatasync the kernel may have dropped the dirty pages: a later
+    fdatasync that succeeds proves nothing, so nothing is ever reported flushed again."""
+    q = MappedFileQueue(tmp_path, SEG, preallocate=False)
+    q.append(b"a" * 10)
+    assert q.flush() == 10
+
+    def eio(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    q.append(b"b" * 10)
+    with monkeypatch.context() as m:
+        m.setattr(os, "fdatasync", eio)
+        with pytest.raises(OSError) as first:
+            q.flush()
+    assert first.value.errno == errno.EIO
+    assert q.flushed_position == 10
+    with pytest.raises(OSError, match="an earlier fdatasync failed") as again:
+        q.flush()  # fdatasync works again, and must not be believed
+    assert again.value.errno == errno.EIO
+    assert q.flushed_position == 10
+    q.close()
