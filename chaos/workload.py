@@ -70,7 +70,8 @@ class Workload:
         """Stop invoking; wait for the operations in flight (each ends within the timeout)."""
         self._stop.set()
         for t in self._threads:
-            t.join(timeout_s)
+            if t.ident is not None:  # started (a run that failed early never started them)
+                t.join(timeout_s)
         alive = [t.name for t in self._threads if t.is_alive()]
         if alive:
             raise RuntimeError(f"chaos clients still running after {timeout_s:g}s: {alive}")

@@ -80,3 +80,14 @@ def test_dledger_chaos_rejects_bad_input() -> None:
     listed = subprocess.run([*base, "--scenario", "list", "--json"], capture_output=True,
                             text=True, check=False)  # fmt: skip
     assert listed.returncode == 0 and set(json.loads(listed.stdout)) == set(SCENARIOS)
+
+
+def test_a_cluster_that_never_comes_up_is_a_reported_harness_failure(tmp_path: Path) -> None:
+    """The run ends with a report that says why, not with an exception from its clean-up
+    (the client threads of a run that failed before they started are not joined)."""
+    cfg = ChaosConfig("leader-kill", duration_s=1, seed=1, directory=tmp_path, settle_s=0.01)
+    report = run(cfg)
+    errors = report.harness_errors
+    assert not report.valid
+    assert any("no ready cluster after 0.01s" in line for line in errors), errors
+    assert report.verdict.acked == 0
