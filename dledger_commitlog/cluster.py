@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -60,17 +61,48 @@ class NodeSpec:
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct ports the kernel reports free right now (bind to port 0)."""
-    socks = []
+    """`count` distinct ports free right now, chosen outside the kernel's ephemeral range.
+
+    A port from the ephemeral range (what binding to port 0 returns) is one the
+    kernel may hand to any later bind(0) or outgoing connection: a fault proxy
+    listening on 127.0.0.1:0, or a client's local end while the node that owns the
+    port is down for a restart. The node then fails to bind. Ports outside that
+    range are only ever taken by someone asking for them by number.
+    """
+    low, high = _ephemeral_range()
+    every = range(_MIN_PORT, 65536)
+    candidates = [p for p in every if not low <= p <= high] or list(every)
+    random.SystemRandom().shuffle(candidates)
+    socks: list[socket.socket] = []
     try:
-        for _ in range(count):
+        for port in candidates:
+            if len(socks) == count:
+                break
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
+        if len(socks) < count:
+            raise ClusterError(f"only {len(socks)} of {count} ports are free on {host}")
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
             s.close()
+
+
+_MIN_PORT = 10_000  # below: well-known and commonly configured service ports
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux; the IANA range elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 49152, 65535
 
 
 def node_toml(config: NodeConfig) -> str:
@@ -254,6 +286,11 @@ class LocalCluster:
 
     def is_running(self, node_id: int) -> bool:
         return self.pid(node_id) is not None
+
+    def exit_code(self, node_id: int) -> int | None:
+        """The exit code of the process this object last started for the node, once it ended."""
+        proc = self._procs.get(node_id)
+        return None if proc is None else proc.poll()
 
     def _is_ours(self, node_id: int, pid: int) -> bool:
         try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import uuid
 import zlib
 from pathlib import Path
@@ -18,7 +17,7 @@ from analytics.errors import SourceError
 from analytics.sources import ServerStore
 from dledger_commitlog import cli
 from dledger_commitlog.client import Client, MessageSpec
-from dledger_commitlog.cluster import LocalCluster
+from dledger_commitlog.cluster import LocalCluster, free_ports
 from store.message import decode_message
 from tests.conftest import wait_until
 
@@ -53,19 +52,13 @@ def dispatched_everywhere(cluster: LocalCluster, topic: str, count: int) -> None
             store.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_every_queue_reads_back_exactly_the_acknowledged_messages(cluster: LocalCluster) -> None:
     topic = fresh_topic("srv")
     with cluster.client() as client:
         acked = put(client, topic, 200)
     dispatched_everywhere(cluster, topic, 200)
     # A dead address first: the reader fails over to the live servers.
-    servers = [f"127.0.0.1:{free_port()}", *(s.client for s in cluster)]
+    servers = [f"127.0.0.1:{free_ports(1)[0]}", *(s.client for s in cluster)]
     planner = ServerStore(servers, timeout_s=10)
     queues = planner.queues(topic)
     planner.close()
@@ -101,7 +94,7 @@ def test_a_read_beyond_the_committed_end_is_refused(cluster: LocalCluster) -> No
 
 
 def test_no_server_at_all_is_a_clear_error() -> None:
-    store = ServerStore([f"127.0.0.1:{free_port()}"], timeout_s=1)
+    store = ServerStore([f"127.0.0.1:{free_ports(1)[0]}"], timeout_s=1)
     with pytest.raises(SourceError, match="no server answered in 1s"):
         store.queues()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import socket
 from pathlib import Path
 from typing import Any, Self
 
@@ -281,8 +282,28 @@ def test_cluster_set_values_and_registry(capsys: pytest.CaptureFixture[str]) -> 
         del cli._REGISTRY[("admin", "test-only")]
 
 
+def test_free_ports_avoid_the_ephemeral_range_and_ports_in_use() -> None:
+    """A cluster's ports must not be ones the kernel hands to bind(0) or to outgoing
+    connections (a fault proxy on 127.0.0.1:0 once took a node's metrics port)."""
+    from dledger_commitlog.cluster import _ephemeral_range, free_ports
+
+    low, high = _ephemeral_range()
+    held = [socket.create_server(("127.0.0.1", 0)) for _ in range(20)]  # ephemeral ports
+    try:
+        taken = {s.getsockname()[1] for s in held}
+        assert all(low <= p <= high for p in taken)  # the premise: bind(0) draws from it
+        ports = free_ports(60)
+        assert len(set(ports)) == 60 and not taken & set(ports)
+        assert all(p >= 10_000 and not low <= p <= high for p in ports), (low, high, ports)
+        for port in ports[:10]:  # free indeed: each binds
+            socket.create_server(("127.0.0.1", port)).close()
+    finally:
+        for s in held:
+            s.close()
+
+
 def test_local_cluster_layout_round_trips(tmp_path: Path) -> None:
-    from dledger_commitlog.cluster import LocalCluster, free_ports, node_toml
+    from dledger_commitlog.cluster import LocalCluster, node_toml
     from dledger_commitlog.config import load_config
 
     extra = {"tick_ms": 20, "force_clean_ratio": 0.5, "preferred_leader": 2}
@@ -300,7 +321,6 @@ def test_local_cluster_layout_round_trips(tmp_path: Path) -> None:
     ] * 3
     again = LocalCluster(tmp_path / "c")  # a stopped cluster keeps its ports and settings
     assert again.configs == lc.configs and again.pid(1) is None
-    assert len(set(free_ports(6))) == 6
     for bad in ({"node_id": 3}, {"tick_ms": 0}):
         with pytest.raises(ValueError):
             LocalCluster(tmp_path / "d", extra_config=bad)
