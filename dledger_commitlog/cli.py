@@ -27,7 +27,7 @@ from typing import Any
 
 from .client import Client, ClientError, NodeStatus, PullResult, StatusError, StoredMessage
 from .cluster import ClusterError
-from .config import ConfigError, NodeConfig, load_config, parse_peer
+from .config import ConfigError, ListenError, NodeConfig, load_config, parse_peer
 from .verify import progress_bar, verify_store
 
 # Their import registers more subcommands.
@@ -112,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"{exc.code or type(exc).__name__}{where}: {exc.message}", 1)
     except ClusterError as exc:
         return _fail(f"cluster: {exc}", 1)
+    except ListenError as exc:
+        return _fail(str(exc), 1)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
     except BrokenPipeError:  # `dledger ... | head`: the reader left; so do we, quietly

@@ -40,6 +40,10 @@ class ConfigError(ValueError):
     """The configuration is unusable; the message says which setting and why."""
 
 
+class ListenError(RuntimeError):
+    """A node cannot listen on a configured address; the message says which and why."""
+
+
 @dataclass(frozen=True, slots=True)
 class Peer:
     id: int

@@ -6,6 +6,8 @@ follower, fsync latency, role and term. Served over HTTP by `serve_metrics`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from raft import RaftCore, Role
@@ -52,7 +54,14 @@ class NodeMetrics:
                 self.replication_lag.labels(str(peer)).set(max(0, core.last_index - pr.match))
 
 
-def serve_metrics(metrics: NodeMetrics, address: str) -> None:
-    """Start the HTTP endpoint (a daemon thread) at HOST:PORT."""
+def serve_metrics(metrics: NodeMetrics, address: str) -> Callable[[], None]:
+    """Start the HTTP endpoint (a daemon thread) at HOST:PORT; return what stops it."""
     host, _, port = address.rpartition(":")
-    start_http_server(int(port), addr=host, registry=metrics.registry)
+    httpd, thread = start_http_server(int(port), addr=host, registry=metrics.registry)
+
+    def stop() -> None:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
+
+    return stop

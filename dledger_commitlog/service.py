@@ -13,11 +13,12 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import struct
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, TypeAlias
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -43,7 +44,7 @@ from .commitlog import (
     make_msg_id,
     offset_of_msg_id,
 )
-from .config import NodeConfig
+from .config import ListenError, NodeConfig
 from .metrics import serve_metrics
 from .node import RaftNode
 from .transport import GRPC_OPTIONS, PeerService
@@ -529,17 +530,27 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
     node = RaftNode(cfg)
     node.on_fatal = stop.set
     _TERM.node = node
-    if cfg.listen_metrics:
-        serve_metrics(node.metrics, cfg.listen_metrics)
-    raft_server = grpc.aio.server(options=GRPC_OPTIONS)
+    stop_metrics: list[Callable[[], None]] = []
+    try:
+        if cfg.listen_metrics:
+            at = cfg.listen_metrics
+            stop_metrics.append(_listen("metrics", at, lambda: serve_metrics(node.metrics, at)))
+        raft_server = grpc.aio.server(options=GRPC_OPTIONS)
+        _listen("Raft peers", cfg.raft_address,
+                lambda: raft_server.add_insecure_port(cfg.raft_address))  # fmt: skip
+        client_server = grpc.aio.server(options=GRPC_OPTIONS)
+        _listen("clients", cfg.client_address,
+                lambda: client_server.add_insecure_port(cfg.client_address))  # fmt: skip
+    except BaseException:
+        for stop_serving in stop_metrics:
+            stop_serving()
+        await node.close()  # recovered and checkpointed: nothing is lost
+        raise
     pb_grpc.add_RaftPeerServicer_to_server(PeerService(cfg.cluster, node.deliver), raft_server)
-    raft_server.add_insecure_port(cfg.raft_address)
-    client_server = grpc.aio.server(options=GRPC_OPTIONS)
     service = ClientService(node)
     pb_grpc.add_DLedgerClientServicer_to_server(service, client_server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, client_server)
-    client_server.add_insecure_port(cfg.client_address)
     await raft_server.start()
     await node.start()
     await client_server.start()
@@ -556,7 +567,36 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
         await service.close()
         await node.close()
         await raft_server.stop(grace=0.5)
+        for stop_serving in stop_metrics:
+            stop_serving()
     return node.fatal
+
+
+_T = TypeVar("_T")
+
+
+def _listen(what: str, address: str, bind: Callable[[], _T]) -> _T:
+    """Run `bind`; a failure becomes a ListenError that names the address and the cause."""
+    try:
+        return bind()
+    except (OSError, RuntimeError, ValueError) as exc:
+        why = (exc.strerror if isinstance(exc, OSError) else None) or _bind_error(address)
+        raise ListenError(f"cannot listen for {what} on {address}: {why or exc}") from None
+
+
+def _bind_error(address: str) -> str | None:
+    """Why binding `address` fails, found by trying (gRPC's own error does not say)."""
+    host, _, port = address.rpartition(":")
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(
+            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM
+        )[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(where)
+    except (OSError, ValueError) as exc:
+        return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+    return None
 
 
 class _TermFilter(logging.Filter):

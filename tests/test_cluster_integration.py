@@ -7,6 +7,7 @@ and hopes: every wait is a condition with a deadline (`wait_until`).
 
 from __future__ import annotations
 
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -282,3 +283,36 @@ def test_leader_killed_during_load(make_cluster: Callable[..., LocalCluster]) ->
         final = wait_converged(cluster, CONVERGE_S, at_least=statuses[new].committed_index)
         assert final[old].last_chain_crc == final[new].last_chain_crc
         check_acked(acked, read_all(stubs[old]), f"restarted node {old}")
+
+
+@pytest.mark.parametrize(
+    "which, what", [("client", "clients"), ("raft", "Raft peers"), ("metrics", "metrics")]
+)
+def test_a_port_in_use_stops_start_up_with_one_clear_line(
+    which: str, what: str, make_cluster: Callable[..., LocalCluster]
+) -> None:
+    cluster = make_cluster(f"port-{which}")
+    with cluster.client() as client:
+        bodies = [f"kept {i}".encode() for i in range(20)]
+        acked = [client.put("PortInUse", body) for body in bodies]
+    node = next(s.id for s in cluster if s.id != cluster.leader_id())
+    cluster.stop(node)
+    address = getattr(cluster.specs[node], which)
+    host, _, port = address.rpartition(":")
+    with socket.create_server((host, int(port))):  # another program holds the node's port
+        log_size = cluster.specs[node].log_path.stat().st_size
+        cluster.start(node)
+        ended = partial(cluster.exit_code, node)
+        code = wait_until(ended, 60.0, f"node {node} to exit", ok=lambda c: c is not None)
+        with cluster.specs[node].log_path.open("rb") as log:
+            log.seek(log_size)
+            printed = log.read().decode(errors="replace")
+    assert code == 1, printed
+    assert f"dledger: cannot listen for {what} on {address}: Address already in use" in printed
+    assert "Traceback" not in printed, printed
+    # Nothing was lost: once the port is free the node starts and serves every put.
+    cluster.start(node)
+    wait_converged(cluster, CONVERGE_S, at_least=len(acked))
+    with node_stubs(cluster) as stubs:
+        for body, result in zip(bodies, acked, strict=True):
+            assert get_at(stubs[node], result.commitlog_offset).body == body

@@ -87,11 +87,6 @@ def cluster_on_small_disk(
             cluster.down()
 
 
-def _exit_code(cluster: LocalCluster, node: int) -> int | None:
-    """Node `node`'s exit code once its process (started by `cluster`) has ended."""
-    return cluster._procs[node].poll()
-
-
 def _critical_lines(cluster: LocalCluster, node: int) -> list[str]:
     text = cluster.specs[node].log_path.read_text(errors="replace")
     return [line for line in text.splitlines() if " CRITICAL " in line]
@@ -116,7 +111,7 @@ def test_a_follower_whose_disk_fills_stops_and_catches_up_once_space_is_freed(
     writers = Writers(cluster, "full", threads=2, body_bytes=BODY_BYTES).start()
     try:
         code = wait_until(
-            lambda: _exit_code(cluster, VICTIM),
+            lambda: cluster.exit_code(VICTIM),
             FILL_S,
             f"node {VICTIM} to exit on its full disk ({_df(data)})",
             ok=lambda rc: rc is not None,
