@@ -29,11 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from store.message import max_encoded_size
+
+from .entry_format import FILLER_MIN, HEADER_SIZE, INDEX_UNIT_SIZE
+
 # Segments for throwaway local clusters (the demo, chaos runs). The defaults
 # preallocate 1 GiB of log per node, which a laptop's disk or a test run that
-# starts a dozen clusters should not pay; small segments also roll over often,
-# so these runs cross file boundaries.
-SMALL_SEGMENTS: dict[str, Any] = {"data_segment_bytes": 4 << 20, "index_segment_bytes": 32 * 65536}
+# starts a dozen clusters should not pay. 8 MiB still holds the largest message
+# the default store.max_message_bytes allows (see segment_bytes_for).
+SMALL_SEGMENTS: dict[str, Any] = {"data_segment_bytes": 8 << 20, "index_segment_bytes": 32 * 65536}
 
 
 class ConfigError(ValueError):
@@ -87,6 +91,8 @@ class NodeConfig:
     refuse_ratio: float = 0.95
 
     def __post_init__(self) -> None:
+        self._check_types()
+        self._check_numbers()
         ids = [p.id for p in self.peers]
         if len(set(ids)) != len(ids):
             raise ConfigError(f"peers: duplicate node ids {ids}")
@@ -104,13 +110,39 @@ class NodeConfig:
             raise ConfigError("raft: need tick_ms > 0 and 1 <= heartbeat_ticks < election_ticks")
         if self.preferred_leader is not None and self.preferred_leader not in ids:
             raise ConfigError(f"raft.preferred_leader {self.preferred_leader} is not a peer")
-        if self.queues_per_topic < 1:
-            raise ConfigError("store.queues_per_topic must be at least 1")
         if not 0 < self.force_clean_ratio <= self.refuse_ratio <= 1:
             raise ConfigError("retention: need 0 < force_clean_ratio <= refuse_ratio <= 1")
         for p in self.peers:
             for what in (p.raft, p.client):
                 parse_address(what)
+
+    def _check_types(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            want = _NUMBER_TYPES.get(str(f.type))
+            if want is None or (value is None and str(f.type).endswith("| None")):
+                continue
+            if isinstance(value, bool) or not isinstance(value, want):
+                kind = "an integer" if want is int else "a number"
+                raise ConfigError(f"{_setting(f.name)} must be {kind}, not {value!r}")
+
+    def _check_numbers(self) -> None:
+        for name, (low, high) in _BOUNDS.items():
+            value = getattr(self, name)
+            if value < low or (high is not None and value > high):
+                want = f"at least {low}" if high is None else f"in {low}..{high}"
+                raise ConfigError(f"{_setting(name)} must be {want}, not {value}")
+        need = segment_bytes_for(self.max_message_bytes)
+        if self.data_segment_bytes < need:
+            raise ConfigError(
+                f"store.data_segment_bytes {self.data_segment_bytes} cannot hold the largest "
+                f"message: store.max_message_bytes {self.max_message_bytes} needs at least {need}"
+            )
+        if self.index_segment_bytes % INDEX_UNIT_SIZE:
+            raise ConfigError(
+                f"store.index_segment_bytes {self.index_segment_bytes} must be a multiple of "
+                f"{INDEX_UNIT_SIZE}"
+            )
 
     @property
     def me(self) -> Peer:
@@ -178,6 +210,39 @@ _SECTIONS = {
     },
 }
 _TOP = ("node_id", "cluster", "data_dir", "flush_mode")
+_NUMBER_TYPES: dict[str, type | tuple[type, ...]] = {
+    "int": int,
+    "int | None": int,
+    "float": (int, float),
+}
+_AT_LEAST_ONE = (
+    "max_append_entries", "max_append_bytes", "max_inflight_msgs", "flush_interval_ms",
+    "index_segment_bytes", "queues_per_topic", "cq_units_per_file", "index_slots",
+    "index_entries", "max_pending_puts",
+)  # fmt: skip
+# A put is one gRPC message (64 MiB limit, client and server), and one Raft entry.
+MAX_MESSAGE_BYTES_LIMIT = 32 << 20
+_BOUNDS: dict[str, tuple[float, float | None]] = {
+    **{name: (1, None) for name in _AT_LEAST_ONE},
+    "max_message_bytes": (1, MAX_MESSAGE_BYTES_LIMIT),
+    "idempotency_window": (0, None),
+    "file_reserved_hours": (0, None),
+    "delete_when_hour": (0, 23),
+}
+
+
+def segment_bytes_for(max_message_bytes: int) -> int:
+    """The smallest data segment that holds an entry carrying the largest message."""
+    return HEADER_SIZE + max_encoded_size(max_message_bytes) + FILLER_MIN
+
+
+def _setting(name: str) -> str:
+    """`name` as the TOML file spells it: section.key (or the top-level key)."""
+    for section, keys in _SECTIONS.items():
+        for key, field_name in keys.items():
+            if field_name == name:
+                return f"{section}.{key}"
+    return name
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> NodeConfig:

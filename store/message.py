@@ -54,6 +54,7 @@ __all__ = [
     "encoded_size",
     "java_string_hash",
     "make_properties",
+    "max_encoded_size",
     "patch_offsets",
     "peek_header",
     "split_keys",
@@ -261,6 +262,11 @@ def _properties_bytes(props: Mapping[str, str]) -> bytes:
             f"properties are {len(raw)} bytes encoded, at most {MAX_PROPERTIES_BYTES} allowed"
         )
     return raw
+
+
+def max_encoded_size(max_body_bytes: int) -> int:
+    """The most bytes `encode_message` returns for a body of at most `max_body_bytes`."""
+    return FIXED_PART_SIZE + max_body_bytes + 1 + MAX_TOPIC_BYTES + 2 + MAX_PROPERTIES_BYTES
 
 
 def encode_message(msg: Message, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> bytes:

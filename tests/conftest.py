@@ -33,7 +33,7 @@ SMALL_SEGMENTS: Final[dict[str, Any]] = {
     "data_segment_bytes": 1 << 20,
     "index_segment_bytes": 32 * 4096,
 }
-MAX_MESSAGE_BYTES: Final = 64 * 1024
+MAX_MESSAGE_BYTES: Final = 64 * 1024  # a 1 MiB segment must hold the largest message
 SHARED_CONFIG: Final[dict[str, Any]] = {**SMALL_SEGMENTS, "max_message_bytes": MAX_MESSAGE_BYTES}
 LOG_TAIL_LINES: Final = 40
 CONVERGE_S: Final = 20.0  # replicas of a quiet cluster agree within this
@@ -218,7 +218,7 @@ def make_cluster(
     made: list[LocalCluster] = []
 
     def make(name: str = "cluster", **extra_config: Any) -> LocalCluster:
-        config = {**SMALL_SEGMENTS, **extra_config}
+        config = {**SHARED_CONFIG, **extra_config}
         cluster = LocalCluster(tmp_path / name, extra_config=config)
         made.append(cluster)
         register(request.node, cluster)

@@ -38,7 +38,7 @@ from dledger_commitlog.client import ClientError, NodeStatus
 from dledger_commitlog.cluster import LocalCluster
 from tests.conftest import (
     CONVERGE_S,
-    SMALL_SEGMENTS,
+    SHARED_CONFIG,
     node_stubs,
     register,
     summary,
@@ -397,7 +397,7 @@ def netns_cluster(
     net = make_net([1, 2, 3])
     cluster = LocalCluster(
         tmp_path / "cluster",
-        extra_config=SMALL_SEGMENTS,
+        extra_config=SHARED_CONFIG,
         hosts=net.hosts(),
         command_prefix=net.command_prefix,
     )

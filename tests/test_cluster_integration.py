@@ -18,16 +18,19 @@ import pytest
 
 from dledger_commitlog.client import (
     Client,
+    ClientError,
     PutResult,
     StoredMessage,
     stored_message,
 )
 from dledger_commitlog.cluster import LocalCluster
+from dledger_commitlog.config import segment_bytes_for
 from dledger_commitlog.entry_store import EntryStore
 from proto import dledger_pb2 as pb
-from store.message import decode_message
+from store.message import MAX_PROPERTIES_BYTES, MAX_TOPIC_BYTES, decode_message
 from tests.conftest import (
     CONVERGE_S,
+    MAX_MESSAGE_BYTES,
     SMALL_SEGMENTS,
     answered,
     get_at,
@@ -316,3 +319,37 @@ def test_a_port_in_use_stops_start_up_with_one_clear_line(
     with node_stubs(cluster) as stubs:
         for body, result in zip(bodies, acked, strict=True):
             assert get_at(stubs[node], result.commitlog_offset).body == body
+
+
+def test_the_largest_message_fits_the_smallest_segment_the_config_allows(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """A message as large as the settings allow (the whole body, a 127-byte topic,
+    32767 bytes of properties) fills a segment of `segment_bytes_for` bytes; puts
+    of it roll the log over each time and every node stays up to serve them."""
+    segment = segment_bytes_for(MAX_MESSAGE_BYTES)
+    cluster = make_cluster("largest", data_segment_bytes=segment)
+    topic = "T" * MAX_TOPIC_BYTES
+    results = []
+    with cluster.client() as client:
+        for i in range(3):
+            uniq = f"largest-{i}"
+            room = MAX_PROPERTIES_BYTES - len(f"UNIQ_KEY\x01{uniq}\x02") - len("big\x01\x02")
+            body = bytes([i]) * MAX_MESSAGE_BYTES
+            r = client.put(topic, body, properties={"big": "v" * room}, uniq_key=uniq)
+            results.append((body, r))
+    segments = [r.commitlog_offset // segment for _, r in results]
+    assert segments == list(range(segments[0], segments[0] + 3)), "one message per segment"
+    wait_converged(cluster, CONVERGE_S, at_least=3)
+    assert all(cluster.is_running(s.id) for s in cluster)
+    with node_stubs(cluster) as stubs:
+        for node in stubs:
+            for body, r in results:
+                got = get_at(stubs[node], r.commitlog_offset)
+                assert got.body == body and got.topic == topic
+    with cluster.client() as client:  # one byte more is refused, and nothing breaks
+        with pytest.raises(ClientError, match="at most"):
+            client.put(topic, b"x" * (MAX_MESSAGE_BYTES + 1))
+        with pytest.raises(ClientError, match="at most"):
+            client.put(topic, b"x", properties={"big": "v" * (room + 1)}, uniq_key=uniq)
+        client.put("After", b"still serving")

@@ -48,6 +48,10 @@ from tests.workload import Acked, Writers, check_acked, leader_and_follower, rea
 
 SEG = 4096
 ISEG = 32 * 64
+# A node's segments must hold its largest message (NodeConfig checks): 64 KiB
+# holds a 1 KiB body with the most properties a message may carry.
+NODE_SEG = 64 * 1024
+NODE_MAX_MESSAGE = 1024
 FLUSH_INTERVAL_MS = 200
 # How late after the flush interval an acknowledged put may still be unflushed: the
 # fsync itself (slow on a busy shared disk) and the trace write after it.
@@ -379,8 +383,9 @@ def test_sync_mode_loses_nothing_when_every_node_is_killed_at_once(
 def _single_node(root: Path, flush_mode: str = "async") -> RaftNode:
     cfg = NodeConfig(
         node_id=1, data_dir=str(root), peers=(Peer(1, "127.0.0.1:1", "127.0.0.1:2"),),
-        flush_mode=flush_mode, tick_ms=5, data_segment_bytes=SEG, index_segment_bytes=ISEG,
-        cq_units_per_file=64, index_slots=64, index_entries=256,
+        flush_mode=flush_mode, tick_ms=5, data_segment_bytes=NODE_SEG, index_segment_bytes=ISEG,
+        max_message_bytes=NODE_MAX_MESSAGE, cq_units_per_file=64, index_slots=64,
+        index_entries=256,
     )  # fmt: skip
     return RaftNode(cfg)
 
@@ -415,7 +420,9 @@ def test_a_rollback_marker_cuts_the_log_below_its_checkpoint_and_dispatch_with_i
     the log, raft.state's commit, the entry checkpoint and the consume queues all
     go back to the marker's index; the marker goes; verify passes; puts go on."""
     asyncio.run(_put_some(_single_node(tmp_path), 40, "old"))
-    store = EntryStore(tmp_path / "commitlog", data_segment_bytes=SEG, index_segment_bytes=ISEG)
+    store = EntryStore(
+        tmp_path / "commitlog", data_segment_bytes=NODE_SEG, index_segment_bytes=ISEG
+    )
     last = store.last_index()
     keep = last - 25
     end_of_keep = sum(store.locate(keep))

@@ -27,7 +27,7 @@ from dledger_commitlog.cluster import LocalCluster
 from dledger_commitlog.verify import verify_store
 from tests.conftest import (
     CONVERGE_S,
-    SMALL_SEGMENTS,
+    SHARED_CONFIG,
     answered,
     node_stubs,
     register,
@@ -49,7 +49,7 @@ BODY_BYTES: Final = 64 * 1024
 SMALL_MIB: Final = 4
 GROWN_MIB: Final = 64
 CONFIG: Final[dict[str, Any]] = {
-    **SMALL_SEGMENTS,  # 1 MiB log segments, 128 KiB entry-index segments
+    **SHARED_CONFIG,  # 1 MiB log segments, 128 KiB entry-index segments, 64 KiB messages
     "cq_units_per_file": 2000,  # 40 KB consume-queue files
     "index_slots": 128,
     "index_entries": 4096,  # an 82 KB key index: one file for every put of the test

@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from dledger_commitlog.commitlog import make_msg_id, offset_of_msg_id
-from dledger_commitlog.config import ConfigError, load_config, parse_peer
+from dledger_commitlog.config import (
+    SMALL_SEGMENTS,
+    ConfigError,
+    load_config,
+    parse_peer,
+    segment_bytes_for,
+)
+from dledger_commitlog.entry_format import FILLER_MIN, HEADER_SIZE
 from dledger_commitlog.raft_state import RaftStateFile
 from dledger_commitlog.transport import decode_entries, encode_entries, from_proto, to_proto
 from raft.messages import (
@@ -24,6 +31,7 @@ from raft.messages import (
 )
 from raft.types import Entry, EntryKind, HardState
 from store.errors import CorruptEntry, InvalidMessage
+from store.message import max_encoded_size
 
 ENTRIES = (Entry(7, 2, b"alpha"), Entry(8, 3, b"", EntryKind.NOOP), Entry(9, 3, bytes(300)))
 MESSAGES: list[Message] = [
@@ -115,6 +123,50 @@ def test_config_errors_say_what_is_wrong(tmp_path: Path, text: str, error: str) 
     path.write_text(text)
     with pytest.raises(ConfigError, match=error):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("toml", "error"),
+    [
+        # A data segment must hold the largest message the node accepts.
+        ("[store]\ndata_segment_bytes = 4194304",
+         "store.data_segment_bytes 4194304 cannot hold the largest message: "
+         "store.max_message_bytes 4194304 needs at least 4227345"),
+        ("[store]\nmax_message_bytes = 1024\ndata_segment_bytes = 34064",
+         "store.data_segment_bytes 34064 cannot hold .* needs at least 34065"),
+        ("[store]\nindex_segment_bytes = 33", "index_segment_bytes 33 must be a multiple of 32"),
+        ("[store]\nmax_message_bytes = 67108864", r"max_message_bytes must be in 1\.\.33554432"),
+        ("[store]\ncq_units_per_file = 0", "store.cq_units_per_file must be at least 1, not 0"),
+        ("[store]\nidempotency_window = -1", "store.idempotency_window must be at least 0"),
+        ("[raft]\nmax_inflight_msgs = 0", "raft.max_inflight_msgs must be at least 1"),
+        ("[retention]\ndelete_when_hour = 24", r"delete_when_hour must be in 0\.\.23, not 24"),
+        ('[raft]\ntick_ms = "50"', "raft.tick_ms must be an integer, not '50'"),
+        ("[store]\nqueues_per_topic = true", "queues_per_topic must be an integer, not True"),
+        ("[retention]\nrefuse_ratio = \"high\"", "retention.refuse_ratio must be a number"),
+    ],
+)  # fmt: skip
+def test_unusable_settings_are_refused_naming_the_setting(
+    tmp_path: Path, toml: str, error: str
+) -> None:
+    path = tmp_path / "n1.toml"
+    head = 'node_id = 1\ndata_dir = "d"\npeers = [{id = 1, raft = "h:1", client = "h:2"}]\n'
+    path.write_text(f"{head}{toml}\n")
+    with pytest.raises(ConfigError, match=error):
+        load_config(path)
+    section = toml.split("\n", maxsplit=1)[0]
+    path.write_text(f"{head}{section}\n")  # the section alone: the defaults are usable
+    assert load_config(path).node_id == 1
+
+
+def test_the_smallest_segments_the_config_allows_hold_the_largest_message() -> None:
+    peers = (parse_peer("1=h:1/h:2"),)
+    need = segment_bytes_for(1024)
+    assert need == HEADER_SIZE + max_encoded_size(1024) + FILLER_MIN
+    cfg = load_config(None, {"node_id": 1, "data_dir": "d", "peers": peers,
+                             "max_message_bytes": 1024, "data_segment_bytes": need})  # fmt: skip
+    assert cfg.data_segment_bytes == need
+    for config in (SMALL_SEGMENTS, {}):  # the demo's and chaos runs' settings; the defaults
+        load_config(None, {"node_id": 1, "data_dir": "d", "peers": peers, **config})
 
 
 def test_peer_specs() -> None:
