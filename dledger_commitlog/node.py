@@ -59,19 +59,48 @@ from store.fileio import fsync_dir, mkdir_durably, write_atomically
 from store.flush import GroupCommit, PeriodicFlush
 
 from .commitlog import DLedgerCommitLog
-from .config import NodeConfig, parse_address
+from .config import ConfigError, NodeConfig, parse_address
 from .entry_store import BASE_SIZE, EntryStore
 from .metrics import NodeMetrics
 from .raft_state import RaftStateFile
 from .retention import Retention
 from .transport import PeerLink, to_proto
-from .verify import write_layout
+from .verify import LAYOUT_FILE, read_layout, write_layout
 
 log = logging.getLogger(__name__)
 
 _SYNC_WRITE_BUFFER = 4 << 20
 _CHECKPOINT_INTERVAL_S = 1.0
 _RETENTION_INTERVAL_S = 10.0
+
+
+def store_layout(cfg: NodeConfig) -> dict[str, int]:
+    """The settings that shape a store's files (recorded in its layout file)."""
+    names = ("data_segment_bytes", "index_segment_bytes", "cq_units_per_file", "index_slots",
+             "index_entries")  # fmt: skip
+    return {name: getattr(cfg, name) for name in names}
+
+
+def check_layout(data: Path, layout: dict[str, int]) -> None:
+    """Refuse settings that differ from those `data` was written with.
+
+    The files' sizes and slot counts are baked into their positions: opened with
+    other values, consume queues and the key index would be read and written at
+    the wrong places (segments that do not line up are refused by the store).
+    """
+    if not (data / LAYOUT_FILE).exists():
+        return  # a new directory
+    written = read_layout(data)
+    changed = [
+        f"store.{name} is {layout[name]} but {data} was written with {was}"
+        for name, was in sorted(written.items())
+        if layout.get(name, was) != was
+    ]
+    if changed:
+        raise ConfigError(
+            "; ".join(changed) + ". A store's file layout cannot change: set it back, or "
+            "move the directory away and let the node catch up from its peers"
+        )
 
 
 class RaftNode:
@@ -81,6 +110,8 @@ class RaftNode:
         self.metrics = metrics or NodeMetrics(cfg.node_id)
         data = Path(cfg.data_dir)
         mkdir_durably(data)
+        layout = store_layout(cfg)
+        check_layout(data, layout)  # before anything is opened: a changed layout corrupts
         self.state_file = RaftStateFile(data / "raft.state")
         self.sync_flush = cfg.flush_mode == "sync"
         rollback_path = data / ROLLBACK_FILE
@@ -143,13 +174,7 @@ class RaftNode:
             idempotency_window=cfg.idempotency_window,
             propose=self._propose,
         )
-        write_layout(data, {
-            "data_segment_bytes": cfg.data_segment_bytes,
-            "index_segment_bytes": cfg.index_segment_bytes,
-            "cq_units_per_file": cfg.cq_units_per_file,
-            "index_slots": cfg.index_slots,
-            "index_entries": cfg.index_entries,
-        })  # fmt: skip
+        write_layout(data, layout)
         self.commitlog.start_at(commit)
         self.dispatcher = Dispatcher(
             data,

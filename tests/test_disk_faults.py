@@ -26,7 +26,7 @@ import pytest
 
 from chaos.disk import FlipReport, flip_byte, power_loss, read_trace
 from dledger_commitlog.cluster import LocalCluster, converged
-from dledger_commitlog.config import NodeConfig, Peer
+from dledger_commitlog.config import ConfigError, NodeConfig, Peer
 from dledger_commitlog.entry_format import HEADER_SIZE
 from dledger_commitlog.entry_store import EntryStore
 from dledger_commitlog.node import (
@@ -380,13 +380,15 @@ def test_sync_mode_loses_nothing_when_every_node_is_killed_at_once(
 # ---------------------------------------------------------------- rollback marker
 
 
-def _single_node(root: Path, flush_mode: str = "async") -> RaftNode:
-    cfg = NodeConfig(
-        node_id=1, data_dir=str(root), peers=(Peer(1, "127.0.0.1:1", "127.0.0.1:2"),),
-        flush_mode=flush_mode, tick_ms=5, data_segment_bytes=NODE_SEG, index_segment_bytes=ISEG,
-        max_message_bytes=NODE_MAX_MESSAGE, cq_units_per_file=64, index_slots=64,
-        index_entries=256,
-    )  # fmt: skip
+def _single_node(
+    root: Path, flush_mode: str = "async", settings: dict[str, Any] | None = None
+) -> RaftNode:
+    cfg = NodeConfig(**{
+        "node_id": 1, "data_dir": str(root), "peers": (Peer(1, "127.0.0.1:1", "127.0.0.1:2"),),
+        "flush_mode": flush_mode, "tick_ms": 5, "data_segment_bytes": NODE_SEG,
+        "index_segment_bytes": ISEG, "max_message_bytes": NODE_MAX_MESSAGE,
+        "cq_units_per_file": 64, "index_slots": 64, "index_entries": 256, **(settings or {}),
+    })  # fmt: skip
     return RaftNode(cfg)
 
 
@@ -522,5 +524,30 @@ def test_a_failed_flush_stops_the_node_and_its_close_writes_nothing(
         assert again.recovery.crashed
     finally:
         asyncio.run(again.close())
+    report = verify_store(tmp_path)
+    assert report.ok, report.problems
+
+
+# ---------------------------------------------------------------- a changed layout
+
+
+@pytest.mark.parametrize(
+    "setting, value",
+    [("cq_units_per_file", 32), ("index_slots", 128), ("index_entries", 512),
+     ("data_segment_bytes", 2 * NODE_SEG), ("index_segment_bytes", 2 * ISEG)],
+)  # fmt: skip
+def test_a_changed_store_layout_is_refused_before_anything_is_opened(
+    tmp_path: Path, setting: str, value: int
+) -> None:
+    """Consume-queue units per file, key-index slots and entries, and segment sizes
+    fix where every record lies; reopened with other values the node would write
+    queues and index at the wrong places (verify then finds conflicting units)."""
+    asyncio.run(_put_some(_single_node(tmp_path), 100, "kept"))  # spans queue files
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match=rf"store.{setting} is {value} but .* written with"):
+        _single_node(tmp_path, settings={setting: value})
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == before, "nothing was opened, written or removed"
+    asyncio.run(_put_some(_single_node(tmp_path), 5, "more"))  # the old settings still work
     report = verify_store(tmp_path)
     assert report.ok, report.problems
