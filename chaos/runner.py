@@ -103,6 +103,7 @@ class ChaosReport:
             "reads_ok": v.reads_ok,
             "lost": len(v.lost),
             "lost_in_window": len(v.lost_in_window),
+            "reads_lost_in_window": v.reads_lost_in_window,
             "duplicates": len(v.duplicates),
             "failed_present": len(v.failed_present),
             "unknown_present": v.unknown_present,
@@ -161,7 +162,9 @@ class ChaosReport:
         if self.exits:
             rows.append(("nodes that exited", f"{len(self.exits)}: {self.exits[:3]}"))
         if v.lost_in_window:
-            rows.insert(5, ("lost in the window", f"{len(v.lost_in_window)} (async power loss)"))
+            read = f", {v.reads_lost_in_window} read before" if v.reads_lost_in_window else ""
+            lost = f"{len(v.lost_in_window)} (async power loss{read})"
+            rows.insert(5, ("lost in the window", lost))
         rows += [("problem", p) for p in v.problems() + self.harness_errors]
         rows.append(("verdict", "VALID" if self.valid else "INVALID"))
         return rows

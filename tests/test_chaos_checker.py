@@ -126,6 +126,24 @@ def test_losses_inside_a_power_loss_window_are_excused_and_counted() -> None:
     assert v.lost == ["B@1000"]
 
 
+def test_a_read_of_a_put_lost_in_a_power_loss_window_is_excused_too() -> None:
+    """What async flush may lose may have been read first; a read of anything else
+    that later disappears is still stale."""
+    h, _ = base()
+    for key, offset in (("B", 1000), ("A", 0)):
+        op = h.invoke(1, "read", key, offset=offset)
+        h.complete(op, OK, key=key, crc=zlib.crc32(body_for(key, SIZE)))
+    acks = {o.key: o.end for o in h.operations("put") if o.type == OK}
+    assert acks["A"] < acks["B"]
+    window = [((acks["A"] + acks["B"]) / 2, acks["B"] + 0.001)]  # B's ack, not A's
+    v = check(h, replicas([(0, "A"), (2000, "D")]), loss_windows=window)
+    assert v.valid and v.reads_lost_in_window == 1 and not v.stale_reads, v.problems()
+    v = check(h, replicas([(1000, "B"), (2000, "D")]), loss_windows=window)  # A is gone
+    assert not v.valid and len(v.stale_reads) == 1 and v.lost == ["A@0"]
+    v = check(h, replicas([(0, "A"), (2000, "D")]))  # no window: lost, and a stale read
+    assert v.lost == ["B@1000"] and len(v.stale_reads) == 1
+
+
 def test_timings_find_gaps_and_failover() -> None:
     h = History(started=0.0)
     h.now = lambda: clock[0]  # type: ignore[method-assign]
