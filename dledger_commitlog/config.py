@@ -129,14 +129,17 @@ class NodeConfig:
     def _check_numbers(self) -> None:
         for name, (low, high) in _BOUNDS.items():
             value = getattr(self, name)
-            if value < low or (high is not None and value > high):
+            if not low <= value or (high is not None and not value <= high):  # NaN: refused
                 want = f"at least {low}" if high is None else f"in {low}..{high}"
                 raise ConfigError(f"{_setting(name)} must be {want}, not {value}")
         need = segment_bytes_for(self.max_message_bytes)
         if self.data_segment_bytes < need:
+            fits = self.data_segment_bytes - (need - self.max_message_bytes)
+            instead = f", or store.max_message_bytes of at most {fits}" if fits >= 1024 else ""
             raise ConfigError(
                 f"store.data_segment_bytes {self.data_segment_bytes} cannot hold the largest "
-                f"message: store.max_message_bytes {self.max_message_bytes} needs at least {need}"
+                f"message: store.max_message_bytes {self.max_message_bytes} needs at least "
+                f"{need}{instead}"
             )
         if self.index_segment_bytes % INDEX_UNIT_SIZE:
             raise ConfigError(
@@ -216,7 +219,7 @@ _NUMBER_TYPES: dict[str, type | tuple[type, ...]] = {
     "float": (int, float),
 }
 _AT_LEAST_ONE = (
-    "max_append_entries", "max_append_bytes", "max_inflight_msgs", "flush_interval_ms",
+    "max_append_entries", "max_inflight_msgs", "flush_interval_ms",
     "index_segment_bytes", "queues_per_topic", "cq_units_per_file", "index_slots",
     "index_entries", "max_pending_puts",
 )  # fmt: skip
@@ -224,7 +227,10 @@ _AT_LEAST_ONE = (
 MAX_MESSAGE_BYTES_LIMIT = 32 << 20
 _BOUNDS: dict[str, tuple[float, float | None]] = {
     **{name: (1, None) for name in _AT_LEAST_ONE},
-    "max_message_bytes": (1, MAX_MESSAGE_BYTES_LIMIT),
+    # A consumer-group offset commit is a message of a few hundred bytes.
+    "max_message_bytes": (1024, MAX_MESSAGE_BYTES_LIMIT),
+    # One AppendEntries carries this much (or one entry), within a 16 MiB RaftBatch.
+    "max_append_bytes": (1, 16 << 20),
     "idempotency_window": (0, None),
     "file_reserved_hours": (0, None),
     "delete_when_hour": (0, 23),

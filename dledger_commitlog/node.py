@@ -64,7 +64,7 @@ from .entry_store import BASE_SIZE, EntryStore
 from .metrics import NodeMetrics
 from .raft_state import RaftStateFile
 from .retention import Retention
-from .transport import PeerLink, to_proto
+from .transport import PeerLink, to_wire
 from .verify import LAYOUT_FILE, read_layout, write_layout
 
 log = logging.getLogger(__name__)
@@ -537,7 +537,7 @@ class RaftNode:
         for peer, msgs in by_peer.items():
             link = self._links.get(peer)
             if link is not None:
-                link.send([to_proto(m) for m in msgs])
+                link.send([to_wire(m) for m in msgs])
 
     async def _dispatch_loop(self) -> None:
         """Dispatch committed messages in batches as the commit position advances."""

@@ -44,6 +44,11 @@ _T = pb.RaftMessage
 MAX_QUEUED = 4096
 _CONNECT_TIMEOUT_S = 0.2
 MAX_BATCH = 256
+# A stream message (RaftBatch) stays far below gRPC's 64 MiB limit: appends of
+# large entries queued behind a slow stream must not add up past it, or every
+# send of the batch would fail and replication would stall.
+MAX_BATCH_BYTES = 16 << 20
+_FIELDS_BOUND = 128  # a RaftMessage's fields besides its entries or snapshot bytes
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.max_receive_message_length", 64 << 20),
@@ -87,12 +92,23 @@ def decode_entries(blob: bytes) -> tuple[Entry, ...]:
     return tuple(out)
 
 
+def to_wire(m: Message) -> tuple[pb.RaftMessage, int]:
+    """`m` as a proto, and a bound on its encoded size (for batching by bytes)."""
+    match m:
+        case AppendEntries():
+            data = encode_entries(m.entries)
+            return _T(type=_T.APPEND, src=m.src, dst=m.dst, term=m.term, index=m.prev_index,
+                      log_term=m.prev_term, commit=m.commit,
+                      entries=data), len(data) + _FIELDS_BOUND  # fmt: skip
+        case Snapshot():
+            return to_proto(m), len(m.data) + _FIELDS_BOUND
+    return to_proto(m), _FIELDS_BOUND
+
+
 def to_proto(m: Message) -> pb.RaftMessage:
     match m:
         case AppendEntries():
-            return _T(type=_T.APPEND, src=m.src, dst=m.dst, term=m.term, index=m.prev_index,
-                      log_term=m.prev_term, commit=m.commit,
-                      entries=encode_entries(m.entries))  # fmt: skip
+            return to_wire(m)[0]
         case AppendResponse():
             return _T(type=_T.APPEND_RESPONSE, src=m.src, dst=m.dst, term=m.term, index=m.index,
                       reject=m.reject, hint_index=m.hint_index, hint_term=m.hint_term)  # fmt: skip
@@ -153,7 +169,7 @@ class PeerLink:
         self.peer_id = peer_id
         self.address = address
         self._cluster = cluster
-        self._queue: collections.deque[pb.RaftMessage] = collections.deque()
+        self._queue: collections.deque[tuple[pb.RaftMessage, int]] = collections.deque()
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.connected = False
@@ -164,7 +180,8 @@ class PeerLink:
             self._run(), name=f"peer-{self.peer_id}"
         )
 
-    def send(self, messages: Sequence[pb.RaftMessage]) -> None:
+    def send(self, messages: Sequence[tuple[pb.RaftMessage, int]]) -> None:
+        """Queue (message, size bound) pairs (`to_wire`) for the stream."""
         self._queue.extend(messages)
         while len(self._queue) > MAX_QUEUED:
             self._queue.popleft()
@@ -176,9 +193,18 @@ class PeerLink:
             await self._ready.wait()
             self._ready.clear()
             while self._queue:
-                n = min(len(self._queue), MAX_BATCH)
-                msgs = [self._queue.popleft() for _ in range(n)]
-                yield pb.RaftBatch(cluster=self._cluster, messages=msgs)
+                yield pb.RaftBatch(cluster=self._cluster, messages=self._take_batch())
+
+    def _take_batch(self) -> list[pb.RaftMessage]:
+        """The next messages of the queue: MAX_BATCH, MAX_BATCH_BYTES at most (one at least)."""
+        msg, size = self._queue.popleft()
+        msgs = [msg]
+        while self._queue and len(msgs) < MAX_BATCH:
+            size += self._queue[0][1]
+            if size > MAX_BATCH_BYTES:
+                break
+            msgs.append(self._queue.popleft()[0])
+        return msgs
 
     async def _run(self) -> None:
         while True:

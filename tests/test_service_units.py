@@ -14,9 +14,18 @@ from dledger_commitlog.config import (
     parse_peer,
     segment_bytes_for,
 )
-from dledger_commitlog.entry_format import FILLER_MIN, HEADER_SIZE
+from dledger_commitlog.entry_store import EntryStore
 from dledger_commitlog.raft_state import RaftStateFile
-from dledger_commitlog.transport import decode_entries, encode_entries, from_proto, to_proto
+from dledger_commitlog.transport import (
+    MAX_BATCH_BYTES,
+    PeerLink,
+    decode_entries,
+    encode_entries,
+    from_proto,
+    to_proto,
+    to_wire,
+)
+from proto import dledger_pb2 as pb
 from raft.messages import (
     AppendEntries,
     AppendResponse,
@@ -135,7 +144,10 @@ def test_config_errors_say_what_is_wrong(tmp_path: Path, text: str, error: str) 
         ("[store]\nmax_message_bytes = 1024\ndata_segment_bytes = 34064",
          "store.data_segment_bytes 34064 cannot hold .* needs at least 34065"),
         ("[store]\nindex_segment_bytes = 33", "index_segment_bytes 33 must be a multiple of 32"),
-        ("[store]\nmax_message_bytes = 67108864", r"max_message_bytes must be in 1\.\.33554432"),
+        ("[store]\nmax_message_bytes = 67108864", r"max_message_bytes must be in 1024\.\.33554432"),
+        ("[store]\nmax_message_bytes = 100", r"max_message_bytes must be in 1024\.\.33554432"),
+        ("[raft]\nmax_append_bytes = 33554432", r"raft.max_append_bytes must be in 1\.\.16777216"),
+        ("[retention]\nfile_reserved_hours = nan", "file_reserved_hours must be at least 0"),
         ("[store]\ncq_units_per_file = 0", "store.cq_units_per_file must be at least 1, not 0"),
         ("[store]\nidempotency_window = -1", "store.idempotency_window must be at least 0"),
         ("[raft]\nmax_inflight_msgs = 0", "raft.max_inflight_msgs must be at least 1"),
@@ -158,15 +170,40 @@ def test_unusable_settings_are_refused_naming_the_setting(
     assert load_config(path).node_id == 1
 
 
-def test_the_smallest_segments_the_config_allows_hold_the_largest_message() -> None:
+def test_the_smallest_segment_the_config_allows_holds_the_largest_message(
+    tmp_path: Path,
+) -> None:
+    """segment_bytes_for is exact: the store takes an entry with the largest encoded
+    message into such a segment (after another segment, so a filler comes first)
+    and refuses one byte more."""
     peers = (parse_peer("1=h:1/h:2"),)
     need = segment_bytes_for(1024)
-    assert need == HEADER_SIZE + max_encoded_size(1024) + FILLER_MIN
     cfg = load_config(None, {"node_id": 1, "data_dir": "d", "peers": peers,
                              "max_message_bytes": 1024, "data_segment_bytes": need})  # fmt: skip
-    assert cfg.data_segment_bytes == need
+    with pytest.raises(ConfigError, match=f"needs at least {need}$"):  # 1023 bytes: below 1024
+        load_config(None, {"node_id": 1, "data_dir": "d", "peers": peers,
+                           "max_message_bytes": 1024, "data_segment_bytes": need - 1})  # fmt: skip
+    largest = bytes(max_encoded_size(cfg.max_message_bytes))
+    store = EntryStore(tmp_path / "log", data_segment_bytes=need, index_segment_bytes=32 * 64)
+    try:
+        store.append_entries([Entry(1, 1, b"small"), Entry(2, 1, largest)])
+        assert store.locate(2)[0] == need, "the largest entry fills the next segment exactly"
+        with pytest.raises(ValueError, match="exceeds the segment size"):
+            store.append_entries([Entry(3, 1, largest + b"!")])
+    finally:
+        store.close()
     for config in (SMALL_SEGMENTS, {}):  # the demo's and chaos runs' settings; the defaults
         load_config(None, {"node_id": 1, "data_dir": "d", "peers": peers, **config})
+
+
+def test_a_segment_too_small_names_the_message_size_it_could_hold() -> None:
+    peers = (parse_peer("1=h:1/h:2"),)
+    old_demo = {"data_segment_bytes": 4 << 20}  # what make run used before
+    with pytest.raises(ConfigError, match=r"or store.max_message_bytes of at most 4161263$"):
+        load_config(None, {"node_id": 1, "data_dir": "d", "peers": peers, **old_demo})
+    fits = load_config(None, {"node_id": 1, "data_dir": "d", "peers": peers, **old_demo,
+                              "max_message_bytes": 4161263})  # fmt: skip
+    assert segment_bytes_for(fits.max_message_bytes) == 4 << 20
 
 
 def test_peer_specs() -> None:
@@ -177,3 +214,22 @@ def test_peer_specs() -> None:
         load_config(None, {"node_id": 4, "data_dir": "d", "peers": (parse_peer("1=h:1/h:2"),)})
     with pytest.raises(ConfigError, match="HOST:PORT"):
         load_config(None, {"node_id": 1, "data_dir": "d", "peers": (parse_peer("1=h/h:2"),)})
+
+
+def test_a_stream_batch_stays_below_the_grpc_message_limit() -> None:
+    """Appends of large entries queued behind a slow stream go in several RaftBatches
+    (16 MiB at most each, one message at least), never one past gRPC's 64 MiB."""
+    link = PeerLink("c", 2, "127.0.0.1:1")  # never started: only its queue is used
+    big = [to_wire(AppendEntries(1, 2, 3, i, 3, (Entry(i + 1, 3, bytes(7 << 20)),), 0))
+           for i in range(5)]  # fmt: skip
+    assert all(size >= 7 << 20 for _, size in big)
+    huge = to_wire(AppendEntries(1, 2, 3, 5, 3, (Entry(6, 3, bytes(20 << 20)),), 0))
+    tiny = [to_wire(Heartbeat(src=1, dst=2, term=3, commit=0)) for _ in range(300)]
+    link.send([*big, huge, *tiny])
+    sizes = []
+    while link._queue:
+        batch = pb.RaftBatch(cluster="c", messages=link._take_batch())
+        sizes.append((len(batch.messages), batch.ByteSize()))
+    assert [n for n, _ in sizes] == [2, 2, 1, 1, 256, 44]
+    assert all(b <= MAX_BATCH_BYTES for n, b in sizes if n > 1)
+    assert max(b for _, b in sizes) < 21 << 20  # the 20 MiB entry goes alone
