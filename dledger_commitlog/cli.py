@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from store.errors import DirectoryInUse
+
 from .client import Client, ClientError, NodeStatus, PullResult, StatusError, StoredMessage
 from .cluster import ClusterError
 from .config import ConfigError, ListenError, NodeConfig, load_config, parse_peer
@@ -112,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"{exc.code or type(exc).__name__}{where}: {exc.message}", 1)
     except ClusterError as exc:
         return _fail(f"cluster: {exc}", 1)
-    except ListenError as exc:
+    except (ListenError, DirectoryInUse) as exc:
         return _fail(str(exc), 1)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)

@@ -55,7 +55,7 @@ from dispatch.dispatcher import Dispatcher, DispatchSnapshot
 from raft import Config, HardState, LogDiverged, Message, NotLeader, RaftCore, Ready, Role
 from raft.messages import AppendEntries, Heartbeat
 from raft.types import SnapshotMeta
-from store.fileio import fsync_dir, mkdir_durably, write_atomically
+from store.fileio import DirectoryLock, fsync_dir, mkdir_durably, write_atomically
 from store.flush import GroupCommit, PeriodicFlush
 
 from .commitlog import DLedgerCommitLog
@@ -105,13 +105,24 @@ def check_layout(data: Path, layout: dict[str, int]) -> None:
 
 class RaftNode:
     def __init__(self, cfg: NodeConfig, metrics: NodeMetrics | None = None) -> None:
+        data = Path(cfg.data_dir)
+        mkdir_durably(data)
+        # One process per data directory: a second one (a node started twice) would
+        # "recover" the live node's files under it.
+        self._dir_lock = DirectoryLock(data / LOCK_FILE)
+        try:
+            self._open(cfg, metrics, data)
+        except BaseException:
+            self._dir_lock.release()
+            raise
+
+    def _open(self, cfg: NodeConfig, metrics: NodeMetrics | None, data: Path) -> None:
         started = time.perf_counter()
         self.cfg = cfg
         self.metrics = metrics or NodeMetrics(cfg.node_id)
-        data = Path(cfg.data_dir)
-        mkdir_durably(data)
         layout = store_layout(cfg)
         check_layout(data, layout)  # before anything is opened: a changed layout corrupts
+        write_layout(data, layout)  # before the store: a new store always has its layout
         self.state_file = RaftStateFile(data / "raft.state")
         self.sync_flush = cfg.flush_mode == "sync"
         rollback_path = data / ROLLBACK_FILE
@@ -174,7 +185,6 @@ class RaftNode:
             idempotency_window=cfg.idempotency_window,
             propose=self._propose,
         )
-        write_layout(data, layout)
         self.commitlog.start_at(commit)
         self.dispatcher = Dispatcher(
             data,
@@ -306,6 +316,12 @@ class RaftNode:
         if self._closed:
             return
         self._closed = True
+        try:
+            await self._shut_down()
+        finally:
+            self._dir_lock.release()
+
+    async def _shut_down(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)  # failures: reported
@@ -627,6 +643,7 @@ class RaftNode:
 
 
 ROLLBACK_FILE = "rollback.json"
+LOCK_FILE = "lock"  # flock'ed by the running node; holds its pid
 
 
 def read_rollback_marker(path: Path) -> int | None:

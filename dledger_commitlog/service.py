@@ -530,45 +530,47 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
     node = RaftNode(cfg)
     node.on_fatal = stop.set
     _TERM.node = node
-    stop_metrics: list[Callable[[], None]] = []
+    stop_metrics: Callable[[], None] | None = None
+    raft_server: grpc.aio.Server | None = None
+    client_server: grpc.aio.Server | None = None
+    service: ClientService | None = None
+    health_servicer: health.aio.HealthServicer | None = None
     try:
         if cfg.listen_metrics:
             at = cfg.listen_metrics
-            stop_metrics.append(_listen("metrics", at, lambda: serve_metrics(node.metrics, at)))
+            stop_metrics = _listen("metrics", at, lambda: serve_metrics(node.metrics, at))
         raft_server = grpc.aio.server(options=GRPC_OPTIONS)
-        _listen("Raft peers", cfg.raft_address,
-                lambda: raft_server.add_insecure_port(cfg.raft_address))  # fmt: skip
+        _listen_grpc(raft_server, "Raft peers", cfg.raft_address)
+        pb_grpc.add_RaftPeerServicer_to_server(PeerService(cfg.cluster, node.deliver), raft_server)
         client_server = grpc.aio.server(options=GRPC_OPTIONS)
-        _listen("clients", cfg.client_address,
-                lambda: client_server.add_insecure_port(cfg.client_address))  # fmt: skip
-    except BaseException:
-        for stop_serving in stop_metrics:
-            stop_serving()
-        await node.close()  # recovered and checkpointed: nothing is lost
-        raise
-    pb_grpc.add_RaftPeerServicer_to_server(PeerService(cfg.cluster, node.deliver), raft_server)
-    service = ClientService(node)
-    pb_grpc.add_DLedgerClientServicer_to_server(service, client_server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, client_server)
-    await raft_server.start()
-    await node.start()
-    await client_server.start()
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    await health_servicer.set("dledger.v1.DLedgerClient", health_pb2.HealthCheckResponse.SERVING)
-    log.info("node %d serving clients on %s, raft on %s", cfg.node_id, cfg.client_address,
-             cfg.raft_address)  # fmt: skip
-    try:
+        _listen_grpc(client_server, "clients", cfg.client_address)
+        service = ClientService(node)
+        pb_grpc.add_DLedgerClientServicer_to_server(service, client_server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, client_server)
+        await raft_server.start()
+        await node.start()
+        await client_server.start()
+        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.set(
+            "dledger.v1.DLedgerClient", health_pb2.HealthCheckResponse.SERVING
+        )
+        log.info("node %d serving clients on %s, raft on %s", cfg.node_id, cfg.client_address,
+                 cfg.raft_address)  # fmt: skip
         await stop.wait()
-    finally:
+    finally:  # also after a failed start: the recovered node closes cleanly
         log.info("node %d shutting down", cfg.node_id)
-        await health_servicer.enter_graceful_shutdown()
-        await client_server.stop(grace=1.0)
-        await service.close()
+        if health_servicer is not None:
+            await health_servicer.enter_graceful_shutdown()
+        if client_server is not None:
+            await client_server.stop(grace=1.0)
+        if service is not None:
+            await service.close()
         await node.close()
-        await raft_server.stop(grace=0.5)
-        for stop_serving in stop_metrics:
-            stop_serving()
+        if raft_server is not None:
+            await raft_server.stop(grace=0.5)
+        if stop_metrics is not None:
+            stop_metrics()
     return node.fatal
 
 
@@ -584,8 +586,21 @@ def _listen(what: str, address: str, bind: Callable[[], _T]) -> _T:
         raise ListenError(f"cannot listen for {what} on {address}: {why or exc}") from None
 
 
+def _listen_grpc(server: grpc.aio.Server, what: str, address: str) -> None:
+    """Bind `server` to `address`, checked first with a plain socket.
+
+    The check gives the cause (gRPC logs its own error and raises without it), and
+    it refuses a port another gRPC server holds: gRPC binds with SO_REUSEPORT and
+    would share the port with a second copy of this node.
+    """
+    why = _bind_error(address)
+    if why is not None:
+        raise ListenError(f"cannot listen for {what} on {address}: {why}")
+    _listen(what, address, lambda: server.add_insecure_port(address))
+
+
 def _bind_error(address: str) -> str | None:
-    """Why binding `address` fails, found by trying (gRPC's own error does not say)."""
+    """Why binding `address` fails, found by trying (None: it binds)."""
     host, _, port = address.rpartition(":")
     try:
         family, kind, proto, _, where = socket.getaddrinfo(

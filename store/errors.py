@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "ConflictingWrite",
     "CorruptEntry",
+    "DirectoryInUse",
     "InvalidMessage",
     "OffsetOutOfRange",
     "StoreError",
@@ -18,6 +19,18 @@ __all__ = [
 
 class StoreError(Exception):
     """Base of every named error of the store."""
+
+
+class DirectoryInUse(StoreError):
+    """Another process holds the lock of a store's directory (a node already runs on it)."""
+
+    def __init__(self, directory: str, holder: str) -> None:
+        super().__init__(directory, holder)
+        self.directory = directory
+        self.holder = holder
+
+    def __str__(self) -> str:
+        return f"{self.directory} is in use by another process ({self.holder})"
 
 
 class InvalidMessage(StoreError):

@@ -6,8 +6,11 @@ mix, and returns only once the new content and its directory entry are on disk.
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
+
+from store.errors import DirectoryInUse
 
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
@@ -51,3 +54,31 @@ def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
         os.close(fd)
     os.replace(tmp, p)
     fsync_dir(p.parent)
+
+
+class DirectoryLock:
+    """An exclusive `flock` on `path` (created if missing), held until `release`.
+
+    The kernel drops the lock when the process dies, so a crash never leaves a
+    stale lock behind; the file keeps the holder's pid for the error message.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._fd, 64, 0).decode(errors="replace").strip()
+            self.release()
+            raise DirectoryInUse(str(self.path.parent), f"pid {holder or 'unknown'}") from None
+        except BaseException:
+            self.release()
+            raise
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the last descriptor releases the lock
+            self._fd = None

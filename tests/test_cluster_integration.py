@@ -8,6 +8,8 @@ and hopes: every wait is a condition with a deadline (`wait_until`).
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -25,6 +27,7 @@ from dledger_commitlog.client import (
 )
 from dledger_commitlog.cluster import LocalCluster
 from dledger_commitlog.config import segment_bytes_for
+from dledger_commitlog.entry_format import HEADER_SIZE
 from dledger_commitlog.entry_store import EntryStore
 from proto import dledger_pb2 as pb
 from store.message import MAX_PROPERTIES_BYTES, MAX_TOPIC_BYTES, decode_message
@@ -338,8 +341,9 @@ def test_the_largest_message_fits_the_smallest_segment_the_config_allows(
             body = bytes([i]) * MAX_MESSAGE_BYTES
             r = client.put(topic, body, properties={"big": "v" * room}, uniq_key=uniq)
             results.append((body, r))
-    segments = [r.commitlog_offset // segment for _, r in results]
-    assert segments == list(range(segments[0], segments[0] + 3)), "one message per segment"
+    # Each fills a segment of its own from the start (the log rolls over each time).
+    assert [r.commitlog_offset % segment for _, r in results] == [HEADER_SIZE] * 3
+    assert len({r.commitlog_offset // segment for _, r in results}) == 3
     wait_converged(cluster, CONVERGE_S, at_least=3)
     assert all(cluster.is_running(s.id) for s in cluster)
     with node_stubs(cluster) as stubs:
@@ -353,3 +357,20 @@ def test_the_largest_message_fits_the_smallest_segment_the_config_allows(
         with pytest.raises(ClientError, match="at most"):
             client.put(topic, b"x", properties={"big": "v" * (room + 1)}, uniq_key=uniq)
         client.put("After", b"still serving")
+
+
+def test_a_second_copy_of_a_running_node_refuses_to_start(cluster: LocalCluster) -> None:
+    """Its data directory is locked: the copy exits with one line before it opens
+    (and would "recover") the running node's files; the node serves on."""
+    spec = cluster.specs[1]
+    cmd = [sys.executable, "-m", "dledger_commitlog", "serve", "--config", str(spec.config_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    line = f"dledger: {spec.data_dir} is in use by another process (pid {cluster.pid(1)})"
+    assert proc.returncode == 1 and proc.stderr.strip() == line, proc.stderr
+    with cluster.client() as client:
+        put = client.put("SecondCopy", b"still one node")
+    with node_stubs(cluster) as stubs:
+        got = wait_until(
+            lambda: get_at(stubs[1], put.commitlog_offset), 10.0, "node 1 to serve the put"
+        )
+        assert got.body == b"still one node"

@@ -41,16 +41,16 @@ from dledger_commitlog.verify import verify_store, write_layout
 from raft import LogDiverged, Role
 from raft.messages import Heartbeat
 from raft.types import Entry, EntryKind
-from store.errors import CorruptEntry
+from store.errors import CorruptEntry, DirectoryInUse
 from store.message import Message
 from tests.conftest import CONVERGE_S, get_at, node_stubs, wait_converged, wait_until
 from tests.workload import Acked, Writers, check_acked, leader_and_follower, read_all
 
 SEG = 4096
 ISEG = 32 * 64
-# A node's segments must hold its largest message (NodeConfig checks): 64 KiB
+# A node's segments must hold its largest message (NodeConfig checks): 34 KiB
 # holds a 1 KiB body with the most properties a message may carry.
-NODE_SEG = 64 * 1024
+NODE_SEG = 34 * 1024
 NODE_MAX_MESSAGE = 1024
 FLUSH_INTERVAL_MS = 200
 # How late after the flush interval an acknowledged put may still be unflushed: the
@@ -407,7 +407,7 @@ async def _put_some(node: RaftNode, n: int, tag: str) -> None:
         await _lead(node)
         async with asyncio.timeout(10):
             for i in range(n):
-                body = b"%s-%d-" % (tag.encode(), i) * 10
+                body = b"%s-%d-" % (tag.encode(), i) * 100  # about 1 KiB an entry
                 spec = node.commitlog.prepare("rb", body, uniq_key=f"{tag}{i}")
                 await node.commitlog.put([spec], 5.0)
             await node.wait_dispatched(node.commitlog.committed_pos, 5.0)
@@ -421,13 +421,14 @@ def test_a_rollback_marker_cuts_the_log_below_its_checkpoint_and_dispatch_with_i
     """What a node does at start after it stopped on LogDiverged (async flush):
     the log, raft.state's commit, the entry checkpoint and the consume queues all
     go back to the marker's index; the marker goes; verify passes; puts go on."""
-    asyncio.run(_put_some(_single_node(tmp_path), 40, "old"))
+    asyncio.run(_put_some(_single_node(tmp_path), 60, "old"))  # two segments
     store = EntryStore(
         tmp_path / "commitlog", data_segment_bytes=NODE_SEG, index_segment_bytes=ISEG
     )
     last = store.last_index()
     keep = last - 25
     end_of_keep = sum(store.locate(keep))
+    assert end_of_keep // NODE_SEG < store.locate(last)[0] // NODE_SEG, "crosses a segment"
     kept = sum(1 for e in store.entries(1, keep + 1, 1 << 30) if e.kind is EntryKind.NORMAL)
     store.close()
     assert RaftStateFile(tmp_path / "raft.state").saved.commit == last
@@ -438,7 +439,7 @@ def test_a_rollback_marker_cuts_the_log_below_its_checkpoint_and_dispatch_with_i
         assert node.store.last_index() == keep
         assert node.commitlog.committed_index == keep
         assert node.dispatcher.dispatched_pos == end_of_keep
-        assert sum(node.dispatcher.max_offsets().values()) == kept < 40
+        assert sum(node.dispatcher.max_offsets().values()) == kept < 60
         assert RaftStateFile(tmp_path / "raft.state").saved.commit == keep
         assert EntryStore._read_record(tmp_path / "commitlog" / "entries.checkpoint")[0] == keep  # type: ignore[index]
         assert not (tmp_path / ROLLBACK_FILE).exists()
@@ -551,3 +552,14 @@ def test_a_changed_store_layout_is_refused_before_anything_is_opened(
     asyncio.run(_put_some(_single_node(tmp_path), 5, "more"))  # the old settings still work
     report = verify_store(tmp_path)
     assert report.ok, report.problems
+
+
+def test_a_data_directory_takes_one_node_at_a_time(tmp_path: Path) -> None:
+    first = _single_node(tmp_path)
+    held = rf"{tmp_path} is in use by another process \(pid {os.getpid()}\)"
+    try:
+        with pytest.raises(DirectoryInUse, match=held):
+            _single_node(tmp_path)
+    finally:
+        asyncio.run(first.close())
+    asyncio.run(_put_some(_single_node(tmp_path), 3, "after"))  # closing released it
