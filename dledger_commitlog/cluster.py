@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -31,7 +32,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from .client import Client, ClientError, NodeStatus, StatusError
-from .config import _SECTIONS, NodeConfig, Peer, load_config
+from .config import _SECTIONS, ConfigError, NodeConfig, Peer, load_config
 
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _PER_NODE = frozenset({"node_id", "data_dir", "peers", "listen_client", "listen_raft"})
@@ -72,10 +73,10 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     low, high = _ephemeral_range()
     every = range(_MIN_PORT, 65536)
     candidates = [p for p in every if not low <= p <= high] or list(every)
-    random.SystemRandom().shuffle(candidates)
+    start = random.SystemRandom().randrange(len(candidates))  # then onwards, wrapping
     socks: list[socket.socket] = []
     try:
-        for port in candidates:
+        for port in itertools.chain(candidates[start:], candidates[:start]):
             if len(socks) == count:
                 break
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -179,7 +180,15 @@ class LocalCluster:
         bad = _PER_NODE & set(self.extra_config)
         if bad:
             raise ValueError(f"extra_config cannot set per-node settings: {sorted(bad)}")
-        self.configs = {i: self._config(i) for i in self.specs}  # validates early
+        self._refused: ConfigError | None = None
+        try:
+            self.configs = {i: self._config(i) for i in self.specs}  # validates early
+        except ConfigError as exc:
+            if saved is None or extra_config is not None:
+                raise
+            # Saved by a version that allowed these settings: the cluster can still be
+            # inspected and stopped; starting it raises this (with --set to fix it).
+            self.configs, self._refused = {}, exc
         if links is not None:
             self.set_links(links)
 
@@ -241,7 +250,12 @@ class LocalCluster:
         values["listen_metrics"] = spec.metrics
         return NodeConfig(**values)
 
+    def _check_usable(self) -> None:
+        if self._refused is not None:
+            raise ConfigError(f"{self.cluster_file}: {self._refused}")
+
     def _write_layout(self) -> None:
+        self._check_usable()
         for i, spec in self.specs.items():
             spec.home.mkdir(parents=True, exist_ok=True)
             spec.config_path.write_text(node_toml(self.configs[i]))
@@ -303,6 +317,7 @@ class LocalCluster:
         """Start node `node_id` unless it runs; returns once the process exists."""
         if self.is_running(node_id):
             return
+        self._check_usable()
         spec = self.specs[node_id]
         spec.home.mkdir(parents=True, exist_ok=True)
         if not spec.config_path.exists():

@@ -12,6 +12,7 @@ from typing import Any, Self
 import pytest
 
 from dledger_commitlog import cli
+from dledger_commitlog import cluster as cluster_module
 from dledger_commitlog.client import (
     NodeStatus,
     NotFound,
@@ -21,6 +22,7 @@ from dledger_commitlog.client import (
     StoredMessage,
     Unavailable,
 )
+from dledger_commitlog.cluster import ClusterError
 from dledger_commitlog.config import NodeConfig
 
 
@@ -282,24 +284,46 @@ def test_cluster_set_values_and_registry(capsys: pytest.CaptureFixture[str]) -> 
         del cli._REGISTRY[("admin", "test-only")]
 
 
-def test_free_ports_avoid_the_ephemeral_range_and_ports_in_use() -> None:
+def test_free_ports_avoid_the_ephemeral_range() -> None:
     """A cluster's ports must not be ones the kernel hands to bind(0) or to outgoing
     connections (a fault proxy on 127.0.0.1:0 once took a node's metrics port)."""
-    from dledger_commitlog.cluster import _ephemeral_range, free_ports
+    low, high = cluster_module._ephemeral_range()
+    if low <= 10_000 and high >= 65_535:
+        pytest.skip(f"the ephemeral range {low}-{high} leaves no other port")
+    with socket.create_server(("127.0.0.1", 0)) as s:  # the premise: bind(0) draws from it
+        assert low <= s.getsockname()[1] <= high
+    ports = cluster_module.free_ports(60)
+    assert len(set(ports)) == 60
+    assert all(p >= 10_000 and not low <= p <= high for p in ports), (low, high, ports)
 
-    low, high = _ephemeral_range()
-    held = [socket.create_server(("127.0.0.1", 0)) for _ in range(20)]  # ephemeral ports
+
+def test_free_ports_skip_ports_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Among 30 candidate ports of which 20 are held, exactly the other 10 are free."""
+    block = _free_block(30)
+    monkeypatch.setattr(cluster_module, "_MIN_PORT", block[0])
+    monkeypatch.setattr(cluster_module, "_ephemeral_range", lambda: (block[-1] + 1, 65_535))
+    held = [socket.create_server(("127.0.0.1", p)) for p in block[::3] + block[1::3]]
     try:
-        taken = {s.getsockname()[1] for s in held}
-        assert all(low <= p <= high for p in taken)  # the premise: bind(0) draws from it
-        ports = free_ports(60)
-        assert len(set(ports)) == 60 and not taken & set(ports)
-        assert all(p >= 10_000 and not low <= p <= high for p in ports), (low, high, ports)
-        for port in ports[:10]:  # free indeed: each binds
-            socket.create_server(("127.0.0.1", port)).close()
+        assert sorted(cluster_module.free_ports(10)) == block[2::3]
+        with pytest.raises(ClusterError, match="only 10 of 11 ports are free"):
+            cluster_module.free_ports(11)
     finally:
         for s in held:
             s.close()
+
+
+def _free_block(size: int) -> list[int]:
+    """`size` consecutive ports below the ephemeral range, all free right now."""
+    low, _ = cluster_module._ephemeral_range()
+    for base in range(20_000, max(20_001, low - size), 97):
+        block = list(range(base, base + size))
+        try:
+            for port in block:
+                socket.create_server(("127.0.0.1", port)).close()
+        except OSError:
+            continue
+        return block
+    pytest.skip("no block of free ports below the ephemeral range")
 
 
 def test_local_cluster_layout_round_trips(tmp_path: Path) -> None:
@@ -326,3 +350,23 @@ def test_local_cluster_layout_round_trips(tmp_path: Path) -> None:
             LocalCluster(tmp_path / "d", extra_config=bad)
     with pytest.raises(ValueError, match="1, 3 or 5"):
         LocalCluster(tmp_path / "e", nodes=2)
+
+
+def test_a_saved_cluster_this_version_refuses_can_still_be_stopped(tmp_path: Path) -> None:
+    """A cluster.json written with settings now refused (4 MiB segments with 4 MiB
+    messages, as `make run` once used) loads for status and down; starting it says why."""
+    from dledger_commitlog.cluster import LocalCluster
+    from dledger_commitlog.config import ConfigError
+
+    LocalCluster(tmp_path / "c", base_port=31000)._write_layout()
+    path = tmp_path / "c" / "cluster.json"
+    doc = json.loads(path.read_text())
+    doc["extra_config"] = {"data_segment_bytes": 4 << 20}
+    path.write_text(json.dumps(doc))
+    old = LocalCluster(tmp_path / "c")
+    old.down()  # nothing runs: a no-op, and no error
+    assert all(not old.is_running(i) for i in old.specs)
+    with pytest.raises(ConfigError, match=r"cluster\.json: store\.data_segment_bytes 4194304"):
+        old.up()
+    with pytest.raises(ConfigError, match="max_message_bytes of at most 4161263"):
+        old.start(1)
