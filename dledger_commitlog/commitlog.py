@@ -275,15 +275,20 @@ class DLedgerCommitLog:
         finally:
             self._pending -= len(specs)
 
-    def _duplicate(self, uniq_key: str) -> asyncio.Future[PutResult] | None:
-        """A future for a put already committed or in the uncommitted tail."""
+    def _duplicate(
+        self, uniq_key: str, fut: asyncio.Future[PutResult] | None = None
+    ) -> asyncio.Future[PutResult] | None:
+        """A future (`fut`, or a new one) for a put already committed or in the
+        uncommitted tail; None if the key is in neither."""
         index = self._recent.get(uniq_key) or self._tail_uniq.get(uniq_key)
         if index is None:
             return None
-        fut: asyncio.Future[PutResult] = asyncio.get_running_loop().create_future()
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
         if index <= self.committed_index:
             entry = self.store.get(index)
-            fut.set_result(self._result(index, entry.body, peek_header(entry.body), True))
+            if not fut.done():
+                fut.set_result(self._result(index, entry.body, peek_header(entry.body), True))
         else:
             self._waiters.setdefault(index, []).append(
                 _Waiter(
@@ -301,6 +306,18 @@ class DLedgerCommitLog:
         # A leadership that started since the last Ready must load its tables
         # before we assign queue offsets from them.
         self.before_assign()
+        # Check again with those tables: put() checked before a new leadership had
+        # loaded its uncommitted tail, where a retried put's first attempt may sit
+        # (the old leader appended it, then died). Same key twice here: one entry.
+        fresh: list[tuple[PutSpec, asyncio.Future[PutResult]]] = []
+        again: dict[str, list[asyncio.Future[PutResult]]] = {}
+        for spec, fut in queued:
+            if spec.uniq_key in again:
+                again[spec.uniq_key].append(fut)
+            elif self._duplicate(spec.uniq_key, fut) is None:
+                again[spec.uniq_key] = []
+                fresh.append((spec, fut))
+        queued = fresh
         now_ms = int(time.time() * 1000)
         host = socket.inet_aton(self._store_host[0]) + _I32.pack(self._store_host[1])
         datas: list[bytes] = []
@@ -324,15 +341,18 @@ class DLedgerCommitLog:
         try:
             first, _last, term = self._propose(datas)
         except NotLeader as exc:
-            for _, fut in queued:
-                if not fut.done():
-                    fut.set_exception(NotLeader(exc.leader_hint))
+            for spec, fut in queued:
+                for f in (fut, *again[spec.uniq_key]):
+                    if not f.done():
+                        f.set_exception(NotLeader(exc.leader_hint))
             return
         # In the log now: advance the assignment table.
         self._assign_next.update(assigned)
         for k, (spec, fut) in enumerate(queued):
             self._tail_uniq[spec.uniq_key] = first + k
-            self._waiters.setdefault(first + k, []).append(_Waiter(term, fut))
+            waiters = self._waiters.setdefault(first + k, [])
+            waiters.append(_Waiter(term, fut))
+            waiters.extend(_Waiter(term, f, True) for f in again[spec.uniq_key])
 
     def become_leader(self, term: int, tail: Sequence[Entry]) -> None:
         """Start assigning: the committed tables plus the uncommitted `tail` of our log."""

@@ -24,7 +24,8 @@ from dispatch.dispatcher import (
     parse_tag_expression,
 )
 from dledger_commitlog.cli import main as cli_main
-from dledger_commitlog.commitlog import DLedgerCommitLog, PutResult
+from dledger_commitlog.commitlog import DLedgerCommitLog, PutResult, PutSpec
+from dledger_commitlog.entry_format import HEADER_SIZE
 from dledger_commitlog.entry_store import EntryStore
 from dledger_commitlog.raft_state import RaftStateFile
 from dledger_commitlog.verify import verify_store, write_layout
@@ -364,3 +365,59 @@ def test_a_restart_reloads_the_idempotency_window_from_the_log_tail(tmp_path: Pa
         assert dup.duplicate and dup.commitlog_offset == results[7].commitlog_offset
     finally:
         again.close()
+
+
+def test_a_retry_reaching_a_new_leader_before_its_first_proposal_is_stored_once(
+    tmp_path: Path,
+) -> None:
+    """The old leader appended a put's first attempt and died; the new leader holds
+    it in its uncommitted tail, but loads that tail only at its first proposal. A
+    retry arriving before then must be answered by that entry, not appended again
+    (a chaos leader-kill run found the UNIQ_KEY stored twice)."""
+    log = LocalLog(tmp_path / "node")
+
+    def spec() -> PutSpec:
+        return log.cl.prepare("t", b"once", uniq_key="K")
+
+    async def run() -> list[PutResult]:
+        first = asyncio.ensure_future(log.cl.put([spec()], 5.0))
+        for _ in range(10):
+            if log.store.last_index() == 1:
+                break
+            await asyncio.sleep(0)
+        first.cancel()  # the old leader died: its client gives up on this attempt
+        log.cl.become_leader(2, [])  # the tables of a node that has not led yet
+        tail = list(log._pending)  # the first attempt, appended and not committed
+        log.cl.before_assign = lambda: log.cl.become_leader(3, tail)
+        retries = [asyncio.ensure_future(log.cl.put([spec()], 5.0)) for _ in range(2)]
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert log.store.last_index() == 1, "the retry was appended again"
+        log.commit()
+        return [(await r)[0] for r in retries]
+
+    try:
+        results = asyncio.run(run())
+        assert [(r.duplicate, r.commitlog_offset) for r in results] == [(True, HEADER_SIZE)] * 2
+    finally:
+        log.close()
+
+
+def test_the_same_uniq_key_twice_in_one_batch_is_stored_once(tmp_path: Path) -> None:
+    log = LocalLog(tmp_path / "node")
+
+    async def run() -> list[PutResult]:
+        puts = [log.cl.put([log.cl.prepare("t", b"x", uniq_key="K")], 5.0) for _ in range(3)]
+        tasks = [asyncio.ensure_future(p) for p in puts]
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert log.store.last_index() == 1
+        log.commit()
+        return [(await t)[0] for t in tasks]
+
+    try:
+        results = asyncio.run(run())
+        assert [r.duplicate for r in results] == [False, True, True]
+        assert len({r.commitlog_offset for r in results}) == 1
+    finally:
+        log.close()
