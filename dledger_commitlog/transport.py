@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import struct
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -36,6 +35,7 @@ from raft.messages import (
     VoteResponse,
 )
 from raft.types import Entry, EntryKind
+from store.flush import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,9 @@ class PeerLink:
             try:
                 # Connect first, with a short bound: a stream started on a channel that
                 # is still connecting can sit for seconds before it fails or flows.
-                await asyncio.wait_for(channel.channel_ready(), _CONNECT_TIMEOUT_S)
+                # (asyncio.timeout: 3.11's wait_for can swallow close()'s cancel.)
+                async with asyncio.timeout(_CONNECT_TIMEOUT_S):
+                    await channel.channel_ready()
                 self.connected = True
                 await pb_grpc.RaftPeerStub(channel).Stream(self._batches())
             except asyncio.CancelledError:
@@ -231,9 +233,7 @@ class PeerLink:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
 
 class PeerService(pb_grpc.RaftPeerServicer):  # type: ignore[misc]

@@ -21,7 +21,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Flushable(Protocol):
@@ -134,6 +134,21 @@ class GroupCommit:
             self._executor.shutdown(wait=True)
 
 
+async def cancel_and_wait(task: asyncio.Task[Any]) -> None:
+    """Cancel `task` and wait until it has ended.
+
+    Its CancelledError is absorbed, but not one aimed at the caller itself (a
+    timeout around a close, say): that one still propagates.
+    """
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        me = asyncio.current_task()
+        if me is not None and me.cancelling():
+            raise
+
+
 class PeriodicFlush:
     """Flush every `interval_ms`, or as soon as `min_bytes` are pending (checked on `poke`)."""
 
@@ -172,8 +187,11 @@ class PeriodicFlush:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancel
+            # that arrives as the poke does, and close() then waited forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), self._interval_s)
+                async with asyncio.timeout(self._interval_s):
+                    await self._poke.wait()
             self._poke.clear()
             if self._target.flushed_position >= self._target.write_position:
                 continue
@@ -196,9 +214,7 @@ class PeriodicFlush:
         After a failed flush nothing more is flushed (see `_run`).
         """
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         if self.error is None:
             await asyncio.get_running_loop().run_in_executor(self._executor, self._target.flush)

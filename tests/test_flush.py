@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from store.flush import GroupCommit, PeriodicFlush
+from store.flush import GroupCommit, PeriodicFlush, cancel_and_wait
 from store.mapped_file import MappedFileQueue
 
 
@@ -167,3 +167,52 @@ def test_periodic_flush_flushes_early_past_min_bytes(tmp_path: Path) -> None:
 
     asyncio.run(main())
     q.close()
+
+
+def test_periodic_flush_closes_when_the_cancel_meets_a_poke(tmp_path: Path) -> None:
+    """close() right after a poke: the cancel and the wake-up land in the same loop
+    pass. Python 3.11's wait_for returned the poke and dropped the cancel, and close
+    waited forever (a node's shutdown hung in CI)."""
+    q = CountingQueue(tmp_path)
+
+    async def main() -> None:
+        pf = PeriodicFlush(q, interval_ms=60_000, min_bytes=1)
+        pf.start()
+        await asyncio.sleep(0)  # the flush loop waits for a poke
+        task = pf._task
+        q.append(b"d" * 10)
+        pf.poke()
+        closing = asyncio.ensure_future(pf.close())
+        done, _ = await asyncio.wait([closing], timeout=5)  # asyncio.wait cancels nothing
+        assert done, "close() did not return"
+        assert task is not None and task.done(), "the flush loop still runs"
+
+    asyncio.run(main())
+    assert q.flushed_position == 10
+    q.close()
+
+
+def test_cancel_and_wait_absorbs_the_tasks_cancel_but_not_the_callers() -> None:
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    async def main() -> None:
+        task = asyncio.ensure_future(forever())
+        await asyncio.sleep(0)
+        await cancel_and_wait(task)  # returns: the task's own cancel is absorbed
+        assert task.cancelled()
+
+        async def stubborn() -> None:  # ends only a moment after its cancel
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                await asyncio.sleep(0.5)
+                raise
+
+        slow = asyncio.ensure_future(stubborn())
+        await asyncio.sleep(0)
+        with pytest.raises(TimeoutError):  # a timeout around the wait still fires
+            async with asyncio.timeout(0.1):
+                await cancel_and_wait(slow)
+
+    asyncio.run(main())
