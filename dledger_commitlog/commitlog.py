@@ -318,6 +318,8 @@ class DLedgerCommitLog:
                 again[spec.uniq_key] = []
                 fresh.append((spec, fut))
         queued = fresh
+        if not queued:
+            return  # every one answered by an entry already in the log
         now_ms = int(time.time() * 1000)
         host = socket.inet_aton(self._store_host[0]) + _I32.pack(self._store_host[1])
         datas: list[bytes] = []

@@ -90,7 +90,10 @@ def check_layout(data: Path, layout: dict[str, int]) -> None:
     """
     if not (data / LAYOUT_FILE).exists():
         return  # a new directory
-    written = read_layout(data)
+    try:
+        written = read_layout(data)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{data / LAYOUT_FILE} is unreadable ({exc})") from None
     changed = [
         f"store.{name} is {layout[name]} but {data} was written with {was}"
         for name, was in sorted(written.items())

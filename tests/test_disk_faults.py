@@ -563,3 +563,10 @@ def test_a_data_directory_takes_one_node_at_a_time(tmp_path: Path) -> None:
     finally:
         asyncio.run(first.close())
     asyncio.run(_put_some(_single_node(tmp_path), 3, "after"))  # closing released it
+
+
+def test_an_unreadable_layout_file_is_refused_naming_it(tmp_path: Path) -> None:
+    asyncio.run(_put_some(_single_node(tmp_path), 3, "x"))
+    (tmp_path / "layout.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"layout\.json is unreadable"):
+        _single_node(tmp_path)
