@@ -22,7 +22,6 @@ Not for production: the CA key sits unencrypted next to the certificates.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import ipaddress
 import os
@@ -38,6 +37,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from store.fileio import write_atomically
 
 NODE_CN_PREFIX: Final = "dledger-node-"
 DEFAULT_DAYS: Final = 825  # the longest validity clients such as Apple's accept for TLS servers
@@ -181,8 +182,8 @@ def make_dev_pki(
 
     root.mkdir(parents=True, exist_ok=True)
     if pki.new_ca:
-        _write_atomic(pki.ca_key, _key_pem(ca_key), private=True)
-        _write_atomic(pki.ca, ca_cert.public_bytes(serialization.Encoding.PEM), private=False)
+        write_atomically(pki.ca_key, _key_pem(ca_key), mode=0o600)
+        write_atomically(pki.ca, ca_cert.public_bytes(serialization.Encoding.PEM))
     not_after = min(now + datetime.timedelta(days=days), ca_cert.not_valid_after_utc)
     server_and_client = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
     san = x509.SubjectAlternativeName(
@@ -194,16 +195,15 @@ def make_dev_pki(
             node_common_name(node_id), key, ca_cert, ca_key, now, not_after,
             server_and_client, san,
         )  # fmt: skip
-        _write_atomic(pki.node_key(node_id), _key_pem(key), private=True)
-        _write_atomic(pki.node_cert(node_id), _cert_pem(cert), private=False)
+        write_atomically(pki.node_key(node_id), _key_pem(key), mode=0o600)
+        write_atomically(pki.node_cert(node_id), _cert_pem(cert))
     for name in names:
         key = ec.generate_private_key(ec.SECP256R1())
         cert = _leaf_certificate(
             name, key, ca_cert, ca_key, now, not_after, [ExtendedKeyUsageOID.CLIENT_AUTH], None
         )
-        _write_atomic(pki.client_key(name), _key_pem(key), private=True)
-        _write_atomic(pki.client_cert(name), _cert_pem(cert), private=False)
-    _fsync_directory(root)
+        write_atomically(pki.client_key(name), _key_pem(key), mode=0o600)
+        write_atomically(pki.client_cert(name), _cert_pem(cert))
     return pki
 
 
@@ -402,37 +402,6 @@ def _parse_hosts(
 
 
 # ---------------------------------------------------------------- files
-
-
-def _write_atomic(path: Path, data: bytes, *, private: bool) -> None:
-    """Replace `path` by a file holding `data`: written and fsynced aside, then renamed."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    mode = 0o600 if private else 0o644
-    # O_EXCL: never through a symlink or into someone else's file
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        try:
-            if private:
-                os.fchmod(fd, 0o600)  # the umask can only have narrowed it; make it exact
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------- command line

@@ -40,12 +40,16 @@ def mkdir_durably(directory: str | os.PathLike[str]) -> None:
         raise NotADirectoryError(f"{directory} exists and is not a directory")
 
 
-def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write `data` to a temp file, fsync it, rename it over `path`, fsync the directory."""
+def write_atomically(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
+    """Write `data` to a temp file, fsync it, rename it over `path`, fsync the directory.
+
+    The file gets exactly `mode` (0o600 for secrets), whatever the umask or a
+    leftover temp file had."""
     p = Path(path)
     tmp = p.with_name(p.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
+        os.fchmod(fd, mode)
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
