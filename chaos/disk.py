@@ -5,9 +5,10 @@ Plain functions for chaos runners and tests; the node must not be running.
 - `flip_byte` flips one byte inside the body of one of the newest entries of the
   commit log (`<data_dir>/commitlog/data`). Recovery must detect it by CRC, cut
   the log there and get the entries back from the leader; they must never be
-  served. By default only entries above the entry checkpoint are candidates: a
-  bad entry at or below it is refused at start (CorruptEntry, see
-  dledger_commitlog/entry_store.py), which `above_checkpoint=False` exercises.
+  served. By default only entries above the entry checkpoint are candidates; a
+  bad entry below it (`above_checkpoint=False`) is not cut: it is reported once
+  and never served, and the checkpointed entry itself is refused at start
+  (docs/disk-faults.md, dledger_commitlog/entry_store.py).
 - `power_loss` models a power failure after SIGKILL: with DLEDGER_FLUSH_TRACE=1
   the node appended its flushed commit-log position to `<data_dir>/flush.trace`
   after each fsync; everything the data files hold after the last traced

@@ -14,6 +14,10 @@ Invariants:
   unknown (the client retries with the same UNIQ_KEY and gets the original).
 - Readers see entries up to `committed_index` / `committed_pos` only; these move
   forward only, as committed entries are applied in order.
+- Every read serves bytes checked against their entry's body CRC: a damaged
+  entry (recovery does not rescan below the entry checkpoint) fails its read with
+  CorruptEntry and is never served; at start it is reported once, in one line,
+  and left out of the idempotency window (docs/disk-faults.md).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 
 from raft.errors import NotLeader
 from raft.types import Entry, EntryKind
-from store.errors import InvalidMessage, OffsetOutOfRange
+from store.errors import CorruptEntry, InvalidMessage, OffsetOutOfRange
 from store.message import (
     QUEUE_OFFSET_POS,
     STORE_TIMESTAMP_POS,
@@ -54,6 +58,9 @@ _STORE_HOST_POS = 64  # storeHost: IPv4 (4 bytes) and port (i32), after storeTim
 _MSG_ID = struct.Struct(">4siq")
 _DISPATCH_BATCH = 4096  # entries per read_committed call
 _UNIQ_NAME = b"UNIQ_KEY\x01"  # properties (name \x01 value \x02) end a message; ours is last
+_ONE_BY_ONE = 64  # entries read singly after a batch read met a damaged one
+_NAMED_BAD = 3  # damaged entries named in the start-up warning
+_REPAIR = "restore this node's data from a replica (docs/disk-faults.md)"
 
 
 class PutFailed(Exception):
@@ -161,6 +168,7 @@ class DLedgerCommitLog:
         self._read_cursor = (-1, 0)  # (pos, index) where the last read_committed stopped
         # Called before queue offsets are assigned (the node loads a new leadership).
         self.before_assign: Callable[[], None] = _nothing
+        self.damaged: list[int] = []  # committed entries found damaged at start
 
     # -- building the committed view at start --------------------------------------
 
@@ -174,13 +182,27 @@ class DLedgerCommitLog:
         """Seed the tables: queue ends from dispatch, idempotency keys from the log's tail.
 
         Only the last `idempotency_window` entries are read, so start-up does not
-        grow with the log.
+        grow with the log. These lie below the entry checkpoint, which recovery does
+        not rescan: an entry that fails its check here (a byte flipped on disk) is
+        skipped and reported in one warning naming file and offset. Its reads fail
+        (it is never served) and its UNIQ_KEY is missing from the window.
         """
         self._queue_next = dict(queue_next)
         index = max(self.store.first_index(), upto_index - self._window + 1)
         recent = self._recent
+        bad: list[tuple[int, CorruptEntry]] = []
         while index <= upto_index:
-            batch = self.store.stored_entries(index, upto_index + 1, batch_bytes)
+            try:
+                batch = self.store.stored_entries(index, upto_index + 1, batch_bytes)
+                nxt = batch[-1].index + 1
+            except CorruptEntry:  # one damaged entry fails the whole read: go singly
+                nxt = min(upto_index + 1, index + _ONE_BY_ONE)
+                batch = []
+                for i in range(index, nxt):
+                    try:
+                        batch.append(self.store.get(i))
+                    except CorruptEntry as exc:
+                        bad.append((i, exc))
             for e in batch:
                 # Properties end the message: the last UNIQ_KEY name is the property.
                 at = e.body.rfind(_UNIQ_NAME) if e.channel == EntryKind.NORMAL else -1
@@ -188,10 +210,25 @@ class DLedgerCommitLog:
                     start = at + len(_UNIQ_NAME)
                     end = e.body.find(b"\x02", start)
                     recent[e.body[start : end if end >= 0 else len(e.body)].decode()] = e.index
-            index = batch[-1].index + 1
+            index = nxt
         while len(recent) > self._window:
             recent.popitem(last=False)
+        self.damaged = [i for i, _ in bad]
+        if bad:
+            self._report_damaged(bad)
         self._set_committed(upto_index)
+
+    def _report_damaged(self, bad: list[tuple[int, CorruptEntry]]) -> None:
+        """One warning line for the committed entries the start-up read found damaged."""
+        named = "; ".join(f"entry {i}: {exc}" for i, exc in bad[:_NAMED_BAD])
+        more = f"; {len(bad) - _NAMED_BAD} more" if len(bad) > _NAMED_BAD else ""
+        log.warning(
+            "commit log %s: %d damaged committed %s below the entry checkpoint (%s%s). "
+            "Serving the rest: a read of a damaged entry fails, it is never served, and its "
+            "UNIQ_KEY is not in the idempotency window. The other replicas hold the data: %s",
+            self.store.directory, len(bad), "entry" if len(bad) == 1 else "entries", named,
+            more, _REPAIR,
+        )  # fmt: skip
 
     def restart_at(self, index: int, queue_next: dict[tuple[str, int], int]) -> None:
         """The log was restored from a leader's snapshot after entry `index`.
@@ -499,9 +536,13 @@ class DLedgerCommitLog:
         if pos >= committed:
             return [], from_pos, committed
         cursor = self._read_cursor
-        index = cursor[1] if cursor[0] == pos else store.get_by_pos(pos).index
-        hi = min(self.committed_index + 1, index + _DISPATCH_BATCH)
-        batch = store.stored_entries(index, hi, max_bytes)
+        try:
+            index = cursor[1] if cursor[0] == pos else store.get_by_pos(pos).index
+            hi = min(self.committed_index + 1, index + _DISPATCH_BATCH)
+            batch = store.stored_entries(index, hi, max_bytes)
+        except CorruptEntry as exc:  # dispatch goes in log order: it cannot skip one
+            why = f"{exc.reason}; the consume queues and the key index cannot be built past it"
+            raise CorruptEntry(exc.file, exc.offset, f"{why}: {_REPAIR}") from None
         out = [
             (e.pos + HEADER_SIZE, e.body) for e in batch if e.channel == EntryKind.NORMAL and e.body
         ]
@@ -509,9 +550,19 @@ class DLedgerCommitLog:
         self._read_cursor = (nxt, batch[-1].index + 1)
         return out, nxt, committed
 
-    def read_message(self, commitlog_offset: int, size: int) -> bytes:
-        """Bytes of the commit log at a message's offset (committed data only)."""
-        if commitlog_offset + size > self.committed_pos:
+    def read_message(self, commitlog_offset: int, size: int = 0) -> bytes:
+        """The first `size` bytes (0: all) of the committed message at `commitlog_offset`.
+
+        Checked against its entry's body CRC (CorruptEntry, never damaged bytes): a
+        byte flipped below the entry checkpoint is not found at start.
+        """
+        if commitlog_offset + max(size, 1) > self.committed_pos:
             raise OffsetOutOfRange(commitlog_offset, self.min_offset, self.committed_pos,
                                    "commit-log offset (not committed)")  # fmt: skip
-        return self.store.read_raw(commitlog_offset, size)
+        body = self.store.body_at(commitlog_offset - HEADER_SIZE, size)
+        if not size:
+            return body
+        if size > len(body):
+            raise CorruptEntry(None, commitlog_offset, f"{size} bytes asked of a message of "
+                               f"{len(body)} at commit-log offset {commitlog_offset}")  # fmt: skip
+        return body if size == len(body) else body[:size]

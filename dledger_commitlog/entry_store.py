@@ -16,10 +16,12 @@ flushed entry (index, term, pos, chainCrc) from which recovery scans. Invariants
 - Recovery scans from the checkpointed entry (or the last three segments) to the
   end: a torn or corrupt tail is cut at the first bad entry (its bytes and all
   after it zeroed, as `truncate` does) with a warning naming file, position and
-  index. A bad entry at or below the entry checkpoint raises CorruptEntry
-  instead: those entries are the recovery anchor and may already have been
-  dispatched and retained elsewhere, so only an operator (restoring the node's
-  data from a replica) repairs them. A cut below the caller's committed index
+  index. A bad checkpointed entry raises CorruptEntry instead: it is the
+  recovery anchor, and entries up to it may already have been dispatched and
+  retained elsewhere, so only an operator (restoring the node's data from a
+  replica) repairs them. Entries below it are not rescanned; every read checks
+  the body CRC, so a damaged one fails its reads (CorruptEntry naming file and
+  position) and is never served. A cut below the caller's committed index
   (`committed_index`, e.g. raft.state's commit) is allowed but reported: see
   `tail_cut` and `missing_through`; the node must then get those entries back
   from the leader before it takes part in elections again.
@@ -445,6 +447,25 @@ class EntryStore:
                 )
             out.append(entry)
         return out
+
+    def body_at(self, pos: int, body_len: int = 0) -> bytes:
+        """The body of the entry that starts at `pos`, checked against its CRC.
+
+        CorruptEntry if no whole, intact entry starts there. `body_len` is the
+        expected body length: one read when it is right, two otherwise.
+        """
+        data = self._data
+        buf = data.read(pos, min(HEADER_SIZE + max(0, body_len), data.write_position - pos))
+        if len(buf) < HEADER_SIZE or HEADER.unpack_from(buf)[0] != ENTRY_MAGIC:
+            raise CorruptEntry(self._where(pos), pos, "no entry starts here")
+        size = HEADER.unpack_from(buf)[1]
+        if size != len(buf):
+            if not HEADER_SIZE <= size <= data.segment_size - pos % data.segment_size or (
+                pos + size > data.write_position
+            ):
+                raise CorruptEntry(self._where(pos), pos, f"implausible entry size {size}")
+            buf = data.read(pos, size)
+        return decode_entry(buf, 0, pos, where=self._where).body
 
     def read_raw(self, pos: int, size: int) -> bytes:
         """Raw bytes of the data files (replication, verification, tools)."""

@@ -103,6 +103,9 @@ class RaftCore:
         # A lone voter has nobody to catch up from: its lost entries are simply gone.
         lacking = catch_up_to > self._log.last_index() and len(self._peers) > 1
         self._catch_up_to = catch_up_to if lacking else 0
+        # The driver may forbid campaigns (a log it cannot read in full): the node
+        # still votes and follows. A lone voter campaigns regardless.
+        self.may_campaign = True
         self._become_follower(self._term, None)
 
     # --- read-only views ---
@@ -383,6 +386,8 @@ class RaftCore:
             return  # our log is not in storage yet: wait for the driver's restore
         if self._catch_up_to:
             return  # we lack entries that may be committed: a leader must restore them
+        if not self.may_campaign and len(self._peers) > 1:
+            return  # the driver knows this node could not serve its log as a leader
         pre_vote = self._cfg.pre_vote and not transfer
         if pre_vote:
             self._become_pre_candidate()

@@ -197,3 +197,20 @@ def test_figure_8_old_term_entry_is_not_committed_by_counting_replicas() -> None
     for i in (3, 4, 5):
         assert c.log_terms(i)[:2] == [1, 3]
     assert c.core(5).commit_index >= 3
+
+
+def test_a_node_that_may_not_campaign_follows_and_votes_but_never_leads() -> None:
+    """A node whose log holds damaged committed entries (the driver's call) stays out."""
+    c = Cluster(3)
+    c.core(1).may_campaign = False
+    c.tick(1, 4 * c.config(1).election_ticks)
+    assert c.core(1).role is Role.FOLLOWER and c.core(1).term == 0
+    c.campaign(2)  # it still votes: the other two elect a leader with its vote too
+    assert c.leader() == 2
+    c.core(2).transfer_leadership(1)  # a transfer to it does not make it campaign either
+    c.stabilize()
+    assert c.core(1).role is Role.FOLLOWER
+    c.core(3).may_campaign = False
+    c.crash(2)  # nobody left who may lead: no election, no leader
+    c.tick_all(4 * c.config(1).election_ticks)
+    assert c.leader() is None
