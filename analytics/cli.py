@@ -15,7 +15,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from dledger_commitlog.cli import UsageError, command, emit, make_client, table
+from dledger_commitlog.cli import UsageError, command, emit, make_client, security_files, table
+from dledger_commitlog.client import Access
 from store.errors import StoreError
 
 from .errors import AnalyticsError, OptionError, SourceError
@@ -82,9 +83,10 @@ def _fail(message: str) -> int:
     return 1
 
 
-def _servers(args: argparse.Namespace) -> list[str]:
+def _servers(args: argparse.Namespace) -> tuple[list[str], Access]:
+    """The servers the connection options name, and how to reach them (TLS, credentials)."""
     with make_client(args) as client:
-        return client.servers
+        return client.servers, client.access
 
 
 def _store(args: argparse.Namespace) -> Any:
@@ -92,7 +94,8 @@ def _store(args: argparse.Namespace) -> Any:
 
     if args.path:
         return open_store(path=args.path)
-    return open_store(_servers(args), timeout_s=args.timeout)
+    servers, access = _servers(args)
+    return open_store(servers, timeout_s=args.timeout, access=access)
 
 
 # ---------------------------------------------------------------- export
@@ -144,11 +147,16 @@ def _run_job(args: argparse.Namespace, job: Callable[[Any], Any]) -> int:
         raise UsageError(f"--chart {args.chart}: the chart is a PNG file (name it *.png)")
     from pyspark.sql import SparkSession
 
-    servers = [] if args.path else _servers(args)
+    servers, options = [], {}
+    if not args.path:
+        servers = _servers(args)[0]
+        tls_ca, credentials = security_files(args)
+        options = {k: v for k, v in (("tlsCa", tls_ca), ("credentials", credentials)) if v}
     ours = SparkSession.getActiveSession() is None  # else: a caller's session (tests, notebooks)
     spark = local_session(args.master)
     try:
-        df = jobs.read(spark, servers=servers, path=args.path, topics=args.topics)
+        df = jobs.read(spark, servers=servers, path=args.path, topics=args.topics,
+                       options=options)  # fmt: skip
         result = job(df)
     finally:
         if ours:
@@ -211,7 +219,8 @@ def _lag(args: argparse.Namespace) -> int:
 
     if args.chart and not str(args.chart).lower().endswith(".png"):
         raise UsageError(f"--chart {args.chart}: the chart is a PNG file (name it *.png)")
-    store = ServerStore(_servers(args), timeout_s=args.timeout)
+    servers, access = _servers(args)
+    store = ServerStore(servers, timeout_s=args.timeout, access=access)
     try:
         result = lag(store, args.group, args.topics)
     finally:

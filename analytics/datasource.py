@@ -100,7 +100,7 @@ class _Base:
 
     def _queues(self) -> list[QueueInfo]:
         opts = self.options
-        store = open_store(opts.servers, opts.path, opts.timeout_s)
+        store = open_store(opts.servers, opts.path, opts.timeout_s, access=_access(opts))
         try:
             found = store.queues()  # user topics
             for topic in opts.topics or ():
@@ -121,7 +121,7 @@ class _Base:
             return
         topic, queue_id, start, end, prefer = partition.value
         opts = self.options
-        store = open_store(opts.servers, opts.path, opts.timeout_s, prefer)
+        store = open_store(opts.servers, opts.path, opts.timeout_s, prefer, _access(opts))
         try:
             for batch in store.read(topic, queue_id, start, end, self.columns):
                 if batch.num_rows:
@@ -189,3 +189,15 @@ class DLedgerStreamReader(_Base, DataSourceStreamReader, SupportsTriggerAvailabl
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: retention, not the reader, decides what the servers keep."""
+
+
+def _access(opts: ReadOptions) -> Any:
+    """TLS and credentials from the options' files (read where the store opens)."""
+    if opts.tls_ca is None and opts.credentials is None:
+        return None
+    from dledger_commitlog.client import Access
+
+    try:
+        return Access.load(opts.tls_ca, opts.credentials)
+    except (OSError, ValueError) as exc:
+        raise OptionError(f"tlsCa/credentials: {exc}") from None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,8 +49,10 @@ def read(
     path: str | None = None,
     topics: Sequence[str] | None = None,
     schema: str = JOB_COLUMNS,
+    options: Mapping[str, str] | None = None,
 ) -> DataFrame:
-    reader = spark.read.format("dledger").schema(schema)
+    """The committed data as a DataFrame; `options`: more of the source's (tlsCa, ...)."""
+    reader = spark.read.format("dledger").schema(schema).options(**(options or {}))
     if path:
         reader = reader.option("path", path)
     else:

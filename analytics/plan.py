@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -43,6 +44,8 @@ OPTIONS: Final = {
         "maxOffsetsPerTrigger",
         "failOnDataLoss",
         "timeoutSeconds",
+        "tlsCa",
+        "credentials",
     )
 }
 
@@ -59,6 +62,8 @@ class ReadOptions:
     max_offsets_per_trigger: int | None
     fail_on_data_loss: bool
     timeout_s: float
+    tls_ca: str | None = None  # PEM file of the CA a TLS cluster's certificates chain to
+    credentials: str | None = None  # TOML file with access_key and secret_key (an ACL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +124,17 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions
         max_offsets_per_trigger=None if limit is None else _int(opts, "maxOffsetsPerTrigger", 0, 1),
         fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
         timeout_s=_float(opts, "timeoutSeconds", 30.0),
+        tls_ca=_readable(opts, "tlsCa"),
+        credentials=_readable(opts, "credentials"),
     )
+
+
+def _readable(opts: Mapping[str, str], name: str) -> str | None:
+    """A file option: checked on the driver (workers read it too: use a shared path)."""
+    path = opts.get(name.lower()) or None
+    if path is not None and not os.access(path, os.R_OK):
+        raise OptionError(f"{name}: {path} is not a readable file")
+    return path
 
 
 def _has(spec: OffsetSpec, value: int) -> bool:

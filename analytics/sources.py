@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -43,6 +43,9 @@ from store.errors import CorruptEntry
 
 from .codec import COLUMNS, Expected, Int64s, decode, walk
 from .errors import SourceError
+
+if TYPE_CHECKING:
+    from dledger_commitlog.client import Access
 
 SYSTEM_TOPIC_PREFIX = "%SYS%"  # dispatch's system topics (consumer offsets): not user data
 UNIT_SIZE = 20
@@ -92,11 +95,15 @@ class MessageStore(Protocol):
 
 
 def open_store(
-    servers: Sequence[str] = (), path: str | None = None, timeout_s: float = 30.0, prefer: int = 0
+    servers: Sequence[str] = (),
+    path: str | None = None,
+    timeout_s: float = 30.0,
+    prefer: int = 0,
+    access: Access | None = None,
 ) -> ServerStore | OfflineStore:
     if path:
         return OfflineStore(path)
-    return ServerStore(servers, timeout_s=timeout_s, prefer=prefer)
+    return ServerStore(servers, timeout_s=timeout_s, prefer=prefer, access=access)
 
 
 # ---------------------------------------------------------------- offline
@@ -263,7 +270,12 @@ class ServerStore:
         timeout_s: float = 30.0,
         prefer: int = 0,
         pull_bytes: int = _PULL_BYTES,
+        access: Access | None = None,
     ) -> None:
+        """`access`: TLS and credentials of a secured cluster (default: neither)."""
+        from dledger_commitlog.client import Access  # lazily: grpc only when reading servers
+
+        self.access = access or Access()
         self.servers = [s.strip() for s in servers if s.strip()]
         if not self.servers:
             raise SourceError("no servers: give the `servers` option (host:port,...) or a path")
@@ -282,11 +294,9 @@ class ServerStore:
     def _stub(self, address: str) -> Any:
         stub = self._stubs.get(address)
         if stub is None:
-            import grpc
-
             from proto import dledger_pb2_grpc as pb_grpc
 
-            channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            channel = self.access.channel(address, _CHANNEL_OPTIONS)
             self._channels[address] = channel
             stub = self._stubs[address] = pb_grpc.DLedgerClientStub(channel)
         return stub
@@ -306,7 +316,9 @@ class ServerStore:
                     break
                 try:
                     response = getattr(self._stub(address), method)(
-                        request, timeout=min(attempt_s, remaining)
+                        request,
+                        timeout=min(attempt_s, remaining),
+                        metadata=self.access.metadata(method),
                     )
                 except grpc.RpcError as exc:
                     code = getattr(exc.code(), "name", str(exc.code()))
@@ -367,7 +379,9 @@ class ServerStore:
         attempt_s = 10.0 + request.wait_ms / 1000
         address = self.servers[self._first]
         try:
-            future = self._stub(address).Pull.future(request, timeout=attempt_s)
+            future = self._stub(address).Pull.future(
+                request, timeout=attempt_s, metadata=self.access.metadata("Pull")
+            )
         except grpc.RpcError:
             future = None
 

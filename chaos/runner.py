@@ -222,8 +222,10 @@ def make_network(cfg: ChaosConfig, cluster_dir: Path) -> tuple[LocalCluster, Net
             raise ValueError(f"the netns network cannot run here: {why}")
         netns = NetnsNetwork(list(range(1, cfg.nodes + 1)))
         try:
+            # The namespaces' bridge is this run's own: its addresses reach no other machine.
+            insecure = {**settings, "insecure": True}
             cluster = LocalCluster(cluster_dir, cfg.nodes, flush_mode=flush_mode, env=env,
-                                   extra_config=settings, hosts=netns.hosts(),
+                                   extra_config=insecure, hosts=netns.hosts(),
                                    command_prefix=netns.command_prefix)  # fmt: skip
             netns.attach({s.id: s.raft for s in cluster})
         except BaseException:

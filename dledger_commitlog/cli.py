@@ -25,20 +25,40 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from store.errors import DirectoryInUse
+from store.errors import CorruptEntry, DirectoryInUse
 
-from .client import Client, ClientError, NodeStatus, PullResult, StatusError, StoredMessage
+from .client import (
+    Access,
+    Client,
+    ClientError,
+    NodeStatus,
+    PullResult,
+    StatusError,
+    StoredMessage,
+    cluster_security,
+)
 from .cluster import ClusterError
 from .config import ConfigError, ListenError, NodeConfig, load_config, parse_peer
 from .verify import progress_bar, verify_store
 
 # Their import registers more subcommands.
 COMMAND_MODULES: tuple[str, ...] = ("analytics.cli", "chaos.cli")
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not true or false")
+
+
 _FIELD_TYPES: dict[str, Callable[[str], Any]] = {
     "int": int,
     "float": float,
     "str": str,
     "int | None": int,
+    "bool": _bool,
 }
 
 
@@ -83,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     conn.add_argument("--servers", metavar="H:P,...", help="client addresses of the servers")
     conn.add_argument("--cluster-name", metavar="NAME", help="refuse servers of other clusters")
     conn.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per command")
+    conn.add_argument("--tls-ca", metavar="PEM", help="speak TLS; trust servers this CA signed")
+    conn.add_argument("--credentials", metavar="FILE",
+                      help="access_key and secret_key (TOML) to sign calls with")  # fmt: skip
     conn.add_argument("--json", action="store_true", help="print one JSON document")
     parser = argparse.ArgumentParser(prog="dledger", description="dledger-py commit log")
     groups: dict[tuple[str, ...], Any] = {(): parser.add_subparsers(dest="command", metavar="CMD")}
@@ -114,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"{exc.code or type(exc).__name__}{where}: {exc.message}", 1)
     except ClusterError as exc:
         return _fail(f"cluster: {exc}", 1)
-    except (ListenError, DirectoryInUse) as exc:
+    except (ListenError, DirectoryInUse, CorruptEntry) as exc:
         return _fail(str(exc), 1)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
@@ -138,6 +161,13 @@ def make_client(args: argparse.Namespace) -> Client:
     servers = args.servers or os.environ.get("DLEDGER_SERVERS")
     cluster_file = args.cluster or os.environ.get("DLEDGER_CLUSTER")
     try:
+        access = Access.load(*security_files(args))
+    except OSError as exc:
+        raise UsageError(f"{exc.filename}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    kw.update(tls_ca=access.tls_ca, credentials=access.credentials)
+    try:
         if servers:
             return Client([s for s in servers.split(",") if s.strip()], **kw)
         if cluster_file:
@@ -145,6 +175,21 @@ def make_client(args: argparse.Namespace) -> Client:
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     raise UsageError("no servers: pass --cluster FILE or --servers HOST:PORT,...")
+
+
+def security_files(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The CA and credentials files for this command: the options, else the environment
+    (DLEDGER_TLS_CA, DLEDGER_CREDENTIALS), else what a cluster file records."""
+    tls_ca = args.tls_ca or os.environ.get("DLEDGER_TLS_CA")
+    credentials = args.credentials or os.environ.get("DLEDGER_CREDENTIALS")
+    cluster_file = args.cluster or os.environ.get("DLEDGER_CLUSTER")
+    if cluster_file and not (args.servers or os.environ.get("DLEDGER_SERVERS")):
+        try:
+            recorded = cluster_security(json.loads(Path(cluster_file).read_text()))
+        except (OSError, ValueError, AttributeError) as exc:
+            raise UsageError(f"{cluster_file}: not a readable cluster file ({exc})") from exc
+        tls_ca, credentials = tls_ca or recorded[0], credentials or recorded[1]
+    return tls_ca, credentials
 
 
 def emit(args: argparse.Namespace, doc: Any, text: str) -> None:
@@ -215,10 +260,13 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="node TOML file (see config.py)")
     p.add_argument("--peer", action="append", metavar="ID=RAFT/CLIENT", help="repeatable")
     for f in dataclasses.fields(NodeConfig):
-        if f.name in ("peers", "cluster"):  # --peer; --cluster-name
+        if f.name in ("peers", "cluster", "tls_ca"):  # --peer; --cluster-name; --tls-ca
+            continue
+        opt = "--" + f.name.replace("_", "-")
+        if str(f.type) == "bool":
+            p.add_argument(opt, dest=f"cfg_{f.name}", action="store_const", const=True)
             continue
         kind = _FIELD_TYPES[str(f.type)]
-        opt = "--" + f.name.replace("_", "-")
         choices = ("sync", "async") if f.name == "flush_mode" else None
         p.add_argument(opt, dest=f"cfg_{f.name}", type=kind, choices=choices, metavar="V")
 
@@ -241,6 +289,7 @@ def serve_config(args: argparse.Namespace) -> NodeConfig:
         f.name: getattr(args, f"cfg_{f.name}", None) for f in dataclasses.fields(NodeConfig)
     }
     overrides["cluster"] = args.cluster_name
+    overrides["tls_ca"] = args.tls_ca
     overrides["peers"] = tuple(parse_peer(p) for p in args.peer) if args.peer else None
     return load_config(args.config, overrides)
 
@@ -523,6 +572,10 @@ def _cluster_up_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flush-mode", choices=("sync", "async"))
     p.add_argument("--set", action="append", type=_key_value, default=[], metavar="FIELD=V")
     p.add_argument("--wait", type=float, default=30.0, metavar="S", help="for a leader")
+    p.add_argument("--tls", action="store_true", default=None,
+                   help="TLS on every port with a development CA made in D/pki")  # fmt: skip
+    p.add_argument("--acl", action="store_true", default=None,
+                   help="clients sign calls; an admin account in D/admin.credentials")  # fmt: skip
 
 
 def _dir_args(p: argparse.ArgumentParser) -> None:
@@ -555,6 +608,8 @@ def _cluster_up(args: argparse.Namespace) -> int:
             flush_mode=args.flush_mode,
             extra_config=_extra_config(args.set) or None,
             cluster=args.cluster_name or "dledger",
+            tls=args.tls,
+            acl=args.acl,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
@@ -598,3 +653,16 @@ def _print_cluster(args: argparse.Namespace, cluster: Any) -> int:
     text = table(("node", "pid", "client", "role", "term", "leader", "error"), rows)
     emit(args, {"dir": str(cluster.directory), "nodes": nodes}, text)
     return 0
+
+
+def _certs_args(p: argparse.ArgumentParser) -> None:
+    from .certs import add_arguments
+
+    add_arguments(p)
+
+
+@command("certs", "make a development CA and node/client certificates (TLS)", _certs_args)
+def _certs(args: argparse.Namespace) -> int:
+    from .certs import run as run_certs
+
+    return run_certs(args)

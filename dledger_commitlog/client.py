@@ -30,7 +30,9 @@ import grpc.aio
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 
+from .acl import sign
 from .commitlog import PutResult as PutResult  # one result type for server and clients
+from .config import MAX_MESSAGE_BYTES_LIMIT
 
 R = TypeVar("R")
 
@@ -80,6 +82,14 @@ class WrongCluster(ClientError):
     """The server belongs to another cluster than the one this client names."""
 
 
+class Unauthenticated(ClientError):
+    """The cluster wants credentials, and these are missing, unknown or wrong."""
+
+
+class PermissionDenied(ClientError):
+    """The credentials are good but lack the right for this call."""
+
+
 # ---------------------------------------------------------------- values
 
 
@@ -108,6 +118,12 @@ class MessageSpec:
             raise InvalidArgument("properties must map strings to strings")
         if self.queue_id is not None and (not isinstance(self.queue_id, int) or self.queue_id < 0):
             raise InvalidArgument(f"queue_id must be a non-negative int, not {self.queue_id!r}")
+        size = len(self.body.encode() if isinstance(self.body, str) else self.body)
+        if size > MAX_MESSAGE_BYTES_LIMIT:
+            raise InvalidArgument(
+                f"body of {size} bytes: no server takes more than {MAX_MESSAGE_BYTES_LIMIT}; "
+                "nothing was sent or stored"
+            )
 
     def to_pb(self, now_ms: int) -> pb.MessageData:
         body = self.body.encode() if isinstance(self.body, str) else bytes(self.body)
@@ -233,6 +249,57 @@ def node_status(address: str, msg: pb.StatusResponse) -> NodeStatus:
     return cast(NodeStatus, _convert(NodeStatus, msg, address=address, peers=peers))
 
 
+@dataclass(frozen=True, slots=True)
+class Access:
+    """How a client reaches a cluster: the CA to trust (TLS; None: plaintext) and the
+    (access key, secret key) to sign every call with (None: anonymous)."""
+
+    tls_ca: bytes | None = None
+    credentials: tuple[str, str] | None = None
+
+    @classmethod
+    def load(cls, tls_ca: str | None = None, credentials: str | None = None) -> Access:
+        """From files: a PEM CA, a credentials TOML (ValueError/OSError if unreadable)."""
+        return cls(
+            Path(tls_ca).read_bytes() if tls_ca else None,
+            load_credentials(credentials) if credentials else None,
+        )
+
+    def channel(self, address: str, options: Sequence[tuple[str, Any]]) -> grpc.Channel:
+        if self.tls_ca is None:
+            return grpc.insecure_channel(address, options=options)
+        creds = grpc.ssl_channel_credentials(self.tls_ca)
+        return grpc.secure_channel(address, creds, options=options)
+
+    def aio_channel(self, address: str, options: Sequence[tuple[str, Any]]) -> grpc.aio.Channel:
+        if self.tls_ca is None:
+            return grpc.aio.insecure_channel(address, options=options)
+        creds = grpc.ssl_channel_credentials(self.tls_ca)
+        return grpc.aio.secure_channel(address, creds, options=options)
+
+    def metadata(self, method: str) -> tuple[tuple[str, str], ...] | None:
+        """The signature of a call of RPC `method` made now (None: no credentials)."""
+        return sign(*self.credentials, method) if self.credentials else None
+
+
+def cluster_security(doc: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The CA file and the credentials file a cluster.json records (None: not used)."""
+    security = doc.get("security") or {}
+    return security.get("tls_ca") or None, security.get("credentials") or None
+
+
+def load_credentials(path: str | Path) -> tuple[str, str]:
+    """(access key, secret key) from a TOML file with `access_key` and `secret_key`."""
+    import tomllib
+
+    try:
+        doc = tomllib.loads(Path(path).read_text())
+        return str(doc["access_key"]), str(doc["secret_key"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"{path}: not a credentials file with access_key and secret_key "
+                         f"({exc})") from None  # fmt: skip
+
+
 # ---------------------------------------------------------------- retry policy
 
 LEADER_METADATA = "dledger-leader"
@@ -249,6 +316,10 @@ _NOT_RETRIED: dict[str, type[ClientError]] = {
     "NOT_FOUND": NotFound,
     "OUT_OF_RANGE": OffsetOutOfRange,
     "FAILED_PRECONDITION": WrongCluster,  # only without a leader hint: see `_Attempts.failed`
+}
+_AUTH: dict[str, type[ClientError]] = {
+    "UNAUTHENTICATED": Unauthenticated,
+    "PERMISSION_DENIED": PermissionDenied,
 }
 _DISCOVERY_TIMEOUT_S = 1.0  # Status is cheap: a node slower than this is not worth leading to
 _RETRIED = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED"})
@@ -275,9 +346,18 @@ class _Failure:
                 hint = value.decode() if isinstance(value, bytes) else str(value)
         return cls(getattr(code, "name", str(code)), exc.details() or "", hint)
 
-    def error(self, address: str) -> ClientError:
-        kind = _NOT_RETRIED.get(self.code, Unavailable if self.code in _RETRIED else ClientError)
+    def error(self, address: str, write: bool = False) -> ClientError:
+        if write and self.too_large:
+            return InvalidArgument(f"{self.details}: nothing was stored", code=self.code,
+                                   address=address)  # fmt: skip
+        kind = _NOT_RETRIED.get(self.code, _AUTH.get(self.code, Unavailable if self.code in
+                                _RETRIED else ClientError))  # fmt: skip
         return kind(self.details or self.code, code=self.code, address=address)
+
+    @property
+    def too_large(self) -> bool:
+        """gRPC refused the request for its size (ours or the server's limit): not stored."""
+        return self.code == "RESOURCE_EXHAUSTED" and "larger than max" in self.details
 
     @property
     def never_sent(self) -> bool:
@@ -382,8 +462,8 @@ class _Attempts:
             else:  # the node is not the leader and knows none: an election is under way
                 self.router.forget(address)
                 delay = self._backoff()
-        elif failure.code in _NOT_RETRIED:
-            raise failure.error(address)
+        elif failure.code in _NOT_RETRIED or (self.write and failure.too_large):
+            raise failure.error(address, self.write)
         elif failure.code in _RETRIED:
             if not failure.never_sent:
                 self.maybe_applied = True
@@ -457,7 +537,12 @@ class _Base:
         backoff_base_s: float = 0.05,
         backoff_max_s: float = 0.25,
         seed: int | None = None,
+        tls_ca: str | bytes | None = None,
+        credentials: tuple[str, str] | None = None,
     ) -> None:
+        """`tls_ca`: the CA (PEM path or bytes) that signed the servers' certificates:
+        the client then speaks TLS. `credentials`: (access key, secret key) to sign
+        every call with, for a cluster with an ACL."""
         if isinstance(servers, str):
             servers = servers.split(",")
         if timeout_s <= 0 or max_retries < 0 or backoff_base_s < 0:
@@ -471,6 +556,10 @@ class _Base:
         self.backoff_max_s = max(backoff_max_s, backoff_base_s)
         self._rng = random.Random(seed)
         self._stubs: dict[str, Any] = {}
+        if isinstance(tls_ca, str):
+            tls_ca = Path(tls_ca).read_bytes()
+        self.access = Access(tls_ca, credentials)
+        self._metadata = self.access.metadata
 
     @classmethod
     def from_cluster_file(cls, path: str | Path, **kwargs: Any) -> Self:
@@ -481,6 +570,11 @@ class _Base:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}: not a readable cluster file ({exc})") from exc
         kwargs.setdefault("cluster", doc.get("cluster") or None)
+        tls_ca, credentials = cluster_security(doc)
+        if tls_ca:
+            kwargs.setdefault("tls_ca", tls_ca)
+        if credentials and kwargs.get("credentials") is None:
+            kwargs["credentials"] = load_credentials(credentials)
         return cls(servers, **kwargs)
 
     @property
@@ -624,7 +718,7 @@ class Client(_Base):
 
     def _stub(self, address: str) -> Any:
         if address not in self._stubs:
-            channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            channel = self.access.channel(address, _CHANNEL_OPTIONS)
             self._channels[address] = channel
             self._stubs[address] = pb_grpc.DLedgerClientStub(channel)
         return self._stubs[address]
@@ -637,7 +731,8 @@ class Client(_Base):
             address = attempts.next_address()
             try:
                 call = getattr(self._stub(address), op.method)
-                resp = call(op.request, timeout=attempts.timeout(op.floor_s))
+                resp = call(op.request, timeout=attempts.timeout(op.floor_s),
+                            metadata=self._metadata(op.method))  # fmt: skip
             except grpc.RpcError as exc:
                 time.sleep(attempts.failed(address, _Failure.of(exc)))
                 continue
@@ -720,7 +815,8 @@ class Client(_Base):
     def clean_now(self, server: str, force: bool = False, timeout_s: float = 30.0) -> CleanResult:
         """Run retention now on the node at `server` (each node cleans its own store)."""
         try:
-            r = self._stub(server).CleanNow(pb.CleanNowRequest(force=force), timeout=timeout_s)
+            r = self._stub(server).CleanNow(pb.CleanNowRequest(force=force), timeout=timeout_s,
+                                            metadata=self._metadata("CleanNow"))  # fmt: skip
         except grpc.RpcError as exc:
             raise _Failure.of(exc).error(server) from None
         return CleanResult(r.deleted_segments, r.min_offset, r.reason)
@@ -744,7 +840,8 @@ class Client(_Base):
         """Status of one server (default: the leader, else the first server); one attempt."""
         address = self._status_target(server)
         try:
-            resp = self._stub(address).Status(pb.StatusRequest(), timeout=timeout_s or 2.0)
+            resp = self._stub(address).Status(pb.StatusRequest(), timeout=timeout_s or 2.0,
+                                              metadata=self._metadata("Status"))  # fmt: skip
         except grpc.RpcError as exc:
             raise _Failure.of(exc).error(address) from None
         return self._accept(address, resp)
@@ -782,7 +879,7 @@ class AsyncClient(_Base):
 
     def _stub(self, address: str) -> Any:
         if address not in self._stubs:
-            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            channel = self.access.aio_channel(address, _CHANNEL_OPTIONS)
             self._channels[address] = channel
             self._stubs[address] = pb_grpc.DLedgerClientStub(channel)
         return self._stubs[address]
@@ -795,7 +892,8 @@ class AsyncClient(_Base):
             address = attempts.next_address()
             try:
                 call = getattr(self._stub(address), op.method)
-                resp = await call(op.request, timeout=attempts.timeout(op.floor_s))
+                resp = await call(op.request, timeout=attempts.timeout(op.floor_s),
+                                  metadata=self._metadata(op.method))  # fmt: skip
             except grpc.RpcError as exc:
                 await asyncio.sleep(attempts.failed(address, _Failure.of(exc)))
                 continue
@@ -879,7 +977,9 @@ class AsyncClient(_Base):
     async def status(self, server: str | None = None, timeout_s: float | None = None) -> NodeStatus:
         address = self._status_target(server)
         try:
-            resp = await self._stub(address).Status(pb.StatusRequest(), timeout=timeout_s or 2.0)
+            resp = await self._stub(address).Status(
+                pb.StatusRequest(), timeout=timeout_s or 2.0, metadata=self._metadata("Status")
+            )
         except grpc.RpcError as exc:
             raise _Failure.of(exc).error(address) from None
         return self._accept(address, resp)

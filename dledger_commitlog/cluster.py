@@ -20,6 +20,7 @@ import itertools
 import json
 import os
 import random
+import secrets
 import signal
 import socket
 import subprocess
@@ -31,8 +32,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from .client import Client, ClientError, NodeStatus, StatusError
+from store.fileio import write_atomically
+
+from .acl import Account, write_acl
+from .client import Client, ClientError, NodeStatus, StatusError, load_credentials
 from .config import _SECTIONS, ConfigError, NodeConfig, Peer, load_config
+from .security import write_secret
 
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _PER_NODE = frozenset({"node_id", "data_dir", "peers", "listen_client", "listen_raft"})
@@ -149,11 +154,19 @@ class LocalCluster:
         hosts: Mapping[int, str] | None = None,
         command_prefix: Callable[[int], list[str]] | None = None,
         env: Mapping[str, str] | None = None,
+        tls: bool | None = None,
+        acl: bool | None = None,
     ) -> None:
         """`links[(i, j)]` is the address node i dials for node j's Raft port (a fault
         proxy, say; default: j's own address). `hosts[i]` is the IP node i listens on
         (default 127.0.0.1). `command_prefix(i)` is put before node i's command line
-        (`ip netns exec NS`, say). `env` is added to the nodes' environment."""
+        (`ip netns exec NS`, say). `env` is added to the nodes' environment.
+
+        Peers always authenticate with a cluster secret (`D/cluster.secret`, made at
+        the first start). `tls`: a development CA and one certificate per node under
+        `D/pki/` (TLS on both ports, mTLS between peers). `acl`: `D/acl.toml` with one
+        admin account whose keys are in `D/admin.credentials` (clients of this object
+        and the CLI's `--cluster D/cluster.json` use them). None: as saved, else off."""
         self.directory = Path(directory).resolve()
         self.command_prefix = command_prefix
         self.env = dict(env or {})
@@ -171,12 +184,16 @@ class LocalCluster:
             self._pids = {n["id"]: int(n["pid"]) for n in saved["nodes"] if n.get("pid")}
             saved_links = {_link_key(k): str(v) for k, v in saved.get("links", {}).items()}
             self.links = dict(links) if links is not None else saved_links
+            was = saved.get("security") or {}
+            self.tls = bool(was.get("tls")) if tls is None else tls
+            self.acl = bool(was.get("acl")) if acl is None else acl
         else:
             self.cluster = cluster
             self.flush_mode = flush_mode or "sync"
             self.extra_config = dict(extra_config or {})
             self.specs = self._allocate(nodes, base_port, hosts or {})
             self.links = {}
+            self.tls, self.acl = bool(tls), bool(acl)
         bad = _PER_NODE & set(self.extra_config)
         if bad:
             raise ValueError(f"extra_config cannot set per-node settings: {sorted(bad)}")
@@ -245,6 +262,13 @@ class LocalCluster:
             for s in self.specs.values()
         )
         values: dict[str, Any] = {"cluster": self.cluster, "flush_mode": self.flush_mode}
+        values["peer_secret_file"] = str(self.secret_path)
+        if self.tls:
+            values.update(tls_ca=str(self.pki_dir / "ca.pem"),
+                          tls_cert=str(self.pki_dir / f"node-{node_id}.pem"),
+                          tls_key=str(self.pki_dir / f"node-{node_id}.key"))  # fmt: skip
+        if self.acl:
+            values["acl_file"] = str(self.directory / "acl.toml")
         values.update(self.extra_config)
         values.update(node_id=node_id, data_dir=spec.data_dir, peers=peers)
         values["listen_metrics"] = spec.metrics
@@ -254,8 +278,43 @@ class LocalCluster:
         if self._refused is not None:
             raise ConfigError(f"{self.cluster_file}: {self._refused}")
 
+    @property
+    def secret_path(self) -> Path:
+        return self.directory / "cluster.secret"
+
+    @property
+    def pki_dir(self) -> Path:
+        return self.directory / "pki"
+
+    @property
+    def credentials_path(self) -> Path | None:
+        """The admin's access and secret key (a cluster with an ACL)."""
+        return self.directory / "admin.credentials" if self.acl else None
+
+    @property
+    def tls_ca(self) -> Path | None:
+        return self.pki_dir / "ca.pem" if self.tls else None
+
+    def _write_security(self) -> None:
+        """The files the nodes' security settings name, made once and then kept."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        write_secret(self.secret_path)
+        if self.tls and not (self.pki_dir / "ca.pem").exists():
+            from .certs import make_dev_pki
+
+            hosts = sorted({a.rpartition(":")[0] for s in self.specs.values()
+                            for a in (s.client, s.raft)})  # fmt: skip
+            make_dev_pki(self.pki_dir, list(self.specs), hosts)
+        creds = self.credentials_path
+        if creds is not None and not creds.exists():
+            secret = secrets.token_hex(24)
+            write_acl(self.directory / "acl.toml", [Account("admin", secret, admin=True)])
+            text = f'access_key = "admin"\nsecret_key = "{secret}"\n'
+            write_atomically(creds, text.encode(), mode=0o600)
+
     def _write_layout(self) -> None:
         self._check_usable()
+        self._write_security()
         for i, spec in self.specs.items():
             spec.home.mkdir(parents=True, exist_ok=True)
             spec.config_path.write_text(node_toml(self.configs[i]))
@@ -269,6 +328,12 @@ class LocalCluster:
             "flush_mode": self.flush_mode,
             "extra_config": self.extra_config,
             "links": {f"{src}->{dst}": addr for (src, dst), addr in sorted(self.links.items())},
+            "security": {
+                "tls": self.tls,
+                "acl": self.acl,
+                "tls_ca": str(self.tls_ca or ""),
+                "credentials": str(self.credentials_path or ""),
+            },
             "nodes": [
                 {
                     "id": s.id,
@@ -470,6 +535,10 @@ class LocalCluster:
 
     def client(self, **kwargs: Any) -> Client:
         """A new client of this cluster (the caller closes it)."""
+        if self.tls_ca is not None:
+            kwargs.setdefault("tls_ca", str(self.tls_ca))
+        if self.credentials_path is not None and "credentials" not in kwargs:
+            kwargs["credentials"] = load_credentials(self.credentials_path)
         return Client([s.client for s in self.specs.values()], cluster=self.cluster, **kwargs)
 
     def statuses(self, timeout_s: float = 1.0) -> dict[int, NodeStatus | StatusError]:

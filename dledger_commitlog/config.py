@@ -17,6 +17,11 @@ The TOML layout (every key optional but `node_id`, `data_dir` and `peers`):
     [raft]    tick_ms, election_ticks, heartbeat_ticks, preferred_leader, ...
     [store]   data_segment_bytes, index_segment_bytes, max_message_bytes, ...
     [retention] file_reserved_hours, delete_when_hour, force_clean_ratio, refuse_ratio
+    [tls]     ca, cert, key            # PEM paths: TLS on both ports, mTLS between peers
+    [security]
+    peer_secret_file = "cluster.secret"  # peers prove membership with HMAC tokens
+    acl_file = "acl.toml"                # clients sign calls (see acl.py)
+    insecure = false                     # allow a non-loopback address without TLS + ACL
 
 A peer given on the command line is `ID=RAFT_HOST:PORT/CLIENT_HOST:PORT`.
 """
@@ -89,6 +94,13 @@ class NodeConfig:
     delete_when_hour: int = 4
     force_clean_ratio: float = 0.85
     refuse_ratio: float = 0.95
+    # security (docs/security.md)
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    peer_secret_file: str = ""
+    acl_file: str = ""
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -115,6 +127,7 @@ class NodeConfig:
         for p in self.peers:
             for what in (p.raft, p.client):
                 parse_address(what)
+        self._check_security()
 
     def _check_types(self) -> None:
         for f in dataclasses.fields(self):
@@ -125,6 +138,21 @@ class NodeConfig:
             if isinstance(value, bool) or not isinstance(value, want):
                 kind = "an integer" if want is int else "a number"
                 raise ConfigError(f"{_setting(f.name)} must be {kind}, not {value!r}")
+
+    def _check_security(self) -> None:
+        for name in ("tls_ca", "tls_cert", "tls_key", "peer_secret_file", "acl_file"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"{_setting(name)} must be a path (a string)")
+        if not isinstance(self.insecure, bool):
+            raise ConfigError("security.insecure must be true or false")
+        tls = (self.tls_ca, self.tls_cert, self.tls_key)
+        if any(tls) and not all(tls):
+            raise ConfigError("tls: give ca, cert and key together (or none of them)")
+        if self.acl_file and not self.peer_secret_file:
+            raise ConfigError(
+                "security.acl_file needs security.peer_secret_file: a node forwarding a "
+                "client's put to the leader vouches for the client with the cluster secret"
+            )
 
     def _check_numbers(self) -> None:
         for name, (low, high) in _BOUNDS.items():
@@ -202,6 +230,8 @@ _SECTIONS = {
             "idempotency_window",
         )
     },
+    "tls": {"ca": "tls_ca", "cert": "tls_cert", "key": "tls_key"},
+    "security": {name: name for name in ("peer_secret_file", "acl_file", "insecure")},
     "retention": {
         name: name
         for name in (

@@ -37,6 +37,11 @@ class NodeMetrics:
         self.replication_lag = Gauge("dledger_replication_lag_entries",
                                      "Leader's last index minus the follower's match index",
                                      ["follower"], registry=r)  # fmt: skip
+        self.peer_rejects = Counter("dledger_peer_rejected", "Raft streams or messages refused "
+                                    "(membership, token, certificate, invalid, malformed)",
+                                    ["reason"], registry=r)  # fmt: skip
+        self.auth_failures = Counter("dledger_client_auth_failures", "Client calls refused",
+                                     ["status"], registry=r)  # fmt: skip
 
     def observe_fsync(self, _flushed: int, seconds: float) -> None:
         self.fsync_latency.observe(seconds)

@@ -54,9 +54,11 @@ from pathlib import Path
 from dispatch.dispatcher import Dispatcher, DispatchSnapshot
 from raft import Config, HardState, LogDiverged, Message, NotLeader, RaftCore, Ready, Role
 from raft.messages import AppendEntries, Heartbeat
-from raft.types import SnapshotMeta
+from raft.types import EntryKind, SnapshotMeta
+from raft.validate import InvalidPeerMessage, check_peer_message
 from store.fileio import DirectoryLock, fsync_dir, mkdir_durably, write_atomically
 from store.flush import GroupCommit, PeriodicFlush
+from store.message import is_message, max_encoded_size
 
 from .commitlog import DLedgerCommitLog
 from .config import ConfigError, NodeConfig, parse_address
@@ -64,6 +66,7 @@ from .entry_store import BASE_SIZE, EntryStore
 from .metrics import NodeMetrics
 from .raft_state import RaftStateFile
 from .retention import Retention
+from .security import NodeSecurity
 from .transport import PeerLink, to_wire
 from .verify import LAYOUT_FILE, read_layout, write_layout
 
@@ -204,6 +207,14 @@ class RaftNode:
         self.recovery = self.dispatcher.recover(log_end)
         caught_up = self.dispatcher.catch_up()
         self.commitlog.load_committed(commit, self.dispatcher.max_offsets())
+        if self.commitlog.damaged:
+            # As leader it would have to send those entries to a follower that needs
+            # them: it follows (and votes) until it is repaired (docs/disk-faults.md).
+            self.core.may_campaign = False
+            self.recovery.notes.append(
+                f"{len(self.commitlog.damaged)} damaged committed entries: this node will "
+                "not campaign for leadership until it is repaired"
+            )
         if roll_back_to is not None:
             # Queues and index are cut back to the new log end (recover): make that
             # and the lower dispatch position durable before the marker goes.
@@ -226,6 +237,9 @@ class RaftNode:
         self._dispatch_wakeup = asyncio.Event()
         self.commitlog.add_commit_listener(self._dispatch_wakeup.set)
         self._executor = ThreadPoolExecutor(2, thread_name_prefix=f"node{cfg.node_id}-io")
+        self.security = NodeSecurity()  # what serve() loaded; PeerLinks use it from start()
+        self._members = frozenset(p.id for p in cfg.peers)
+        self._max_entry_bytes = max_encoded_size(cfg.max_message_bytes)
         self._links: dict[int, PeerLink] = {}
         self._wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -261,7 +275,8 @@ class RaftNode:
             self._periodic.start()
         for peer in self.cfg.peers:
             if peer.id != self.cfg.node_id:
-                link = PeerLink(self.cfg.cluster, peer.id, peer.raft)
+                link = PeerLink(self.cfg.cluster, peer.id, peer.raft, me=self.cfg.node_id,
+                                security=self.security)  # fmt: skip
                 link.start()
                 self._links[peer.id] = link
         loop = asyncio.get_running_loop()
@@ -357,9 +372,17 @@ class RaftNode:
     # -- inputs --------------------------------------------------------------------
 
     def deliver(self, msg: Message) -> None:
-        """A message from a peer."""
-        if msg.dst != self.cfg.node_id or self._closed or self.stopping:
-            return
+        """A message from a peer; InvalidPeerMessage (nothing stepped) if it breaks the
+        protocol's bounds (raft.validate) or carries an entry that is no message."""
+        if self._closed or self.stopping:
+            return  # it takes no Raft message (nor judges one) any more
+        check_peer_message(msg, me=self.cfg.node_id, peers=self._members, term=self.core.term,
+                           max_entry_bytes=self._max_entry_bytes)  # fmt: skip
+        if isinstance(msg, AppendEntries):
+            for e in msg.entries:
+                if e.kind is EntryKind.NORMAL and not is_message(e.data):
+                    raise InvalidPeerMessage(f"append from node {msg.src}: entry {e.index} "
+                                             "holds no well-formed message")  # fmt: skip
         try:
             self.core.step(msg)
         except LogDiverged as exc:

@@ -14,7 +14,6 @@ import contextlib
 import logging
 import signal
 import socket
-import struct
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -32,9 +31,18 @@ from dispatch.dispatcher import (
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 from raft import NotLeader, Role
-from store.errors import InvalidMessage, OffsetOutOfRange
+from store.errors import CorruptEntry, InvalidMessage, OffsetOutOfRange
 from store.message import Message, check_name, decode_message
 
+from .acl import (
+    Account,
+    AuthError,
+    Perm,
+    metadata_value,
+    require_admin,
+    require_group,
+    require_topics,
+)
 from .commitlog import (
     OutcomeUnknown,
     Overloaded,
@@ -47,18 +55,20 @@ from .commitlog import (
 from .config import ListenError, NodeConfig
 from .metrics import serve_metrics
 from .node import RaftNode
-from .transport import GRPC_OPTIONS, PeerService
+from .security import NODE_AUTH, NodeSecurity
+from .transport import GRPC_OPTIONS, PeerService, open_channel
 
 log = logging.getLogger(__name__)
 
 _FORWARDED = "dledger-forwarded"
+_FORWARDABLE = frozenset({"PutBatch", "CommitOffset"})  # what a follower sends its leader
+_ON_BEHALF = "dledger-on-behalf-of"  # a forwarded call: the access key the peer authenticated
 _LEADER = "dledger-leader"
 _LEADER_ID = "dledger-leader-id"
 _DEFAULT_TIMEOUT_S = 10.0
 _DEFAULT_PULL = 32
 _MAX_PULL = 1024  # messages per Pull or QueryByKey answer
 _MAX_PULL_RAW = 65536  # raw pulls (analytics) are bounded by max_bytes instead
-_I32 = struct.Struct(">i")
 _Context: TypeAlias = Any  # grpc.aio.ServicerContext; grpcio ships no type hints
 
 
@@ -69,14 +79,84 @@ def _result_pb(r: PutResult) -> pb.PutResult:
 
 
 class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
-    def __init__(self, node: RaftNode) -> None:
+    """The client RPCs. With an ACL every call is authenticated (`_caller`) and each
+    RPC checks the caller's rights on what it touches before doing anything."""
+
+    def __init__(self, node: RaftNode, security: NodeSecurity | None = None) -> None:
         self.node = node
         self.cfg = node.cfg
+        self.security = security or NodeSecurity()
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     async def close(self) -> None:
         for ch in self._channels.values():
             await ch.close(grace=None)
+
+    # -- authentication and authorization -------------------------------------------
+
+    async def _caller(self, context: _Context, method: str) -> Account | None:
+        """Who makes this call of RPC `method` (None: no ACL, every caller may do anything).
+
+        A call a follower forwarded carries the follower's token instead of the
+        client's signature: made for this RPC and this access key, so a token seen on
+        the wire vouches for nothing else."""
+        acl = self.security.acl
+        if acl is None:
+            return None
+        meta = context.invocation_metadata()
+        try:
+            if metadata_value(meta, _FORWARDED) is None:
+                return acl.authenticate(meta, method)
+            peers = self.security.peers
+            assert peers is not None  # the config demands a cluster secret with an ACL
+            if method not in _FORWARDABLE:
+                raise AuthError(f"{method} is never forwarded")
+            on_behalf = metadata_value(meta, _ON_BEHALF) or ""
+            src = peers.check(metadata_value(meta, NODE_AUTH), self.cfg.node_id,
+                              scope=_forward_scope(method, on_behalf))  # fmt: skip
+            if src == self.cfg.node_id or src not in {p.id for p in self.cfg.peers}:
+                raise AuthError(f"forwarded by node {src}, not a peer")
+            return acl.account(on_behalf)
+        except AuthError as exc:
+            await self._deny(context, exc)
+        raise AssertionError("unreachable: abort raises")
+
+    async def _allow(
+        self, context: _Context, method: str, check: Callable[[Account], None]
+    ) -> Account | None:
+        """Authenticate the caller and run `check` on its account (abort if it fails)."""
+        account = await self._caller(context, method)
+        await self._check(context, account, check)
+        return account
+
+    async def _check(
+        self, context: _Context, account: Account | None, check: Callable[[Account], None]
+    ) -> None:
+        if account is not None:
+            try:
+                check(account)
+            except AuthError as exc:
+                await self._deny(context, exc)
+
+    def _forward_metadata(
+        self, account: Account | None, method: str
+    ) -> tuple[tuple[str, str], ...]:
+        """A forwarded call of RPC `method`: marked (never forwarded again), vouched for
+        with the cluster secret, on behalf of the access key this node authenticated."""
+        meta = [(_FORWARDED, str(self.cfg.node_id))]
+        leader = self.node.core.leader_id
+        on_behalf = account.access_key if account is not None else ""
+        if self.security.peers is not None and leader is not None:
+            scope = _forward_scope(method, on_behalf)
+            meta.append((NODE_AUTH, self.security.peers.token(self.cfg.node_id, leader, scope)))
+        if account is not None:
+            meta.append((_ON_BEHALF, on_behalf))
+        return tuple(meta)
+
+    async def _deny(self, context: _Context, exc: AuthError) -> None:
+        self.node.metrics.auth_failures.labels(exc.status.name.lower()).inc()
+        log.info("refused a client call from %s: %s", context.peer(), exc.message)
+        await context.abort(exc.status, exc.message)
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -114,7 +194,11 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         return max(0.05, min(float(remaining) - 0.05, 60.0))
 
     async def _put_specs(
-        self, specs: Sequence[PutSpec], context: _Context, forward: pb.PutBatchRequest
+        self,
+        specs: Sequence[PutSpec],
+        context: _Context,
+        forward: pb.PutBatchRequest,
+        account: Account | None,
     ) -> list[PutResult] | None:
         """Put locally, or forward to the leader; None if the context was aborted."""
         node = self.node
@@ -124,7 +208,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         try:
             results = await node.commitlog.put(specs, self._timeout(context))
         except NotLeader as exc:
-            return await self._forward(exc, context, forward)
+            return await self._forward(exc, context, forward, account)
         except Overloaded as exc:
             node.metrics.puts.labels("overloaded").inc(len(specs))
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
@@ -153,17 +237,21 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                                 f"not the leader; the leader is at {leader}")  # fmt: skip
         channel = self._channels.get(leader)
         if channel is None:
-            channel = grpc.aio.insecure_channel(leader, options=GRPC_OPTIONS)
+            channel = open_channel(leader, self.security)
             self._channels[leader] = channel
         return leader, pb_grpc.DLedgerClientStub(channel)
 
     async def _forward(
-        self, exc: NotLeader, context: _Context, request: pb.PutBatchRequest
+        self,
+        exc: NotLeader,
+        context: _Context,
+        request: pb.PutBatchRequest,
+        account: Account | None,
     ) -> list[PutResult] | None:
         leader, stub = await self._leader_stub(exc, context)
         try:
-            reply = await stub.PutBatch(request, timeout=self._timeout(context),
-                                        metadata=((_FORWARDED, "1"),))  # fmt: skip
+            meta = self._forward_metadata(account, "PutBatch")
+            reply = await stub.PutBatch(request, timeout=self._timeout(context), metadata=meta)
         except grpc.aio.AioRpcError as err:
             await context.abort(err.code(), f"(forwarded to {leader}) {err.details()}")
         return [
@@ -195,22 +283,33 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
     # -- RPCs ----------------------------------------------------------------------
 
     async def Put(self, request: pb.PutRequest, context: _Context) -> pb.PutResponse:
+        return await self._put(request, context, await self._caller(context, "Put"))
+
+    async def _put(
+        self, request: pb.PutRequest, context: _Context, account: Account | None
+    ) -> pb.PutResponse:
+        topic = request.message.topic
+        await self._check(context, account, lambda a: require_topics(a, [topic], Perm.PUB))
         specs = await self._prepare([request.message], request.cluster, context)
         assert specs is not None
         fwd = pb.PutBatchRequest(messages=[_with_uniq(request.message, specs[0])],
                                  cluster=request.cluster)  # fmt: skip
-        results = await self._put_specs(specs, context, fwd)
+        results = await self._put_specs(specs, context, fwd, account)
         assert results is not None
         return pb.PutResponse(result=_result_pb(results[0]))
 
     async def PutBatch(self, request: pb.PutBatchRequest, context: _Context) -> pb.PutBatchResponse:
+        topics = {m.topic for m in request.messages}
+        account = await self._allow(
+            context, "PutBatch", lambda a: require_topics(a, sorted(topics), Perm.PUB)
+        )
         specs = await self._prepare(request.messages, request.cluster, context)
         assert specs is not None
         fwd = pb.PutBatchRequest(
             messages=[_with_uniq(m, s) for m, s in zip(request.messages, specs, strict=True)],
             cluster=request.cluster,
         )
-        results = await self._put_specs(specs, context, fwd)
+        results = await self._put_specs(specs, context, fwd, account)
         assert results is not None
         return pb.PutBatchResponse(results=[_result_pb(r) for r in results])
 
@@ -219,9 +318,10 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
     ) -> AsyncIterator[pb.PutResponse]:
         """Puts in order; many in flight at once; answers come back in request order."""
         pending: asyncio.Queue[asyncio.Task[pb.PutResponse] | None] = asyncio.Queue(maxsize=1024)
+        account = await self._caller(context, "PutStream")  # once: a stream outlives it
 
         async def one(req: pb.PutRequest) -> pb.PutResponse:
-            return await self.Put(req, context)
+            return await self._put(req, context, account)
 
         async def feed() -> None:
             async for req in request_iterator:
@@ -237,6 +337,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
 
     async def Get(self, request: pb.GetRequest, context: _Context) -> pb.GetResponse:
         which = request.WhichOneof("key")
+        account = await self._caller(context, "Get")
         try:
             if which == "msg_id":
                 offset = offset_of_msg_id(request.msg_id)
@@ -247,12 +348,15 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             if request.linearizable:
                 await self._linearize(context)
             msg, size = self.node.commitlog.get_by_offset(offset)
+            await self._check(context, account, lambda a: require_topics(a, [msg.topic], Perm.SUB))
         except InvalidMessage as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except OffsetOutOfRange as exc:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
         except KeyError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
+        except CorruptEntry as exc:
+            await context.abort(grpc.StatusCode.DATA_LOSS, _damaged(exc))
         return pb.GetResponse(message=stored_message_pb(msg, size))
 
     async def _linearize(self, context: _Context) -> None:
@@ -281,6 +385,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
     async def Pull(self, request: pb.PullRequest, context: _Context) -> pb.PullResponse:
         """Messages of one queue from an offset; long-polls up to wait_ms for new ones."""
         node, r = self.node, request
+        await self._allow(context, "Pull", lambda a: require_topics(a, [r.topic], Perm.SUB))
         try:
             self._check_queue(r.topic, r.queue_id)
             tags = parse_tag_expression(r.tag_expression)
@@ -305,6 +410,8 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except OffsetOutOfRange as exc:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
+        except CorruptEntry as exc:
+            await context.abort(grpc.StatusCode.DATA_LOSS, _damaged(exc))
         cq = node.dispatcher.queue(r.topic, r.queue_id)
         reply = pb.PullResponse(
             next_offset=nxt,
@@ -322,6 +429,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
     ) -> pb.QueryByKeyResponse:
         """Messages whose KEYS (or UNIQ_KEY) hold `key`, newest first, in [begin, end]."""
         r, cl = request, self.node.commitlog
+        await self._allow(context, "QueryByKey", lambda a: require_topics(a, [r.topic], Perm.SUB))
         try:
             check_name(r.topic)
             if not r.key:
@@ -337,10 +445,12 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         for offset in self.node.dispatcher.query_offsets(r.topic, r.key, r.begin_ms, end,
                                                          4 * limit):  # fmt: skip
             try:
-                (size,) = _I32.unpack(cl.read_message(offset, 4))
-                msg = decode_message(cl.read_message(offset, size))
+                raw = cl.read_message(offset)
+                msg, size = decode_message(raw), len(raw)
             except OffsetOutOfRange:
                 continue  # deleted by retention since the index was read
+            except CorruptEntry as exc:
+                await context.abort(grpc.StatusCode.DATA_LOSS, _damaged(exc))
             if (
                 msg.topic == r.topic
                 and (r.key in msg.keys or msg.uniq_key == r.key)
@@ -354,9 +464,13 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
     async def QueueOffsets(
         self, request: pb.QueueOffsetsRequest, context: _Context
     ) -> pb.QueueOffsetsResponse:
-        if request.topic:
+        topic = request.topic
+        account = await self._allow(
+            context, "QueueOffsets", lambda a: require_topics(a, [topic] if topic else [], Perm.SUB)
+        )
+        if topic:
             try:
-                check_name(request.topic)
+                check_name(topic)
             except InvalidMessage as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if request.linearizable:
@@ -365,7 +479,8 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         return pb.QueueOffsetsResponse(
             queues=[
                 pb.QueueOffset(topic=t, queue_id=q, min_offset=lo, max_offset=hi)
-                for t, q, lo, hi in d.queue_offsets(request.topic)
+                for t, q, lo, hi in d.queue_offsets(topic)
+                if account is None or Perm.SUB in account.topic_perm(t)
             ],
             dispatched_offset=d.dispatched_pos,
         )
@@ -375,6 +490,9 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
     ) -> pb.CommitOffsetResponse:
         """Record a group's offset through the Raft log (so it survives failover)."""
         r, node = request, self.node
+        account = await self._allow(
+            context, "CommitOffset", lambda a: _group_rights(a, r.group, r.topic)
+        )
         try:
             wrong = self._check_cluster(r.cluster)
             if wrong:
@@ -399,8 +517,8 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         except NotLeader as exc:
             leader, stub = await self._leader_stub(exc, context)
             try:
-                await stub.CommitOffset(request, timeout=self._timeout(context),
-                                        metadata=((_FORWARDED, "1"),))  # fmt: skip
+                meta = self._forward_metadata(account, "CommitOffset")
+                await stub.CommitOffset(request, timeout=self._timeout(context), metadata=meta)
             except grpc.aio.AioRpcError as err:
                 await context.abort(err.code(), f"(forwarded to {leader}) {err.details()}")
         except (OutcomeUnknown, TimeoutError) as exc:
@@ -413,6 +531,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         self, request: pb.FetchOffsetRequest, context: _Context
     ) -> pb.FetchOffsetResponse:
         r = request
+        await self._allow(context, "FetchOffset", lambda a: _group_rights(a, r.group, r.topic))
         try:
             check_name(r.group, "group")
             if r.queue_id != -1:
@@ -435,15 +554,20 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         )
 
     async def CleanNow(self, request: pb.CleanNowRequest, context: _Context) -> pb.CleanNowResponse:
+        await self._allow(context, "CleanNow", lambda a: require_admin(a, "CleanNow"))
         deleted, min_offset, reason = await self.node.clean_now(force=request.force)
         return pb.CleanNowResponse(deleted_segments=deleted, min_offset=min_offset, reason=reason)
 
     async def Status(self, request: pb.StatusRequest, context: _Context) -> pb.StatusResponse:
+        await self._caller(context, "Status")
         return status_pb(self.node)
 
     async def TransferLeadership(
         self, request: pb.TransferLeadershipRequest, context: _Context
     ) -> pb.TransferLeadershipResponse:
+        await self._allow(
+            context, "TransferLeadership", lambda a: require_admin(a, "TransferLeadership")
+        )
         target = request.target_node_id
         if target not in {p.id for p in self.cfg.peers}:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"node {target} is not a peer")
@@ -465,18 +589,43 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
     async def ReadRange(
         self, request: pb.ReadRangeRequest, context: _Context
     ) -> pb.ReadRangeResponse:
+        await self._allow(context, "ReadRange", _read_everything)
         cl = self.node.commitlog
         try:
             bodies, nxt = cl.read_range(request.from_offset, request.max_messages or 1024,
                                         request.max_bytes or (4 << 20))  # fmt: skip
         except KeyError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
+        except CorruptEntry as exc:
+            await context.abort(grpc.StatusCode.DATA_LOSS, _damaged(exc))
         return pb.ReadRangeResponse(
             messages=b"".join(bodies),
             next_offset=nxt,
             committed_offset=cl.committed_pos,
             min_offset=cl.min_offset,
         )
+
+
+def _forward_scope(method: str, access_key: str) -> str:
+    return f"forward:{method}:{access_key}"
+
+
+def _damaged(exc: CorruptEntry) -> str:
+    """What a client is told of a damaged entry (the node's log names the file)."""
+    log.warning("a read met a damaged entry: %s", exc)
+    return (f"the entry at commit-log position {exc.offset} is damaged on this replica "
+            "(never served): read it from another replica")  # fmt: skip
+
+
+def _group_rights(account: Account, group: str, topic: str) -> None:
+    require_group(account, group)
+    require_topics(account, [topic], Perm.SUB)
+
+
+def _read_everything(account: Account) -> None:
+    if not account.reads_everything:
+        raise AuthError(f"access key {account.access_key!r} may not read every topic: "
+                        "ReadRange returns the raw commit log", denied=True)  # fmt: skip
 
 
 def _with_uniq(m: pb.MessageData, spec: PutSpec) -> pb.MessageData:
@@ -527,7 +676,9 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    security = NodeSecurity.load(cfg)  # before anything opens: a bad file is one line
     node = RaftNode(cfg)
+    node.security = security
     node.on_fatal = stop.set
     _TERM.node = node
     stop_metrics: Callable[[], None] | None = None
@@ -539,12 +690,19 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
         if cfg.listen_metrics:
             at = cfg.listen_metrics
             stop_metrics = _listen("metrics", at, lambda: serve_metrics(node.metrics, at))
+        tls = security.tls
         raft_server = grpc.aio.server(options=GRPC_OPTIONS)
-        _listen_grpc(raft_server, "Raft peers", cfg.raft_address)
-        pb_grpc.add_RaftPeerServicer_to_server(PeerService(cfg.cluster, node.deliver), raft_server)
+        _listen_grpc(raft_server, "Raft peers", cfg.raft_address,
+                     tls.server_credentials(require_client_cert=True) if tls else None)  # fmt: skip
+        peers = PeerService(
+            cfg.cluster, node.deliver, me=cfg.node_id, members=[p.id for p in cfg.peers],
+            security=security, on_reject=lambda why: node.metrics.peer_rejects.labels(why).inc(),
+        )  # fmt: skip
+        pb_grpc.add_RaftPeerServicer_to_server(peers, raft_server)
         client_server = grpc.aio.server(options=GRPC_OPTIONS)
-        _listen_grpc(client_server, "clients", cfg.client_address)
-        service = ClientService(node)
+        client_creds = tls.server_credentials(require_client_cert=False) if tls else None
+        _listen_grpc(client_server, "clients", cfg.client_address, client_creds)
+        service = ClientService(node, security)
         pb_grpc.add_DLedgerClientServicer_to_server(service, client_server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, client_server)
@@ -555,8 +713,17 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
         await health_servicer.set(
             "dledger.v1.DLedgerClient", health_pb2.HealthCheckResponse.SERVING
         )
-        log.info("node %d serving clients on %s, raft on %s", cfg.node_id, cfg.client_address,
-                 cfg.raft_address)  # fmt: skip
+        log.info("node %d serving clients on %s (%s, %s), raft on %s (peers: %s)", cfg.node_id,
+                 cfg.client_address, "TLS" if tls else "plaintext",
+                 "ACL" if security.acl else "no client authentication", cfg.raft_address,
+                 security.peer_mode)  # fmt: skip
+        if cfg.insecure:
+            log.warning("node %d runs with --insecure: %s", cfg.node_id, "; ".join(
+                why for why, weak in (
+                    ("Raft peers are not authenticated", not (security.peers or tls)),
+                    ("clients are not authenticated", security.acl is None),
+                    ("traffic is not encrypted", tls is None),
+                ) if weak) or "nothing is weakened")  # fmt: skip
         await stop.wait()
     finally:  # also after a failed start: the recovered node closes cleanly
         log.info("node %d shutting down", cfg.node_id)
@@ -586,7 +753,9 @@ def _listen(what: str, address: str, bind: Callable[[], _T]) -> _T:
         raise ListenError(f"cannot listen for {what} on {address}: {why or exc}") from None
 
 
-def _listen_grpc(server: grpc.aio.Server, what: str, address: str) -> None:
+def _listen_grpc(
+    server: grpc.aio.Server, what: str, address: str, credentials: Any | None = None
+) -> None:
     """Bind `server` to `address`, checked first with a plain socket.
 
     The check gives the cause (gRPC logs its own error and raises without it), and
@@ -596,7 +765,10 @@ def _listen_grpc(server: grpc.aio.Server, what: str, address: str) -> None:
     why = _bind_error(address)
     if why is not None:
         raise ListenError(f"cannot listen for {what} on {address}: {why}")
-    _listen(what, address, lambda: server.add_insecure_port(address))
+    if credentials is None:
+        _listen(what, address, lambda: server.add_insecure_port(address))
+    else:
+        _listen(what, address, lambda: server.add_secure_port(address, credentials))
 
 
 def _bind_error(address: str) -> str | None:

@@ -15,7 +15,7 @@ import asyncio
 import collections
 import logging
 import struct
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 
 import grpc
 
@@ -35,12 +35,19 @@ from raft.messages import (
     VoteResponse,
 )
 from raft.types import Entry, EntryKind
+from raft.validate import InvalidPeerMessage
 from store.flush import cancel_and_wait
+
+from .acl import AuthError, metadata_value
+from .security import NODE_AUTH, NodeSecurity, certificate_node
 
 log = logging.getLogger(__name__)
 
 _ENTRY_HEAD = struct.Struct(">qqiI")
 _T = pb.RaftMessage
+PEER_ID = "dledger-peer-id"  # stream metadata: the node id the sender claims
+_REFUSALS = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAUTHENTICATED,
+             grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT)  # fmt: skip
 MAX_QUEUED = 4096
 _CONNECT_TIMEOUT_S = 0.2
 MAX_BATCH = 256
@@ -163,12 +170,21 @@ def from_proto(p: pb.RaftMessage) -> Message:
 
 
 class PeerLink:
-    """The outgoing stream to one peer, reconnecting with backoff when it breaks."""
+    """The outgoing stream to one peer, reconnecting with backoff when it breaks.
 
-    def __init__(self, cluster: str, peer_id: int, address: str) -> None:
+    With TLS the channel verifies the peer against the CA and presents this node's
+    certificate; with a cluster secret each stream opens with a fresh peer token.
+    """
+
+    def __init__(
+        self, cluster: str, peer_id: int, address: str, *, me: int = 0,
+        security: NodeSecurity | None = None,
+    ) -> None:  # fmt: skip
         self.peer_id = peer_id
         self.address = address
         self._cluster = cluster
+        self._me = me
+        self._security = security or NodeSecurity()
         self._queue: collections.deque[tuple[pb.RaftMessage, int]] = collections.deque()
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -208,7 +224,7 @@ class PeerLink:
 
     async def _run(self) -> None:
         while True:
-            channel = grpc.aio.insecure_channel(self.address, options=GRPC_OPTIONS)
+            channel = open_channel(self.address, self._security)
             try:
                 # Connect first, with a short bound: a stream started on a channel that
                 # is still connecting can sit for seconds before it fails or flows.
@@ -216,14 +232,18 @@ class PeerLink:
                 async with asyncio.timeout(_CONNECT_TIMEOUT_S):
                     await channel.channel_ready()
                 self.connected = True
-                await pb_grpc.RaftPeerStub(channel).Stream(self._batches())
+                metadata = [(PEER_ID, str(self._me))]
+                if self._security.peers is not None:
+                    metadata.append((NODE_AUTH, self._security.peers.token(self._me, self.peer_id)))
+                await pb_grpc.RaftPeerStub(channel).Stream(self._batches(), metadata=metadata)
             except asyncio.CancelledError:
                 raise
             except TimeoutError:
                 pass  # not reachable yet: try again with a fresh channel at once
             except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                    log.error("peer %d refused our stream: %s", self.peer_id, exc.details())
+                if exc.code() in _REFUSALS:
+                    log.error("peer %d refused our stream: %s: %s", self.peer_id,
+                              exc.code().name, exc.details())  # fmt: skip
                     await asyncio.sleep(1.0)
                 else:
                     log.info("stream to peer %d broke: %s", self.peer_id, exc.code().name)
@@ -237,15 +257,72 @@ class PeerLink:
 
 
 class PeerService(pb_grpc.RaftPeerServicer):  # type: ignore[misc]
-    """Receives peers' streams and hands each message to `deliver`."""
+    """Receives peers' streams and hands each message to `deliver`.
 
-    def __init__(self, cluster: str, deliver: Callable[[Message], None]) -> None:
+    A stream is accepted only from a member: the one its mTLS certificate names
+    (TLS on), the one its peer token proves (cluster secret), or any member in
+    open mode; every message on it must then come from that member.
+    `deliver` raises InvalidPeerMessage for a message it refuses: the stream
+    ends with INVALID_ARGUMENT (PERMISSION_DENIED for a membership violation),
+    logged and counted by `on_reject(reason)`, and nothing of it reaches the core.
+    """
+
+    def __init__(
+        self,
+        cluster: str,
+        deliver: Callable[[Message], None],
+        *,
+        me: int = 0,
+        members: Collection[int] = (),
+        security: NodeSecurity | None = None,
+        on_reject: Callable[[str], None] | None = None,
+    ) -> None:
         self._cluster = cluster
         self._deliver = deliver
+        self._me = me
+        self._members = frozenset(members)
+        self._security = security or NodeSecurity()
+        self._on_reject = on_reject or (lambda reason: None)
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode,
+                      reason: str, why: str) -> None:  # fmt: skip
+        log.warning("refused a raft stream from %s: %s", context.peer(), why)
+        self._on_reject(reason)
+        await context.abort(code, why)
+
+    async def _sender(self, context: grpc.aio.ServicerContext) -> int | None:
+        """The member this stream comes from (None in open mode: any member)."""
+        meta = context.invocation_metadata()
+        claimed_text = metadata_value(meta, PEER_ID)
+        claimed = int(claimed_text) if claimed_text and claimed_text.isdigit() else None
+        sender: int | None = None
+        sec = self._security
+        if sec.tls is not None:
+            sender = certificate_node(context.auth_context())
+            if sender is None:
+                await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, "certificate",
+                                   "its certificate names no dledger node")  # fmt: skip
+        if sec.peers is not None:
+            try:
+                proven = sec.peers.check(metadata_value(meta, NODE_AUTH), self._me, once=True)
+                if sender is not None and proven != sender:
+                    raise AuthError(f"token for node {proven} on node {sender}'s certificate")
+            except AuthError as exc:
+                await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, "token", exc.message)
+                raise
+            sender = proven
+        if sender is not None and claimed is not None and claimed != sender:
+            await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, "identity",
+                               f"claims to be node {claimed} but is node {sender}")  # fmt: skip
+        if sender is not None and (sender not in self._members or sender == self._me):
+            await self._refuse(context, grpc.StatusCode.PERMISSION_DENIED, "membership",
+                               f"node {sender} is not a peer of node {self._me}")  # fmt: skip
+        return sender
 
     async def Stream(
         self, request_iterator: AsyncIterator[pb.RaftBatch], context: grpc.aio.ServicerContext
     ) -> pb.RaftAck:
+        sender = await self._sender(context)
         async for batch in request_iterator:
             if batch.cluster != self._cluster:
                 await context.abort(
@@ -253,11 +330,32 @@ class PeerService(pb_grpc.RaftPeerServicer):  # type: ignore[misc]
                     f"wrong cluster: this node belongs to {self._cluster!r}, "
                     f"the stream to {batch.cluster!r}",
                 )
-            for p in batch.messages:
+            try:  # the whole batch decodes, or none of it is delivered
+                messages = [from_proto(p) for p in batch.messages]
+            except ValueError as exc:
+                await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed",
+                                   f"malformed raft message: {exc}")  # fmt: skip
+                raise
+            for msg in messages:
                 try:
-                    msg = from_proto(p)
-                except ValueError as exc:
-                    log.warning("dropping a malformed raft message: %s", exc)
-                    continue
-                self._deliver(msg)
+                    if sender is not None and msg.src != sender:
+                        raise InvalidPeerMessage(
+                            f"message from node {msg.src} on node {sender}'s stream",
+                            membership=True,
+                        )
+                    self._deliver(msg)
+                except InvalidPeerMessage as exc:
+                    code = (grpc.StatusCode.PERMISSION_DENIED if exc.membership
+                            else grpc.StatusCode.INVALID_ARGUMENT)  # fmt: skip
+                    reason = "membership" if exc.membership else "invalid"
+                    await self._refuse(context, code, reason, exc.reason)
+                    raise
         return pb.RaftAck()
+
+
+def open_channel(address: str, security: NodeSecurity) -> grpc.aio.Channel:
+    """An aio channel to a node: TLS (with this node's certificate) when configured."""
+    if security.tls is None:
+        return grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+    return grpc.aio.secure_channel(address, security.tls.channel_credentials(),
+                                   options=GRPC_OPTIONS)  # fmt: skip

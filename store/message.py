@@ -52,6 +52,7 @@ __all__ = [
     "decode_message",
     "encode_message",
     "encoded_size",
+    "is_message",
     "java_string_hash",
     "make_properties",
     "max_encoded_size",
@@ -369,6 +370,15 @@ def _parse_layout(buf: _Buffer, offset: int) -> tuple[tuple[Any, ...], int, str,
     if props_len < 0 or topic_end + 2 + props_len != end:
         raise _corrupt(offset, f"properties length {props_len} disagrees with total size {total}")
     return fields, body_end, topic, buf[topic_end + 2 : end]
+
+
+def is_message(buf: _Buffer) -> bool:
+    """Whether `buf` is exactly one message whose layout checks out (body CRC not read)."""
+    try:
+        fields = _parse_layout(buf, 0)[0]
+    except CorruptEntry:
+        return False
+    return bool(fields[0] == len(buf))
 
 
 def _parse_properties(raw: _Buffer, offset: int) -> dict[str, str]:

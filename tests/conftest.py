@@ -217,12 +217,19 @@ def make_cluster(
     """A factory of clusters of the test's own, started (`up`) and stopped at the end."""
     made: list[LocalCluster] = []
 
-    def make(name: str = "cluster", **extra_config: Any) -> LocalCluster:
+    def make(
+        name: str = "cluster",
+        *,
+        tls: bool = False,
+        acl: bool = False,
+        start: bool = True,
+        **extra_config: Any,
+    ) -> LocalCluster:
         config = {**SHARED_CONFIG, **extra_config}
-        cluster = LocalCluster(tmp_path / name, extra_config=config)
+        cluster = LocalCluster(tmp_path / name, extra_config=config, tls=tls, acl=acl)
         made.append(cluster)
         register(request.node, cluster)
-        return cluster.up()
+        return cluster.up() if start else cluster
 
     try:
         yield make

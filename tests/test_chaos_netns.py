@@ -397,7 +397,7 @@ def netns_cluster(
     net = make_net([1, 2, 3])
     cluster = LocalCluster(
         tmp_path / "cluster",
-        extra_config=SHARED_CONFIG,
+        extra_config={**SHARED_CONFIG, "insecure": True},  # the test's own bridge
         hosts=net.hosts(),
         command_prefix=net.command_prefix,
     )

@@ -250,11 +250,14 @@ def test_serve_builds_the_config(
 
 def test_serve_offers_every_node_setting() -> None:
     parser = cli.build_parser()
-    args = parser.parse_args(["serve", "--refuse-ratio", "0.9", "--preferred-leader", "2"])
+    args = parser.parse_args(["serve", "--refuse-ratio", "0.9", "--preferred-leader", "2",
+                              "--tls-ca", "ca.pem", "--insecure"])  # fmt: skip
     for f in dataclasses.fields(NodeConfig):
-        if f.name not in ("peers", "cluster"):
+        if f.name not in ("peers", "cluster", "tls_ca"):  # the connection options' own
             assert hasattr(args, f"cfg_{f.name}"), f.name
     assert args.cfg_refuse_ratio == 0.9 and args.cfg_preferred_leader == 2
+    assert args.tls_ca == "ca.pem"
+    assert args.cfg_insecure is True
 
 
 def test_cluster_set_values_and_registry(capsys: pytest.CaptureFixture[str]) -> None:
