@@ -5,6 +5,15 @@
 (PutBatch of 256, 4 in flight); (d) failover: kill -9 the leader under load,
 time to the first successful put, over several trials; plus leader changes seen
 during a steady load. Run: `.venv/bin/python bench/cluster.py [--steady-s 60]`.
+
+`--tls` runs the same workloads on two fresh clusters, up at once: one plain (no
+TLS, no ACL) and one with TLS on both ports and signed client calls (tls=True,
+acl=True). The throughput workloads run `--reps` times (default 3 with --tls),
+the two clusters taking turns (order alternating per round), and are reported as
+medians; then failover and steady load on each. It writes
+bench/results/cluster_tls.json alone, with both and the TLS/plain ratios (the
+requirement: puts/s must not drop more than 15% with TLS on); cluster.json stays
+what a run on its own measured.
 """
 
 from __future__ import annotations
@@ -18,16 +27,32 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._report import report
-from dledger_commitlog.client import AsyncClient, Client, ClientError, MessageSpec, NodeStatus
+from dledger_commitlog.client import (
+    AsyncClient,
+    Client,
+    ClientError,
+    MessageSpec,
+    NodeStatus,
+    load_credentials,
+)
 from dledger_commitlog.cluster import LocalCluster
 
 BODY = b"m" * 1024
 CONFIG = {"data_segment_bytes": 256 << 20, "index_segment_bytes": 32 << 20}
+# the throughput workloads: metric prefix -> label (their metrics: PREFIX_msgs_per_s, ...)
+THROUGHPUT = {
+    "seq": "(a) 1 sequential client",
+    "inflight32": "(b) 32 in-flight puts",
+    "batch256x4": "(c) PutBatch 256 x 4 in flight",
+}
+MAX_TLS_DROP = 0.15  # the requirement: puts/s must not drop more than 15% with TLS on
+Row = tuple[str, str, str]
 
 
 def pct(values: list[float], p: float) -> float:
@@ -45,11 +70,22 @@ def sequential(client: Client, seconds: float) -> tuple[float, list[float]]:
     return len(lat) / sum(lat), lat
 
 
+def async_client(cluster: LocalCluster) -> AsyncClient:
+    """An AsyncClient of `cluster` with its TLS CA and admin credentials, if any
+    (call it inside the event loop that will use it)."""
+    creds = cluster.credentials_path
+    return AsyncClient(
+        [s.client for s in cluster.specs.values()],
+        tls_ca=None if cluster.tls_ca is None else str(cluster.tls_ca),
+        credentials=None if creds is None else load_credentials(creds),
+    )
+
+
 async def concurrent(
-    servers: list[str], inflight: int, seconds: float
+    cluster: LocalCluster, inflight: int, seconds: float
 ) -> tuple[float, list[float]]:
     lat: list[float] = []
-    async with AsyncClient(servers) as client:
+    async with async_client(cluster) as client:
         end = time.perf_counter() + seconds
 
         async def worker() -> None:
@@ -64,11 +100,11 @@ async def concurrent(
 
 
 async def batched(
-    servers: list[str], batch: int, inflight: int, seconds: float
+    cluster: LocalCluster, batch: int, inflight: int, seconds: float
 ) -> tuple[float, list[float]]:
     lat: list[float] = []
     specs = [MessageSpec("bench", BODY) for _ in range(batch)]
-    async with AsyncClient(servers) as client:
+    async with async_client(cluster) as client:
         end = time.perf_counter() + seconds
         count = 0
 
@@ -158,76 +194,190 @@ def leader_changes(cluster: LocalCluster, seconds: float) -> int:
     return max(0, len(seen) - 1)
 
 
+def throughput(name: str, runs: list[tuple[float, list[float]]]) -> dict[str, float]:
+    """Rate, p50 and p99 (ms) of a workload: the median of each over the repetitions."""
+    return {
+        f"{name}_msgs_per_s": statistics.median(rate for rate, _ in runs),
+        f"{name}_p50_ms": statistics.median(pct(lat, 0.5) for _, lat in runs) * 1e3,
+        f"{name}_p99_ms": statistics.median(pct(lat, 0.99) for _, lat in runs) * 1e3,
+    }
+
+
+def spread(runs: list[tuple[float, list[float]]]) -> str:
+    """The repetitions' rates, when there is more than one."""
+    return f" [runs: {', '.join(f'{r:,.0f}' for r, _ in runs)}]" if len(runs) > 1 else ""
+
+
+Runs = dict[str, list[tuple[float, list[float]]]]  # workload -> (rate, latencies) per run
+
+
+@contextlib.contextmanager
+def fresh_cluster(*, secure: bool) -> Iterator[LocalCluster]:
+    """A new 3-node cluster, up; with TLS on both ports and an ACL if `secure`."""
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LocalCluster(Path(tmp), extra_config=CONFIG, tls=secure, acl=secure) as cl,
+    ):
+        cl.up()
+        yield cl
+
+
+def throughput_round(cl: LocalCluster, seconds: float, runs: Runs) -> None:
+    """One run of each throughput workload, (a) then (b) then (c)."""
+    with cl.client() as client:
+        runs.setdefault("seq", []).append(sequential(client, seconds))
+    runs.setdefault("inflight32", []).append(asyncio.run(concurrent(cl, 32, seconds)))
+    runs.setdefault("batch256x4", []).append(asyncio.run(batched(cl, 256, 4, seconds)))
+
+
+def results(
+    cl: LocalCluster, args: argparse.Namespace, runs: Runs
+) -> tuple[list[Row], dict[str, float]]:
+    """Rows and metrics of the throughput `runs` (medians), then failover and steady
+    load measured now on `cl`."""
+    rows: list[Row] = []
+    m: dict[str, float] = {}
+    m |= throughput("seq", runs["seq"])
+    rows.append(
+        (
+            "(a) 1 sequential client",
+            f"{m['seq_msgs_per_s']:,.0f} msgs/s",
+            f"p50 {m['seq_p50_ms']:.2f} ms, p99 {m['seq_p99_ms']:.2f} ms"
+            " (target 1,000/s, p50 < 1 ms)" + spread(runs["seq"]),
+        )
+    )
+    m |= throughput("inflight32", runs["inflight32"])
+    rows.append(
+        (
+            "(b) 32 in-flight puts",
+            f"{m['inflight32_msgs_per_s']:,.0f} msgs/s",
+            f"p50 {m['inflight32_p50_ms']:.2f} ms, p99 {m['inflight32_p99_ms']:.2f} ms"
+            " (target 10,000/s)" + spread(runs["inflight32"]),
+        )
+    )
+    m |= throughput("batch256x4", runs["batch256x4"])
+    rows.append(
+        (
+            "(c) PutBatch 256 x 4 in flight",
+            f"{m['batch256x4_msgs_per_s']:,.0f} msgs/s",
+            f"p50 {m['batch256x4_p50_ms']:.1f} ms per batch (target 50,000/s)"
+            + spread(runs["batch256x4"]),
+        )
+    )
+    trials = [failover_trial(cl) for _ in range(args.trials)]
+    m |= {"failover_median_s": statistics.median(trials), "failover_max_s": max(trials)}
+    rows.append(
+        (
+            "(d) failover, kill -9 leader",
+            f"median {m['failover_median_s']:.2f} s",
+            f"max {m['failover_max_s']:.2f} s over {len(trials)} trials: "
+            + ", ".join(f"{t:.2f}" for t in trials)
+            + " (target median < 1 s, all < 2 s)",
+        )
+    )
+    changes = leader_changes(cl, args.steady_s)
+    m["spurious_leader_changes"] = changes
+    rows.append(
+        (f"    steady load {args.steady_s:.0f} s", f"{changes} leader changes", "(target 0)")
+    )
+    return rows, m
+
+
+def compare(plain: dict[str, float], tls: dict[str, float]) -> tuple[list[Row], dict[str, float]]:
+    """Rows plain vs TLS and the metrics of cluster_tls.json: the plain figures, the
+    TLS ones suffixed `_tls`, and `<metric>_tls_ratio` (TLS/plain) per throughput."""
+    m = dict(plain) | {f"{k}_tls": v for k, v in tls.items()}
+    rows: list[Row] = []
+    for name, label in THROUGHPUT.items():
+        key = f"{name}_msgs_per_s"
+        ratio = tls[key] / plain[key]
+        m[f"{key}_tls_ratio"] = ratio
+        verdict = "ok" if ratio >= 1 - MAX_TLS_DROP else f"FAILS (> {MAX_TLS_DROP:.0%} drop)"
+        rows.append(
+            (
+                f"{label}, msgs/s",
+                f"{plain[key]:,.0f} -> {tls[key]:,.0f}",
+                f"TLS/plain {ratio:.3f} ({ratio - 1:+.1%}): {verdict}",
+            )
+        )
+        for p in ("p50", "p99"):
+            lat = f"{name}_{p}_ms"
+            rows.append(
+                (
+                    f"    {p} latency, ms",
+                    f"{plain[lat]:.2f} -> {tls[lat]:.2f}",
+                    f"TLS/plain {tls[lat] / plain[lat]:.2f}",
+                )
+            )
+    rows.append(
+        (
+            "(d) failover median / max, s",
+            f"{plain['failover_median_s']:.2f}/{plain['failover_max_s']:.2f} -> "
+            f"{tls['failover_median_s']:.2f}/{tls['failover_max_s']:.2f}",
+            "(target median < 1 s, all < 2 s)",
+        )
+    )
+    rows.append(
+        (
+            "    spurious leader changes",
+            f"{plain['spurious_leader_changes']:.0f} -> {tls['spurious_leader_changes']:.0f}",
+            "(target 0)",
+        )
+    )
+    return rows, m
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=5.0, help="per throughput phase")
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--steady-s", type=float, default=60.0)
+    ap.add_argument(
+        "--tls",
+        action="store_true",
+        help="also run everything on a TLS + ACL cluster; write cluster_tls.json too",
+    )
+    ap.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help="repetitions of each throughput workload, medians reported (default 1, 3 with --tls)",
+    )
     args = ap.parse_args()
-    rows: list[tuple[str, str, str]] = []
-    m: dict[str, float] = {}
-    with tempfile.TemporaryDirectory() as tmp, LocalCluster(Path(tmp), extra_config=CONFIG) as cl:
-        cl.up()
-        servers = [s.client for s in cl.specs.values()]
-        with cl.client() as client:
-            rate, lat = sequential(client, args.seconds)
-        m |= {
-            "seq_msgs_per_s": rate,
-            "seq_p50_ms": pct(lat, 0.5) * 1e3,
-            "seq_p99_ms": pct(lat, 0.99) * 1e3,
-        }
-        rows.append(
-            (
-                "(a) 1 sequential client",
-                f"{rate:,.0f} msgs/s",
-                f"p50 {m['seq_p50_ms']:.2f} ms, p99 {m['seq_p99_ms']:.2f} ms"
-                " (target 1,000/s, p50 < 1 ms)",
-            )
-        )
-        rate, lat = asyncio.run(concurrent(servers, 32, args.seconds))
-        m |= {
-            "inflight32_msgs_per_s": rate,
-            "inflight32_p50_ms": pct(lat, 0.5) * 1e3,
-            "inflight32_p99_ms": pct(lat, 0.99) * 1e3,
-        }
-        rows.append(
-            (
-                "(b) 32 in-flight puts",
-                f"{rate:,.0f} msgs/s",
-                f"p50 {m['inflight32_p50_ms']:.2f} ms, p99 {m['inflight32_p99_ms']:.2f} ms"
-                " (target 10,000/s)",
-            )
-        )
-        rate, lat = asyncio.run(batched(servers, 256, 4, args.seconds))
-        m |= {
-            "batch256x4_msgs_per_s": rate,
-            "batch256x4_p50_ms": pct(lat, 0.5) * 1e3,
-            "batch256x4_p99_ms": pct(lat, 0.99) * 1e3,
-        }
-        rows.append(
-            (
-                "(c) PutBatch 256 x 4 in flight",
-                f"{rate:,.0f} msgs/s",
-                f"p50 {m['batch256x4_p50_ms']:.1f} ms per batch (target 50,000/s)",
-            )
-        )
-        trials = [failover_trial(cl) for _ in range(args.trials)]
-        m |= {"failover_median_s": statistics.median(trials), "failover_max_s": max(trials)}
-        rows.append(
-            (
-                "(d) failover, kill -9 leader",
-                f"median {m['failover_median_s']:.2f} s",
-                f"max {m['failover_max_s']:.2f} s over {len(trials)} trials: "
-                + ", ".join(f"{t:.2f}" for t in trials)
-                + " (target median < 1 s, all < 2 s)",
-            )
-        )
-        changes = leader_changes(cl, args.steady_s)
-        m["spurious_leader_changes"] = changes
-        rows.append(
-            (f"    steady load {args.steady_s:.0f} s", f"{changes} leader changes", "(target 0)")
-        )
-    report("cluster", rows, m)  # fmt: skip
+    reps = args.reps if args.reps is not None else (3 if args.tls else 1)
+    if reps < 1:
+        ap.error("--reps must be at least 1")
+    if not args.tls:
+        runs: Runs = {}
+        with fresh_cluster(secure=False) as cl:
+            for _ in range(reps):
+                throughput_round(cl, args.seconds, runs)
+            rows, m = results(cl, args, runs)
+        report("cluster", rows, m)
+        return
+    # Both clusters up at once and their runs interleaved, the order alternating:
+    # on 2 noisy cores, a drift over minutes must not fall on one side only.
+    plain_runs: Runs = {}
+    tls_runs: Runs = {}
+    with fresh_cluster(secure=False) as plain, fresh_cluster(secure=True) as tls:
+        for rep in range(reps):
+            pairs = [(plain, plain_runs), (tls, tls_runs)]
+            for cl, runs in pairs if rep % 2 == 0 else pairs[::-1]:
+                throughput_round(cl, args.seconds, runs)
+        rows, m = results(plain, args, plain_runs)
+        tls_rows, tls_m = results(tls, args, tls_runs)
+    # cluster.json stays the plain run's alone: these figures share the machine with
+    # a second cluster, so they go to cluster_tls.json only (unsuffixed there).
+    both_rows, both = compare(m, tls_m)
+    head = f"median of {reps} run{'s' if reps > 1 else ''}"
+    report(
+        "cluster_tls",
+        [("plain cluster", head, ""), *rows, ("", "", ""),
+         ("TLS + ACL cluster", head, ""), *tls_rows, ("", "", ""),
+         ("TLS/plain", "plain -> TLS", f"requirement: puts/s drop <= {MAX_TLS_DROP:.0%}"),
+         *both_rows],
+        both,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
