@@ -16,9 +16,18 @@ import asyncio
 import dataclasses
 import json
 import random
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -33,6 +42,7 @@ from proto import dledger_pb2_grpc as pb_grpc
 from .acl import sign
 from .commitlog import PutResult as PutResult  # one result type for server and clients
 from .config import MAX_MESSAGE_BYTES_LIMIT
+from .put_pipe import PipeFailure, PutPipe
 
 R = TypeVar("R")
 
@@ -327,6 +337,14 @@ _RETRIED = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", 
 _CONNECT_FAILURES = ("failed to connect", "connection refused", "dns resolution failed")
 
 
+class _FailedAttempt(Exception):
+    """An attempt that failed outside a unary call (a framed put)."""
+
+    def __init__(self, failure: _Failure) -> None:
+        super().__init__(failure.details)
+        self.failure = failure
+
+
 class _Failure:
     """One failed attempt, read off a grpc.RpcError (sync and aio ones alike)."""
 
@@ -506,6 +524,7 @@ class _Op(Generic[R]):
     uniq_keys: tuple[str, ...] = ()
     floor_s: float = 0.0  # an attempt may take this long however short attempt_timeout_s is
     forgets_leader: bool = False
+    framed: bool = False  # a single put: sent through the server's PutFrames stream
 
 
 def _now_ms() -> int:
@@ -539,10 +558,13 @@ class _Base:
         seed: int | None = None,
         tls_ca: str | bytes | None = None,
         credentials: tuple[str, str] | None = None,
+        framed: bool = True,
     ) -> None:
         """`tls_ca`: the CA (PEM path or bytes) that signed the servers' certificates:
         the client then speaks TLS. `credentials`: (access key, secret key) to sign
-        every call with, for a cluster with an ACL."""
+        every call with, for a cluster with an ACL. `framed`: single puts travel over
+        one PutFrames stream per server, concurrent ones coalesced into frames (False:
+        one unary Put each, as servers before PutFrames need)."""
         if isinstance(servers, str):
             servers = servers.split(",")
         if timeout_s <= 0 or max_retries < 0 or backoff_base_s < 0:
@@ -560,6 +582,35 @@ class _Base:
             tls_ca = Path(tls_ca).read_bytes()
         self.access = Access(tls_ca, credentials)
         self._metadata = self.access.metadata
+        self.framed = framed
+        self._pipes: dict[str, PutPipe] = {}
+
+    def _aio_stub(self, address: str) -> Any:
+        """An asyncio stub for `address` (call inside the loop the pipes run in)."""
+        raise NotImplementedError
+
+    async def _framed_put(self, address: str, message: pb.MessageData, timeout_s: float) -> Any:
+        """One put through `address`'s PutFrames stream (coalesced with concurrent ones):
+        a PutResponse, or _FailedAttempt."""
+        pipe = self._pipes.get(address)
+        if pipe is None or pipe.broken is not None:
+            pipe = self._pipes[address] = PutPipe(
+                self._aio_stub(address), cluster=self.cluster,
+                metadata=lambda: self._metadata("PutFrames"),
+            )  # fmt: skip
+        try:
+            async with asyncio.timeout(timeout_s):
+                result = await pipe.put(message)
+        except PipeFailure as exc:
+            raise _FailedAttempt(_Failure(exc.code, exc.details, exc.leader)) from None
+        except TimeoutError:
+            raise _FailedAttempt(_Failure("DEADLINE_EXCEEDED", "no answer in time")) from None
+        return pb.PutResponse(result=result)
+
+    async def _close_pipes(self) -> None:
+        pipes, self._pipes = list(self._pipes.values()), {}
+        for pipe in pipes:
+            await pipe.close()
 
     @classmethod
     def from_cluster_file(cls, path: str | Path, **kwargs: Any) -> Self:
@@ -600,7 +651,8 @@ class _Base:
     def _op_put(self, spec: MessageSpec) -> _Op[PutResult]:
         msg = spec.to_pb(_now_ms())
         request = pb.PutRequest(message=msg, cluster=self.cluster)
-        return _Op("put", "Put", request, lambda r: put_result(r.result), True, (msg.uniq_key,))
+        return _Op("put", "Put", request, lambda r: put_result(r.result), True, (msg.uniq_key,),
+                   framed=self.framed)  # fmt: skip
 
     def _op_batch(self, specs: Sequence[MessageSpec]) -> _Op[list[PutResult]]:
         now = _now_ms()
@@ -709,12 +761,47 @@ class _Base:
         )
 
 
+class _LoopThread:
+    """An event loop in a daemon thread: the blocking client's framed puts run there."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="dledger-puts",
+                                        daemon=True)  # fmt: skip
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, R]) -> R:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
 class Client(_Base):
     """Blocking client: one gRPC channel per server, reused across calls."""
 
     def __init__(self, servers: Sequence[str] | str, **kwargs: Any) -> None:
         super().__init__(servers, **kwargs)
         self._channels: dict[str, grpc.Channel] = {}
+        self._aio_channels: dict[str, grpc.aio.Channel] = {}
+        self._aio_stubs: dict[str, Any] = {}
+        self._loop: _LoopThread | None = None  # the framed puts' event loop
+        self._loop_lock = threading.Lock()  # puts from several threads start one loop
+
+    def _framing_loop(self) -> _LoopThread:
+        with self._loop_lock:
+            if self._loop is None:
+                self._loop = _LoopThread()
+            return self._loop
+
+    def _aio_stub(self, address: str) -> Any:
+        if address not in self._aio_stubs:
+            channel = self.access.aio_channel(address, _CHANNEL_OPTIONS)
+            self._aio_channels[address] = channel
+            self._aio_stubs[address] = pb_grpc.DLedgerClientStub(channel)
+        return self._aio_stubs[address]
 
     def _stub(self, address: str) -> Any:
         if address not in self._stubs:
@@ -730,11 +817,18 @@ class Client(_Base):
                 self._discover(attempts)
             address = attempts.next_address()
             try:
-                call = getattr(self._stub(address), op.method)
-                resp = call(op.request, timeout=attempts.timeout(op.floor_s),
-                            metadata=self._metadata(op.method))  # fmt: skip
+                if op.framed:
+                    coro = self._framed_put(address, op.request.message, attempts.timeout())
+                    resp = self._framing_loop().run(coro)
+                else:
+                    call = getattr(self._stub(address), op.method)
+                    resp = call(op.request, timeout=attempts.timeout(op.floor_s),
+                                metadata=self._metadata(op.method))  # fmt: skip
             except grpc.RpcError as exc:
                 time.sleep(attempts.failed(address, _Failure.of(exc)))
+                continue
+            except _FailedAttempt as exc:
+                time.sleep(attempts.failed(address, exc.failure))
                 continue
             if op.forgets_leader:
                 self._router.leader = None
@@ -860,6 +954,18 @@ class Client(_Base):
             channel.close()
         self._channels.clear()
         self._stubs.clear()
+        with self._loop_lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.run(self._close_aio())
+            loop.close()
+
+    async def _close_aio(self) -> None:
+        await self._close_pipes()
+        for channel in self._aio_channels.values():
+            await channel.close()
+        self._aio_channels.clear()
+        self._aio_stubs.clear()
 
     def __enter__(self) -> Self:
         return self
@@ -891,11 +997,18 @@ class AsyncClient(_Base):
                 await self._discover(attempts)
             address = attempts.next_address()
             try:
-                call = getattr(self._stub(address), op.method)
-                resp = await call(op.request, timeout=attempts.timeout(op.floor_s),
-                                  metadata=self._metadata(op.method))  # fmt: skip
+                if op.framed:
+                    timeout = attempts.timeout()
+                    resp = await self._framed_put(address, op.request.message, timeout)
+                else:
+                    call = getattr(self._stub(address), op.method)
+                    resp = await call(op.request, timeout=attempts.timeout(op.floor_s),
+                                      metadata=self._metadata(op.method))  # fmt: skip
             except grpc.RpcError as exc:
                 await asyncio.sleep(attempts.failed(address, _Failure.of(exc)))
+                continue
+            except _FailedAttempt as exc:
+                await asyncio.sleep(attempts.failed(address, exc.failure))
                 continue
             if op.forgets_leader:
                 self._router.leader = None
@@ -993,7 +1106,11 @@ class AsyncClient(_Base):
 
         return list(await asyncio.gather(*(one(s) for s in self.servers)))
 
+    def _aio_stub(self, address: str) -> Any:
+        return self._stub(address)
+
     async def close(self) -> None:
+        await self._close_pipes()
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()

@@ -61,6 +61,7 @@ from .transport import GRPC_OPTIONS, PeerService, open_channel
 log = logging.getLogger(__name__)
 
 _FORWARDED = "dledger-forwarded"
+_FRAMES_IN_FLIGHT = 64  # per PutFrames stream: more wait for the client's next read
 _FORWARDABLE = frozenset({"PutBatch", "CommitOffset"})  # what a follower sends its leader
 _ON_BEHALF = "dledger-on-behalf-of"  # a forwarded call: the access key the peer authenticated
 _LEADER = "dledger-leader"
@@ -201,23 +202,31 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         account: Account | None,
     ) -> list[PutResult] | None:
         """Put locally, or forward to the leader; None if the context was aborted."""
+        try:
+            return await self._commit(specs, self._timeout(context))
+        except NotLeader as exc:
+            return await self._forward(exc, context, forward, account)
+        except _Refused as exc:
+            await context.abort(exc.code, exc.message)
+        return None
+
+    async def _commit(self, specs: Sequence[PutSpec], timeout_s: float) -> list[PutResult]:
+        """Put as the leader: the results; NotLeader, or _Refused with the status to say."""
         node = self.node
         started = time.perf_counter()
         if node.retention.refusal is not None:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, node.retention.refusal)
+            raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, node.retention.refusal)
         try:
-            results = await node.commitlog.put(specs, self._timeout(context))
-        except NotLeader as exc:
-            return await self._forward(exc, context, forward, account)
+            results = await node.commitlog.put(specs, timeout_s)
         except Overloaded as exc:
             node.metrics.puts.labels("overloaded").inc(len(specs))
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from None
         except OutcomeUnknown as exc:
             node.metrics.puts.labels("unknown").inc(len(specs))
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+            raise _Refused(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from None
         except PutFailed as exc:
             node.metrics.puts.labels("failed").inc(len(specs))
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            raise _Refused(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
         node.metrics.puts.labels("ok").inc(len(specs))
         node.metrics.put_latency.observe(time.perf_counter() - started)
         return results
@@ -334,6 +343,85 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                 yield await task
         finally:
             feeder.cancel()
+
+    async def PutFrames(
+        self, request_iterator: AsyncIterator[pb.PutFrame], context: _Context
+    ) -> AsyncIterator[pb.PutFrameResult]:
+        """Frames of puts (the clients' coalesced puts), many in flight; each message
+        succeeds or fails on its own; frames are answered as they commit."""
+        account = await self._caller(context, "PutFrames")  # once: a stream outlives it
+        answers: asyncio.Queue[pb.PutFrameResult | None] = asyncio.Queue()
+        window = asyncio.Semaphore(_FRAMES_IN_FLIGHT)
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def one(frame: pb.PutFrame) -> None:
+            try:
+                answers.put_nowait(await self._frame(frame, context, account))
+            finally:
+                window.release()
+
+        async def feed() -> None:
+            async for frame in request_iterator:
+                await window.acquire()
+                task = asyncio.ensure_future(one(frame))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.wait(set(tasks))
+
+        feeder = asyncio.ensure_future(feed())
+        feeder.add_done_callback(lambda _: answers.put_nowait(None))
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+        finally:
+            feeder.cancel()
+            for task in list(tasks):
+                task.cancel()
+
+    async def _frame(
+        self, frame: pb.PutFrame, context: _Context, account: Account | None
+    ) -> pb.PutFrameResult:
+        """One frame: every message checked on its own, the good ones put as one batch."""
+        outcomes = [pb.PutOutcome() for _ in frame.messages]
+        wrong = self._check_cluster(frame.cluster)
+        specs: list[PutSpec] = []
+        at: list[int] = []
+        for i, m in enumerate(frame.messages):
+            try:
+                if wrong:
+                    raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, wrong)
+                if account is not None:
+                    require_topics(account, [m.topic], Perm.PUB)
+                specs.append(self._spec(m))
+                at.append(i)
+            except AuthError as exc:
+                self.node.metrics.auth_failures.labels(exc.status.name.lower()).inc()
+                _refuse(outcomes[i], exc.status, exc.message)
+            except InvalidMessage as exc:
+                _refuse(outcomes[i], grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            except _Refused as exc:
+                _refuse(outcomes[i], exc.code, exc.message)
+        reply = pb.PutFrameResult(seq=frame.seq)
+        if specs:
+            try:
+                results = await self._commit(specs, self._timeout(context))
+                for i, r in zip(at, results, strict=True):
+                    outcomes[i].result.CopyFrom(_result_pb(r))
+            except NotLeader:
+                leader = self.node.leader_client_address()
+                code = (
+                    grpc.StatusCode.FAILED_PRECONDITION if leader else grpc.StatusCode.UNAVAILABLE
+                )
+                why = f"not the leader; the leader is at {leader}" if leader else "no leader"
+                reply.leader = leader or ""
+                for i in at:
+                    _refuse(outcomes[i], code, why)
+            except _Refused as exc:
+                for i in at:
+                    _refuse(outcomes[i], exc.code, exc.message)
+        reply.outcomes.extend(outcomes)
+        return reply
 
     async def Get(self, request: pb.GetRequest, context: _Context) -> pb.GetResponse:
         which = request.WhichOneof("key")
@@ -604,6 +692,20 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             committed_offset=cl.committed_pos,
             min_offset=cl.min_offset,
         )
+
+
+class _Refused(Exception):
+    """A put this node refuses, with the status that says why."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _refuse(outcome: pb.PutOutcome, code: grpc.StatusCode, message: str) -> None:
+    outcome.code = code.value[0]
+    outcome.error = message
 
 
 def _forward_scope(method: str, access_key: str) -> str:

@@ -82,6 +82,36 @@ class PutBatchResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[PutResult]
     def __init__(self, results: _Optional[_Iterable[_Union[PutResult, _Mapping]]] = ...) -> None: ...
 
+class PutFrame(_message.Message):
+    __slots__ = ("seq", "messages", "cluster")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    messages: _containers.RepeatedCompositeFieldContainer[MessageData]
+    cluster: str
+    def __init__(self, seq: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[MessageData, _Mapping]]] = ..., cluster: _Optional[str] = ...) -> None: ...
+
+class PutOutcome(_message.Message):
+    __slots__ = ("result", "code", "error")
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    result: PutResult
+    code: int
+    error: str
+    def __init__(self, result: _Optional[_Union[PutResult, _Mapping]] = ..., code: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class PutFrameResult(_message.Message):
+    __slots__ = ("seq", "outcomes", "leader")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    outcomes: _containers.RepeatedCompositeFieldContainer[PutOutcome]
+    leader: str
+    def __init__(self, seq: _Optional[int] = ..., outcomes: _Optional[_Iterable[_Union[PutOutcome, _Mapping]]] = ..., leader: _Optional[str] = ...) -> None: ...
+
 class GetRequest(_message.Message):
     __slots__ = ("msg_id", "commitlog_offset", "linearizable")
     MSG_ID_FIELD_NUMBER: _ClassVar[int]

@@ -49,6 +49,11 @@ class DLedgerClientStub:
                 request_serializer=proto_dot_dledger__pb2.PutRequest.SerializeToString,
                 response_deserializer=proto_dot_dledger__pb2.PutResponse.FromString,
                 _registered_method=True)
+        self.PutFrames = channel.stream_stream(
+                '/dledger.v1.DLedgerClient/PutFrames',
+                request_serializer=proto_dot_dledger__pb2.PutFrame.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.PutFrameResult.FromString,
+                _registered_method=True)
         self.Get = channel.unary_unary(
                 '/dledger.v1.DLedgerClient/Get',
                 request_serializer=proto_dot_dledger__pb2.GetRequest.SerializeToString,
@@ -117,6 +122,12 @@ class DLedgerClientServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PutStream(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutFrames(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -199,6 +210,11 @@ def add_DLedgerClientServicer_to_server(servicer, server):
                     servicer.PutStream,
                     request_deserializer=proto_dot_dledger__pb2.PutRequest.FromString,
                     response_serializer=proto_dot_dledger__pb2.PutResponse.SerializeToString,
+            ),
+            'PutFrames': grpc.stream_stream_rpc_method_handler(
+                    servicer.PutFrames,
+                    request_deserializer=proto_dot_dledger__pb2.PutFrame.FromString,
+                    response_serializer=proto_dot_dledger__pb2.PutFrameResult.SerializeToString,
             ),
             'Get': grpc.unary_unary_rpc_method_handler(
                     servicer.Get,
@@ -332,6 +348,33 @@ class DLedgerClient:
             '/dledger.v1.DLedgerClient/PutStream',
             proto_dot_dledger__pb2.PutRequest.SerializeToString,
             proto_dot_dledger__pb2.PutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutFrames(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/dledger.v1.DLedgerClient/PutFrames',
+            proto_dot_dledger__pb2.PutFrame.SerializeToString,
+            proto_dot_dledger__pb2.PutFrameResult.FromString,
             options,
             channel_credentials,
             insecure,

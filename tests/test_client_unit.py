@@ -50,26 +50,54 @@ class FakeNode(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         self.cluster = "dledger"
         self.errors: dict[str, Script] = {}
         self.puts: list[pb.PutRequest] = []
+        self.frames = 0
 
     def lead(self, term: int = 1) -> None:
         self.role, self.leader_id, self.leader_address = "leader", self.node_id, self.address
         self.term = term
 
-    def _fail(self, method: str, context: Any) -> None:
+    def _next(self, method: str) -> tuple[grpc.StatusCode, str, str | None] | None:
+        """The scripted failure of this call of `method` (None: it succeeds)."""
         script = self.errors.get(method)
         if script:
             code, details, hint = script.pop(0) if len(script) > 1 else script[0]
-            if code == grpc.StatusCode.OK:
-                return
+            if code != grpc.StatusCode.OK:
+                return code, details, hint
+        return None
+
+    def _fail(self, method: str, context: Any) -> None:
+        failure = self._next(method)
+        if failure is not None:
+            code, details, hint = failure
             if hint is not None:
                 context.set_trailing_metadata((("dledger-leader", hint),))
             context.abort(code, details)
 
+    def _put_result(self) -> pb.PutResult:
+        return pb.PutResult(msg_id=f"ID{len(self.puts)}", commitlog_offset=100, queue_id=1)
+
     def Put(self, request: pb.PutRequest, context: Any) -> pb.PutResponse:
         self.puts.append(request)
         self._fail("Put", context)
-        result = pb.PutResult(msg_id=f"ID{len(self.puts)}", commitlog_offset=100, queue_id=1)
-        return pb.PutResponse(result=result)
+        return pb.PutResponse(result=self._put_result())
+
+    def PutFrames(self, frames: Iterator[pb.PutFrame], context: Any) -> Iterator[pb.PutFrameResult]:
+        """Single puts as a real server answers them in frames: the "Put" script per message."""
+        for frame in frames:
+            self.frames += 1
+            reply = pb.PutFrameResult(seq=frame.seq)
+            for m in frame.messages:
+                self.puts.append(pb.PutRequest(message=m))
+                failure = self._next("Put")
+                if failure is None:
+                    reply.outcomes.add(result=self._put_result())
+                    continue
+                code, details, hint = failure
+                if code == FAILED and hint == "":  # knows no leader: the server says so
+                    code = grpc.StatusCode.UNAVAILABLE
+                reply.outcomes.add(code=code.value[0], error=details)
+                reply.leader = hint or ""
+            yield reply
 
     def PutBatch(self, request: pb.PutBatchRequest, context: Any) -> pb.PutBatchResponse:
         self.puts.extend(pb.PutRequest(message=m) for m in request.messages)
@@ -117,8 +145,20 @@ def nodes() -> Iterator[list[FakeNode]]:
         server.stop(None)
 
 
+_FRAMED = [True]  # how the tests' clients send single puts (see the `framing` fixture)
+
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["framed", "unary"])
+def framing(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test twice: single puts through PutFrames, and as unary Put calls."""
+    _FRAMED[0] = request.param
+    yield
+    _FRAMED[0] = True
+
+
 def client(addresses: list[str], **kw: Any) -> Client:
     kw.setdefault("timeout_s", 5.0)
+    kw.setdefault("framed", _FRAMED[0])
     return Client(addresses, backoff_base_s=0.001, backoff_max_s=0.01, seed=1, **kw)
 
 
@@ -242,7 +282,7 @@ def test_async_client_follows_hints_and_retries(nodes: list[FakeNode]) -> None:
     n2.lead(term=2)
 
     async def puts() -> list[str]:
-        async with AsyncClient([n1.address], backoff_base_s=0.001) as c:
+        async with AsyncClient([n1.address], backoff_base_s=0.001, framed=_FRAMED[0]) as c:
             r = await c.put("t", "a", properties={"p": "q"})
             statuses = await c.status_all()
             assert {s.node_id for s in statuses if isinstance(s, NodeStatus)} == {1, 2}
@@ -306,3 +346,28 @@ def test_message_spec_validation_and_get_arguments(tmp_path: Path) -> None:
         Client.from_cluster_file(tmp_path / "missing.json")
     with pytest.raises(ValueError, match="at least one server"):
         Client([])
+
+
+def test_concurrent_framed_puts_share_frames_and_each_gets_its_own_result(
+    nodes: list[FakeNode],
+) -> None:
+    n1 = nodes[0]
+    n1.lead()
+    n1.errors["Put"] = [(grpc.StatusCode.OK, "", None)] * 7 + [
+        (grpc.StatusCode.INVALID_ARGUMENT, "bad one", None),
+        (grpc.StatusCode.OK, "", None),
+    ]
+
+    async def puts() -> list[str | Exception]:
+        async with AsyncClient([n1.address], framed=True) as c:
+            results = await asyncio.gather(
+                *(c.put("t", f"m{i}") for i in range(40)), return_exceptions=True
+            )
+        return [r if isinstance(r, BaseException) else r.msg_id for r in results]  # type: ignore[misc]
+
+    got = asyncio.run(puts())
+    failed = [r for r in got if isinstance(r, Exception)]
+    assert len(failed) == 1 and isinstance(failed[0], InvalidArgument), got  # alone
+    assert len({r for r in got if isinstance(r, str)}) == 39
+    assert len(n1.puts) == 40  # each sent once: the bad one is not retried
+    assert n1.frames < 40, "concurrent puts were coalesced into fewer frames"

@@ -1,0 +1,140 @@
+"""PutFrames on a real cluster: frames of coalesced puts, each message on its own.
+
+The server side is driven with raw frames (what a client's PutPipe sends); the
+clients' side through `Client`/`AsyncClient`, whose single puts use it by default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+import grpc
+import pytest
+
+from dledger_commitlog.acl import sign
+from dledger_commitlog.client import AsyncClient, Client, PutResult
+from dledger_commitlog.cluster import LocalCluster
+from proto import dledger_pb2 as pb
+
+from .conftest import get_at, node_stubs, wait_converged
+
+pytestmark = pytest.mark.slow
+OK = 0
+
+
+def frames(stub: object, *batches: list[pb.MessageData], cluster: str = "",
+           metadata: object = None) -> list[pb.PutFrameResult]:  # fmt: skip
+    """Send each batch as one frame on one stream; the answers, by frame."""
+    requests = [pb.PutFrame(seq=i + 1, messages=b, cluster=cluster) for i, b in enumerate(batches)]
+    answers = list(stub.PutFrames(iter(requests), timeout=10.0, metadata=metadata))  # type: ignore[attr-defined]
+    return sorted(answers, key=lambda a: a.seq)
+
+
+def msg(topic: str, body: bytes, key: str) -> pb.MessageData:
+    return pb.MessageData(topic=topic, body=body, uniq_key=key)
+
+
+def test_each_message_of_a_frame_succeeds_or_fails_on_its_own(cluster: LocalCluster) -> None:
+    leader = cluster.wait_for_leader()
+    with node_stubs(cluster) as stubs:
+        good = [
+            msg("frames", b"a", "F-A"),
+            msg("bad topic!", b"x", "F-X"),
+            msg("frames", b"b", "F-B"),
+        ]
+        (answer,) = frames(stubs[leader], good)
+        codes = [o.code for o in answer.outcomes]
+        assert codes == [OK, grpc.StatusCode.INVALID_ARGUMENT.value[0], OK]
+        assert "bad topic!" in answer.outcomes[1].error
+        a, b = answer.outcomes[0].result, answer.outcomes[2].result
+        assert b.commitlog_offset > a.commitlog_offset
+        # The same uniq keys again: answered from the idempotency window, stored once.
+        (again,) = frames(stubs[leader], [msg("frames", b"a", "F-A")])
+        assert again.outcomes[0].result.duplicate
+        assert again.outcomes[0].result.commitlog_offset == a.commitlog_offset
+        wrong = frames(stubs[leader], [msg("frames", b"c", "F-C")], cluster="other")
+        assert wrong[0].outcomes[0].code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+        assert not wrong[0].leader  # a wrong cluster, not a redirect
+        # A follower points at the leader; nothing is stored there.
+        follower = next(i for i in cluster.specs if i != leader)
+        (redirect,) = frames(stubs[follower], [msg("frames", b"d", "F-D")])
+        assert redirect.outcomes[0].code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+        assert redirect.leader == cluster.specs[leader].client
+        for stub in stubs.values():
+            assert get_at(stub, b.commitlog_offset).body == b"b"
+
+
+def test_many_frames_in_flight_on_one_stream(cluster: LocalCluster) -> None:
+    leader = cluster.wait_for_leader()
+    with node_stubs(cluster) as stubs:
+        batches = [[msg("frames", b"%d-%d" % (f, i), f"M-{f}-{i}") for i in range(8)]
+                   for f in range(50)]  # fmt: skip
+        answers = frames(stubs[leader], *batches)
+    assert [a.seq for a in answers] == list(range(1, 51))
+    offsets = [o.result.commitlog_offset for a in answers for o in a.outcomes]
+    assert all(o.code == OK for a in answers for o in a.outcomes)
+    assert len(set(offsets)) == 400
+
+
+def test_clients_coalesce_concurrent_puts_and_survive_a_leader_change(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    cluster = make_cluster("frames")
+    servers = [s.client for s in cluster]
+
+    async def async_puts() -> list[PutResult]:
+        async with AsyncClient(servers, timeout_s=20.0) as c:
+            return await asyncio.gather(*(c.put("co", b"a%d" % i) for i in range(200)))
+
+    first = asyncio.run(async_puts())
+    assert len({r.commitlog_offset for r in first}) == 200
+    # Blocking client from threads, with the leader moved away midway.
+    got: list[PutResult] = []
+    errors: list[BaseException] = []
+    with Client(servers, timeout_s=20.0) as c:
+
+        def worker(k: int) -> None:
+            try:
+                for i in range(30):
+                    got.append(c.put("co", b"t%d-%d" % (k, i)))
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        leader = cluster.wait_for_leader()
+        c.transfer_leadership(next(i for i in cluster.specs if i != leader))
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    assert len({r.commitlog_offset for r in got}) == 120
+    wait_converged(cluster, 20.0)
+    with node_stubs(cluster) as stubs:
+        for r in got[::10]:
+            for stub in stubs.values():
+                assert get_at(stub, r.commitlog_offset).topic == "co"
+
+
+def test_frames_check_each_messages_rights(make_cluster: Callable[..., LocalCluster]) -> None:
+    from dledger_commitlog.acl import Account, Perm, write_acl
+    from dledger_commitlog.client import load_credentials
+
+    cluster = make_cluster("frames-acl", acl=True, start=False)
+    cluster._write_layout()
+    admin = load_credentials(cluster.directory / "admin.credentials")
+    secret = "app-secret-0123456789"
+    write_acl(cluster.directory / "acl.toml", [
+        Account(*admin, admin=True), Account("app", secret, topic_perms={"orders": Perm.PUB}),
+    ])  # fmt: skip
+    cluster.up()
+    leader = cluster.wait_for_leader()
+    with node_stubs(cluster) as stubs:
+        both = [msg("orders", b"o", "A-O"), msg("audit", b"a", "A-A")]
+        (answer,) = frames(stubs[leader], both, metadata=sign("app", secret, "PutFrames"))
+        assert [o.code for o in answer.outcomes] == [OK, grpc.StatusCode.PERMISSION_DENIED.value[0]]
+        with pytest.raises(grpc.RpcError) as err:
+            frames(stubs[leader], both)  # no signature at all: the stream is refused
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
