@@ -120,6 +120,9 @@ def _check_append(msg: AppendEntries, max_entry_bytes: int) -> None:
             raise InvalidPeerMessage(f"append from node {msg.src}: entry {e.index} has term "
                                      f"{e.term}, not in [{term}, {msg.term}]")  # fmt: skip
         if len(e.data) > max_entry_bytes:
-            raise InvalidPeerMessage(f"append from node {msg.src}: entry {e.index} of "
-                                     f"{len(e.data)} bytes, over {max_entry_bytes}")  # fmt: skip
+            raise InvalidPeerMessage(
+                f"append from node {msg.src}: entry {e.index} of {len(e.data)} bytes, over the "
+                f"{max_entry_bytes} this node stores (do the nodes' store.max_message_bytes "
+                "differ?)"
+            )
         term = e.term
