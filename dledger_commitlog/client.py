@@ -607,6 +607,13 @@ class _Base:
             raise _FailedAttempt(_Failure("DEADLINE_EXCEEDED", "no answer in time")) from None
         return pb.PutResponse(result=result)
 
+    def _unframe(self, exc: _FailedAttempt) -> bool:
+        """A server without PutFrames (an older version): unary puts from now on."""
+        if exc.failure.code != "UNIMPLEMENTED":
+            return False
+        self.framed = False
+        return True
+
     async def _close_pipes(self) -> None:
         pipes, self._pipes = list(self._pipes.values()), {}
         for pipe in pipes:
@@ -837,6 +844,9 @@ class Client(_Base):
                 time.sleep(attempts.failed(address, _Failure.of(exc)))
                 continue
             except _FailedAttempt as exc:
+                if self._unframe(exc):
+                    op = dataclasses.replace(op, framed=False)
+                    continue
                 time.sleep(attempts.failed(address, exc.failure))
                 continue
             if op.forgets_leader:
@@ -1017,6 +1027,9 @@ class AsyncClient(_Base):
                 await asyncio.sleep(attempts.failed(address, _Failure.of(exc)))
                 continue
             except _FailedAttempt as exc:
+                if self._unframe(exc):
+                    op = dataclasses.replace(op, framed=False)
+                    continue
                 await asyncio.sleep(attempts.failed(address, exc.failure))
                 continue
             if op.forgets_leader:

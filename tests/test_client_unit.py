@@ -51,6 +51,7 @@ class FakeNode(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         self.errors: dict[str, Script] = {}
         self.puts: list[pb.PutRequest] = []
         self.frames = 0
+        self.unframed = False
 
     def lead(self, term: int = 1) -> None:
         self.role, self.leader_id, self.leader_address = "leader", self.node_id, self.address
@@ -83,6 +84,9 @@ class FakeNode(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
 
     def PutFrames(self, frames: Iterator[pb.PutFrame], context: Any) -> Iterator[pb.PutFrameResult]:
         """Single puts as a real server answers them in frames: the "Put" script per message."""
+        if self.unframed:  # a server from before PutFrames
+            next(frames, None)  # (aborting before the client's first frame races its write)
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
         for frame in frames:
             self.frames += 1
             reply = pb.PutFrameResult(seq=frame.seq)
@@ -371,3 +375,14 @@ def test_concurrent_framed_puts_share_frames_and_each_gets_its_own_result(
     assert len({r for r in got if isinstance(r, str)}) == 39
     assert len(n1.puts) == 40  # each sent once: the bad one is not retried
     assert n1.frames < 40, "concurrent puts were coalesced into fewer frames"
+
+
+def test_a_server_without_put_frames_gets_unary_puts(nodes: list[FakeNode]) -> None:
+    n1 = nodes[0]
+    n1.lead()
+    n1.unframed = True
+    with client([n1.address], framed=True) as c:
+        assert c.put("t", b"a").msg_id == "ID1"
+        assert not c.framed  # remembered: the next put goes unary at once
+        assert c.put("t", b"b").msg_id == "ID2"
+    assert n1.frames == 0 and len(n1.puts) == 2
