@@ -53,6 +53,7 @@ THROUGHPUT = {
     "inflight32": "(b) 32 in-flight puts",
     "batch256x4": "(c) PutBatch 256 x 4 in flight",
 }
+TARGETS = {"seq": "700/s, p50 <= 1.5 ms", "inflight32": "7,000/s", "batch256x4": "25,000/s"}
 MAX_TLS_DROP = 0.15  # the requirement: puts/s must not drop more than 15% with TLS on
 Row = tuple[str, str, str]
 
@@ -269,33 +270,17 @@ def results(
     load measured now on `cl`."""
     rows: list[Row] = []
     m: dict[str, float] = {}
-    m |= throughput("seq", runs["seq"])
-    rows.append(
-        (
-            "(a) 1 sequential client",
-            f"{m['seq_msgs_per_s']:,.0f} msgs/s",
-            f"p50 {m['seq_p50_ms']:.2f} ms, p99 {m['seq_p99_ms']:.2f} ms"
-            " (target 700/s, p50 <= 1.5 ms)" + spread(runs["seq"]),
+    for name, label in THROUGHPUT.items():
+        m |= throughput(name, runs[name])
+        per = " per batch" if name == "batch256x4" else ""
+        rows.append(
+            (
+                label,
+                f"{m[f'{name}_msgs_per_s']:,.0f} msgs/s",
+                f"p50 {m[f'{name}_p50_ms']:.2f} ms, p99 {m[f'{name}_p99_ms']:.2f} ms{per}"
+                f" (target {TARGETS[name]})" + spread(runs[name]),
+            )
         )
-    )
-    m |= throughput("inflight32", runs["inflight32"])
-    rows.append(
-        (
-            "(b) 32 in-flight puts",
-            f"{m['inflight32_msgs_per_s']:,.0f} msgs/s",
-            f"p50 {m['inflight32_p50_ms']:.2f} ms, p99 {m['inflight32_p99_ms']:.2f} ms"
-            " (target 7,000/s)" + spread(runs["inflight32"]),
-        )
-    )
-    m |= throughput("batch256x4", runs["batch256x4"])
-    rows.append(
-        (
-            "(c) PutBatch 256 x 4 in flight",
-            f"{m['batch256x4_msgs_per_s']:,.0f} msgs/s",
-            f"p50 {m['batch256x4_p50_ms']:.1f} ms per batch (target 25,000/s)"
-            + spread(runs["batch256x4"]),
-        )
-    )
     trials = [failover_trial(cl) for _ in range(args.trials)]
     m |= {"failover_median_s": statistics.median(trials), "failover_max_s": max(trials)}
     rows.append(
