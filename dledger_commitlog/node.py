@@ -41,6 +41,7 @@ batched into the next one; nothing the core hands out is dropped on the floor.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import os
@@ -171,6 +172,7 @@ class RaftNode:
                 max_append_bytes=cfg.max_append_bytes,
                 max_inflight_msgs=cfg.max_inflight_msgs,
                 max_inflight_bytes=max(cfg.max_append_bytes, 64 << 20),
+                async_storage_writes=self.sync_flush,
                 check_quorum=True,
                 pre_vote=True,
                 preferred_leader=cfg.preferred_leader,
@@ -247,6 +249,10 @@ class RaftNode:
         self._reads: dict[bytes, asyncio.Future[int]] = {}
         self._read_seq = 0
         self._group_commit: GroupCommit | None = None
+        # Sync flush: appended but not yet durable (end position, last index, term),
+        # and messages held until the position they follow is durable.
+        self._unflushed: collections.deque[tuple[int, int, int]] = collections.deque()
+        self._held: collections.deque[tuple[int, Sequence[Message]]] = collections.deque()
         self._periodic: PeriodicFlush | None = None
         self._closed = False
         self._last_role: tuple[Role, int, int | None] = (Role.FOLLOWER, 0, None)
@@ -263,7 +269,11 @@ class RaftNode:
     async def start(self) -> None:
         on_flush = self.metrics.observe_fsync
         if self.sync_flush:
-            self._group_commit = GroupCommit(self.store, executor=self._executor, on_flush=on_flush)
+            self._group_commit = GroupCommit(
+                self.store, on_flush=on_flush, name=f"node{self.cfg.node_id}-fsync",
+                on_error=lambda exc: self._stop_on(exc, "fsync"),
+            )  # fmt: skip
+            self._group_commit.add_listener(self._on_durable)
         else:
             self._periodic = PeriodicFlush(
                 self.store,
@@ -502,29 +512,52 @@ class RaftNode:
                 await self._handle_ready(self.core.ready())
 
     async def _handle_ready(self, rd: Ready) -> None:
+        """Carry out one Ready (raft/ready.py), pipelined in sync flush mode.
+
+        Entries go to the store (the write buffer) and an fsync covering them is
+        requested from the flusher thread, but not awaited: the loop goes on
+        stepping, proposing and appending while it runs. What promises durability
+        (a follower's acknowledgement, anything after it to the same peers) is
+        held until the covering fsync completes (`_on_durable`), which also tells
+        the core (`persisted`); only durable entries are applied. A leader whose
+        term and vote are durable sends its appends and heartbeats at once, so
+        replication overlaps its own fsync. A changed term or vote is saved and
+        fsynced before anything of this Ready is sent (elections only); an append
+        that replaces a suffix first waits until nothing is in flight, so that no
+        fsync covers bytes the truncation rewrites.
+        """
         core = self.core
+        gc = self._group_commit
         if rd.snapshot is not None:
+            await self._settle()
             await self._restore(rd.snapshot)
         if rd.entries:
+            if gc is not None and rd.entries[0].index <= self.store.last_index():
+                await self._settle()
             self.store.append_entries(rd.entries)
         hs = rd.hard_state
-        sync_hs = hs is not None and self.state_file.needs_sync(hs)
-        early: list[Message] = []
-        late: list[Message] = []
-        leading = core.role is Role.LEADER and not sync_hs
-        for m in rd.messages:
-            (early if leading and isinstance(m, AppendEntries | Heartbeat) else late).append(m)
-        self._send(early)
-        loop = asyncio.get_running_loop()
-        if sync_hs:
-            assert hs is not None
-            await loop.run_in_executor(self._executor, self.state_file.save, hs)
+        if hs is not None and self.state_file.needs_sync(hs):
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, self.state_file.save, hs
+            )
         if rd.entries:
-            if self._group_commit is not None:
-                await self._group_commit.sync(self.store.write_position)
+            last = rd.entries[-1]
+            if gc is not None:
+                # Requested before anything is sent and with no await until advance():
+                # the core hears `persisted` only for entries it has handed out.
+                self._unflushed.append((self.store.write_position, last.index, last.term))
+                gc.request(self.store.write_position)
             elif self._periodic is not None:
                 self._periodic.poke()
-        self._send(late)
+        if core.role is Role.LEADER:
+            early: list[Message] = []
+            late: list[Message] = []
+            for m in rd.messages:
+                (early if isinstance(m, AppendEntries | Heartbeat) else late).append(m)
+            self._send(early)
+            self._send_when_durable(late)
+        else:
+            self._send_when_durable(rd.messages)
         if rd.committed_entries:
             self.commitlog.apply(rd.committed_entries)
         for rs in rd.read_states:
@@ -536,6 +569,39 @@ class RaftNode:
         self._ensure_leader_state()
         if core.role is not Role.LEADER and self._reads:
             self._fail_reads_without_leader()
+
+    def _send_when_durable(self, messages: Sequence[Message]) -> None:
+        """Send now if nothing appended waits for its fsync, else after that fsync."""
+        if not messages:
+            return
+        gc = self._group_commit
+        if gc is None or not (self._held or self._unflushed):
+            self._send(messages)
+        else:
+            # Behind everything written so far (and behind messages already held, so
+            # what one peer gets keeps its order).
+            self._held.append((self.store.write_position, messages))
+
+    def _on_durable(self, flushed: int) -> None:
+        """The flusher made the store durable up to `flushed` (on the loop)."""
+        if self._closed or self.stopping:
+            return
+        unflushed, held = self._unflushed, self._held
+        reported = False
+        while unflushed and unflushed[0][0] <= flushed:
+            _, index, term = unflushed.popleft()
+            self.core.persisted(index, term)
+            reported = True
+        while held and held[0][0] <= flushed:
+            self._send(held.popleft()[1])
+        if reported:
+            self._wakeup.set()
+
+    async def _settle(self) -> None:
+        """Wait until everything written is durable and every held message sent."""
+        if self._group_commit is not None and (self._unflushed or self._held):
+            await self._group_commit.sync(self.store.write_position)
+            self._on_durable(self.store.flushed_position)
 
     def _snapshot_extra(self) -> bytes:
         """What a follower restored from our log needs besides it (leader side)."""

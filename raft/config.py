@@ -24,6 +24,9 @@ class Config:
     check_quorum: bool = True
     pre_vote: bool = True
     preferred_leader: int | None = None
+    # The driver reports durability separately (`RaftCore.persisted`) instead of
+    # `advance` meaning "persisted": etcd's async storage writes.
+    async_storage_writes: bool = False
 
     def __post_init__(self) -> None:
         if self.id not in self.peers:

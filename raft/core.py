@@ -272,7 +272,7 @@ class RaftCore:
             or self._unsent_snapshot is not None
             or self._read_states
             or self._log.unstable
-            or self._log.has_next_committed()
+            or self._log.has_next_committed(self._apply_limit())
             or self._persisted_hs != self.hard_state
         )
 
@@ -281,7 +281,7 @@ class RaftCore:
         assert self._outstanding is None, "advance() the previous Ready first"
         self._flush()
         hs = self.hard_state
-        committed = self._log.next_committed()
+        committed = self._log.next_committed(self._apply_limit())
         rd = Ready(
             entries=tuple(self._log.unstable),
             hard_state=None if hs == self._persisted_hs else hs,
@@ -306,12 +306,36 @@ class RaftCore:
             self._persisted_hs = rd.hard_state
         if rd.snapshot is not None:
             self._log.snapshot_persisted(rd.snapshot)
-        if rd.entries and self._log.stable_to(rd.entries) and self._role is Role.LEADER:
-            pr = self._progress[self._id]
-            if pr.maybe_update(self._log.stable_index()) and self._maybe_commit():
-                self._bcast_pending = True
+        if rd.entries and self._log.stable_to(rd.entries) and not self._cfg.async_storage_writes:
+            self._on_durable(self._log.stable_index())
         if rd.committed_entries:
             self._log.applied_to(rd.committed_entries[-1].index)
+
+    def persisted(self, index: int, term: int) -> None:
+        """Async storage writes: the driver's storage holds the log up to `index`
+        (whose term is `term`) durably. A report for an entry replaced since (a
+        conflicting append truncated it) is ignored: its successor gets its own."""
+        assert self._cfg.async_storage_writes, "advance() reports durability"
+        log = self._log
+        if index <= log.persisted or index > log.stable_index():
+            return
+        if not log.match_term(index, term):
+            return
+        self._on_durable(index)
+
+    def _on_durable(self, index: int) -> None:
+        """Entries up to `index` are durable here: they may be applied, and a leader
+        counts its own log in the quorum up to there."""
+        self._log.persisted = max(self._log.persisted, index)
+        if self._role is Role.LEADER:
+            pr = self._progress[self._id]
+            if pr.maybe_update(index) and self._maybe_commit():
+                self._bcast_pending = True
+
+    def _apply_limit(self) -> int | None:
+        """With async storage writes only durable entries are applied (etcd's rule):
+        a node never serves an entry its own disk may still lose."""
+        return self._log.persisted if self._cfg.async_storage_writes else None
 
     # --- role transitions ---
 
@@ -361,6 +385,8 @@ class RaftCore:
         me = self._progress[self._id]
         me.become_replicate()
         me.match = self._log.stable_index()
+        if self._cfg.async_storage_writes:
+            me.match = min(me.match, self._log.persisted)
         me.next = nxt
         me.recent_active = True
         self._log.append([Entry(nxt, self._term, b"", EntryKind.NOOP)])
@@ -559,6 +585,20 @@ class RaftCore:
             self._heartbeat_elapsed = 0
             self._bcast_heartbeat()
             self._maybe_transfer_to_preferred()
+        else:
+            self._send_commit()
+
+    def _send_commit(self) -> None:
+        """Tell followers that have not heard it the commit index (once per tick).
+
+        A new commit index rides on the next append or heartbeat; only a follower
+        that got neither since gets an empty append for it here. Sending one per
+        commit doubled the messages per put (an empty append and its response for
+        every entry, under a sequential load)."""
+        committed = self._log.committed
+        for p in self._others:
+            if self._progress[p].sent_commit < committed:
+                self._send_appends(p, force_empty=True)
 
     def _maybe_transfer_to_preferred(self) -> None:
         pref = self._cfg.preferred_leader
@@ -698,15 +738,13 @@ class RaftCore:
             self._send(Heartbeat(self._id, p, self._term, commit, ctx))
 
     def _send_appends(self, peer: int, force_empty: bool = False) -> None:
-        """Fill `peer`'s window with new entries; send an empty append if the
-        peer has nothing new but has not heard the current commit index."""
+        """Fill `peer`'s window with new entries; with `force_empty`, send an empty
+        append if there is nothing new (a probe, or the commit index on a tick)."""
         sent_any = False
         while self._maybe_send_append(peer, send_empty=False):
             sent_any = True
-        if not sent_any:
-            pr = self._progress[peer]
-            if not pr.is_paused() and (force_empty or pr.sent_commit < self._log.committed):
-                self._maybe_send_append(peer, send_empty=True)
+        if not sent_any and force_empty and not self._progress[peer].is_paused():
+            self._maybe_send_append(peer, send_empty=True)
 
     def _maybe_send_append(self, peer: int, send_empty: bool) -> bool:
         pr = self._progress[peer]
@@ -752,4 +790,13 @@ class RaftCore:
         return True
 
     def _send(self, m: Message) -> None:
-        self._msgs.append(m)
+        msgs = self._msgs
+        if type(m) is AppendResponse and not m.reject and msgs:
+            # Acks coalesce: a success covers every index up to its own, so one to
+            # the same leader in the same term replaces the one just before it.
+            prev = msgs[-1]
+            if (type(prev) is AppendResponse and not prev.reject and prev.dst == m.dst
+                    and prev.term == m.term and prev.index <= m.index):  # fmt: skip
+                msgs[-1] = m
+                return
+        msgs.append(m)

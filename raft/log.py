@@ -28,7 +28,8 @@ from raft.types import Entry, SnapshotMeta
 
 
 class RaftLog:
-    __slots__ = ("applied", "applying", "committed", "offset", "snapshot", "storage", "unstable")
+    __slots__ = ("applied", "applying", "committed", "offset", "persisted", "snapshot", "storage",
+                 "unstable")  # fmt: skip
 
     def __init__(self, storage: LogStorage, committed: int, applied: int) -> None:
         last = storage.last_index()
@@ -44,6 +45,9 @@ class RaftLog:
         self.committed = committed
         self.applying = max(applied, storage.first_index() - 1)
         self.applied = self.applying
+        # The last index the driver reported durable (async storage writes): what the
+        # storage holds at start is what survived, so it counts as durable.
+        self.persisted = last
 
     # --- reading ---
 
@@ -137,14 +141,16 @@ class RaftLog:
             return out
         return tail
 
-    def next_committed(self) -> list[Entry]:
-        """Committed entries not yet handed out for applying."""
-        if self.committed <= self.applying:
+    def next_committed(self, limit: int | None = None) -> list[Entry]:
+        """Committed entries not yet handed out for applying (up to `limit`, if given)."""
+        hi = self.committed if limit is None else min(self.committed, limit)
+        if hi <= self.applying:
             return []
-        return self.entries(self.applying + 1, self.committed + 1, 1 << 62)
+        return self.entries(self.applying + 1, hi + 1, 1 << 62)
 
-    def has_next_committed(self) -> bool:
-        return self.committed > self.applying
+    def has_next_committed(self, limit: int | None = None) -> bool:
+        hi = self.committed if limit is None else min(self.committed, limit)
+        return hi > self.applying
 
     # --- writing ---
 
@@ -153,6 +159,7 @@ class RaftLog:
         first = entries[0].index
         assert first > self.committed, f"truncating committed entry {first} <= {self.committed}"
         assert first <= self.last_index() + 1, (first, self.last_index())
+        self.persisted = min(self.persisted, first - 1)  # a replaced suffix is not durable
         if self.unstable and first == self.offset + len(self.unstable):
             self.unstable.extend(entries)
         elif first <= self.offset or not self.unstable:
@@ -214,6 +221,7 @@ class RaftLog:
         self.offset = snap.index + 1
         self.committed = snap.index
         self.applying = snap.index
+        self.persisted = snap.index  # nothing above it is held; the restore comes first
 
     def snapshot_persisted(self, snap: SnapshotMeta) -> None:
         """The driver restored its storage to `snap` (a Ready's snapshot)."""

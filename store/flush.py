@@ -2,11 +2,12 @@
 
 `GroupCommit` (RocketMQ's GroupCommitService) lets many writers wait for
 durability of their bytes with one fsync between them: a writer calls
-`await sync(pos)`; one flusher task runs `target.flush()` in a worker thread,
-covering every byte appended before that flush started, then releases every
-waiter whose position it covers in one pass. Writers that arrive while an fsync
-runs are served by the next one. Invariants: a waiter is released only when
-`flushed_position >= its position`; at most one fsync is in flight per target.
+`await sync(pos)` (or `request(pos)` and listens); one flusher thread runs
+`target.flush()`, covering every byte appended before that flush started, then
+releases every waiter whose position it covers in one pass. Writers that arrive
+while an fsync runs are served by the next one. Invariants: a waiter is released
+only when `flushed_position >= its position`; at most one fsync is in flight per
+target; after a failed fsync nothing is reported durable again.
 
 `PeriodicFlush` (FlushRealTimeService) flushes every `interval_ms`, or sooner
 once `min_bytes` are unflushed, for the async flush mode: puts are acknowledged
@@ -18,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import queue
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,30 +38,65 @@ class Flushable(Protocol):
 
 
 class GroupCommit:
-    """Writers await `sync(pos)`; one fsync at a time serves them all.
+    """Writers ask for durability up to a position; one fsync thread serves them all.
 
-    The first waiter starts an fsync at once from its own call (no task hop), so
-    the fsync runs in its thread while the event loop goes on appending for the
-    writers behind it; those are covered by the next fsync, started as soon as
-    this one completes.
+    The loop hands positions to a dedicated flusher thread through a
+    `queue.SimpleQueue` (no executor, no future per fsync); the thread drains
+    every request queued meanwhile, runs one `target.flush()` covering every byte
+    appended before it started, and reports the flushed position back with one
+    `call_soon_threadsafe`. There the waiters it covers are released in one pass
+    and the `on_durable` listeners run (the node driver's pipeline: it keeps
+    appending and stepping while the fsync runs, and sends what waited for
+    durability from its listener). Writers that arrive while an fsync runs are
+    served by the next one. Two ways in: `await sync(pos)`, or `request(pos)`
+    plus a listener (no future at all).
     """
 
     def __init__(
         self,
         target: Flushable,
         *,
-        executor: ThreadPoolExecutor | None = None,
         on_flush: Callable[[int, float], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
+        name: str = "group-commit",
     ) -> None:
         self._target = target
-        self._own_executor = executor is None
-        self._executor = executor or ThreadPoolExecutor(1, thread_name_prefix="group-commit")
+        self._on_error = on_error
+        self._name = name
         self._waiters: collections.deque[tuple[int, asyncio.Future[int]]] = collections.deque()
-        self._inflight: asyncio.Future[tuple[int, float]] | None = None
+        self._requests: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._requested = 0  # the highest position handed to the thread (loop side)
         self._closed = False
         self._on_flush = on_flush  # (flushed position, seconds the fsync took)
+        self._listeners: list[Callable[[int], None]] = []
         self.fsync_count = 0
         self.error: BaseException | None = None  # a failed fsync: never retried
+
+    def add_listener(self, on_durable: Callable[[int], None]) -> None:
+        """Call `on_durable(flushed position)` on the loop after every fsync."""
+        self._listeners.append(on_durable)
+
+    @property
+    def pending(self) -> bool:
+        """Whether bytes requested are not yet known durable."""
+        return self._requested > self._target.flushed_position and self.error is None
+
+    def request(self, position: int) -> None:
+        """Ask for an fsync covering `position` without waiting (see `add_listener`)."""
+        if self.error is not None:
+            raise OSError(f"an earlier fsync failed ({self.error}); nothing is flushed since")
+        if self._closed:
+            raise ConnectionAbortedError("group commit closed")
+        if position <= self._requested or position <= self._target.flushed_position:
+            return
+        self._requested = position
+        if self._thread is None:
+            self._loop = asyncio.get_running_loop()
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+        self._requests.put(position)
 
     async def sync(self, position: int | None = None) -> int:
         """Return once every byte below `position` (default: all written) is on disk."""
@@ -66,43 +104,50 @@ class GroupCommit:
         pos = target.write_position if position is None else position
         if target.flushed_position >= pos:
             return target.flushed_position
-        if self.error is not None:
-            raise OSError(f"an earlier fsync failed ({self.error}); nothing is flushed since")
-        if self._closed:
-            raise ConnectionAbortedError("group commit closed")
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.request(pos)
         self._waiters.append((pos, fut))
-        if self._inflight is None:
-            self._start_flush()
         return await fut
 
-    def _timed_flush(self) -> tuple[int, float]:
-        started = time.perf_counter()
-        flushed = self._target.flush()
-        return flushed, time.perf_counter() - started
+    def _run(self) -> None:
+        """The flusher thread: one fsync per batch of requests, until None."""
+        requests, target = self._requests, self._target
+        loop = self._loop
+        assert loop is not None
+        while True:
+            wanted = requests.get()
+            stop = wanted is None
+            while not requests.empty():  # coalesce what queued meanwhile
+                stop = stop or requests.get_nowait() is None
+            if target.flushed_position < target.write_position or not stop:
+                started = time.perf_counter()
+                try:
+                    flushed = target.flush()
+                except BaseException as exc:
+                    self._call(loop, self._failed, exc)
+                    return
+                self._call(loop, self._flushed, flushed, time.perf_counter() - started)
+            if stop:
+                return
 
-    def _start_flush(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._inflight = loop.run_in_executor(self._executor, self._timed_flush)
-        self._inflight.add_done_callback(self._flush_done)
+    @staticmethod
+    def _call(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(fn, *args)
 
-    def _flush_done(self, done: asyncio.Future[tuple[int, float]]) -> None:
-        self._inflight = None
-        if done.cancelled():
-            self._fail_all(ConnectionAbortedError("group commit closed"))
-            return
-        exc = done.exception()
-        if exc is not None:  # an fsync error fails every waiter, now and later
-            self.error = exc
-            self._fail_all(exc)
-            return
-        flushed, seconds = done.result()
+    def _flushed(self, flushed: int, seconds: float) -> None:
         self.fsync_count += 1
         if self._on_flush is not None:
             self._on_flush(flushed, seconds)
         self._release(flushed)
-        if self._waiters and not self._closed:
-            self._start_flush()
+        for listener in self._listeners:
+            listener(flushed)
+
+    def _failed(self, exc: BaseException) -> None:
+        self.error = exc  # an fsync error fails every waiter, now and later
+        self._fail_all(exc)
+        if self._on_error is not None:
+            self._on_error(exc)
 
     def _release(self, flushed: int) -> None:
         waiters = self._waiters
@@ -124,14 +169,14 @@ class GroupCommit:
                 fut.set_exception(exc)
 
     async def close(self) -> None:
-        """Finish the fsync in flight (its waiters are served), fail the rest."""
+        """Finish the fsyncs requested (their waiters are served), fail the rest."""
         self._closed = True
-        if self._inflight is not None:
-            with contextlib.suppress(Exception):  # already delivered to its waiters
-                await asyncio.shield(self._inflight)
+        thread = self._thread
+        if thread is not None:
+            self._requests.put(None)
+            await asyncio.to_thread(thread.join)
+            await asyncio.sleep(0)  # run the thread's last report
         self._fail_all(ConnectionAbortedError("group commit closed"))
-        if self._own_executor:
-            self._executor.shutdown(wait=True)
 
 
 async def cancel_and_wait(task: asyncio.Task[Any]) -> None:
