@@ -274,12 +274,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 @command("serve", "run one node until SIGTERM/SIGINT", _serve_args)
 def _serve(args: argparse.Namespace) -> int:
     config = serve_config(args)
-    from . import node  # lazily: the server's imports are not the CLI's
+    from . import service  # lazily: the server's imports are not the CLI's
 
-    run = getattr(node, "run", None)
-    if run is None:
-        return _fail("this build has no server (dledger_commitlog.node.run)", 1)
-    run(config)
+    service.run(config)
     return 0
 
 

@@ -1,11 +1,12 @@
-"""The node driver: one asyncio loop that owns the Raft core, its log and its I/O.
+"""A node: its files opened and recovered, its Raft core, its lifecycle and inputs.
 
-Owns the order the Ready contract demands: append entries (page cache or the
-write buffer), fsync the hard state when term or vote changed, fsync entries in
-sync flush mode (group commit, off the loop), and only then send the messages
-that promise them, apply committed entries, `advance`. One exception, safe in
-Raft: a leader whose term and vote are already durable sends its appends and
-heartbeats before its own fsync, so replication overlaps the leader's disk.
+Owns `RaftNode`: opening a data directory (layout check, rollback marker, entry
+store, raft state, commit log, dispatcher recovery), the Raft core built on it,
+the peer links, and the inputs the services call (`deliver`, `propose`,
+`read_index`, `transfer_leadership`). The Ready loop is `driver.ReadyDriver`
+(the order the Ready contract demands, pipelined in sync flush mode); ticks,
+dispatch, checkpoints and retention are `loops.NodeLoops`. The node is the
+only place that wires them together; `service.run` serves it.
 
 A log that recovery had to cut below what this node knew was committed (a
 corrupt entry above the entry checkpoint, see EntryStore) starts the core with
@@ -32,7 +33,6 @@ of the commit-log data appends the flushed position (8 bytes, big-endian) to
 `<data_dir>/flush.trace`, unsynced: chaos.disk.power_loss reads it to drop what
 never reached the disk.
 
-Wall-clock time reaches the core only here, as ticks every `tick_ms`.
 Randomness is a `random.Random` seeded from the OS. Invariants: one Ready in
 flight at a time; inputs (steps, proposals, ticks) arriving meanwhile are
 batched into the next one; nothing the core hands out is dropped on the floor.
@@ -41,7 +41,6 @@ batched into the next one; nothing the core hands out is dropped on the floor.
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import logging
 import os
@@ -52,10 +51,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from dispatch.dispatcher import Dispatcher, DispatchSnapshot
-from raft import Config, HardState, LogDiverged, Message, NotLeader, RaftCore, Ready, Role
-from raft.messages import AppendEntries, Heartbeat
-from raft.types import EntryKind, SnapshotMeta
+from dispatch.dispatcher import Dispatcher
+from raft import Config, HardState, LogDiverged, Message, NotLeader, RaftCore, Role
+from raft.messages import AppendEntries
+from raft.types import EntryKind, ReadState, SnapshotMeta
 from raft.validate import InvalidPeerMessage, check_peer_message
 from store.fileio import DirectoryLock, fsync_dir, mkdir_durably, write_atomically
 from store.flush import GroupCommit, PeriodicFlush
@@ -63,7 +62,9 @@ from store.message import is_message, max_encoded_size
 
 from .commitlog import DLedgerCommitLog
 from .config import ConfigError, NodeConfig, parse_address
+from .driver import ReadyDriver
 from .entry_store import BASE_SIZE, EntryStore
+from .loops import NodeLoops
 from .metrics import NodeMetrics
 from .raft_state import RaftStateFile
 from .retention import Retention
@@ -74,8 +75,6 @@ from .verify import LAYOUT_FILE, read_layout, write_layout
 log = logging.getLogger(__name__)
 
 _SYNC_WRITE_BUFFER = 4 << 20
-_CHECKPOINT_INTERVAL_S = 1.0
-_RETENTION_INTERVAL_S = 10.0
 
 
 def store_layout(cfg: NodeConfig) -> dict[str, int]:
@@ -236,28 +235,45 @@ class RaftNode:
         self.commitlog.before_assign = self._ensure_leader_state
         self.retention = Retention(cfg, self.store, self.commitlog, self.dispatcher, self.core)
         self.retention.check_disk()
-        self._dispatch_wakeup = asyncio.Event()
-        self.commitlog.add_commit_listener(self._dispatch_wakeup.set)
         self._executor = ThreadPoolExecutor(2, thread_name_prefix=f"node{cfg.node_id}-io")
         self.security = NodeSecurity()  # what serve() loaded; PeerLinks use it from start()
         self._members = frozenset(p.id for p in cfg.peers)
         self._max_entry_bytes = max_encoded_size(cfg.max_message_bytes)
         self._links: dict[int, PeerLink] = {}
-        self._wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._led_term = 0
         self._reads: dict[bytes, asyncio.Future[int]] = {}
         self._read_seq = 0
-        self._group_commit: GroupCommit | None = None
-        # Sync flush: appended but not yet durable (end position, last index, term),
-        # and messages held until the position they follow is durable.
-        self._unflushed: collections.deque[tuple[int, int, int]] = collections.deque()
-        self._held: collections.deque[tuple[int, Sequence[Message]]] = collections.deque()
-        self._periodic: PeriodicFlush | None = None
         self._closed = False
         self._last_role: tuple[Role, int, int | None] = (Role.FOLLOWER, 0, None)
-        self._checkpointed = (commit, saved.commit)
-        self._checkpoint_lock = threading.Lock()
+        on_flush = self.metrics.observe_fsync
+        self._group_commit: GroupCommit | None = None
+        self._periodic: PeriodicFlush | None = None
+        if self.sync_flush:
+            self._group_commit = GroupCommit(
+                self.store, on_flush=on_flush, name=f"node{cfg.node_id}-fsync",
+                on_error=lambda exc: self._stop_on(exc, "fsync"),
+            )  # fmt: skip
+        else:
+            self._periodic = PeriodicFlush(
+                self.store, interval_ms=cfg.flush_interval_ms, executor=self._executor,
+                on_flush=on_flush, on_error=lambda exc: self._stop_on(exc, "flush"),
+            )  # fmt: skip
+        self.driver = ReadyDriver(
+            self.core, self.store, self.state_file, send=self._send,
+            apply=self.commitlog.apply, save_hard_state=self._save_hard_state,
+            restore=self._restore, read_states=self._answer_reads,
+            after_ready=self._after_ready, flusher=self._group_commit,
+            on_appended=self._periodic.poke if self._periodic is not None else lambda: None,
+        )  # fmt: skip
+        self._kick = self.driver.wakeup.set
+        self.loops = NodeLoops(
+            cfg.node_id, self.core, tick_ms=cfg.tick_ms, kick=self._kick, metrics=self.metrics,
+            commitlog=self.commitlog, dispatcher=self.dispatcher, store=self.store,
+            state_file=self.state_file, retention=self.retention, executor=self._executor,
+            stop_on=self._stop_on, stopping=lambda: self.stopping,
+            checkpointed=(commit, saved.commit),
+        )  # fmt: skip
         self.fatal: BaseException | None = None
         # Memory and disk may disagree (a loop or a flush failed): close writes nothing.
         self.failed = False
@@ -267,21 +283,7 @@ class RaftNode:
     # -- lifecycle -----------------------------------------------------------------
 
     async def start(self) -> None:
-        on_flush = self.metrics.observe_fsync
-        if self.sync_flush:
-            self._group_commit = GroupCommit(
-                self.store, on_flush=on_flush, name=f"node{self.cfg.node_id}-fsync",
-                on_error=lambda exc: self._stop_on(exc, "fsync"),
-            )  # fmt: skip
-            self._group_commit.add_listener(self._on_durable)
-        else:
-            self._periodic = PeriodicFlush(
-                self.store,
-                interval_ms=self.cfg.flush_interval_ms,
-                executor=self._executor,
-                on_flush=on_flush,
-                on_error=lambda exc: self._stop_on(exc, "flush"),
-            )
+        if self._periodic is not None:
             self._periodic.start()
         for peer in self.cfg.peers:
             if peer.id != self.cfg.node_id:
@@ -290,13 +292,7 @@ class RaftNode:
                 link.start()
                 self._links[peer.id] = link
         loop = asyncio.get_running_loop()
-        self._tasks = [
-            loop.create_task(self._ready_loop(), name="ready-loop"),
-            loop.create_task(self._tick_loop(), name="tick-loop"),
-            loop.create_task(self._checkpoint_loop(), name="checkpoint-loop"),
-            loop.create_task(self._dispatch_loop(), name="dispatch-loop"),
-            loop.create_task(self._retention_loop(), name="retention-loop"),
-        ]
+        self._tasks = [loop.create_task(self.driver.run(), name="ready-loop"), *self.loops.start()]
         for task in self._tasks:
             task.add_done_callback(self._task_done)
         log.info("node %d started: term %d, log [%d, %d], commit %d, flush %s",
@@ -318,6 +314,7 @@ class RaftNode:
         if exc is None or self.failed:
             return
         self.failed = True
+        self.driver.stopped = True
         log.critical("node %d: %s failed: %s. Stopping; a restart recovers from disk "
                      "as after a crash", self.cfg.node_id, where, exc, exc_info=exc)  # fmt: skip
         if self.fatal is None:
@@ -344,6 +341,7 @@ class RaftNode:
         if self._closed:
             return
         self._closed = True
+        self.driver.stopped = True
         try:
             await self._shut_down()
         finally:
@@ -372,7 +370,7 @@ class RaftNode:
         loop = asyncio.get_running_loop()
         self.dispatcher.catch_up()
         snap = self.dispatcher.snapshot()
-        await loop.run_in_executor(self._executor, self._checkpoint_now, snap)
+        await loop.run_in_executor(self._executor, self.loops.checkpoint_now, snap)
         self.dispatcher.close(clean=True)
         self.store.close()
         if isinstance(self.store.on_data_flushed, FlushTrace):
@@ -398,11 +396,12 @@ class RaftNode:
         except LogDiverged as exc:
             self._on_diverged(exc)
             return
-        self._wakeup.set()
+        self._kick()
 
     def _on_diverged(self, exc: LogDiverged) -> None:
         """The leader's log lacks entries we hold as committed: roll back (async) or stop."""
         self.diverged = exc
+        self.driver.stopped = True
         node = self.cfg.node_id
         if self.sync_flush:
             log.critical(
@@ -437,7 +436,7 @@ class RaftNode:
         self._ensure_leader_state()
         first, last = self.core.propose(datas)
         self.metrics.batch_size.observe(len(datas))
-        self._wakeup.set()
+        self._kick()
         return first, last, self.core.term
 
     def _ensure_leader_state(self) -> None:
@@ -458,7 +457,7 @@ class RaftNode:
         self._reads[ctx] = fut
         try:
             self.core.read_index(ctx)
-            self._wakeup.set()
+            self._kick()
             async with asyncio.timeout(timeout_s):
                 index = await fut
                 while self.commitlog.committed_index < index:
@@ -482,7 +481,7 @@ class RaftNode:
 
     async def transfer_leadership(self, target: int, timeout_s: float) -> int:
         self.core.transfer_leadership(target)
-        self._wakeup.set()
+        self._kick()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.core.leader_id == target and self.core.role is not Role.LEADER:
@@ -491,117 +490,6 @@ class RaftNode:
         raise TimeoutError(f"leadership did not move to {target} within {timeout_s}s")
 
     # -- the loops -----------------------------------------------------------------
-
-    async def _tick_loop(self) -> None:
-        interval = self.cfg.tick_ms / 1000
-        next_at = time.monotonic()
-        while True:
-            next_at += interval
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-            if self.stopping:
-                return  # it must not campaign meanwhile
-            self.core.tick()
-            self._wakeup.set()
-            self.metrics.update_role(self.core)
-
-    async def _ready_loop(self) -> None:
-        while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            while self.core.has_ready():
-                await self._handle_ready(self.core.ready())
-
-    async def _handle_ready(self, rd: Ready) -> None:
-        """Carry out one Ready (raft/ready.py), pipelined in sync flush mode.
-
-        Entries go to the store (the write buffer) and an fsync covering them is
-        requested from the flusher thread, but not awaited: the loop goes on
-        stepping, proposing and appending while it runs. What promises durability
-        (a follower's acknowledgement, anything after it to the same peers) is
-        held until the covering fsync completes (`_on_durable`), which also tells
-        the core (`persisted`); only durable entries are applied. A leader whose
-        term and vote are durable sends its appends and heartbeats at once, so
-        replication overlaps its own fsync. A changed term or vote is saved and
-        fsynced before anything of this Ready is sent (elections only); an append
-        that replaces a suffix first waits until nothing is in flight, so that no
-        fsync covers bytes the truncation rewrites.
-        """
-        core = self.core
-        gc = self._group_commit
-        if rd.snapshot is not None:
-            await self._settle()
-            await self._restore(rd.snapshot)
-        if rd.entries:
-            if gc is not None and rd.entries[0].index <= self.store.last_index():
-                await self._settle()
-            self.store.append_entries(rd.entries)
-        hs = rd.hard_state
-        if hs is not None and self.state_file.needs_sync(hs):
-            await asyncio.get_running_loop().run_in_executor(
-                self._executor, self.state_file.save, hs
-            )
-        if rd.entries:
-            last = rd.entries[-1]
-            if gc is not None:
-                # Requested before anything is sent and with no await until advance():
-                # the core hears `persisted` only for entries it has handed out.
-                self._unflushed.append((self.store.write_position, last.index, last.term))
-                gc.request(self.store.write_position)
-            elif self._periodic is not None:
-                self._periodic.poke()
-        if core.role is Role.LEADER:
-            early: list[Message] = []
-            late: list[Message] = []
-            for m in rd.messages:
-                (early if isinstance(m, AppendEntries | Heartbeat) else late).append(m)
-            self._send(early)
-            self._send_when_durable(late)
-        else:
-            self._send_when_durable(rd.messages)
-        if rd.committed_entries:
-            self.commitlog.apply(rd.committed_entries)
-        for rs in rd.read_states:
-            fut = self._reads.get(rs.ctx)
-            if fut is not None and not fut.done():
-                fut.set_result(rs.index)
-        core.advance(rd)
-        self._log_role_change()
-        self._ensure_leader_state()
-        if core.role is not Role.LEADER and self._reads:
-            self._fail_reads_without_leader()
-
-    def _send_when_durable(self, messages: Sequence[Message]) -> None:
-        """Send now if nothing appended waits for its fsync, else after that fsync."""
-        if not messages:
-            return
-        gc = self._group_commit
-        if gc is None or not (self._held or self._unflushed):
-            self._send(messages)
-        else:
-            # Behind everything written so far (and behind messages already held, so
-            # what one peer gets keeps its order).
-            self._held.append((self.store.write_position, messages))
-
-    def _on_durable(self, flushed: int) -> None:
-        """The flusher made the store durable up to `flushed` (on the loop)."""
-        if self._closed or self.stopping:
-            return
-        unflushed, held = self._unflushed, self._held
-        reported = False
-        while unflushed and unflushed[0][0] <= flushed:
-            _, index, term = unflushed.popleft()
-            self.core.persisted(index, term)
-            reported = True
-        while held and held[0][0] <= flushed:
-            self._send(held.popleft()[1])
-        if reported:
-            self._wakeup.set()
-
-    async def _settle(self) -> None:
-        """Wait until everything written is durable and every held message sent."""
-        if self._group_commit is not None and (self._unflushed or self._held):
-            await self._group_commit.sync(self.store.write_position)
-            self._on_durable(self.store.flushed_position)
 
     def _snapshot_extra(self) -> bytes:
         """What a follower restored from our log needs besides it (leader side)."""
@@ -621,16 +509,41 @@ class RaftNode:
         offsets = {(g, t, int(q)): int(o) for g, t, q, o in extra.get("offsets", [])}
         self.commitlog.restart_at(snap.index, queue_next)
         self.dispatcher.reset(self.commitlog.committed_pos, offsets)
-        await loop.run_in_executor(self._executor, self._checkpoint_now, self.dispatcher.snapshot())
+        await loop.run_in_executor(self._executor, self.loops.checkpoint_now,
+                                   self.dispatcher.snapshot())  # fmt: skip
         log.warning("node %d was behind the leader's retained log: restarted after entry %d",
                     self.cfg.node_id, snap.index)  # fmt: skip
 
-    def _log_role_change(self) -> None:
+    def _after_ready(self) -> None:
         now = (self.core.role, self.core.term, self.core.leader_id)
         if now != self._last_role:
             self._last_role = now
             log.info("node %d is %s in term %d (leader: %s)", self.cfg.node_id, now[0].value,
                      now[1], now[2])  # fmt: skip
+        self._ensure_leader_state()
+        if self.core.role is not Role.LEADER and self._reads:
+            self._fail_reads_without_leader()
+
+    def _answer_reads(self, states: Sequence[ReadState]) -> None:
+        for rs in states:
+            fut = self._reads.get(rs.ctx)
+            if fut is not None and not fut.done():
+                fut.set_result(rs.index)
+
+    async def _save_hard_state(self, hs: HardState) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, self.state_file.save, hs)
+
+    async def wait_for_dispatch(self, timeout_s: float) -> bool:
+        """Wait until the next dispatched batch (True) or the timeout (False)."""
+        return await self.loops.wait_for_dispatch(timeout_s)
+
+    async def wait_dispatched(self, pos: int, timeout_s: float) -> None:
+        """Wait until dispatch has passed commit-log position `pos`."""
+        await self.loops.wait_dispatched(pos, timeout_s)
+
+    async def clean_now(self, force: bool) -> tuple[int, int, str]:
+        """`dledger admin clean-now`: a retention pass now (`force`: whatever the age)."""
+        return self.loops.clean_now(force)
 
     def _fail_reads_without_leader(self) -> None:
         if self.core.leader_id is None:
@@ -646,83 +559,6 @@ class RaftNode:
             link = self._links.get(peer)
             if link is not None:
                 link.send([to_wire(m) for m in msgs])
-
-    async def _dispatch_loop(self) -> None:
-        """Dispatch committed messages in batches as the commit position advances."""
-        dispatcher, wakeup = self.dispatcher, self._dispatch_wakeup
-        while True:
-            await wakeup.wait()
-            wakeup.clear()
-            try:
-                more = dispatcher.dispatch_batch()
-            except Exception as exc:
-                # A unit that conflicts with the queue, a message that does not
-                # decode, a failed write: stop rather than serve wrong data.
-                self._stop_on(exc, f"dispatch at {dispatcher.dispatched_pos}")
-                return
-            if more:
-                wakeup.set()  # more may be committed: another batch after others ran
-                await asyncio.sleep(0)
-
-    async def wait_for_dispatch(self, timeout_s: float) -> bool:
-        """Wait until the next dispatched batch (True) or the timeout (False)."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def done() -> None:
-            if not fut.done():
-                fut.set_result(None)
-
-        self.dispatcher.add_listener(done)
-        try:
-            async with asyncio.timeout(timeout_s):
-                await fut
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            self.dispatcher.remove_listener(done)
-
-    async def wait_dispatched(self, pos: int, timeout_s: float) -> None:
-        """Wait until dispatch has passed commit-log position `pos`."""
-        async with asyncio.timeout(timeout_s):
-            while self.dispatcher.dispatched_pos < pos:
-                await self.wait_for_dispatch(timeout_s)
-
-    async def _retention_loop(self) -> None:
-        while True:
-            await asyncio.sleep(_RETENTION_INTERVAL_S)
-            try:
-                self.retention.run_pass()
-            except OSError as exc:
-                log.error("node %d: retention pass failed: %s", self.cfg.node_id, exc)
-
-    async def clean_now(self, force: bool) -> tuple[int, int, str]:
-        """`dledger admin clean-now`: a retention pass now (`force`: whatever the age)."""
-        out = self.retention.run_pass(forced=True, ignore_age=force)
-        return out.deleted_segments, out.min_offset, out.reason
-
-    async def _checkpoint_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(_CHECKPOINT_INTERVAL_S)
-            self.metrics.update_replication(self.core)
-            snap = self.dispatcher.snapshot()
-            await loop.run_in_executor(self._executor, self._checkpoint_now, snap)
-
-    def _checkpoint_now(self, snap: DispatchSnapshot) -> None:
-        """Record the applied index, then what dispatch covers (off-loop).
-
-        The raft state's commit index goes first, so that at restart the node's
-        committed prefix covers everything the dispatch checkpoint says was dispatched.
-        """
-        with self._checkpoint_lock:  # the loop's pass may still run when close() checkpoints
-            applied = self.commitlog.committed_index
-            if (applied, self.core.commit_index) != self._checkpointed:
-                if applied >= self.store.first_index():
-                    self.store.write_checkpoint(applied)
-                self.state_file.save_commit(applied)
-                self._checkpointed = (applied, self.core.commit_index)
-            self.dispatcher.persist(snap)
 
     # -- views -----------------------------------------------------------------------
 
@@ -791,10 +627,3 @@ def _ipv4(host: str) -> str:
     import socket
 
     return socket.gethostbyname(host)
-
-
-def run(cfg: NodeConfig) -> None:
-    """Serve until SIGTERM/SIGINT (the `dledger serve` entry point)."""
-    from .service import run as run_service
-
-    run_service(cfg)
