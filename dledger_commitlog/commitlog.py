@@ -60,6 +60,8 @@ _DISPATCH_BATCH = 4096  # entries per read_committed call
 _UNIQ_NAME = b"UNIQ_KEY\x01"  # properties (name \x01 value \x02) end a message; ours is last
 _ONE_BY_ONE = 64  # entries read singly after a batch read met a damaged one
 _NAMED_BAD = 3  # damaged entries named in the start-up warning
+_SYSTEM_PREFIX = "%SYS%"
+_SYSTEM_QUEUES = 65  # config.MAX_DELAY_LEVELS, plus the deliver-at queue
 _REPAIR = "restore this node's data from a replica (docs/disk-faults.md)"
 
 
@@ -272,8 +274,10 @@ class DLedgerCommitLog:
         born_host: tuple[str, int] = ("127.0.0.1", 0),
     ) -> PutSpec:
         """Validate and encode; raises InvalidMessage with the reason."""
-        if queue_id is not None and not 0 <= queue_id < self._queues:
-            raise InvalidMessage(f"queue id {queue_id} outside [0, {self._queues})")
+        # System topics (the schedule's queue per delay level) have queues of their own.
+        limit = _SYSTEM_QUEUES if topic.startswith(_SYSTEM_PREFIX) else self._queues
+        if queue_id is not None and not 0 <= queue_id < limit:
+            raise InvalidMessage(f"queue id {queue_id} outside [0, {limit})")
         if not uniq_key:
             raise InvalidMessage("uniq_key is required (clients generate one per message)")
         props = make_properties(keys=keys, tags=tags or None, uniq_key=uniq_key, extra=properties)

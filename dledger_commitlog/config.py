@@ -17,6 +17,8 @@ The TOML layout (every key optional but `node_id`, `data_dir` and `peers`):
     [raft]    tick_ms, election_ticks, heartbeat_ticks, preferred_leader, ...
     [store]   data_segment_bytes, index_segment_bytes, max_message_bytes, ...
     [retention] file_reserved_hours, delete_when_hour, force_clean_ratio, refuse_ratio
+    [schedule]  delay_levels = "1s 5s 10s 30s 1m ... 2h", max_timer_delay_s
+    [transaction] check_timeout_ms, check_interval_ms, max_checks
     [tls]     ca, cert, key            # PEM paths: TLS on both ports, mTLS between peers
     [security]
     peer_secret_file = "cluster.secret"  # peers prove membership with HMAC tokens
@@ -94,6 +96,12 @@ class NodeConfig:
     delete_when_hour: int = 4
     force_clean_ratio: float = 0.85
     refuse_ratio: float = 0.95
+    # delayed and transactional messages (schedule.py, transactions.py)
+    delay_levels: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    max_timer_delay_s: int = 3 * 24 * 3600
+    check_timeout_ms: int = 6_000
+    check_interval_ms: int = 60_000
+    max_checks: int = 15
     # security (docs/security.md)
     tls_ca: str = ""
     tls_cert: str = ""
@@ -128,6 +136,14 @@ class NodeConfig:
             for what in (p.raft, p.client):
                 parse_address(what)
         self._check_security()
+        from .schedule import parse_levels
+
+        try:
+            levels = parse_levels(self.delay_levels)
+        except ValueError as exc:
+            raise ConfigError(f"schedule.delay_levels: {exc}") from None
+        if len(levels) > MAX_DELAY_LEVELS:
+            raise ConfigError(f"schedule.delay_levels: at most {MAX_DELAY_LEVELS} levels")
 
     def _check_types(self) -> None:
         for f in dataclasses.fields(self):
@@ -231,6 +247,8 @@ _SECTIONS = {
         )
     },
     "tls": {"ca": "tls_ca", "cert": "tls_cert", "key": "tls_key"},
+    "schedule": {name: name for name in ("delay_levels", "max_timer_delay_s")},
+    "transaction": {name: name for name in ("check_timeout_ms", "check_interval_ms", "max_checks")},
     "security": {name: name for name in ("peer_secret_file", "acl_file", "insecure")},
     "retention": {
         name: name
@@ -251,8 +269,10 @@ _NUMBER_TYPES: dict[str, type | tuple[type, ...]] = {
 _AT_LEAST_ONE = (
     "max_append_entries", "max_inflight_msgs", "flush_interval_ms",
     "index_segment_bytes", "queues_per_topic", "cq_units_per_file", "index_slots",
-    "index_entries", "max_pending_puts",
+    "index_entries", "max_pending_puts", "max_timer_delay_s", "check_timeout_ms",
+    "check_interval_ms", "max_checks",
 )  # fmt: skip
+MAX_DELAY_LEVELS = 64  # queues of the schedule topic (one more for deliver-at times)
 # A put is one gRPC message (64 MiB limit, client and server), and one Raft entry.
 MAX_MESSAGE_BYTES_LIMIT = 32 << 20
 _BOUNDS: dict[str, tuple[float, float | None]] = {

@@ -55,6 +55,7 @@ class NodeLoops:
         stop_on: Callable[[BaseException, str], None],
         stopping: Callable[[], bool],
         checkpointed: tuple[int, int],
+        gauges: Callable[[], None] = lambda: None,
     ) -> None:
         self._id = node_id
         self._core = core
@@ -70,6 +71,7 @@ class NodeLoops:
         self._stop_on = stop_on
         self._stopping = stopping
         self._checkpointed = checkpointed  # (applied, core commit) last written
+        self._gauges = gauges  # metrics refreshed with each checkpoint
         self._checkpoint_lock = threading.Lock()
         self._dispatch_wakeup = asyncio.Event()
         commitlog.add_commit_listener(self._dispatch_wakeup.set)
@@ -160,6 +162,7 @@ class NodeLoops:
         while True:
             await asyncio.sleep(CHECKPOINT_INTERVAL_S)
             self._metrics.update_replication(self._core)
+            self._gauges()
             snap = self._dispatcher.snapshot()
             await loop.run_in_executor(self._executor, self.checkpoint_now, snap)
 

@@ -42,6 +42,15 @@ class NodeMetrics:
                                     ["reason"], registry=r)  # fmt: skip
         self.auth_failures = Counter("dledger_client_auth_failures", "Client calls refused",
                                      ["status"], registry=r)  # fmt: skip
+        self.scheduled_backlog = Gauge("dledger_scheduled_backlog_messages",
+                                       "Delayed messages stored and not yet delivered",
+                                       registry=r)  # fmt: skip
+        self.scheduled_delivered = Counter("dledger_scheduled_delivered",
+                                           "Delayed messages delivered by this node as leader",
+                                           registry=r)  # fmt: skip
+        self.pending_halves = Gauge("dledger_transaction_pending_halves",
+                                    "Half messages not yet committed or rolled back (leader)",
+                                    registry=r)  # fmt: skip
 
     def observe_fsync(self, _flushed: int, seconds: float) -> None:
         self.fsync_latency.observe(seconds)

@@ -68,7 +68,10 @@ from .loops import NodeLoops
 from .metrics import NodeMetrics
 from .raft_state import RaftStateFile
 from .retention import Retention
+from .schedule import ScheduleService, parse_levels
 from .security import NodeSecurity
+from .system_log import SystemLog
+from .transactions import CheckRegistry, TransactionService
 from .transport import PeerLink, to_wire
 from .verify import LAYOUT_FILE, read_layout, write_layout
 
@@ -272,7 +275,16 @@ class RaftNode:
             commitlog=self.commitlog, dispatcher=self.dispatcher, store=self.store,
             state_file=self.state_file, retention=self.retention, executor=self._executor,
             stop_on=self._stop_on, stopping=lambda: self.stopping,
-            checkpointed=(commit, saved.commit),
+            checkpointed=(commit, saved.commit), gauges=self._update_gauges,
+        )  # fmt: skip
+        # Delayed and transactional messages: leader-side services over the log.
+        self.system_log = SystemLog(self)
+        self.schedule = ScheduleService(self.system_log, parse_levels(cfg.delay_levels))
+        self.schedule.on_delivered = self.metrics.scheduled_delivered.inc
+        self.checks = CheckRegistry()
+        self.transactions = TransactionService(
+            self.system_log, self.checks, check_timeout_ms=cfg.check_timeout_ms,
+            check_interval_ms=cfg.check_interval_ms, max_checks=cfg.max_checks,
         )  # fmt: skip
         self.fatal: BaseException | None = None
         # Memory and disk may disagree (a loop or a flush failed): close writes nothing.
@@ -292,7 +304,12 @@ class RaftNode:
                 link.start()
                 self._links[peer.id] = link
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self.driver.run(), name="ready-loop"), *self.loops.start()]
+        self._tasks = [
+            loop.create_task(self.driver.run(), name="ready-loop"),
+            *self.loops.start(),
+            loop.create_task(self.schedule.run(), name="schedule"),
+            loop.create_task(self.transactions.run(), name="transactions"),
+        ]
         for task in self._tasks:
             task.add_done_callback(self._task_done)
         log.info("node %d started: term %d, log [%d, %d], commit %d, flush %s",
@@ -523,6 +540,11 @@ class RaftNode:
         self._ensure_leader_state()
         if self.core.role is not Role.LEADER and self._reads:
             self._fail_reads_without_leader()
+
+    def _update_gauges(self) -> None:
+        m = self.metrics
+        m.scheduled_backlog.set(self.schedule.backlog())
+        m.pending_halves.set(self.transactions.pending)
 
     def _answer_reads(self, states: Sequence[ReadState]) -> None:
         for rs in states:
