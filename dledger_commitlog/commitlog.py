@@ -25,25 +25,26 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import socket
 import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from raft.errors import NotLeader
 from raft.types import Entry, EntryKind
 from store.errors import CorruptEntry, InvalidMessage, OffsetOutOfRange
 from store.message import (
+    FIXED_PART_SIZE,
     QUEUE_OFFSET_POS,
     STORE_TIMESTAMP_POS,
     Message,
-    MessageHeader,
     decode_message,
     encode_message,
     make_properties,
-    peek_header,
 )
 
 from .entry_format import HEADER_SIZE
@@ -57,7 +58,7 @@ _QUEUE_ID_POS = 12
 _STORE_HOST_POS = 64  # storeHost: IPv4 (4 bytes) and port (i32), after storeTimestamp
 _MSG_ID = struct.Struct(">4siq")
 _DISPATCH_BATCH = 4096  # entries per read_committed call
-_UNIQ_NAME = b"UNIQ_KEY\x01"  # properties (name \x01 value \x02) end a message; ours is last
+_UNIQ_NAME = b"UNIQ_KEY\x01"  # properties (name \x01 value \x02 ...) end a message
 _ONE_BY_ONE = 64  # entries read singly after a batch read met a damaged one
 _NAMED_BAD = 3  # damaged entries named in the start-up warning
 _SYSTEM_PREFIX = "%SYS%"
@@ -106,6 +107,57 @@ def make_msg_id(store_host: tuple[str, int], commitlog_offset: int) -> str:
     return (
         _MSG_ID.pack(socket.inet_aton(store_host[0]), store_host[1], commitlog_offset).hex().upper()
     )
+
+
+class Route(NamedTuple):
+    """What the put path's tables need of a committed message (see `route_of`)."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    store_timestamp_ms: int
+    uniq_key: str | None
+
+
+_ROUTE = struct.Struct(">12xi4xq")  # queueId at 12, queueOffset at 20
+_BODY_LEN_POS = FIXED_PART_SIZE - 4
+
+
+@functools.lru_cache(maxsize=4096)
+def _topic_text(raw: bytes) -> str:
+    return raw.decode("ascii")
+
+
+def route_of(data: bytes) -> Route:
+    """Topic, queue, offset, store time and UNIQ_KEY of an encoded message, read at their
+    fixed places without decoding the properties: for entries the log already checked
+    (a leader encoded them, a follower refused an append holding anything else)."""
+    queue_id, queue_offset = _ROUTE.unpack_from(data, 0)
+    (store_ms,) = _I64.unpack_from(data, STORE_TIMESTAMP_POS)
+    at = FIXED_PART_SIZE + _I32.unpack_from(data, _BODY_LEN_POS)[0]
+    topic = _topic_text(data[at + 1 : at + 1 + data[at]])
+    return Route(topic, queue_id, queue_offset, store_ms, _uniq_in(data, at + 3 + data[at]))
+
+
+def uniq_of(data: bytes) -> str | None:
+    """The UNIQ_KEY property of an encoded message, None if it has none (or is no message)."""
+    try:
+        at = FIXED_PART_SIZE + _I32.unpack_from(data, _BODY_LEN_POS)[0]
+        return _uniq_in(data, at + 3 + data[at])
+    except (struct.error, IndexError, UnicodeDecodeError):
+        return None
+
+
+def _uniq_in(data: bytes, props: int) -> str | None:
+    """UNIQ_KEY in the properties starting at `props` (name \x01 value \x02 ...)."""
+    found = data.find(_UNIQ_NAME, props)
+    while found > props and data[found - 1] != 2:  # inside another name ("XUNIQ_KEY")
+        found = data.find(_UNIQ_NAME, found + 1)
+    if found < 0:
+        return None
+    start = found + len(_UNIQ_NAME)
+    end = data.find(b"\x02", start)
+    return data[start : end if end >= 0 else len(data)].decode()
 
 
 def msg_id_of(encoded: bytes, commitlog_offset: int) -> str:
@@ -207,11 +259,9 @@ class DLedgerCommitLog:
                         bad.append((i, exc))
             for e in batch:
                 # Properties end the message: the last UNIQ_KEY name is the property.
-                at = e.body.rfind(_UNIQ_NAME) if e.channel == EntryKind.NORMAL else -1
-                if at >= 0:
-                    start = at + len(_UNIQ_NAME)
-                    end = e.body.find(b"\x02", start)
-                    recent[e.body[start : end if end >= 0 else len(e.body)].decode()] = e.index
+                uniq = uniq_of(e.body) if e.channel == EntryKind.NORMAL else None
+                if uniq is not None:
+                    recent[uniq] = e.index
             index = nxt
         while len(recent) > self._window:
             recent.popitem(last=False)
@@ -329,7 +379,7 @@ class DLedgerCommitLog:
         if index <= self.committed_index:
             entry = self.store.get(index)
             if not fut.done():
-                fut.set_result(self._result(index, entry.body, peek_header(entry.body), True))
+                fut.set_result(self._result(index, entry.body, route_of(entry.body), True))
         else:
             self._waiters.setdefault(index, []).append(
                 _Waiter(
@@ -406,7 +456,7 @@ class DLedgerCommitLog:
         for e in tail:
             if e.kind != EntryKind.NORMAL or not e.data:
                 continue
-            hdr = peek_header(e.data)
+            hdr = route_of(e.data)
             key = (hdr.topic, hdr.queue_id)
             self._assign_next[key] = max(self._assign_next.get(key, 0), hdr.queue_offset + 1)
             if hdr.uniq_key:
@@ -427,14 +477,14 @@ class DLedgerCommitLog:
                     self._resolve(e, hdr, ws)
         self._set_committed(entries[-1].index)
 
-    def _apply_to_tables(self, entries: Sequence[Entry]) -> list[MessageHeader | None]:
-        headers: list[MessageHeader | None] = []
+    def _apply_to_tables(self, entries: Sequence[Entry]) -> list[Route | None]:
+        headers: list[Route | None] = []
         recent, queue_next, tail = self._recent, self._queue_next, self._tail_uniq
         for e in entries:
             if e.kind != EntryKind.NORMAL or not e.data:
                 headers.append(None)
                 continue
-            hdr = peek_header(e.data)
+            hdr = route_of(e.data)
             headers.append(hdr)
             key = (hdr.topic, hdr.queue_id)
             queue_next[key] = max(queue_next.get(key, 0), hdr.queue_offset + 1)
@@ -445,7 +495,7 @@ class DLedgerCommitLog:
             recent.popitem(last=False)
         return headers
 
-    def _resolve(self, e: Entry, hdr: MessageHeader | None, ws: list[_Waiter]) -> None:
+    def _resolve(self, e: Entry, hdr: Route | None, ws: list[_Waiter]) -> None:
         for w in ws:
             if w.future.done():
                 continue
@@ -456,7 +506,7 @@ class DLedgerCommitLog:
                     PutFailed(f"entry {e.index} was replaced by a newer leader's; retry")
                 )
 
-    def _result(self, index: int, data: bytes, hdr: MessageHeader, duplicate: bool) -> PutResult:
+    def _result(self, index: int, data: bytes, hdr: Route, duplicate: bool) -> PutResult:
         offset = self.store.pos_of(index) + HEADER_SIZE
         return PutResult(msg_id_of(data, offset), offset, hdr.queue_id,
                          hdr.queue_offset, hdr.store_timestamp_ms, duplicate)  # fmt: skip
