@@ -1,4 +1,4 @@
-"""Async storage writes (the node driver's pipeline), coalesced acks, commit on ticks.
+"""Async storage writes (the node driver's pipeline) and coalesced acks.
 
 With `Config.async_storage_writes` the driver appends a Ready's entries and
 advances at once; durability arrives later through `RaftCore.persisted`. Only
@@ -121,31 +121,3 @@ def test_a_reject_never_coalesces() -> None:
     assert [(m.index, m.reject) for m in msgs if isinstance(m, AppendResponse)] == [
         (1, False), (5, True), (2, False)
     ]  # fmt: skip
-
-
-def test_a_new_commit_reaches_followers_with_the_next_tick_not_at_once() -> None:
-    storage = MemoryStorage()
-    core = RaftCore(Config(id=1, peers=(1, 2, 3), heartbeat_ticks=3), storage,
-                    rng=random.Random(5))  # fmt: skip
-    for _ in range(40):
-        core.tick()
-        if core.role is not Role.FOLLOWER:
-            break
-    for _ in range(2):  # the pre-vote, then the vote
-        core.advance(core.ready())
-        core.step(VoteResponse(2, 1, core.term + (core.role is Role.PRE_CANDIDATE), granted=True,
-                               pre_vote=core.role is Role.PRE_CANDIDATE))  # fmt: skip
-    assert core.role is Role.LEADER
-    rd = core.ready()
-    storage.append(rd.entries)
-    core.advance(rd)
-    core.step(AppendResponse(2, 1, core.term, 1))
-    assert core.commit_index == 1
-    rd = core.ready()
-    assert [e.index for e in rd.committed_entries] == [1]
-    assert not any(isinstance(m, AppendEntries) for m in rd.messages), "no message per commit"
-    core.advance(rd)
-    core.tick()  # not a heartbeat tick: the commit goes out as an empty append
-    sent = [m for m in core.ready().messages if isinstance(m, AppendEntries)]
-    # Node 3 has not answered the probe carrying the no-op: it is not sent to again.
-    assert [(m.dst, m.commit, m.entries) for m in sent] == [(2, 1, ())]

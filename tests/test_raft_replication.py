@@ -41,7 +41,7 @@ def test_batch_propose_returns_the_index_range() -> None:
     assert c.core(1).propose(b"d") == (5, 5)
     with pytest.raises(ProposalDropped):
         c.core(1).propose([])
-    c.spread_commit()
+    c.stabilize()
     assert c.applied_data(2) == [b"a", b"b", b"c", b"d"]
 
 
@@ -73,7 +73,7 @@ def test_pipelined_window_is_bounded_by_count() -> None:
     c.process_ready(1)
     assert len(appends_to(c, 2)) == 3, "three appends in flight, no more"
     assert c.core(1).progress[2].next == 5
-    c.spread_commit()
+    c.stabilize()
     assert c.applied_data(2) == [b"%d" % k for k in range(10)]
 
 
@@ -82,7 +82,7 @@ def test_pipelined_window_is_bounded_by_bytes() -> None:
     c.propose(1, *[b"z" * 100 for _ in range(10)])
     c.process_ready(1)
     assert len(appends_to(c, 2)) == 3  # 300 bytes: the third fills the window past 250
-    c.spread_commit()
+    c.stabilize()
     assert len(c.applied_data(3)) == 10
 
 
@@ -164,7 +164,7 @@ def test_duplicate_and_stale_appends_do_not_truncate() -> None:
     c.stabilize()
     c.core(2).step(stale)
     assert c.core(2).last_index == 4
-    c.spread_commit()
+    c.stabilize()
     assert c.applied_data(2) == [b"a", b"b", b"c"]
 
 
@@ -206,7 +206,7 @@ def test_ready_must_be_advanced_before_the_next() -> None:
 def test_restart_keeps_term_vote_commit_and_log() -> None:
     c = elected()
     c.propose(1, b"a", b"b")
-    c.spread_commit()
+    c.stabilize()
     before = c.core(2).hard_state
     c.crash(2)
     c.restart(2)

@@ -33,7 +33,7 @@ def test_transfer_to_an_up_to_date_follower() -> None:
         c.propose(1, b"b")
     assert err.value.leader_hint == 2
     c.propose(2, b"b")
-    c.spread_commit()
+    c.stabilize()
     assert c.applied_data(3) == [b"a", b"b"]
 
 
@@ -67,7 +67,7 @@ def test_leader_refuses_proposals_during_transfer_and_resumes_after_abort() -> N
     assert leader.role is Role.LEADER
     assert leader.lead_transferee is None
     assert leader.propose(b"x")[0] > 0
-    c.spread_commit()
+    c.stabilize()
     assert c.applied_data(2) == [b"x"]
 
 
@@ -93,7 +93,7 @@ def test_preferred_leader_takes_over_when_healthy_and_caught_up() -> None:
     c.tick_all(30)
     assert c.core(2).role is Role.LEADER, "and it stays"
     c.propose(2, b"b")
-    c.spread_commit()
+    c.stabilize()
     assert c.applied_data(1) == [b"a", b"b"]
 
 

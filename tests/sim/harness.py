@@ -163,15 +163,6 @@ class Cluster:
                 return
         raise AssertionError("cluster did not stabilize")
 
-    def spread_commit(self) -> None:
-        """Let leaders tell followers the commit index: a commit rides on the next
-        append or heartbeat, or goes out on the leader's next tick."""
-        self.stabilize()
-        for i in self.live():
-            if self.core(i).role is Role.LEADER:
-                self.core(i).tick()
-        self.stabilize()
-
     def tick(self, i: int, times: int = 1) -> None:
         for _ in range(times):
             self.core(i).tick()
