@@ -98,10 +98,6 @@ class PutResult:
     duplicate: bool = False
 
 
-def _nothing() -> None:
-    return None
-
-
 def make_msg_id(store_host: tuple[str, int], commitlog_offset: int) -> str:
     """RocketMQ's layout: store host (IPv4, port) and commit-log offset, hex upper."""
     return (
@@ -220,8 +216,6 @@ class DLedgerCommitLog:
         self._queued: list[tuple[PutSpec, asyncio.Future[PutResult]]] = []
         self._flush_scheduled = False
         self._read_cursor = (-1, 0)  # (pos, index) where the last read_committed stopped
-        # Called before queue offsets are assigned (the node loads a new leadership).
-        self.before_assign: Callable[[], None] = _nothing
         self.damaged: list[int] = []  # committed entries found damaged at start
 
     # -- building the committed view at start --------------------------------------
@@ -394,12 +388,10 @@ class DLedgerCommitLog:
         queued, self._queued = self._queued, []
         if not queued:
             return
-        # A leadership that started since the last Ready must load its tables
-        # before we assign queue offsets from them.
-        self.before_assign()
-        # Check again with those tables: put() checked before a new leadership had
-        # loaded its uncommitted tail, where a retried put's first attempt may sit
-        # (the old leader appended it, then died). Same key twice here: one entry.
+        # Check again: a put queued in the same loop pass may carry the same key, and
+        # the tables (with a new leadership's uncommitted tail, where a retried put's
+        # first attempt may sit) may have changed since put() looked. Same key twice
+        # here: one entry.
         fresh: list[tuple[PutSpec, asyncio.Future[PutResult]]] = []
         again: dict[str, list[asyncio.Future[PutResult]]] = {}
         for spec, fut in queued:

@@ -44,6 +44,7 @@ class NodeLoops:
         core: RaftCore,
         *,
         tick_ms: int,
+        tick: Callable[[], None],
         kick: Callable[[], None],
         metrics: NodeMetrics,
         commitlog: DLedgerCommitLog,
@@ -60,6 +61,7 @@ class NodeLoops:
         self._id = node_id
         self._core = core
         self._tick_s = tick_ms / 1000
+        self._tick = tick  # the core's tick, through the node
         self._kick = kick
         self._metrics = metrics
         self._commitlog = commitlog
@@ -90,13 +92,13 @@ class NodeLoops:
     async def _tick_loop(self) -> None:
         interval = self._tick_s
         next_at = asyncio.get_running_loop().time()
-        core, kick, metrics = self._core, self._kick, self._metrics
+        core, tick, kick, metrics = self._core, self._tick, self._kick, self._metrics
         while True:
             next_at += interval
             await asyncio.sleep(max(0.0, next_at - asyncio.get_running_loop().time()))
             if self._stopping():
                 return  # it must not campaign meanwhile
-            core.tick()
+            tick()
             kick()
             metrics.update_role(core)
 

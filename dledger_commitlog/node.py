@@ -235,7 +235,6 @@ class RaftNode:
             "".join(f"; {n}" for n in self.recovery.notes),
         )  # fmt: skip
         self.store.snapshot_extra = self._snapshot_extra
-        self.commitlog.before_assign = self._ensure_leader_state
         self.retention = Retention(cfg, self.store, self.commitlog, self.dispatcher, self.core)
         self.retention.check_disk()
         self._executor = ThreadPoolExecutor(2, thread_name_prefix=f"node{cfg.node_id}-io")
@@ -271,7 +270,8 @@ class RaftNode:
         )  # fmt: skip
         self._kick = self.driver.wakeup.set
         self.loops = NodeLoops(
-            cfg.node_id, self.core, tick_ms=cfg.tick_ms, kick=self._kick, metrics=self.metrics,
+            cfg.node_id, self.core, tick_ms=cfg.tick_ms, tick=self._tick, kick=self._kick,
+            metrics=self.metrics,
             commitlog=self.commitlog, dispatcher=self.dispatcher, store=self.store,
             state_file=self.state_file, retention=self.retention, executor=self._executor,
             stop_on=self._stop_on, stopping=lambda: self.stopping,
@@ -413,7 +413,12 @@ class RaftNode:
         except LogDiverged as exc:
             self._on_diverged(exc)
             return
+        self._ensure_leader_state()
         self._kick()
+
+    def _tick(self) -> None:
+        self.core.tick()
+        self._ensure_leader_state()  # a lone voter elects itself on a tick
 
     def _on_diverged(self, exc: LogDiverged) -> None:
         """The leader's log lacks entries we hold as committed: roll back (async) or stop."""
@@ -450,14 +455,15 @@ class RaftNode:
             self.on_fatal()
 
     def _propose(self, datas: list[bytes]) -> tuple[int, int, int]:
-        self._ensure_leader_state()
         first, last = self.core.propose(datas)
         self.metrics.batch_size.observe(len(datas))
         self._kick()
         return first, last, self.core.term
 
     def _ensure_leader_state(self) -> None:
-        """On the first use of a new leadership: the commit log learns our uncommitted tail."""
+        """A leadership starts: the commit log learns our uncommitted tail before any put
+        is assigned queue offsets. The one place that starts one: a leadership begins
+        only in `step` or `tick`, and both inputs come through here (`deliver`, `_tick`)."""
         core = self.core
         if core.role is Role.LEADER and self._led_term != core.term:
             self._led_term = core.term
@@ -537,7 +543,6 @@ class RaftNode:
             self._last_role = now
             log.info("node %d is %s in term %d (leader: %s)", self.cfg.node_id, now[0].value,
                      now[1], now[2])  # fmt: skip
-        self._ensure_leader_state()
         if self.core.role is not Role.LEADER and self._reads:
             self._fail_reads_without_leader()
 
