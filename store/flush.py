@@ -67,7 +67,6 @@ class GroupCommit:
         self._requests: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._requested = 0  # the highest position handed to the thread (loop side)
         self._closed = False
         self._on_flush = on_flush  # (flushed position, seconds the fsync took)
         self._listeners: list[Callable[[int], None]] = []
@@ -78,20 +77,14 @@ class GroupCommit:
         """Call `on_durable(flushed position)` on the loop after every fsync."""
         self._listeners.append(on_durable)
 
-    @property
-    def pending(self) -> bool:
-        """Whether bytes requested are not yet known durable."""
-        return self._requested > self._target.flushed_position and self.error is None
-
     def request(self, position: int) -> None:
         """Ask for an fsync covering `position` without waiting (see `add_listener`)."""
         if self.error is not None:
             raise OSError(f"an earlier fsync failed ({self.error}); nothing is flushed since")
         if self._closed:
             raise ConnectionAbortedError("group commit closed")
-        if position <= self._requested or position <= self._target.flushed_position:
-            return
-        self._requested = position
+        if position <= self._target.flushed_position:
+            return  # (a truncation may have moved the positions back: no other test)
         if self._thread is None:
             self._loop = asyncio.get_running_loop()
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)

@@ -216,3 +216,37 @@ def test_cancel_and_wait_absorbs_the_tasks_cancel_but_not_the_callers() -> None:
                 await cancel_and_wait(slow)
 
     asyncio.run(main())
+
+
+def test_group_commit_flushes_again_after_a_truncation_moved_positions_back(
+    tmp_path: Path,
+) -> None:
+    """A follower's log cut (a conflicting append) writes below what was flushed:
+    the next request is lower than earlier ones and must still be served."""
+    q = CountingQueue(tmp_path)
+
+    async def main() -> list[int]:
+        gc = GroupCommit(q)
+        seen: list[int] = []
+        done = asyncio.Event()
+
+        def durable(flushed: int) -> None:
+            seen.append(flushed)
+            if flushed >= 80 and q.write_position == 80:
+                done.set()
+
+        gc.add_listener(durable)
+        q.append(b"a" * 100)
+        await gc.sync(100)
+        q.truncate(50)
+        q.append(b"b" * 30)  # ends at 80, below the 100 requested before
+        gc.request(80)
+        async with asyncio.timeout(5):
+            await done.wait()
+        await gc.close()
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen[0] == 100 and seen[-1] == 80
+    assert q.flushed_position == 80
+    q.close()
