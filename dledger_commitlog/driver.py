@@ -21,9 +21,15 @@ replication overlaps its own fsync.
 Invariants:
 - no message leaves before the hard state it depends on is durable (a changed
   term or vote is saved and fsynced before anything of its Ready is sent);
+- in sync flush mode the commit index saved with a changed term or vote covers
+  only durable entries: a restart applies raft.state's commit over the log it
+  recovers, where an entry not yet fsynced may be missing, or the suffix an
+  append just replaced may be back in its place;
 - an acknowledgement leaves only once the entries it covers are durable;
 - the core hears `persisted` only for entries it has handed out and that were
-  advanced (no await between the flush request and `advance`);
+  advanced (no await between the flush request and `advance`); bytes another
+  flush (the entry checkpointer's) made durable before the request are reported
+  right after `advance`, as the flusher ignores a request for flushed bytes;
 - an append that replaces a suffix, and a snapshot restore, first wait until
   nothing is in flight: no fsync may cover bytes a truncation rewrites;
 - one Ready at a time; inputs arriving meanwhile go into the next one.
@@ -104,6 +110,9 @@ class ReadyDriver:
         self._unflushed: collections.deque[tuple[int, int, int]] = collections.deque()
         # Messages held until the storage is durable up to the position they follow.
         self._held: collections.deque[tuple[int, Sequence[Message]]] = collections.deque()
+        # The last index durable here with all before it (what storage holds at start
+        # survived): raft.state's commit never goes beyond it (sync flush).
+        self._durable_index = storage.last_index()
         self.wakeup = asyncio.Event()
         self.stopped = False  # the node stopped: nothing more is sent or reported
         if flusher is not None:
@@ -124,12 +133,19 @@ class ReadyDriver:
         if rd.snapshot is not None:
             await self.settle()
             await self._restore(rd.snapshot)
+            self._durable_index = rd.snapshot.index
         if rd.entries:
             if flusher is not None and rd.entries[0].index <= storage.last_index():
                 await self.settle()  # a truncation: no fsync in flight may cover it
             storage.append_entries(rd.entries)
+            self._durable_index = min(self._durable_index, rd.entries[0].index - 1)
         hs = rd.hard_state
         if hs is not None and self._state_file.needs_sync(hs):
+            if flusher is not None and hs.commit > self._durable_index:
+                # A restart takes the log up to raft.state's commit as committed: it must
+                # not cover entries a power loss may still take, or turn back into the
+                # suffix an append just replaced (the commit rides along lazily anyway).
+                hs = HardState(hs.term, hs.vote, self._durable_index)
             await self._save_hard_state(hs)
         if rd.entries:
             if flusher is not None:
@@ -154,6 +170,11 @@ class ReadyDriver:
         if rd.read_states:
             self._read_states(rd.read_states)
         core.advance(rd)
+        if self._unflushed and storage.flushed_position >= self._unflushed[0][0]:
+            # Another flush (the entry checkpointer's) covered these bytes before our
+            # request: the flusher ignores a request for flushed bytes and no report
+            # would ever come for them.
+            self._on_durable(storage.flushed_position)
         self._after_ready()
 
     def _send_when_durable(self, messages: Sequence[Message]) -> None:
@@ -174,6 +195,7 @@ class ReadyDriver:
         while unflushed and unflushed[0][0] <= flushed:
             _, index, term = unflushed.popleft()
             self.core.persisted(index, term)
+            self._durable_index = index
             reported = True
         while held and held[0][0] <= flushed:
             self._send(held.popleft()[1])
