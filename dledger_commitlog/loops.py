@@ -37,6 +37,24 @@ CHECKPOINT_INTERVAL_S = 1.0
 RETENTION_INTERVAL_S = 10.0
 
 
+Listener = Callable[[], None]
+
+
+async def next_call(add: Callable[[Listener], None], remove: Callable[[Listener], None]) -> None:
+    """Return at the next call of a listener registered with `add` (then `remove`d)."""
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def done() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    add(done)
+    try:
+        await fut
+    finally:
+        remove(done)
+
+
 class NodeLoops:
     def __init__(
         self,
@@ -120,21 +138,12 @@ class NodeLoops:
 
     async def wait_for_dispatch(self, timeout_s: float) -> bool:
         """Wait until the next dispatched batch (True) or the timeout (False)."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def done() -> None:
-            if not fut.done():
-                fut.set_result(None)
-
-        self._dispatcher.add_listener(done)
         try:
             async with asyncio.timeout(timeout_s):
-                await fut
+                await next_call(self._dispatcher.add_listener, self._dispatcher.remove_listener)
             return True
         except TimeoutError:
             return False
-        finally:
-            self._dispatcher.remove_listener(done)
 
     async def wait_dispatched(self, pos: int, timeout_s: float) -> None:
         """Wait until dispatch has passed commit-log position `pos`."""

@@ -64,7 +64,7 @@ from .commitlog import DLedgerCommitLog
 from .config import ConfigError, NodeConfig, parse_address
 from .driver import ReadyDriver
 from .entry_store import BASE_SIZE, EntryStore
-from .loops import NodeLoops
+from .loops import NodeLoops, next_call
 from .metrics import NodeMetrics
 from .raft_state import RaftStateFile
 from .retention import Retention
@@ -490,17 +490,9 @@ class RaftNode:
             self._reads.pop(ctx, None)
 
     async def wait_for_commit(self) -> None:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def done() -> None:
-            if not fut.done():
-                fut.set_result(None)
-
-        self.commitlog.add_commit_listener(done)
-        try:
-            await fut
-        finally:
-            self.commitlog.remove_commit_listener(done)
+        """Return at the next commit applied here."""
+        cl = self.commitlog
+        await next_call(cl.add_commit_listener, cl.remove_commit_listener)
 
     async def transfer_leadership(self, target: int, timeout_s: float) -> int:
         self.core.transfer_leadership(target)

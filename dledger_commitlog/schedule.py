@@ -32,20 +32,16 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import logging
 import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from raft.errors import NotLeader
 from store.errors import InvalidMessage
 from store.message import PROPERTY_UNIQ_KEY, Message
 
-from .commitlog import OutcomeUnknown, PutFailed, PutSpec
-from .system_log import SystemLog
-
-log = logging.getLogger(__name__)
+from .commitlog import PutSpec
+from .system_log import SystemLog, run_passes
 
 SCHEDULE_TOPIC = "%SYS%SCHEDULE"
 SCHEDULE_GROUP = "%SYS%SCHEDULE"
@@ -187,6 +183,10 @@ class ScheduleService:
         self.wakeup = asyncio.Event()
 
     @property
+    def levels(self) -> tuple[int, ...]:
+        return self._levels
+
+    @property
     def timer_queue(self) -> int:
         return len(self._levels)
 
@@ -199,23 +199,11 @@ class ScheduleService:
         return total
 
     async def run(self) -> None:
-        while True:
-            try:
-                async with asyncio.timeout(_POLL_S):
-                    await self.wakeup.wait()
-            except TimeoutError:
-                pass
-            self.wakeup.clear()
-            try:
-                await self.pass_once()
-            except (NotLeader, OutcomeUnknown, PutFailed, TimeoutError) as exc:
-                log.info("node %d: schedule pass interrupted (%s); the next one resumes",
-                         self._log.node_id, exc)  # fmt: skip
-                self._term = None
-            except Exception:  # a bug or a damaged entry: say so, never stop the node for it
-                log.exception("node %d: schedule pass failed; retrying in 1 s", self._log.node_id)
-                self._term = None
-                await asyncio.sleep(1.0)
+        await run_passes("schedule", self._log.node_id, self.pass_once, self.wakeup, _POLL_S,
+                         self._resettle)  # fmt: skip
+
+    def _resettle(self) -> None:
+        self._term = None
 
     async def pass_once(self) -> int:
         """Deliver what is due now; returns how many messages were delivered."""

@@ -19,13 +19,15 @@ leader continues from what the old one committed:
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from dispatch.dispatcher import OFFSETS_TOPIC, encode_offset_commit
-from raft import Role
+from raft import NotLeader, Role
 from store.consume_queue import CqUnit
 from store.errors import CorruptEntry, OffsetOutOfRange
 from store.message import (
@@ -37,12 +39,48 @@ from store.message import (
     split_keys,
 )
 
-from .commitlog import PutResult, PutSpec, msg_id_of
+from .commitlog import OutcomeUnknown, Overloaded, PutFailed, PutResult, PutSpec, msg_id_of
 
 if TYPE_CHECKING:
     from .node import RaftNode
 
 _FOREVER_MS = 1 << 62
+_INTERRUPTIONS = (NotLeader, OutcomeUnknown, PutFailed, Overloaded, TimeoutError)
+log = logging.getLogger(__name__)
+
+
+async def run_passes(
+    what: str,
+    node_id: int,
+    pass_once: Callable[[], Awaitable[object]],
+    wakeup: asyncio.Event,
+    poll_s: float,
+    interrupted: Callable[[], None],
+) -> None:
+    """A leader-side service's loop: `pass_once` every `poll_s` (or on `wakeup`).
+
+    A pass cut short by a lost leadership or a put whose outcome is unknown calls
+    `interrupted` (the service settles again before its next decision); anything
+    else (a bug, a damaged entry) is logged and retried after a second: a system
+    service never stops the node."""
+    while True:
+        try:
+            async with asyncio.timeout(poll_s):
+                await wakeup.wait()
+        except TimeoutError:
+            pass
+        wakeup.clear()
+        try:
+            await pass_once()
+        except _INTERRUPTIONS as exc:
+            if not isinstance(exc, NotLeader):
+                log.info("node %d: %s pass interrupted (%s); the next one resumes",
+                         node_id, what, exc)  # fmt: skip
+            interrupted()
+        except Exception:
+            log.exception("node %d: %s pass failed; retrying in 1 s", node_id, what)
+            interrupted()
+            await asyncio.sleep(1.0)
 
 
 class SystemLog:

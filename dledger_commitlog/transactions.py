@@ -42,8 +42,8 @@ from raft.errors import NotLeader
 from store.errors import InvalidMessage
 from store.message import PROPERTY_UNIQ_KEY, Message
 
-from .commitlog import OutcomeUnknown, PutFailed, PutResult
-from .system_log import SystemLog
+from .commitlog import PutResult
+from .system_log import SystemLog, run_passes
 
 log = logging.getLogger(__name__)
 
@@ -249,26 +249,12 @@ class TransactionService:
     # -- checking back -------------------------------------------------------------------
 
     async def run(self) -> None:
-        while True:
-            try:
-                async with asyncio.timeout(_POLL_S):
-                    await self.wakeup.wait()
-            except TimeoutError:
-                pass
-            self.wakeup.clear()
-            try:
-                await self.pass_once()
-            except NotLeader:
-                self.pending = 0
-            except (OutcomeUnknown, PutFailed, TimeoutError) as exc:
-                log.info("node %d: transaction check pass interrupted (%s)",
-                         self._log.node_id, exc)  # fmt: skip
-                self._term = None
-            except Exception:  # a bug or a damaged entry: say so, never stop the node for it
-                log.exception("node %d: transaction check pass failed; retrying in 1 s",
-                              self._log.node_id)  # fmt: skip
-                self._term = None
-                await asyncio.sleep(1.0)
+        await run_passes("transaction check", self._log.node_id, self.pass_once, self.wakeup,
+                         _POLL_S, self._resettle)  # fmt: skip
+
+    def _resettle(self) -> None:
+        self._term = None
+        self.pending = 0
 
     async def pass_once(self) -> int:
         """Check or roll back undecided halves that are due; returns how many were acted on."""
