@@ -5,22 +5,30 @@ One run, on one store that grows:
     (plus the UNIQ_KEY), appended as Raft entries in batches of 64 with async
     flush (as bench/append.py's case (a)), queue fields set as the leader sets
     them; then dispatch it (consume queues and index, default file sizes) and
-    compare the rates; a cProfile of a dispatch run shows where the time goes;
+    compare the rates; dispatch again with the commit index moving 64 entries at
+    a time (a leader dispatching each commit as it comes, not catching up) and
+    time the commit-log read alone (what dispatch costs beyond it is its own); a cProfile
+    of a dispatch run shows where the time goes;
 (2) start a real single-node cluster on that store, put load through the gRPC
     client, kill -9 the node mid-load and time its restart (process start to
     answering Status as leader with every acknowledged put committed);
 (3) delete consumequeue/ and index/ and time dledger_commitlog.verify.rebuild;
 then extend the log to 4 GiB offline and repeat (2).
 Segments are the default 1 GiB. Run: `.venv/bin/python bench/dispatch.py`
-(`--small-gib 0.05 --large-gib 0.1` for a quick try).
+(`--small-gib 0.05 --large-gib 0.1` for a quick try). The whole run takes about
+7 minutes; `--dispatch-only` runs step (1) alone (a minute or two for 0.25 GiB)
+and updates only the keys that step measures in bench/results/dispatch.json,
+keeping the others from the last full run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import io
+import json
 import os
 import pstats
 import re
@@ -37,10 +45,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._report import report
+from bench._report import RESULTS, report
 from dispatch.dispatcher import Dispatcher
 from dledger_commitlog.client import Client, ClientError, MessageSpec, NodeStatus
 from dledger_commitlog.cluster import LocalCluster
+from dledger_commitlog.commitlog import DLedgerCommitLog
 from dledger_commitlog.entry_store import EntryStore
 from dledger_commitlog.raft_state import RaftStateFile
 from dledger_commitlog.verify import committed_view, read_layout, rebuild
@@ -280,6 +289,47 @@ def dispatch_all(
     return stats, queue_next
 
 
+def dispatch_in_batches(
+    store: EntryStore, scratch: Path, entries: int, batch: int
+) -> tuple[int, float]:
+    """Dispatch the first `entries` entries as a leader does, commit by commit: the
+    committed index moves `batch` entries at a time and each step is dispatched.
+    Returns messages and the CPU seconds of the dispatch calls."""
+    upto = min(entries, store.last_index())
+    d = _dispatcher(scratch, store, 0)
+    view = d.log
+    assert isinstance(view, DLedgerCommitLog)
+    n, cpu = 0, 0.0
+    for index in range(batch, upto + batch, batch):
+        view.start_at(min(index, upto))  # the commit index moves on
+        c0 = time.process_time()
+        while got := d.dispatch_batch():
+            n += got
+        cpu += time.process_time() - c0
+    d.close(clean=True)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return n, cpu
+
+
+def read_log(store: EntryStore) -> tuple[int, float]:
+    """Read the committed log as dispatch does (read_committed), doing nothing with it:
+    messages and CPU seconds."""
+    view = committed_view(store, store.last_index())
+    pos, n = view.min_pos, 0
+    c0 = time.process_time()
+    while pos < view.committed_pos:
+        msgs, pos, _ = view.read_committed(pos, 4 << 20)
+        n += len(msgs)
+    return n, time.process_time() - c0
+
+
+def _rate_beyond(total_rate: float, part_rate: float) -> float:
+    """The rate of what remains of a job done at `total_rate` without a part of it that
+    alone runs at `part_rate` (0 when the part takes all the time: noise)."""
+    rest = 1 / total_rate - 1 / part_rate
+    return 1 / rest if rest > 0 else 0.0
+
+
 def profile_dispatch(store: EntryStore, scratch: Path, entries: int) -> tuple[str, float]:
     """cProfile a dispatch of the first `entries` entries into `scratch`: top 15 both ways."""
     d = _dispatcher(scratch, store, min(entries, store.last_index()))
@@ -474,6 +524,11 @@ def main() -> None:
     ap.add_argument("--profile-entries", type=int, default=40_000)
     ap.add_argument("--load-s", type=float, default=3.0, help="load before each kill -9")
     ap.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    ap.add_argument(
+        "--dispatch-only",
+        action="store_true",
+        help="step (1) only: build the small log, dispatch it, profile; keep the other keys",
+    )
     args = ap.parse_args()
     small, large = f"{args.small_gib:g}gib", f"{args.large_gib:g}gib"
     began = time.perf_counter()
@@ -492,6 +547,8 @@ def main() -> None:
             b = append_until(store, msgs, Leader({}), int(args.small_gib * GIB), term=1)
             seal(store, data, term=1)
             dsp, _ = dispatch_all(data, store)
+            small_n, small_cpu = dispatch_in_batches(store, root / "batches", 100_000, 64)
+            read_n, read_cpu = read_log(store)
             profile, profiled_rate = profile_dispatch(store, root / "profile", args.profile_entries)
             built_small = store.end_pos
             store.close()
@@ -510,6 +567,9 @@ def main() -> None:
                 "dispatch_to_append_ratio": disp_eps / append_eps,
                 "dispatch_to_append_cpu_ratio": disp_cpu / append_cpu,
                 "dispatch_persist_s": dsp.persist_s,
+                "dispatch_batch64_cpu_entries_per_s": small_n / small_cpu,
+                "log_read_cpu_entries_per_s": read_n / read_cpu,
+                "dispatch_beyond_read_cpu_entries_per_s": _rate_beyond(disp_cpu, read_n / read_cpu),
                 "profiled_dispatch_entries_per_s": profiled_rate,
             }
             rows += [
@@ -525,7 +585,16 @@ def main() -> None:
                  f"persist {dsp.persist_s:.2f} s"),
                 ("dispatch / append", f"{disp_eps / append_eps:.2f}",
                  f"CPU-time ratio {disp_cpu / append_cpu:.2f} (target >= 2)"),
+                ("dispatch, batches of 64", f"{small_n / small_cpu:,.0f} entries/s",
+                 f"CPU-time rate over {small_n:,} entries, the commit index moving 64 at a time"),
+                ("commit-log read alone", f"{read_n / read_cpu:,.0f} entries/s",
+                 f"CPU-time rate of read_committed; dispatch beyond it "
+                 f"{m['dispatch_beyond_read_cpu_entries_per_s']:,.0f}/s"),
             ]  # fmt: skip
+            if args.dispatch_only:
+                print("\n" + profile)
+                _report_dispatch_only(m, rows, began)
+                return
 
             # (2) kill -9 under load on the small log.
             print(f"node on the {small} log: start, load, kill -9, restart ...", flush=True)
@@ -610,6 +679,22 @@ def main() -> None:
                  f"on {os.cpu_count()} cpus (shared machine)"))  # fmt: skip
     print("\n" + profile)
     report("dispatch", rows, m)
+
+
+def _report_dispatch_only(
+    m: dict[str, float], rows: list[tuple[str, str, str]], began: float
+) -> None:
+    """Step (1)'s figures over those of the last full run (the other keys stay)."""
+    previous: dict[str, float] = {}
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        doc = json.loads((RESULTS / "dispatch.json").read_text())
+        previous = {k: v for k, v in doc.items() if isinstance(v, int | float)}
+    m["loadavg_1m_end"] = os.getloadavg()[0]
+    m["dispatch_only_s"] = time.perf_counter() - began
+    load = f"load average {m['loadavg_1m_start']:.1f} -> {m['loadavg_1m_end']:.1f}"
+    note = f"{load} on {os.cpu_count()} cpus (shared); other keys: last full run"
+    rows.append(("dispatch-only run", f"{m['dispatch_only_s']:.0f} s", note))
+    report("dispatch", rows, previous | m)
 
 
 if __name__ == "__main__":

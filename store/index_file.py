@@ -29,6 +29,12 @@ increase even when store timestamps do not), and truncation cuts a file in place
 back to exactly the bytes a fresh build of the kept messages writes. Deleting the
 index and rebuilding it from the same log prefix gives the same names and bytes.
 The newest file takes the writes.
+
+Dispatch indexes a batch at once (`IndexService.put_batch`, `IndexFile.put_many`):
+keys come as their hashes (`topic_key_hashes`, from the message batch's key
+columns), slots and chains are worked out for the whole run of entries that goes
+to one file, the entries are written with one copy and the header once. The
+files are byte for byte those `put_message` of each message writes.
 """
 
 from __future__ import annotations
@@ -42,9 +48,12 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
+import numpy.typing as npt
+
 from store.errors import CorruptEntry, StoreError
 from store.fileio import fsync_dir, mkdir_durably
-from store.message import java_string_hash
+from store.message import POW31_U32, java_string_hash
 
 __all__ = [
     "DEFAULT_ENTRY_COUNT",
@@ -55,15 +64,19 @@ __all__ = [
     "IndexService",
     "build_key",
     "index_key_hash",
+    "topic_key_hashes",
 ]
 
 HEADER = struct.Struct(">qqqqii")
 SLOT = struct.Struct(">i")
 ENTRY = struct.Struct(">iqii")
+ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"),
+                        ("prev_index", ">i4")])  # fmt: skip
+I64s = npt.NDArray[np.int64]
 HEADER_SIZE = HEADER.size
 SLOT_SIZE = SLOT.size
 ENTRY_SIZE = ENTRY.size
-assert (HEADER_SIZE, SLOT_SIZE, ENTRY_SIZE) == (40, 4, 20)
+assert (HEADER_SIZE, SLOT_SIZE, ENTRY_SIZE) == (40, 4, 20) == (40, 4, ENTRY_DTYPE.itemsize)
 
 DEFAULT_SLOT_COUNT = 5_000_000
 DEFAULT_ENTRY_COUNT = 20_000_000
@@ -74,6 +87,7 @@ _MAX_NAME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: names keep 17 di
 _SWAP = sys.byteorder == "little"  # array() is host order, the file big-endian
 _CHUNK_ENTRIES = 1 << 16  # entries per read when scanning a column
 _VALIDATE_ENTRIES = 1 << 18  # a crash loses at most the entries written since a flush
+_FEW_ENTRIES = 24  # fewer keys than this are put in Python (numpy costs per call)
 _UNDO_COST = 4  # undoing one put costs about as much as re-putting this many slots
 _ZERO_CHUNK = 1 << 20
 _ZERO_WINDOW = 16 << 20  # past this many bytes beyond the header's count, stop at zeros
@@ -87,6 +101,19 @@ def index_key_hash(key: str) -> int:
     """RocketMQ's indexKeyHashMethod: `Math.abs(key.hashCode())`, 0 for Integer.MIN_VALUE."""
     h = java_string_hash(key)
     return 0 if h == -0x80000000 else abs(h)
+
+
+def topic_key_hashes(
+    topics: Sequence[str], topic_index: I64s, key_hash: I64s, key_units: I64s
+) -> I64s:
+    """`index_key_hash(build_key(topics[t], key))` for keys given by the topic they go
+    with, their Java hashCode (unsigned 32-bit) and their length in UTF-16 units:
+    hashCode(a + b) = hashCode(a) * 31^len(b) + hashCode(b), mod 2^32."""
+    prefix = np.array([java_string_hash(build_key(t, "")) & 0xFFFFFFFF for t in topics], np.uint32)
+    whole = prefix[topic_index] * POW31_U32[key_units] + key_hash.astype(np.uint32)
+    signed = whole.view(np.int32).astype(np.int64)
+    hashes: I64s = np.where(signed == -(1 << 31), 0, np.abs(signed))
+    return hashes
 
 
 class IndexFile:
@@ -186,6 +213,80 @@ class IndexFile:
         self.end_timestamp_ms = max(self.end_timestamp_ms, store_timestamp_ms)
         HEADER.pack_into(mm, 0, *self.header())
         return True
+
+    def put_many(self, key_hashes: I64s, phy_offsets: I64s, store_timestamps_ms: I64s) -> int:
+        """`put` of each key (given by its `index_key_hash`), in order, while there is
+        room; returns how many went in. Writes exactly what those puts write.
+
+        Each entry links to the newest entry of its slot before it: the previous key
+        of the batch in that slot, else the slot's head (if it names an entry below
+        the count at that point, as `put` checks); each used slot ends up naming its
+        last entry of the batch. Entries go in with one copy, the header once.
+        """
+        count = self.index_count
+        m = min(len(key_hashes), self.entry_count - count)
+        if m <= 0:
+            return 0
+        hashes, phys, times = key_hashes[:m], phy_offsets[:m], store_timestamps_ms[:m]
+        if count == 1:
+            self.begin_timestamp_ms = int(times[0])
+            self.begin_phy_offset = int(phys[0])
+        if m < _FEW_ENTRIES:
+            self._put_few(hashes.tolist(), phys.tolist(), times.tolist())
+        else:
+            self._put_run(hashes, phys, times)
+        self.index_count = count + m
+        self.end_phy_offset = int(phys[-1])
+        self.end_timestamp_ms = max(self.end_timestamp_ms, int(times.max()))
+        HEADER.pack_into(self._mm, 0, *self.header())
+        return m
+
+    def _put_few(self, hashes: list[int], phys: list[int], times: list[int]) -> None:
+        """Entries and slots of a few keys from the count on, as `put` writes them."""
+        mm, count, slot_count = self._mm, self.index_count, self.slot_count
+        at, begin = self._entries_at + count * ENTRY_SIZE, self.begin_timestamp_ms
+        for key_hash, phy, ts in zip(hashes, phys, times, strict=True):
+            slot_at = HEADER_SIZE + (key_hash % slot_count) * SLOT_SIZE
+            (head,) = SLOT.unpack_from(mm, slot_at)
+            if head <= _INVALID_INDEX or head >= count:
+                head = _INVALID_INDEX
+                self.hash_slot_count += 1
+            ENTRY.pack_into(mm, at, key_hash, phy, _time_diff_s(ts, begin), head)
+            SLOT.pack_into(mm, slot_at, count)
+            count += 1
+            at += ENTRY_SIZE
+
+    def _put_run(self, hashes: I64s, phys: I64s, times: I64s) -> None:
+        """`_put_few` with array operations: each entry's previous one in its slot is the
+        batch's previous key there, else the slot's head (if below the count then)."""
+        m, count = len(hashes), self.index_count
+        numbers = np.arange(count, count + m, dtype=np.int64)
+        slot = hashes % self.slot_count
+        order = np.argsort(slot, kind="stable")
+        sorted_slot = slot[order]
+        again = sorted_slot[1:] == sorted_slot[:-1]  # order[k + 1] follows order[k] in a slot
+        prev = np.empty(m, np.int64)
+        prev[order[1:][again]] = numbers[order[:-1][again]]
+        first = np.ones(m, np.bool_)
+        first[order[1:][again]] = False
+        first_at = np.flatnonzero(first)
+        last_at = order[np.append(~again, True)]
+        slots = np.frombuffer(self._mm, ">i4", self.slot_count, HEADER_SIZE)
+        try:
+            head = slots[slot[first_at]].astype(np.int64)
+            head[(head <= _INVALID_INDEX) | (head >= numbers[first_at])] = _INVALID_INDEX
+            prev[first_at] = head
+            slots[slot[last_at]] = numbers[last_at]
+        finally:
+            del slots  # a live view would keep the mapping from closing
+        entries = np.empty(m, ENTRY_DTYPE)
+        entries["key_hash"] = hashes
+        entries["phy_offset"] = phys
+        entries["time_diff"] = _time_diffs_s(times, self.begin_timestamp_ms)
+        entries["prev_index"] = prev
+        at = self._entries_at + count * ENTRY_SIZE
+        self._mm[at : at + m * ENTRY_SIZE] = entries.tobytes()
+        self.hash_slot_count += int(np.count_nonzero(prev == _INVALID_INDEX))
 
     def repair_slots(self) -> bool:
         """After a crash: rebuild the slot table from the entries if it points past them.
@@ -509,6 +610,18 @@ def _time_diff_s(store_timestamp_ms: int, begin_timestamp_ms: int) -> int:
     return min(max((store_timestamp_ms - begin_timestamp_ms) // 1000, 0), _I32_MAX)
 
 
+def _time_diffs_s(store_timestamps_ms: I64s, begin_timestamp_ms: int) -> I64s:
+    """`_time_diff_s` of each timestamp (in Python ints where int64 could overflow)."""
+    limit = 1 << 61
+    low, high = int(store_timestamps_ms.min()), int(store_timestamps_ms.max())
+    if max(abs(begin_timestamp_ms), abs(low), abs(high)) >= limit:
+        return np.array([_time_diff_s(t, begin_timestamp_ms)
+                         for t in store_timestamps_ms.tolist()], np.int64)  # fmt: skip
+    diffs: I64s = np.minimum(np.maximum((store_timestamps_ms - begin_timestamp_ms) // 1000, 0),
+                             _I32_MAX)  # fmt: skip
+    return diffs
+
+
 def _column(raw: bytes, at: int, code: str = "i") -> array[int]:
     """The big-endian field at byte `at` of every 20-byte entry in `raw`, in host order:
     `code` "i" for an i32, "q" for an i64."""
@@ -607,6 +720,53 @@ class IndexService:
                 current = self._writable(1, store_timestamp_ms)
                 current.put(build_key(topic, key), phy_offset, store_timestamp_ms)
         return True
+
+    def put_batch(
+        self, phy_offsets: I64s, store_timestamps_ms: I64s, key_counts: I64s, key_hashes: I64s
+    ) -> int:
+        """`put_message` of each message of a batch, in log order: message i has
+        `key_counts[i]` keys, the next ones of `key_hashes` (their `index_key_hash`,
+        see `topic_key_hashes`); returns how many messages were indexed.
+
+        The same files, byte for byte: a message is skipped when it has no keys or its
+        offset is not above the last one indexed, and the messages that fit the
+        current file go into it with one `IndexFile.put_many`.
+        """
+        n = len(phy_offsets)
+        if not n or not len(key_hashes):
+            return 0
+        has = key_counts > 0
+        # The last offset indexed before each message: put_message's replay check.
+        seen = np.maximum.accumulate(np.where(has, phy_offsets, -1))
+        before = np.empty(n, np.int64)
+        before[0] = -1
+        before[1:] = seen[:-1]
+        keep = has & (phy_offsets > np.maximum(before, self.end_phy_offset))
+        if not keep.any():
+            return 0
+        owner = np.repeat(np.arange(n, dtype=np.int64), key_counts)
+        kept = keep[owner]
+        hashes, owner = key_hashes[kept], owner[kept]
+        phys, times = phy_offsets[owner], store_timestamps_ms[owner]
+        counts = key_counts[keep]
+        ends = np.cumsum(counts)
+        i = pos = 0
+        while i < len(counts):
+            need, ts = int(counts[i]), int(times[pos])
+            current = self._writable(need, ts)
+            if need <= current.room:  # the messages that fit go in together
+                j = int(np.searchsorted(ends, pos + current.room, "right"))
+                end = int(ends[j - 1])
+                current.put_many(hashes[pos:end], phys[pos:end], times[pos:end])
+                i, pos = j, end
+                continue
+            end = pos + need  # more keys than a file holds: they spill over, as put_message
+            pos += current.put_many(hashes[pos:end], phys[pos:end], times[pos:end])
+            while pos < end:
+                current = self._writable(1, ts)
+                pos += current.put_many(hashes[pos:end], phys[pos:end], times[pos:end])
+            i += 1
+        return len(counts)
 
     def _writable(self, needed: int, store_timestamp_ms: int) -> IndexFile:
         last = self.files[-1] if self.files else None

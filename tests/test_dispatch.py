@@ -330,7 +330,9 @@ def test_verify_passes_then_finds_damage(log: LocalLog, capsys: pytest.CaptureFi
 
 def test_a_new_leadership_assigns_queue_offsets_after_the_committed_ones(tmp_path: Path) -> None:
     """The leader's tables load before the first put of a term takes queue offsets
-    (before, a put racing the leadership's first Ready reused offset 0)."""
+    (before, a put racing the leadership's first Ready reused offset 0). The node
+    starts a leadership right after the step or tick that begins it, before any put
+    is assigned offsets: here that is the become_leader call before the put."""
     first = LocalLog(tmp_path / "node")
     first.put([{"topic": "t", "body": b"x", "uniq_key": f"a{i}", "queue_id": 0} for i in range(5)])
     first.close()
@@ -340,7 +342,7 @@ def test_a_new_leadership_assigns_queue_offsets_after_the_committed_ones(tmp_pat
         d.recover(again.cl.committed_pos)
         d.catch_up()
         again.cl.load_committed(again.store.last_index(), d.max_offsets())
-        again.cl.before_assign = lambda: again.cl.become_leader(2, [])
+        again.cl.become_leader(2, [])
         (r,) = again.put([{"topic": "t", "body": b"y", "uniq_key": "b", "queue_id": 0}])
         assert r.queue_offset == 5
         d.catch_up()
@@ -373,9 +375,10 @@ def test_a_retry_reaching_a_new_leader_before_its_first_proposal_is_stored_once(
     tmp_path: Path,
 ) -> None:
     """The old leader appended a put's first attempt and died; the new leader holds
-    it in its uncommitted tail, but loads that tail only at its first proposal. A
-    retry arriving before then must be answered by that entry, not appended again
-    (a chaos leader-kill run found the UNIQ_KEY stored twice)."""
+    it in its uncommitted tail. A retry must be answered by that entry, not appended
+    again (a chaos leader-kill run found the UNIQ_KEY stored twice). The node loads
+    the tail when the leadership starts (right after the step or tick that begins it),
+    before any put is assigned: here the become_leader call before the retries."""
     log = LocalLog(tmp_path / "node")
 
     def spec() -> PutSpec:
@@ -393,7 +396,7 @@ def test_a_retry_reaching_a_new_leader_before_its_first_proposal_is_stored_once(
         first.cancel()  # the old leader died: its client gives up on this attempt
         log.cl.become_leader(2, [])  # the tables of a node that has not led yet
         tail = list(log._pending)  # the first attempt, appended and not committed
-        log.cl.before_assign = lambda: log.cl.become_leader(3, tail)
+        log.cl.become_leader(3, tail)
         retries = [asyncio.ensure_future(log.cl.put([spec()], 5.0)) for _ in range(2)]
         for _ in range(10):
             await asyncio.sleep(0)
