@@ -13,11 +13,15 @@ Checks (a failure raises `CorruptEntry`, never returns garbage): every message
 lies whole inside the buffer, its totalSize matches the expected size (when
 known: a consume-queue unit's size), magic code, supported sysFlag, body, topic
 and properties lengths that add up to totalSize exactly, and, when the caller
-knows them, the topic, queue id, consecutive queue offsets and commit-log
-offsets; properties must be UTF-8 `name\\x01value\\x02` pairs when a property
-column is decoded. The body CRC is not recomputed (it would cost more than all
-the rest): the entry holding a message carries its own CRCs, which the node
-verifies on recovery.
+knows them, the topic, queue id, queue offsets and commit-log offsets, either
+one queue's (consecutive offsets) or per row (a read of many queues at once,
+from a commit-log range); properties must be UTF-8 `name\\x01value\\x02`
+pairs when a property column is decoded. Only the requested columns are built
+(`columns`): a `topic`-only read gathers the fixed 88-byte part of each message,
+checks it, and builds one string column. The body CRC is not recomputed here (it
+would cost more than all the rest): a server checks it before it serves raw
+entries (ReadLog, once per process); files are read as the node left them, as
+`dledger verify` would check them.
 
 The schema (`FIELDS`) is that of the `dledger` Spark source; `properties` holds
 the message's properties except KEYS and TAGS, which have their own columns.
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -112,7 +116,8 @@ assert _HEADER.fields["physical_offset"][1] == PHYSICAL_OFFSET_POS
 assert _HEADER.fields["stored"][1] == STORE_TIMESTAMP_POS
 
 _AR12 = np.arange(12, dtype=np.int64)
-_HEX = np.frombuffer(b"".join(f"{b:02X}".encode() for b in range(256)), np.uint8).reshape(256, 2)
+# Byte -> its two hex digits, as one uint16 whose memory holds them in order.
+_HEX2 = np.frombuffer(b"".join(f"{b:02X}".encode() for b in range(256)), np.uint16)
 _PROPERTY_COLUMNS = frozenset({"keys", "tags", "properties"})
 
 Int64s = npt.NDArray[np.int64]
@@ -121,9 +126,26 @@ Bytes = npt.NDArray[np.uint8]
 
 
 class Expected:
-    """What the caller knows about the messages it asks `decode` to check against."""
+    """What the caller knows about the messages it asks `decode` to check against.
 
-    __slots__ = ("commitlog_offsets", "first_queue_offset", "queue_id", "sizes", "topic")
+    One queue's run: `topic`, `queue_id`, `first_queue_offset` (the rest follow
+    consecutively). Rows of many queues: `topics` (the distinct names) with
+    `topic_codes` (per row, an index into `topics`), `queue_ids` and
+    `queue_offsets` per row. `sizes` and `commitlog_offsets` (consume-queue units)
+    are per row in both cases.
+    """
+
+    __slots__ = (
+        "commitlog_offsets",
+        "first_queue_offset",
+        "queue_id",
+        "queue_ids",
+        "queue_offsets",
+        "sizes",
+        "topic",
+        "topic_codes",
+        "topics",
+    )
 
     def __init__(
         self,
@@ -133,12 +155,39 @@ class Expected:
         first_queue_offset: int | None = None,
         sizes: Ints | None = None,
         commitlog_offsets: Int64s | None = None,
+        topics: Sequence[str] | None = None,
+        topic_codes: Ints | None = None,
+        queue_ids: Ints | None = None,
+        queue_offsets: Int64s | None = None,
     ) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.first_queue_offset = first_queue_offset
         self.sizes = sizes
         self.commitlog_offsets = commitlog_offsets
+        self.topics = tuple(topics) if topics is not None else None
+        self.topic_codes = topic_codes
+        self.queue_ids = queue_ids
+        self.queue_offsets = queue_offsets
+        if (topics is None) != (topic_codes is None):
+            raise ValueError("give topics and topic_codes together")
+
+    def take(self, rows: npt.NDArray[np.int64] | slice) -> Expected:
+        """The expectations of a subset of the rows (per-row fields only)."""
+
+        def pick(a: npt.NDArray[Any] | None) -> npt.NDArray[Any] | None:
+            return None if a is None else a[rows]
+
+        return Expected(
+            topic=self.topic,
+            queue_id=self.queue_id,
+            sizes=pick(self.sizes),
+            commitlog_offsets=pick(self.commitlog_offsets),
+            topics=self.topics,
+            topic_codes=pick(self.topic_codes),
+            queue_ids=pick(self.queue_ids),
+            queue_offsets=pick(self.queue_offsets),
+        )
 
 
 def walk(raw: bytes | memoryview, where: str = "message buffer") -> Int64s:
@@ -274,10 +323,15 @@ class _Decoder:
         self.body_end, self.topic_end = body_end, topic_end
         if exp.queue_id is not None:
             self._fail(head["queue_id"] != exp.queue_id, f"queue id is not {exp.queue_id}")
+        if exp.queue_ids is not None:
+            self._fail(head["queue_id"] != exp.queue_ids, "queue id differs from its unit's queue")
         if exp.first_queue_offset is not None:
             first = exp.first_queue_offset
             want = np.arange(first, first + self.n, dtype=np.int64)
             self._fail(head["queue_offset"] != want, "queue offsets are not consecutive")
+        if exp.queue_offsets is not None:
+            bad = head["queue_offset"] != exp.queue_offsets
+            self._fail(bad, "queue offset differs from its unit's offset")
         if exp.commitlog_offsets is not None:
             bad = head["physical_offset"] != exp.commitlog_offsets
             self._fail(bad, "physical offset differs from its unit")
@@ -286,7 +340,30 @@ class _Decoder:
             self._fail(topic_len != len(raw), f"topic is not {exp.topic!r}")
             got = _items(arr, len(raw))[body_end + 1]
             self._fail(got != np.frombuffer(raw, f"V{len(raw)}")[0], "topic differs")
+        if exp.topics is not None and exp.topic_codes is not None:
+            self._check_topics(exp.topics, exp.topic_codes)
         self.end = end
+
+    def _check_topics(self, topics: tuple[str, ...], codes: Ints) -> None:
+        """Each row's topic is topics[codes[row]]: one vectorized compare per topic."""
+        arr = self.arr
+        encoded = [t.encode() for t in topics]
+        lengths = np.fromiter((len(b) for b in encoded), np.int64, len(encoded))
+        self._fail(self.topic_len != lengths[codes], "topic differs from its unit's topic")
+        for code, raw in enumerate(encoded):
+            rows = np.flatnonzero(codes == code) if len(encoded) > 1 else None
+            at = self.body_end + 1 if rows is None else self.body_end[rows] + 1
+            if len(at) == 0:
+                continue
+            got = _items(arr, len(raw))[at]
+            bad = got != np.frombuffer(raw, f"V{len(raw)}")[0]
+            if bad.any():
+                row = int(np.argmax(bad)) if rows is None else int(rows[np.argmax(bad)])
+                raise CorruptEntry(
+                    self.where,
+                    int(self.starts[row]),
+                    f"message {row}: topic is not {topics[code]!r}",
+                )
 
     # -- columns ---------------------------------------------------------------
 
@@ -303,6 +380,9 @@ class _Decoder:
         return pa.RecordBatch.from_arrays(arrays, names=list(columns))
 
     def _col_topic(self) -> pa.Array:
+        exp = self.exp
+        if exp.topics is not None and exp.topic_codes is not None:
+            return pa.array(exp.topics, pa.string()).take(pa.array(exp.topic_codes))
         if self.exp.topic is not None:
             raw = self.exp.topic.encode()
             offsets = np.arange(self.n + 1, dtype=np.int32) * len(raw)
@@ -314,6 +394,8 @@ class _Decoder:
     def _col_queue_id(self) -> pa.Array:
         if self.exp.queue_id is not None:
             return pa.array(np.full(self.n, self.exp.queue_id, np.int32))
+        if self.exp.queue_ids is not None:
+            return pa.array(self.exp.queue_ids.astype(np.int32))
         return pa.array(self.head["queue_id"].astype(np.int32))
 
     def _col_queue_offset(self) -> pa.Array:
@@ -327,10 +409,10 @@ class _Decoder:
         raw = np.empty((self.n, 16), np.uint8)
         raw[:, :8] = self.head_bytes[:, _STORE_HOST_POS : _STORE_HOST_POS + 8]
         raw[:, 8:] = self.head_bytes[:, PHYSICAL_OFFSET_POS : PHYSICAL_OFFSET_POS + 8]
-        text = _HEX[raw].reshape(self.n, 32)
+        text = _HEX2[raw]  # (n, 16) uint16: 32 characters a row
         offsets = np.arange(self.n + 1, dtype=np.int32) * 32
         return pa.Array.from_buffers(
-            pa.string(), self.n, [None, pa.py_buffer(offsets), pa.py_buffer(text.tobytes())]
+            pa.string(), self.n, [None, pa.py_buffer(offsets), pa.py_buffer(text)]
         )
 
     def _timestamp(self, field: str) -> pa.Array:

@@ -7,23 +7,37 @@
           .option("startingOffsets", "earliest").option("endingOffsets", "latest")
           .load())
 
-Options and offsets: see `analytics.plan`. Schema: `analytics.codec.FIELDS`; a
-user schema (`.schema("topic string, body_size int")`) that is a subset of it
-makes the reader decode only those columns, which is how a query reads less.
+Options and offsets: see `analytics.plan`. Schema: `analytics.codec.FIELDS`. The
+Python Data Source API prunes no columns by itself, so a query that needs few
+columns names them: a user schema that is a subset of the source's
+(`.schema("topic string, body_size int")`) or the `columns` option
+(`.option("columns", "topic,body_size")`); only those columns are decoded.
 
 Batch: the planner (driver side) asks the store for each queue's committed
-range, resolves the offsets and cuts partitions (topic, queue, offset range);
-each partition is read on an executor with `Pull(raw=True)` from a replica
-(spread over the servers) and decoded to Arrow record batches. Streaming: the
-offsets are per-queue committed offsets `{"topic": {"queue": next offset}}`;
-each micro-batch reads [previous end, latest committed) of every queue, capped
-by `maxOffsetsPerTrigger`; Spark checkpoints the offsets, so a restarted query
-resumes exactly where it stopped. Only committed messages are ever read.
+range, resolves offsets (and timestamps), applies the filters Spark pushed down
+(`pushFilters`: topic, queue_id, queue_offset exactly; store_timestamp bounds as
+offsets, rechecked by Spark) and cuts partitions: commit-log ranges read in one
+pass each (`LogPiece`: most of the log) or queue-offset ranges of one queue
+(`Slice`: a few topics of many). Each partition is read on an executor (a local
+replica's files, or the servers' ReadUnits/ReadLog, or Pull) and decoded to
+Arrow record batches of about 256k rows. Streaming: the offsets are per-queue
+committed offsets `{"topic": {"queue": next offset}}`; each micro-batch reads
+[previous end, latest committed) of every queue, capped by
+`maxOffsetsPerTrigger`, held back by `minOffsetsPerTrigger` until
+`maxTriggerDelay` has passed; Spark checkpoints the offsets, so a restarted
+query resumes exactly where it stopped. Only committed messages are ever read.
+
+Filter pushdown needs `spark.sql.python.filterPushdown.enabled=true` (what
+`analytics.session.register` sets). Spark refuses a reader that implements
+`pushFilters` when it is off, so the reader made for Spark's pushdown planner
+is the only one that does; with pushdown off, reads work as before, unfiltered.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sys
+import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -31,7 +45,16 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    EqualNullSafe,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
     InputPartition,
+    IsNotNull,
+    LessThan,
+    LessThanOrEqual,
 )
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -44,17 +67,37 @@ from pyspark.sql.types import StructType
 from . import plan
 from .codec import COLUMNS, SPARK_DDL, SPARK_TYPES
 from .errors import OptionError
-from .plan import Offsets, ReadOptions, Slice
-from .sources import SYSTEM_TOPIC_PREFIX, QueueInfo, open_store
+from .plan import Narrowing, Offsets, ReadOptions
+from .sources import (
+    SYSTEM_TOPIC_PREFIX,
+    LocalFiles,
+    LogPiece,
+    OfflineStore,
+    QueueInfo,
+    ServerStore,
+    Slice,
+    open_store,
+)
 
 FORMAT = "dledger"
+_PUSHDOWN_PLANNER = "pyspark.sql.worker.data_source_pushdown_filters"
 
 
 class DLedgerPartition(InputPartition):
-    """One queue's offset range; `prefer` picks the server tried first (spreads the load)."""
+    """One queue's offset range; `prefer` picks the server tried first (spreads the load);
+    `local`: a replica's files the planner was offered (read if on the executor's host)."""
 
-    def __init__(self, piece: Slice, prefer: int) -> None:
-        super().__init__((piece.topic, piece.queue_id, piece.start, piece.end, prefer))
+    def __init__(self, piece: Slice, prefer: int, local: LocalFiles | None = None) -> None:
+        super().__init__(("queue", piece, prefer, local))
+        self.piece = piece
+        self.prefer = prefer
+
+
+class DLedgerLogPartition(InputPartition):
+    """A commit-log range of several queues, read in one pass."""
+
+    def __init__(self, piece: LogPiece, prefer: int, local: LocalFiles | None = None) -> None:
+        super().__init__(("log", piece, prefer, local))
         self.piece = piece
         self.prefer = prefer
 
@@ -65,16 +108,28 @@ class DLedgerDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> str:
-        return SPARK_DDL
+        columns = plan.columns_option(self.options)
+        if columns is None:
+            return SPARK_DDL
+        return ", ".join(f"{c} {SPARK_TYPES[c]}" for c in columns)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return DLedgerBatchReader(plan.parse_options(self.options, streaming=False), schema)
+        options = plan.parse_options(self.options, streaming=False)
+        if _called_by(_PUSHDOWN_PLANNER):
+            return DLedgerFilteringBatchReader(options, schema)
+        return DLedgerBatchReader(options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return DLedgerStreamReader(plan.parse_options(self.options, streaming=True), schema)
 
 
-def columns_of(schema: StructType) -> list[str]:
+def _called_by(module: str) -> bool:
+    """Whether the caller of our caller is in `module` (which Spark planner asks)."""
+    frame = sys._getframe(2)
+    return frame.f_globals.get("__name__") == module
+
+
+def columns_of(schema: StructType, wanted: tuple[str, ...] | None = None) -> list[str]:
     """The source columns a (user) schema asks for, checked against the source schema."""
     out = []
     for field in schema.fields:
@@ -90,40 +145,70 @@ def columns_of(schema: StructType) -> list[str]:
         out.append(field.name)
     if not out:
         raise OptionError("schema: no columns")
+    if wanted is not None and tuple(out) != wanted:
+        raise OptionError(
+            f"columns: {','.join(wanted)} differs from the schema given ({','.join(out)}): "
+            "give one or the other"
+        )
     return out
 
 
 class _Base:
     def __init__(self, options: ReadOptions, schema: StructType) -> None:
         self.options = options
-        self.columns = columns_of(schema)
+        self.columns = columns_of(schema, options.columns)
+        self.narrowing = Narrowing()
 
-    def _queues(self) -> list[QueueInfo]:
+    def _store(self, prefer: int = 0) -> ServerStore | OfflineStore:
         opts = self.options
-        store = open_store(opts.servers, opts.path, opts.timeout_s, access=_access(opts))
-        try:
-            found = store.queues()  # user topics
-            for topic in opts.topics or ():
-                if topic.startswith(SYSTEM_TOPIC_PREFIX):  # only when asked for by name
-                    found += store.queues(topic)
-        finally:
-            store.close()
-        return plan.select(found, opts.topics)
-
-    def _partitions(self, slices: list[Slice]) -> list[DLedgerPartition]:
-        pieces = plan.split(
-            slices, self.options.messages_per_partition, self.options.min_partitions
+        return open_store(
+            opts.servers, opts.path, opts.timeout_s, prefer, _access(opts), opts.local_reads
         )
-        return [DLedgerPartition(p, k) for k, p in enumerate(pieces)]
+
+    def _queues(self, store: ServerStore | OfflineStore) -> list[QueueInfo]:
+        opts = self.options
+        found = store.queues()  # user topics
+        for topic in plan.named_topics(opts):
+            if topic.startswith(SYSTEM_TOPIC_PREFIX):  # only when asked for by name
+                found += store.queues(topic)
+        return self.narrowing.queues(plan.choose(found, opts))
+
+    def _partitions(
+        self, store: ServerStore | OfflineStore, slices: list[Slice]
+    ) -> list[InputPartition]:
+        opts = self.options
+        slices = [s for s in slices if s.start < s.end]
+        files = isinstance(store, OfflineStore)
+        local = store.offered if isinstance(store, ServerStore) and opts.local_reads else None
+        span = store.unit_span(slices) if slices and opts.partitioning != "queue" else None
+        if span is not None and plan.use_log_ranges(opts.partitioning, files, span):
+            segment = store.segment_bytes if isinstance(store, OfflineStore) else None
+            pieces = plan.log_pieces(slices, span, plan.default_partitions(opts), segment,
+                                     exact=opts.min_partitions_given)  # fmt: skip
+            return [DLedgerLogPartition(p, k, local) for k, p in enumerate(pieces)]
+        cut = plan.split(slices, opts.messages_per_partition, opts.min_partitions)
+        return [DLedgerPartition(p, k, local) for k, p in enumerate(cut)]
 
     def _read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if partition is None or partition.value is None:  # Spark's stand-in when there are none
             return
-        topic, queue_id, start, end, prefer = partition.value
-        opts = self.options
-        store = open_store(opts.servers, opts.path, opts.timeout_s, prefer, _access(opts))
+        kind, piece, prefer, local = partition.value
+        store = self._store(prefer)
         try:
-            for batch in store.read(topic, queue_id, start, end, self.columns):
+            if isinstance(store, OfflineStore):
+                batches = (
+                    store.read_piece(piece, self.columns)
+                    if kind == "log"
+                    else store.read(
+                        piece.topic, piece.queue_id, piece.start, piece.end, self.columns
+                    )
+                )
+            elif kind == "log":
+                batches = store.read_piece(piece, self.columns, local)
+            else:
+                batches = store.read(piece.topic, piece.queue_id, piece.start, piece.end,
+                                     self.columns, local)  # fmt: skip
+            for batch in batches:
                 if batch.num_rows:
                     yield batch
         finally:
@@ -133,23 +218,114 @@ class _Base:
 class DLedgerBatchReader(_Base, DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         opts = self.options
-        queues = self._queues()
-        start = plan.resolve(opts.starting, queues, "startingOffsets", opts.fail_on_data_loss)
-        end = plan.resolve(opts.ending, queues, "endingOffsets")
-        parts: list[InputPartition] = list(self._partitions(plan.ranges(start, end)))
-        return parts
+        store = self._store()
+        try:
+            queues = self._queues(store)
+            lookup = store.offsets_for_times
+            start = plan.resolve_start(opts, queues, lookup)
+            end = plan.resolve_end(opts, queues, lookup)
+            start, end = self.narrowing.offsets(start, end)
+            start, end = self.narrowing.times(start, end, lookup, opts.timestamp_slack_ms)
+            return self._partitions(store, plan.ranges(start, end))
+        finally:
+            store.close()
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self._read(partition)
 
 
+class DLedgerFilteringBatchReader(DLedgerBatchReader):
+    """The batch reader with filter pushdown (what Spark's pushdown planner gets)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        """Keep what narrows the read (see the module doc); return what Spark must still
+        check: filters not understood, and store_timestamp bounds (applied widened)."""
+        left = []
+        for f in filters:
+            exact = self._push(f)
+            if not exact:
+                left.append(f)
+        return left
+
+    def _push(self, f: Filter) -> bool:
+        """Narrow the read by `f`; True when the read then holds exactly its rows."""
+        n = self.narrowing
+        attribute: tuple[str, ...] = getattr(f, "attribute", ())
+        if len(attribute) != 1:
+            return False
+        column = attribute[0]
+        if isinstance(f, IsNotNull):
+            return column in SPARK_TYPES and column != "tags"  # only tags is ever null
+        value: Any = getattr(f, "value", None)
+        what = f"{type(f).__name__}({column}, {value!r})"
+        equal = isinstance(f, EqualTo | EqualNullSafe)
+        if column == "topic":
+            if equal and isinstance(value, str):
+                self.narrowing = n.with_topics([value], what)
+                return True
+            if isinstance(f, In) and all(isinstance(v, str) for v in value):
+                self.narrowing = n.with_topics(value, what)
+                return True
+            return False
+        if column in ("queue_id", "queue_offset"):
+            which = "queue_id_range" if column == "queue_id" else "offset_range"
+            if isinstance(f, In) and all(_is_int(v) for v in value):
+                if column == "queue_id":
+                    self.narrowing = n.with_queue_ids(value, what)
+                    return True
+                self.narrowing = n.bounded(which, min(value), max(value) + 1, what)
+                return bool(len(set(value)) == max(value) - min(value) + 1)
+            if not _is_int(value):
+                return False
+            bounds = _int_bounds(f, int(value))
+            if bounds is None:
+                return False
+            self.narrowing = n.bounded(which, *bounds, what)
+            return True
+        if column == "store_timestamp":
+            lo = hi = None
+            if isinstance(f, GreaterThan | GreaterThanOrEqual) or equal:
+                lo = plan.to_ms(value, up=False)
+            if isinstance(f, LessThan | LessThanOrEqual) or equal:
+                up = plan.to_ms(value, up=True)
+                hi = None if up is None else up + 1
+            if lo is not None or hi is not None:
+                self.narrowing = n.bounded("time_range", lo, hi, what)
+            return False  # widened by the slack: Spark checks the rows again
+        return False
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_bounds(f: Filter, v: int) -> tuple[int | None, int | None] | None:
+    """[lo, hi) of an integer comparison."""
+    if isinstance(f, EqualTo | EqualNullSafe):
+        return v, v + 1
+    if isinstance(f, GreaterThan):
+        return v + 1, None
+    if isinstance(f, GreaterThanOrEqual):
+        return v, None
+    if isinstance(f, LessThan):
+        return None, v
+    if isinstance(f, LessThanOrEqual):
+        return None, v + 1
+    return None
+
+
 class DLedgerStreamReader(_Base, DataSourceStreamReader, SupportsTriggerAvailableNow):
     _target: Offsets | None = None  # trigger(availableNow=True): read up to here, then stop
+    _last_trigger: float | None = None  # when the last micro-batch was planned (monotonic s)
 
     def initialOffset(self) -> dict[str, Any]:
         opts = self.options
-        queues = self._queues()
-        start = plan.resolve(opts.starting, queues, "startingOffsets", opts.fail_on_data_loss)
+        store = self._store()
+        try:
+            queues = self._queues(store)
+            start = plan.resolve_start(opts, queues, store.offsets_for_times)
+        finally:
+            store.close()
         return plan.to_json(start)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -158,13 +334,22 @@ class DLedgerStreamReader(_Base, DataSourceStreamReader, SupportsTriggerAvailabl
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Record the committed ends now: this query reads up to them (rate-limited), no further."""
-        self._target = {(q.topic, q.queue_id): q.max_offset for q in self._queues()}
+        store = self._store()
+        try:
+            self._target = {(q.topic, q.queue_id): q.max_offset for q in self._queues(store)}
+        finally:
+            store.close()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = plan.from_json(start)
         latest: Offsets = dict(begin)  # a queue the store no longer lists stays where it was
         floor: Offsets = {}
-        for q in self._queues():
+        store = self._store()
+        try:
+            queues = self._queues(store)
+        finally:
+            store.close()
+        for q in queues:
             key = (q.topic, q.queue_id)
             end = q.max_offset
             if self._target is not None:
@@ -173,16 +358,42 @@ class DLedgerStreamReader(_Base, DataSourceStreamReader, SupportsTriggerAvailabl
                 end = min(end, self._target[key])
             latest[key] = max(end, begin.get(key, 0))
             floor[key] = begin.get(key, q.min_offset)
+        origin = {**floor, **begin}
+        if not self._enough(origin, latest):
+            return start
         cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return plan.to_json(plan.cap({**floor, **begin}, latest, cap))
+        return plan.to_json(plan.cap(origin, latest, cap))
+
+    def _enough(self, origin: Offsets, latest: Offsets) -> bool:
+        """minOffsetsPerTrigger: hold the batch back until that many messages wait, or
+        maxTriggerDelay has passed since the last one (not under availableNow)."""
+        least = self.options.min_offsets_per_trigger
+        now = time.monotonic()
+        if self._last_trigger is None:
+            self._last_trigger = now  # the delay counts from the query's start
+        if least is None or self._target is not None:
+            return True
+        waiting = sum(max(0, hi - origin.get(k, hi)) for k, hi in latest.items())
+        if (
+            waiting >= least
+            or (now - self._last_trigger) * 1000 >= self.options.max_trigger_delay_ms
+        ):
+            self._last_trigger = now
+            return True
+        return False
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         begin, finish = plan.from_json(start), plan.from_json(end)
         if begin == finish:
             return []
-        slices = plan.stream_ranges(begin, finish, self._queues(), self.options.fail_on_data_loss)
-        parts: list[InputPartition] = list(self._partitions(slices))
-        return parts
+        store = self._store()
+        try:
+            slices = plan.stream_ranges(
+                begin, finish, self._queues(store), self.options.fail_on_data_loss
+            )
+            return self._partitions(store, slices)
+        finally:
+            store.close()
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self._read(partition)

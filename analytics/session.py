@@ -37,10 +37,15 @@ def _log4j2_file() -> Path:
     return path
 
 
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
 def register(spark: SparkSession) -> SparkSession:
-    """Register the `dledger` format with `spark`; returns it."""
+    """Register the `dledger` format with `spark` and let Python sources take filters
+    (topic, queue_id, queue_offset, store_timestamp narrow a read); returns it."""
     from .datasource import DLedgerDataSource
 
+    spark.conf.set(PUSHDOWN_CONF, "true")
     spark.dataSource.register(DLedgerDataSource)
     return spark
 

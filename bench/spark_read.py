@@ -3,16 +3,31 @@
 A local 3-node cluster (async flush, so that loading is quick; reads are the
 same in either flush mode) is loaded with N committed 256-byte messages over 4
 topics (4 queues each) by PutBatch. Then, in one local[2] Spark session, each
-query is `groupBy("topic").count()`, timed after one warm-up run, best of 3:
+query is `groupBy("topic").count()` over every topic, timed after one warm-up
+run, best of `--repeat`:
 
-- `dledger`, full schema: every column decoded, served by the 3 replicas (Pull);
-- `dledger`, schema `topic string`: what a query that needs one column reads;
-- `dledger` offline (`path`), both schemas: a stopped follower's data directory;
-- Parquet: the same rows (written from the source, all columns), read natively,
-  which prunes to the one column it needs.
+- cluster, over gRPC (`localReads=false`): ReadUnits + ReadLog (raw entries,
+  decoded in the Spark workers), full schema and `columns=topic`;
+- cluster, a replica's files (`localReads=true`, the default when a replica runs
+  on the same host): the live node's files below the ends it reports;
+- files (`path`): a stopped follower's data directory, both schemas;
+- a filter pushed down: `topic = 'orders' AND store_timestamp >= <the middle of
+  the load>` over gRPC, `count()`: only a quarter of the topics, half the time;
+- Parquet: the same rows (written from the source, every column), read natively
+  (which prunes to the one column it needs), timed before and after the others;
+  the ratios use its best time;
+- the floor of the Python Data Source API: a source that reads and decodes
+  nothing, its partitions yielding ready-made Arrow batches of the `topic`
+  column (as many partitions and rows a batch as the `dledger` source): no
+  Python source can be faster than this in the same session.
 
-The issue's target: the `dledger` source at >= 50% of the native Parquet rate.
-Run: `.venv/bin/python bench/spark_read.py [--messages 2000000]`; writes
+Also a raw Pull of 16,384 messages against a node, with the node's event-loop
+lag (`Status.loop_lag_max_ms`) before and during it: the Pull's disk reads run
+in a thread, so it must not hold the loop that runs Raft.
+
+Targets (issue 14): files path >= 70% of native Parquet rows/s, cluster path
+>= 50%, full-topic groupBy count; a 16k Pull never blocks the loop over 20 ms.
+Run: `.venv/bin/python bench/spark_read.py [--messages 1000000]`; writes
 bench/results/spark_read.json.
 """
 
@@ -20,18 +35,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analytics.sources import ServerStore
 from bench._report import report
-from dledger_commitlog.client import AsyncClient, MessageSpec
+from dledger_commitlog.client import AsyncClient, ClientError, MessageSpec
 from dledger_commitlog.cluster import LocalCluster
 
 TOPICS = ("orders", "payments", "clicks", "audit")
@@ -44,24 +60,40 @@ CONFIG = {
 }
 BATCH = 2000
 IN_FLIGHT = 4
+PULL = 16_384
 
 
-async def load(servers: list[str], total: int) -> float:
-    """Put `total` messages (round-robin over TOPICS) with PutBatch; returns msgs/s."""
-    specs = [[MessageSpec(t, BODY, tags="t") for _ in range(BATCH // len(TOPICS))] for t in TOPICS]
-    batch = [m for group in zip(*specs, strict=True) for m in group]
-    todo = total // len(batch) + (1 if total % len(batch) else 0)
+async def load(servers: list[str], total: int) -> tuple[float, int, int]:
+    """Put `total` messages (round-robin over TOPICS) with PutBatch; returns msgs/s and
+    the store timestamps (ms) of the first and the last message.
+
+    Each message has its own UNIQ_KEY, so a batch that fails (a leader change) is
+    put again without duplicates (the leaders' idempotency window).
+    """
+    todo = total // BATCH + (1 if total % BATCH else 0)
+    stamps: list[int] = []
     async with AsyncClient(servers, timeout_s=60) as client:
         started = time.perf_counter()
         counter = iter(range(todo))
 
         async def worker() -> None:
             for k in counter:
-                size = min(len(batch), total - k * len(batch))
-                await client.put_batch(batch[:size])
+                first = k * BATCH
+                batch = [
+                    MessageSpec(TOPICS[i % len(TOPICS)], BODY, tags="t", uniq_key=f"{i:032X}")
+                    for i in range(first, min(total, first + BATCH))
+                ]
+                for attempt in range(5):
+                    try:
+                        results = await client.put_batch(batch)
+                        break
+                    except ClientError:
+                        if attempt == 4:
+                            raise
+                stamps.extend((results[0].store_timestamp_ms, results[-1].store_timestamp_ms))
 
         await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
-        return total / (time.perf_counter() - started)
+        return total / (time.perf_counter() - started), min(stamps), max(stamps)
 
 
 def wait_dispatched(servers: list[str], total: int, timeout_s: float) -> None:
@@ -89,9 +121,81 @@ def timed(run: Callable[[], object], repeat: int = 3) -> tuple[float, list[float
     return min(times), times
 
 
+def floor_source(n: int) -> type:
+    """A Python data source that only yields prepared `topic` batches (see the doc)."""
+    import numpy as np
+    import pyarrow as pa
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from analytics.sources import BATCH_ROWS
+
+    class FloorReader(DataSourceReader):
+        def partitions(self) -> list[InputPartition]:
+            return [InputPartition(k) for k in range(2)]
+
+        def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+            names = pa.array(list(TOPICS), pa.string())
+            codes = np.arange(n // 2, dtype=np.int32) % len(TOPICS)
+            for lo in range(0, n // 2, BATCH_ROWS):
+                part = pa.array(codes[lo : lo + BATCH_ROWS])
+                yield pa.RecordBatch.from_arrays([names.take(part)], names=["topic"])
+
+    class Floor(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "floor"
+
+        def schema(self) -> str:
+            return "topic string"
+
+        def reader(self, schema: object) -> DataSourceReader:
+            return FloorReader()
+
+    return Floor
+
+
+def pull_lag(address: str) -> tuple[float, float, float]:
+    """(loop lag ms while idle, loop lag ms during raw Pulls of PULL messages, Pull seconds)."""
+    import grpc
+
+    from proto import dledger_pb2 as pb
+    from proto import dledger_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(address, [("grpc.max_receive_message_length", 256 << 20)]) as ch:
+        stub = pb_grpc.DLedgerClientStub(ch)
+        stub.Status(pb.StatusRequest(reset_loop_lag=True), timeout=10)
+        time.sleep(1.0)  # an idle second: the baseline
+        idle = stub.Status(pb.StatusRequest(reset_loop_lag=True), timeout=10).loop_lag_max_ms
+        took = []
+        ends = stub.QueueOffsets(pb.QueueOffsetsRequest(topic=TOPICS[0]), timeout=10).queues
+        end = next(q.max_offset for q in ends if q.queue_id == 0)
+        for offset in range(0, end, PULL):
+            t = time.perf_counter()
+            r = stub.Pull(
+                pb.PullRequest(topic=TOPICS[0], queue_id=0, queue_offset=offset,
+                               max_messages=PULL, raw=True, max_bytes=64 << 20),
+                timeout=30,
+            )  # fmt: skip
+            took.append(time.perf_counter() - t)
+            assert r.next_offset == min(end, offset + PULL), (r.next_offset, offset)
+        busy = stub.Status(pb.StatusRequest(reset_loop_lag=True), timeout=10).loop_lag_max_ms
+    return idle, busy, min(took)
+
+
+def _floor_run(spark: object, n: int) -> Callable[[], object]:
+    def run() -> object:
+        df = spark.read.format("floor").load()  # type: ignore[attr-defined]
+        got: dict[str, int] = dict(df.groupBy("topic").count().collect())
+        if sum(got.values()) != n // 2 * 2:
+            raise RuntimeError(f"floor read {sum(got.values())} rows")
+        return got
+
+    return run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--messages", type=int, default=2_000_000)
+    ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     n = args.messages
@@ -99,24 +203,30 @@ def main() -> None:
 
     rows: list[tuple[str, str, str]] = []
     m: dict[str, float] = {"messages": n, "body_bytes": len(BODY)}
+    results: dict[str, float] = {}
+    runs: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         with LocalCluster(root / "cluster", flush_mode="async", extra_config=CONFIG) as cluster:
             cluster.up()
             servers = [s.client for s in cluster]
-            m["load_msgs_per_s"] = asyncio.run(load(servers, n))
+            m["load_msgs_per_s"], first_ms, last_ms = asyncio.run(load(servers, n))
             wait_dispatched(servers, n, timeout_s=600)
             rows.append(("load (PutBatch 2000 x 4, async flush)", f"{m['load_msgs_per_s']:,.0f}",
                          "msgs/s, 3 replicas, committed and dispatched"))  # fmt: skip
+            follower = next(s.id for s in cluster if s.id != cluster.leader_id())
+            idle, busy, pull_s = pull_lag(cluster.specs[follower].client)
+            m["pull_16k_s"] = pull_s
+            m["loop_lag_idle_ms"] = idle
+            m["loop_lag_during_16k_pulls_ms"] = busy
             spark = local_session("local[2]", shuffle_partitions=2)
             try:
-                results: dict[str, float] = {}
 
-                def count(reader_schema: str | None, **options: str) -> Callable[[], object]:
+                def count(columns: str | None, **options: str) -> Callable[[], object]:
                     def run() -> object:
                         reader = spark.read.format("dledger")
-                        if reader_schema:
-                            reader = reader.schema(reader_schema)
+                        if columns:
+                            reader = reader.option("columns", columns)
                         for k, v in options.items():
                             reader = reader.option(k, v)
                         got: dict[str, int] = dict(reader.load().groupBy("topic").count().collect())
@@ -126,13 +236,16 @@ def main() -> None:
 
                     return run
 
+                def measure(name: str, run: Callable[[], object]) -> None:
+                    results[name], runs[name] = timed(run, args.repeat)
+                    took = ", ".join(f"{t:.2f}" for t in runs[name])
+                    print(f"  {name}: {n / results[name]:,.0f} rows/s ({took} s)", flush=True)
+
                 joined = ",".join(servers)
-                results["dledger"] = timed(count(None, servers=joined), args.repeat)[0]
-                topic_only = count("topic string", servers=joined)
-                results["dledger_topic"] = timed(topic_only, args.repeat)[0]
                 parquet = root / "parquet"
                 reader = spark.read.format("dledger").option("servers", joined)
                 reader.load().write.parquet(str(parquet))
+                m["parquet_files"] = len(list(parquet.glob("*.parquet")))
 
                 def native() -> object:
                     df = spark.read.parquet(str(parquet))
@@ -141,34 +254,61 @@ def main() -> None:
                         raise RuntimeError(f"parquet read {sum(got.values())} rows")
                     return got
 
-                results["parquet"], native_times = timed(native, args.repeat)
-                follower = next(s.id for s in cluster if s.id != cluster.leader_id())
+                measure("parquet_before", native)
+                spark.dataSource.register(floor_source(n))
+                measure("floor", _floor_run(spark, n))
+                grpc_only = {"servers": joined, "localReads": "false"}
+                measure("cluster", count(None, **grpc_only))
+                measure("cluster_topic", count("topic", **grpc_only))
+                measure("cluster_local", count(None, servers=joined))
+                measure("cluster_local_topic", count("topic", servers=joined))
+                middle = dt.datetime.fromtimestamp((first_ms + last_ms) / 2000, dt.UTC)
+
+                def pushed() -> object:
+                    df = (
+                        spark.read.format("dledger").options(**grpc_only).load()
+                        .where(f"topic = 'orders' AND store_timestamp >= '{middle.isoformat()}'")
+                    )  # fmt: skip
+                    return df.count()
+
+                m["filter_rows"] = float(pushed())  # type: ignore[arg-type]
+                measure("cluster_filter", pushed)
                 cluster.stop(follower)
                 path = cluster.specs[follower].data_dir
-                results["offline"] = timed(count(None, path=path), args.repeat)[0]
-                results["offline_topic"] = timed(count("topic string", path=path), args.repeat)[0]
+                measure("files", count(None, path=path))
+                measure("files_topic", count("topic", path=path))
+                measure("parquet_after", native)
             finally:
                 spark.stop()
         shutil.rmtree(root / "parquet", ignore_errors=True)
+    results["parquet"] = min(results["parquet_before"], results["parquet_after"])
+    runs["parquet"] = runs["parquet_before"] + runs["parquet_after"]
     rate = {k: n / v for k, v in results.items()}
     p = rate["parquet"]
     labels = {
-        "dledger": "dledger source, servers, full schema",
-        "dledger_topic": "dledger source, servers, schema `topic`",
-        "offline": "dledger source, offline dir, full schema",
-        "offline_topic": "dledger source, offline dir, schema `topic`",
-        "parquet": "Parquet, native (same rows, all columns)",
+        "cluster": "cluster over gRPC (ReadLog), full schema",
+        "cluster_topic": "cluster over gRPC (ReadLog), columns=topic",
+        "cluster_local": "cluster, a replica's files, full schema",
+        "cluster_local_topic": "cluster, a replica's files, columns=topic",
+        "files": "files (stopped node), full schema",
+        "files_topic": "files (stopped node), columns=topic",
+        "cluster_filter": "filter topic=orders, store_timestamp>=middle (gRPC)",
+        "floor": "floor: a Python source that yields ready batches",
+        "parquet": "Parquet, native (same rows, every column)",
     }
     for name, label in labels.items():
         m[f"{name}_rows_per_s"] = rate[name]
         m[f"{name}_s"] = results[name]
         if name != "parquet":
             m[f"{name}_vs_parquet"] = rate[name] / p
-        note = f"{results[name]:.2f} s" + (
-            f", {rate[name] / p:.0%} of Parquet" if name != "parquet" else
-            f" (runs: {', '.join(f'{t:.2f}' for t in native_times)})"
-        )  # fmt: skip
+        note = f"{results[name]:.2f} s (runs: {', '.join(f'{t:.2f}' for t in runs[name])})"
+        if name != "parquet":
+            note += f", {rate[name] / p:.0%} of Parquet"
+        if name == "cluster_filter":
+            note += f"; {m['filter_rows']:,.0f} rows match, rate over all {n:,}"
         rows.append((label, f"{rate[name]:,.0f}", f"rows/s; {note}"))
+    lag = f"loop lag: idle {idle:.1f} ms, during Pulls {busy:.1f} ms (target < 20)"
+    rows.append(("raw Pull of 16,384 messages", f"{m['pull_16k_s'] * 1000:.0f} ms", lag))
     rows.append(("", "", f"groupBy(topic).count() over {n:,} messages; best of {args.repeat}"))
     report("spark_read", rows, m)
 

@@ -84,6 +84,10 @@ class OutcomeUnknown(ClientError):
         self.uniq_keys = tuple(uniq_keys)
 
 
+class TransactionConflict(ClientError):
+    """The transaction was already decided the other way (ABORTED)."""
+
+
 class ResourceExhausted(ClientError):
     """The leader kept refusing: too many puts in flight, or its disk is too full."""
 
@@ -115,6 +119,8 @@ class MessageSpec:
     uniq_key: str | None = None
     queue_id: int | None = None
     flag: int = 0
+    delay_level: int = 0  # 1..N of the cluster's delay levels (0: none)
+    deliver_at_ms: int = 0  # deliver at this time, ms since the epoch (0: none)
 
     def __post_init__(self) -> None:
         if not isinstance(self.topic, str) or not self.topic:
@@ -128,6 +134,10 @@ class MessageSpec:
             raise InvalidArgument("properties must map strings to strings")
         if self.queue_id is not None and (not isinstance(self.queue_id, int) or self.queue_id < 0):
             raise InvalidArgument(f"queue_id must be a non-negative int, not {self.queue_id!r}")
+        for name in ("delay_level", "deliver_at_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidArgument(f"{name} must be a non-negative int, not {value!r}")
         size = len(self.body.encode() if isinstance(self.body, str) else self.body)
         if size > MAX_MESSAGE_BYTES_LIMIT:
             raise InvalidArgument(
@@ -148,6 +158,8 @@ class MessageSpec:
             flag=self.flag,
             queue_id=-1 if self.queue_id is None else self.queue_id,
             has_queue_id=self.queue_id is not None,
+            delay_level=self.delay_level,
+            deliver_at_ms=self.deliver_at_ms,
         )
 
 
@@ -168,6 +180,22 @@ class StoredMessage:
     size: int
     uniq_key: str
     flag: int
+
+
+@dataclass(frozen=True, slots=True)
+class HalfResult:
+    """A stored half message: end it with `end_transaction`."""
+
+    transaction_id: str
+    half_offset: int
+    result: PutResult
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionEnd:
+    committed: bool
+    result: PutResult | None  # the real message's, on commit
+    duplicate: bool  # decided before: this call changed nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +256,7 @@ class NodeStatus:
     peers: tuple[PeerStatus, ...]
     last_chain_crc: int
     flush_mode: str
+    loop_lag_max_ms: float = 0.0  # longest the node's event loop was late (see loop_probe)
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +355,7 @@ _NOT_RETRIED: dict[str, type[ClientError]] = {
     "NOT_FOUND": NotFound,
     "OUT_OF_RANGE": OffsetOutOfRange,
     "FAILED_PRECONDITION": WrongCluster,  # only without a leader hint: see `_Attempts.failed`
+    "ABORTED": TransactionConflict,
 }
 _AUTH: dict[str, type[ClientError]] = {
     "UNAUTHENTICATED": Unauthenticated,
@@ -675,6 +705,35 @@ class _Base:
             keys,
         )
 
+    def _op_put_half(self, spec: MessageSpec, producer_group: str) -> _Op[HalfResult]:
+        msg = spec.to_pb(_now_ms())
+        request = pb.PutHalfRequest(message=msg, producer_group=producer_group,
+                                    cluster=self.cluster)  # fmt: skip
+
+        def convert(r: pb.PutHalfResponse) -> HalfResult:
+            return HalfResult(r.transaction_id, r.result.commitlog_offset, put_result(r.result))
+
+        return _Op("put_half", "PutHalf", request, convert, True, (msg.uniq_key,))
+
+    def _op_end(
+        self, half: HalfResult | str, half_offset: int | None, commit: bool
+    ) -> _Op[TransactionEnd]:
+        if isinstance(half, HalfResult):
+            tx, offset = half.transaction_id, half.half_offset
+        elif half_offset is None:
+            raise InvalidArgument("give the half offset with a transaction id")
+        else:
+            tx, offset = half, half_offset
+        request = pb.EndTransactionRequest(transaction_id=tx, half_offset=offset, commit=commit,
+                                           cluster=self.cluster)  # fmt: skip
+
+        def convert(r: pb.EndTransactionResponse) -> TransactionEnd:
+            result = put_result(r.result) if r.HasField("result") else None
+            return TransactionEnd(r.committed, result, r.duplicate)
+
+        # Retried like a put: ending a transaction twice the same way changes nothing.
+        return _Op("end_transaction", "EndTransaction", request, convert, True, (tx,))
+
     def _op_get(
         self, msg_id: str | None, offset: int | None, linearizable: bool
     ) -> _Op[StoredMessage]:
@@ -875,9 +934,39 @@ class Client(_Base):
         properties: Mapping[str, str] | None = None,
         uniq_key: str | None = None,
         queue_id: int | None = None,
+        delay_level: int = 0,
+        deliver_at_ms: int = 0,
     ) -> PutResult:
-        spec = MessageSpec(topic, body, keys, tags, properties, uniq_key, queue_id)
+        """Put one message; with `delay_level` or `deliver_at_ms` it reaches its topic
+        later (docs/delayed-and-transactional.md) and the result is the stored copy's."""
+        spec = MessageSpec(topic, body, keys, tags, properties, uniq_key, queue_id,
+                           delay_level=delay_level, deliver_at_ms=deliver_at_ms)  # fmt: skip
         return self._run(self._op_put(spec))
+
+    def put_half(
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        producer_group: str,
+        keys: Sequence[str] = (),
+        tags: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        uniq_key: str | None = None,
+        queue_id: int | None = None,
+    ) -> HalfResult:
+        """Store a transactional (half) message: no consumer sees it until
+        `end_transaction(..., commit=True)`; `uniq_key` is the transaction id."""
+        spec = MessageSpec(topic, body, keys, tags, properties, uniq_key, queue_id)
+        return self._run(self._op_put_half(spec, producer_group))
+
+    def end_transaction(
+        self, half: HalfResult | str, half_offset: int | None = None, *, commit: bool
+    ) -> TransactionEnd:
+        """Commit (the message becomes visible, once) or roll back (never visible).
+        Raises TransactionConflict if it was decided the other way, NotFound if no
+        such half message exists."""
+        return self._run(self._op_end(half, half_offset, commit))
 
     def put_batch(self, messages: Sequence[MessageSpec]) -> list[PutResult]:
         """Put messages atomically as one batch (one bad message fails all)."""
@@ -1050,9 +1139,32 @@ class AsyncClient(_Base):
         properties: Mapping[str, str] | None = None,
         uniq_key: str | None = None,
         queue_id: int | None = None,
+        delay_level: int = 0,
+        deliver_at_ms: int = 0,
     ) -> PutResult:
-        spec = MessageSpec(topic, body, keys, tags, properties, uniq_key, queue_id)
+        spec = MessageSpec(topic, body, keys, tags, properties, uniq_key, queue_id,
+                           delay_level=delay_level, deliver_at_ms=deliver_at_ms)  # fmt: skip
         return await self._run(self._op_put(spec))
+
+    async def put_half(
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        producer_group: str,
+        keys: Sequence[str] = (),
+        tags: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        uniq_key: str | None = None,
+        queue_id: int | None = None,
+    ) -> HalfResult:
+        spec = MessageSpec(topic, body, keys, tags, properties, uniq_key, queue_id)
+        return await self._run(self._op_put_half(spec, producer_group))
+
+    async def end_transaction(
+        self, half: HalfResult | str, half_offset: int | None = None, *, commit: bool
+    ) -> TransactionEnd:
+        return await self._run(self._op_end(half, half_offset, commit))
 
     async def put_batch(self, messages: Sequence[MessageSpec]) -> list[PutResult]:
         return await self._run(self._op_batch(messages))

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class MessageData(_message.Message):
-    __slots__ = ("topic", "body", "keys", "tags", "properties", "uniq_key", "born_timestamp_ms", "flag", "queue_id", "has_queue_id")
+    __slots__ = ("topic", "body", "keys", "tags", "properties", "uniq_key", "born_timestamp_ms", "flag", "queue_id", "has_queue_id", "delay_level", "deliver_at_ms")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,8 @@ class MessageData(_message.Message):
     FLAG_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     HAS_QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    DELAY_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     body: bytes
     keys: _containers.RepeatedScalarFieldContainer[str]
@@ -36,7 +38,9 @@ class MessageData(_message.Message):
     flag: int
     queue_id: int
     has_queue_id: bool
-    def __init__(self, topic: _Optional[str] = ..., body: _Optional[bytes] = ..., keys: _Optional[_Iterable[str]] = ..., tags: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., uniq_key: _Optional[str] = ..., born_timestamp_ms: _Optional[int] = ..., flag: _Optional[int] = ..., queue_id: _Optional[int] = ..., has_queue_id: _Optional[bool] = ...) -> None: ...
+    delay_level: int
+    deliver_at_ms: int
+    def __init__(self, topic: _Optional[str] = ..., body: _Optional[bytes] = ..., keys: _Optional[_Iterable[str]] = ..., tags: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., uniq_key: _Optional[str] = ..., born_timestamp_ms: _Optional[int] = ..., flag: _Optional[int] = ..., queue_id: _Optional[int] = ..., has_queue_id: _Optional[bool] = ..., delay_level: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ...) -> None: ...
 
 class PutRequest(_message.Message):
     __slots__ = ("message", "cluster")
@@ -228,12 +232,28 @@ class QueueOffset(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
 
 class QueueOffsetsResponse(_message.Message):
-    __slots__ = ("queues", "dispatched_offset")
+    __slots__ = ("queues", "dispatched_offset", "local_files")
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     DISPATCHED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_FILES_FIELD_NUMBER: _ClassVar[int]
     queues: _containers.RepeatedCompositeFieldContainer[QueueOffset]
     dispatched_offset: int
-    def __init__(self, queues: _Optional[_Iterable[_Union[QueueOffset, _Mapping]]] = ..., dispatched_offset: _Optional[int] = ...) -> None: ...
+    local_files: LocalFiles
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueOffset, _Mapping]]] = ..., dispatched_offset: _Optional[int] = ..., local_files: _Optional[_Union[LocalFiles, _Mapping]] = ...) -> None: ...
+
+class LocalFiles(_message.Message):
+    __slots__ = ("data_dir", "boot_id", "dir_device", "dir_inode", "log_file_end")
+    DATA_DIR_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    DIR_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DIR_INODE_FIELD_NUMBER: _ClassVar[int]
+    LOG_FILE_END_FIELD_NUMBER: _ClassVar[int]
+    data_dir: str
+    boot_id: str
+    dir_device: int
+    dir_inode: int
+    log_file_end: int
+    def __init__(self, data_dir: _Optional[str] = ..., boot_id: _Optional[str] = ..., dir_device: _Optional[int] = ..., dir_inode: _Optional[int] = ..., log_file_end: _Optional[int] = ...) -> None: ...
 
 class CommitOffsetRequest(_message.Message):
     __slots__ = ("group", "topic", "queue_id", "offset", "cluster")
@@ -318,8 +338,10 @@ class QueryByKeyResponse(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("reset_loop_lag",)
+    RESET_LOOP_LAG_FIELD_NUMBER: _ClassVar[int]
+    reset_loop_lag: bool
+    def __init__(self, reset_loop_lag: _Optional[bool] = ...) -> None: ...
 
 class PeerStatus(_message.Message):
     __slots__ = ("node_id", "match_index", "next_index", "recent_active")
@@ -334,7 +356,7 @@ class PeerStatus(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., match_index: _Optional[int] = ..., next_index: _Optional[int] = ..., recent_active: _Optional[bool] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("node_id", "role", "term", "leader_id", "leader_address", "first_index", "last_index", "committed_index", "committed_pos", "flushed_pos", "dispatched_pos", "applied_index", "cluster", "peers", "last_chain_crc", "flush_mode")
+    __slots__ = ("node_id", "role", "term", "leader_id", "leader_address", "first_index", "last_index", "committed_index", "committed_pos", "flushed_pos", "dispatched_pos", "applied_index", "cluster", "peers", "last_chain_crc", "flush_mode", "loop_lag_max_ms")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -351,6 +373,7 @@ class StatusResponse(_message.Message):
     PEERS_FIELD_NUMBER: _ClassVar[int]
     LAST_CHAIN_CRC_FIELD_NUMBER: _ClassVar[int]
     FLUSH_MODE_FIELD_NUMBER: _ClassVar[int]
+    LOOP_LAG_MAX_MS_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     role: str
     term: int
@@ -367,7 +390,8 @@ class StatusResponse(_message.Message):
     peers: _containers.RepeatedCompositeFieldContainer[PeerStatus]
     last_chain_crc: int
     flush_mode: str
-    def __init__(self, node_id: _Optional[int] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., committed_index: _Optional[int] = ..., committed_pos: _Optional[int] = ..., flushed_pos: _Optional[int] = ..., dispatched_pos: _Optional[int] = ..., applied_index: _Optional[int] = ..., cluster: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerStatus, _Mapping]]] = ..., last_chain_crc: _Optional[int] = ..., flush_mode: _Optional[str] = ...) -> None: ...
+    loop_lag_max_ms: float
+    def __init__(self, node_id: _Optional[int] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., committed_index: _Optional[int] = ..., committed_pos: _Optional[int] = ..., flushed_pos: _Optional[int] = ..., dispatched_pos: _Optional[int] = ..., applied_index: _Optional[int] = ..., cluster: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerStatus, _Mapping]]] = ..., last_chain_crc: _Optional[int] = ..., flush_mode: _Optional[str] = ..., loop_lag_max_ms: _Optional[float] = ...) -> None: ...
 
 class TransferLeadershipRequest(_message.Message):
     __slots__ = ("target_node_id", "timeout_ms")
@@ -404,6 +428,160 @@ class ReadRangeResponse(_message.Message):
     committed_offset: int
     min_offset: int
     def __init__(self, messages: _Optional[bytes] = ..., next_offset: _Optional[int] = ..., committed_offset: _Optional[int] = ..., min_offset: _Optional[int] = ...) -> None: ...
+
+class ReadLogRequest(_message.Message):
+    __slots__ = ("from_pos", "end_pos", "chunk_bytes")
+    FROM_POS_FIELD_NUMBER: _ClassVar[int]
+    END_POS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    from_pos: int
+    end_pos: int
+    chunk_bytes: int
+    def __init__(self, from_pos: _Optional[int] = ..., end_pos: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class ReadLogChunk(_message.Message):
+    __slots__ = ("pos", "data", "committed_pos", "min_pos")
+    POS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_POS_FIELD_NUMBER: _ClassVar[int]
+    MIN_POS_FIELD_NUMBER: _ClassVar[int]
+    pos: int
+    data: bytes
+    committed_pos: int
+    min_pos: int
+    def __init__(self, pos: _Optional[int] = ..., data: _Optional[bytes] = ..., committed_pos: _Optional[int] = ..., min_pos: _Optional[int] = ...) -> None: ...
+
+class QueueRange(_message.Message):
+    __slots__ = ("topic", "queue_id", "start_offset", "end_offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    start_offset: int
+    end_offset: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ...) -> None: ...
+
+class ReadUnitsRequest(_message.Message):
+    __slots__ = ("queues", "from_pos", "to_pos")
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    FROM_POS_FIELD_NUMBER: _ClassVar[int]
+    TO_POS_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueRange]
+    from_pos: int
+    to_pos: int
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueRange, _Mapping]]] = ..., from_pos: _Optional[int] = ..., to_pos: _Optional[int] = ...) -> None: ...
+
+class QueueUnits(_message.Message):
+    __slots__ = ("topic", "queue_id", "first_offset", "units", "min_offset", "max_offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    UNITS_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    first_offset: int
+    units: bytes
+    min_offset: int
+    max_offset: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., first_offset: _Optional[int] = ..., units: _Optional[bytes] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+
+class TimeQuery(_message.Message):
+    __slots__ = ("topic", "queue_id", "timestamp_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    timestamp_ms: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class OffsetsForTimesRequest(_message.Message):
+    __slots__ = ("queries",)
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    queries: _containers.RepeatedCompositeFieldContainer[TimeQuery]
+    def __init__(self, queries: _Optional[_Iterable[_Union[TimeQuery, _Mapping]]] = ...) -> None: ...
+
+class OffsetsForTimesResponse(_message.Message):
+    __slots__ = ("offsets",)
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, offsets: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PutHalfRequest(_message.Message):
+    __slots__ = ("message", "producer_group", "cluster")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    message: MessageData
+    producer_group: str
+    cluster: str
+    def __init__(self, message: _Optional[_Union[MessageData, _Mapping]] = ..., producer_group: _Optional[str] = ..., cluster: _Optional[str] = ...) -> None: ...
+
+class PutHalfResponse(_message.Message):
+    __slots__ = ("result", "transaction_id")
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    result: PutResult
+    transaction_id: str
+    def __init__(self, result: _Optional[_Union[PutResult, _Mapping]] = ..., transaction_id: _Optional[str] = ...) -> None: ...
+
+class EndTransactionRequest(_message.Message):
+    __slots__ = ("transaction_id", "half_offset", "commit", "cluster")
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    HALF_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    transaction_id: str
+    half_offset: int
+    commit: bool
+    cluster: str
+    def __init__(self, transaction_id: _Optional[str] = ..., half_offset: _Optional[int] = ..., commit: _Optional[bool] = ..., cluster: _Optional[str] = ...) -> None: ...
+
+class EndTransactionResponse(_message.Message):
+    __slots__ = ("committed", "result", "duplicate")
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    committed: bool
+    result: PutResult
+    duplicate: bool
+    def __init__(self, committed: _Optional[bool] = ..., result: _Optional[_Union[PutResult, _Mapping]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class TransactionCheckAnswer(_message.Message):
+    __slots__ = ("producer_group", "transaction_id", "half_offset", "action")
+    class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        UNKNOWN: _ClassVar[TransactionCheckAnswer.Action]
+        COMMIT: _ClassVar[TransactionCheckAnswer.Action]
+        ROLLBACK: _ClassVar[TransactionCheckAnswer.Action]
+    UNKNOWN: TransactionCheckAnswer.Action
+    COMMIT: TransactionCheckAnswer.Action
+    ROLLBACK: TransactionCheckAnswer.Action
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    HALF_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    producer_group: str
+    transaction_id: str
+    half_offset: int
+    action: TransactionCheckAnswer.Action
+    def __init__(self, producer_group: _Optional[str] = ..., transaction_id: _Optional[str] = ..., half_offset: _Optional[int] = ..., action: _Optional[_Union[TransactionCheckAnswer.Action, str]] = ...) -> None: ...
+
+class TransactionCheck(_message.Message):
+    __slots__ = ("transaction_id", "half_offset", "check_times", "message")
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    HALF_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CHECK_TIMES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    transaction_id: str
+    half_offset: int
+    check_times: int
+    message: StoredMessage
+    def __init__(self, transaction_id: _Optional[str] = ..., half_offset: _Optional[int] = ..., check_times: _Optional[int] = ..., message: _Optional[_Union[StoredMessage, _Mapping]] = ...) -> None: ...
 
 class RaftMessage(_message.Message):
     __slots__ = ("type", "src", "dst", "term", "index", "log_term", "commit", "entries", "reject", "hint_index", "hint_term", "ctx", "pre_vote", "transfer", "granted", "snapshot")

@@ -104,6 +104,36 @@ class DLedgerClientStub:
                 request_serializer=proto_dot_dledger__pb2.CleanNowRequest.SerializeToString,
                 response_deserializer=proto_dot_dledger__pb2.CleanNowResponse.FromString,
                 _registered_method=True)
+        self.PutHalf = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/PutHalf',
+                request_serializer=proto_dot_dledger__pb2.PutHalfRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.PutHalfResponse.FromString,
+                _registered_method=True)
+        self.EndTransaction = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/EndTransaction',
+                request_serializer=proto_dot_dledger__pb2.EndTransactionRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.EndTransactionResponse.FromString,
+                _registered_method=True)
+        self.TransactionChecks = channel.stream_stream(
+                '/dledger.v1.DLedgerClient/TransactionChecks',
+                request_serializer=proto_dot_dledger__pb2.TransactionCheckAnswer.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.TransactionCheck.FromString,
+                _registered_method=True)
+        self.ReadLog = channel.unary_stream(
+                '/dledger.v1.DLedgerClient/ReadLog',
+                request_serializer=proto_dot_dledger__pb2.ReadLogRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.ReadLogChunk.FromString,
+                _registered_method=True)
+        self.ReadUnits = channel.unary_stream(
+                '/dledger.v1.DLedgerClient/ReadUnits',
+                request_serializer=proto_dot_dledger__pb2.ReadUnitsRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.QueueUnits.FromString,
+                _registered_method=True)
+        self.OffsetsForTimes = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/OffsetsForTimes',
+                request_serializer=proto_dot_dledger__pb2.OffsetsForTimesRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.OffsetsForTimesResponse.FromString,
+                _registered_method=True)
 
 
 class DLedgerClientServicer:
@@ -193,6 +223,46 @@ class DLedgerClientServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutHalf(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndTransaction(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TransactionChecks(self, request_iterator, context):
+        """A producer's stream: the node sends checks of its group's undecided halves while
+        it leads; the producer answers each (UNKNOWN: ask again later).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadLog(self, request, context):
+        """Analytics reads (raw, decoded by the reader). ReadLog needs SUB on every topic, as
+        ReadRange; ReadUnits and OffsetsForTimes need SUB on each topic named.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadUnits(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OffsetsForTimes(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DLedgerClientServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -265,6 +335,36 @@ def add_DLedgerClientServicer_to_server(servicer, server):
                     servicer.CleanNow,
                     request_deserializer=proto_dot_dledger__pb2.CleanNowRequest.FromString,
                     response_serializer=proto_dot_dledger__pb2.CleanNowResponse.SerializeToString,
+            ),
+            'PutHalf': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutHalf,
+                    request_deserializer=proto_dot_dledger__pb2.PutHalfRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.PutHalfResponse.SerializeToString,
+            ),
+            'EndTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTransaction,
+                    request_deserializer=proto_dot_dledger__pb2.EndTransactionRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.EndTransactionResponse.SerializeToString,
+            ),
+            'TransactionChecks': grpc.stream_stream_rpc_method_handler(
+                    servicer.TransactionChecks,
+                    request_deserializer=proto_dot_dledger__pb2.TransactionCheckAnswer.FromString,
+                    response_serializer=proto_dot_dledger__pb2.TransactionCheck.SerializeToString,
+            ),
+            'ReadLog': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadLog,
+                    request_deserializer=proto_dot_dledger__pb2.ReadLogRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.ReadLogChunk.SerializeToString,
+            ),
+            'ReadUnits': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadUnits,
+                    request_deserializer=proto_dot_dledger__pb2.ReadUnitsRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.QueueUnits.SerializeToString,
+            ),
+            'OffsetsForTimes': grpc.unary_unary_rpc_method_handler(
+                    servicer.OffsetsForTimes,
+                    request_deserializer=proto_dot_dledger__pb2.OffsetsForTimesRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.OffsetsForTimesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -645,6 +745,168 @@ class DLedgerClient:
             '/dledger.v1.DLedgerClient/CleanNow',
             proto_dot_dledger__pb2.CleanNowRequest.SerializeToString,
             proto_dot_dledger__pb2.CleanNowResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutHalf(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/PutHalf',
+            proto_dot_dledger__pb2.PutHalfRequest.SerializeToString,
+            proto_dot_dledger__pb2.PutHalfResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/EndTransaction',
+            proto_dot_dledger__pb2.EndTransactionRequest.SerializeToString,
+            proto_dot_dledger__pb2.EndTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TransactionChecks(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/dledger.v1.DLedgerClient/TransactionChecks',
+            proto_dot_dledger__pb2.TransactionCheckAnswer.SerializeToString,
+            proto_dot_dledger__pb2.TransactionCheck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/ReadLog',
+            proto_dot_dledger__pb2.ReadLogRequest.SerializeToString,
+            proto_dot_dledger__pb2.ReadLogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadUnits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/ReadUnits',
+            proto_dot_dledger__pb2.ReadUnitsRequest.SerializeToString,
+            proto_dot_dledger__pb2.QueueUnits.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OffsetsForTimes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/OffsetsForTimes',
+            proto_dot_dledger__pb2.OffsetsForTimesRequest.SerializeToString,
+            proto_dot_dledger__pb2.OffsetsForTimesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -270,3 +270,44 @@ def test_batches_are_arrow_record_batches_with_the_asked_columns(node: Synthetic
     assert {tuple(b.schema.names) for b in batches} == {("msg_id", "tags")}
     assert sum(b.num_rows for b in batches) == 175
     assert os.path.isdir(node.root / "consumequeue")
+
+
+# ---------------------------------------------------------------- a live replica's files
+
+
+def test_a_live_replicas_files_are_read_only_below_what_it_reported(node: SyntheticNode) -> None:
+    """What a replica said in QueueOffsets bounds a read of its files: queue ends, and the
+    commit-log position below which its files hold every byte; beyond: `_NotHere`."""
+    from analytics.sources import LiveBounds, LocalFiles, LogPiece, Slice, _boot_id, _NotHere
+
+    full = {(q.topic, q.queue_id): q for q in OfflineStore(node.root).queues()}
+    reported = {k: QueueInfo(q.topic, q.queue_id, q.min_offset, 100) for k, q in full.items()}
+    rows = sorted(node.rows, key=lambda r: r["commitlog_offset"])
+    file_end = rows[-1]["commitlog_offset"] + 1000
+    live = OfflineStore(node.root, LiveBounds(reported, file_end))
+    assert [q.max_offset for q in live.queues()] == [100] * 4
+    assert len(list(live.read("pay", 1, 0, 100))) >= 1
+    with pytest.raises(_NotHere):
+        live.read("pay", 1, 0, 101)  # beyond the reported end: refused before reading
+    slices = tuple(Slice(t, q, 0, 100) for t, q in sorted(reported))
+    span = live.unit_span(slices)
+    assert span is not None
+    got = [r for b in live.read_piece(LogPiece(span[0], span[1], slices), COLUMNS)
+           for r in plain(b.to_pylist())]  # fmt: skip
+    assert sorted(got, key=key) == sorted(
+        (r for r in node.rows if r["queue_offset"] < 100), key=key
+    )
+    # The files do not hold every byte yet (a flush behind): refused, not read.
+    behind = OfflineStore(node.root, LiveBounds(reported, rows[10]["commitlog_offset"]))
+    with pytest.raises(_NotHere):
+        behind.piece_rows(LogPiece(span[0], span[1], slices))
+    # Offered files open only on the same host, in the very directory.
+    st = os.stat(node.root)
+    here = LocalFiles(str(node.root), _boot_id() or "", st.st_dev, st.st_ino,
+                      LiveBounds(reported, file_end))  # fmt: skip
+    assert here.open(slices) is not None
+    assert LocalFiles(str(node.root), "another-host", st.st_dev, st.st_ino,
+                      LiveBounds(reported, file_end)).open(slices) is None  # fmt: skip
+    assert LocalFiles(str(node.root), _boot_id() or "", st.st_dev, st.st_ino + 1,
+                      LiveBounds(reported, file_end)).open(slices) is None  # fmt: skip
+    assert here.open([Slice("pay", 1, 0, 101)]) is None  # more than the replica reported

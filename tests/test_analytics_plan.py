@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
+from dataclasses import replace
+from typing import Any
+
 import pytest
 
 from analytics import plan
@@ -183,3 +187,169 @@ def test_offsets_round_trip_through_their_json_form() -> None:
     assert plan.from_json(doc) == offsets
     with pytest.raises(OptionError, match="not a dledger offset"):
         plan.from_json({"orders": 5})
+
+
+# ---------------------------------------------------------------- Kafka parity, log ranges, filters
+
+
+def test_kafka_style_options_parse() -> None:
+    opts = plan.parse_options(
+        {
+            **SERVERS,
+            "subscribePattern": "ord.*",
+            "startingTimestamp": "1700000000000",
+            "endingOffsetsByTimestamp": '{"orders": {"1": 1700000005000}}',
+            "startingOffsetsByTimestampStrategy": "LATEST",
+            "partitioning": "Log",
+            "localReads": "false",
+            "columns": "topic, body_size",
+            "timestampSlackMs": "0",
+        },
+        streaming=False,
+    )
+    assert (opts.pattern, opts.topics, opts.assign) == ("ord.*", None, None)
+    assert opts.starting_ts == 1_700_000_000_000
+    assert opts.ending_ts == {"orders": {1: 1_700_000_005_000}}
+    assert (opts.ts_strategy, opts.partitioning, opts.local_reads) == ("latest", "log", False)
+    assert opts.columns == ("topic", "body_size") and opts.timestamp_slack_ms == 0
+    # A timestamp start is no "start at latest" for a batch query.
+    assert plan.parse_options({**SERVERS, "startingTimestamp": "5"}, streaming=False)
+    stream = plan.parse_options(
+        {**SERVERS, "subscribe": "a,b", "minOffsetsPerTrigger": "100", "maxTriggerDelay": "30s"},
+        streaming=True,
+    )
+    assert (stream.topics, stream.min_offsets_per_trigger) == (("a", "b"), 100)
+    assert stream.max_trigger_delay_ms == 30_000
+    assert plan.parse_options(SERVERS, streaming=True).max_trigger_delay_ms == 15 * 60_000
+    for text, ms in (("500ms", 500), ("2m", 120_000), ("1.5h", 5_400_000), ("250", 250)):
+        got = plan.parse_options({**SERVERS, "maxTriggerDelay": text}, streaming=True)
+        assert got.max_trigger_delay_ms == ms
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"startingTimestamp": "soon"}, "startingTimestamp: 'soon' is not a number"),
+        ({"startingOffsetsByTimestamp": "{"}, "startingOffsetsByTimestamp: '{' is not JSON"),
+        ({"startingOffsetsByTimestamp": '{"t": 5}'}, "must map queue ids to timestamps"),
+        ({"subscribePattern": "("}, r"subscribePattern: '\(' is not a regular expression"),
+        ({"subscribe": "a", "subscribePattern": "b"}, "give at most one of subscribe"),
+        ({"assign": '{"t": []}'}, "non-empty list of queue ids"),
+        ({"assign": '{"t": [-1]}'}, "queue id -1 of 't' is not an integer >= 0"),
+        ({"startingOffsetsByTimestampStrategy": "earliest"}, "neither error nor latest"),
+        ({"partitioning": "segments"}, "partitioning: 'segments' is not one of"),
+        ({"localReads": "maybe"}, "localReads: 'maybe' is not true or false"),
+        ({"columns": ","}, "columns: none given"),
+        ({"timestampSlackMs": "-1"}, "timestampSlackMs: -1 is below the minimum 0"),
+        ({"minOffsetsPerTrigger": "5"}, "minOffsetsPerTrigger is for streaming queries"),
+    ],
+)
+def test_bad_kafka_style_options_name_the_option(options: dict[str, str], message: str) -> None:
+    with pytest.raises(OptionError, match=message):
+        plan.parse_options({**SERVERS, **options}, streaming=False)
+    with pytest.raises(OptionError, match="maxTriggerDelay: 'soon' is not a duration"):
+        plan.parse_options({**SERVERS, "maxTriggerDelay": "soon"}, streaming=True)
+    with pytest.raises(OptionError, match="endingTimestamp and endingOffsetsByTimestamp"):
+        plan.parse_options({**SERVERS, "endingTimestamp": "5"}, streaming=True)
+
+
+def test_a_pattern_or_an_assignment_chooses_queues() -> None:
+    def choose(**options: str) -> list[tuple[str, int]]:
+        opts = plan.parse_options({**SERVERS, **options}, streaming=False)
+        return [(q.topic, q.queue_id) for q in plan.choose(QUEUES, opts)]
+
+    assert choose(subscribePattern="p.y|ord") == [("pay", 0)]  # the whole name must match
+    assert choose(subscribePattern=".*") == [("orders", 0), ("orders", 1), ("pay", 0)]
+    assert choose(assign='{"orders": [1]}') == [("orders", 1)]
+    with pytest.raises(OptionError, match=r"assign: orders has no queue\(s\) \[3\]"):
+        choose(assign='{"orders": [1, 3]}')
+    with pytest.raises(OptionError, match="unknown topic"):
+        choose(assign='{"nope": [0]}')
+
+
+def test_timestamps_resolve_through_the_lookup() -> None:
+    queues = plan.select(QUEUES, None)  # orders/0 [0, 100), orders/1 [10, 50), pay/0 [0, 7)
+    asked: list[tuple[str, int, int]] = []
+
+    def lookup(queries: Any) -> list[int]:  # the store's binary search, faked
+        asked.extend(queries)
+        return [{"orders": 30, "pay": 7}[t] for t, _, _ in queries]
+
+    opts = plan.parse_options({**SERVERS, "startingTimestamp": "77"}, streaming=False)
+    with pytest.raises(OptionError, match="no message of pay/0 was stored at or after 77"):
+        plan.resolve_start(opts, queues, lookup)
+    assert asked == [("orders", 0, 77), ("orders", 1, 77), ("pay", 0, 77)]
+    opts = replace(opts, ts_strategy="latest")
+    assert plan.resolve_start(opts, queues, lookup) == {
+        ("orders", 0): 30,
+        ("orders", 1): 30,
+        ("pay", 0): 7,
+    }
+    ending = plan.parse_options(
+        {**SERVERS, "endingOffsetsByTimestamp": '{"orders": {"0": 9}}'}, streaming=False
+    )
+    assert plan.resolve_end(ending, queues, lookup) == {
+        ("orders", 0): 30,
+        ("orders", 1): 50,  # left out: latest
+        ("pay", 0): 7,
+    }
+    bad = plan.parse_options(
+        {**SERVERS, "endingOffsetsByTimestamp": '{"orders": {"4": 9}}'}, streaming=False
+    )
+    with pytest.raises(OptionError, match="endingOffsetsByTimestamp: orders has no queue 4"):
+        plan.resolve_end(bad, queues, lookup)
+
+
+def test_log_pieces_cut_the_range_evenly_and_on_segment_ends() -> None:
+    slices = [Slice("a", 0, 0, 10), Slice("b", 0, 5, 5)]
+    mib = 1 << 20
+    one = plan.log_pieces(slices, (0, 3 * mib, 0), 4, None)
+    assert [(p.start, p.end) for p in one] == [(0, 3 * mib)]  # too small to cut
+    assert one[0].queues == (Slice("a", 0, 0, 10),)  # empty ranges left out
+    four = plan.log_pieces(slices, (100, 400 * mib, 0), 4, None)
+    assert len(four) == 4 and four[0].start == 100 and four[-1].end == 400 * mib
+    sizes = {p.end - p.start for p in four}
+    assert max(sizes) - min(sizes) <= 1
+    # A cut near a segment end (here 100 MiB segments) moves onto it.
+    snapped = plan.log_pieces(slices, (0, 410 * mib, 0), 4, 100 * mib)
+    assert [p.end for p in snapped[:3]] == [100 * mib, 200 * mib, 300 * mib]
+    exact = plan.log_pieces(slices, (0, 1000, 0), 3, None, exact=True)  # minPartitions given
+    assert [(p.start, p.end) for p in exact] == [(0, 333), (333, 667), (667, 1000)]
+    big = plan.log_pieces(slices, (0, 5 << 30, 0), 2, None)
+    assert len(big) == 5  # never more than MAX_PIECE_BYTES a piece
+
+
+def test_the_log_is_cut_by_range_when_the_messages_fill_it() -> None:
+    assert plan.use_log_ranges("auto", False, (0, 1000, 900))
+    assert not plan.use_log_ranges("auto", False, (0, 1000, 250))  # a topic of four
+    assert plan.use_log_ranges("auto", True, (0, 1000, 10))  # files: always
+    assert plan.use_log_ranges("log", False, (0, 1000, 10))
+    assert not plan.use_log_ranges("queue", True, (0, 1000, 1000))
+    assert not plan.use_log_ranges("log", True, None)
+
+
+def test_narrowing_by_filters() -> None:
+    n = plan.Narrowing().with_topics(["orders", "pay"], "in").with_topics(["orders"], "eq")
+    n = n.bounded("queue_id_range", 1, None, "gt").bounded("offset_range", 20, 30, "range")
+    n = n.bounded("offset_range", None, 25, "lt")
+    assert [(q.topic, q.queue_id) for q in n.queues(QUEUES)] == [("orders", 1)]
+    start, end = n.offsets({("orders", 1): 10}, {("orders", 1): 50})
+    assert (start, end) == ({("orders", 1): 20}, {("orders", 1): 25})
+    # An empty window stays empty (no start after its end).
+    start, end = n.offsets({("orders", 1): 40}, {("orders", 1): 50})
+    assert start[("orders", 1)] == 40 and end[("orders", 1)] == 40
+    timed = plan.Narrowing().bounded("time_range", 1000, 2000, "ts")
+    seen: list[tuple[str, int, int]] = []
+
+    def lookup(queries: Any) -> list[int]:
+        seen.extend(queries)
+        return [15 if ts < 1500 else 35 for _, _, ts in queries]
+
+    start, end = timed.times({("a", 0): 10}, {("a", 0): 50}, lookup, slack_ms=100)
+    assert (start, end) == ({("a", 0): 15}, {("a", 0): 35})
+    assert seen == [("a", 0, 900), ("a", 0, 2100)]  # widened by the slack
+    assert plan.to_ms(dt.datetime(2024, 1, 1, 0, 0, 0, 500, tzinfo=dt.UTC), up=True) == (
+        1_704_067_200_001
+    )
+    assert plan.to_ms(dt.datetime(2024, 1, 1, 0, 0, 0, 500), up=False) == 1_704_067_200_000
+    assert plan.to_ms("2024", up=False) is None

@@ -233,3 +233,18 @@ def test_a_stream_batch_stays_below_the_grpc_message_limit() -> None:
     assert [n for n, _ in sizes] == [2, 2, 1, 1, 256, 44]
     assert all(b <= MAX_BATCH_BYTES for n, b in sizes if n > 1)
     assert max(b for _, b in sizes) < 21 << 20  # the 20 MiB entry goes alone
+
+
+def test_a_forward_to_a_node_no_longer_leading_is_a_retry_not_a_wrong_cluster() -> None:
+    import grpc
+    from grpc.aio import AioRpcError, Metadata
+
+    from dledger_commitlog.service import _forward_failure
+
+    moved = AioRpcError(grpc.StatusCode.FAILED_PRECONDITION, Metadata(), Metadata(),
+                        details="not the leader; the leader is at 127.0.0.1:7002")  # fmt: skip
+    code, why = _forward_failure(moved, "127.0.0.1:7001")
+    assert code is grpc.StatusCode.UNAVAILABLE and why.startswith("(forwarded to 127.0.0.1:7001)")
+    wrong = AioRpcError(grpc.StatusCode.FAILED_PRECONDITION, Metadata(), Metadata(),
+                        details="wrong cluster: this node serves 'a', not 'b'")  # fmt: skip
+    assert _forward_failure(wrong, "x")[0] is grpc.StatusCode.FAILED_PRECONDITION

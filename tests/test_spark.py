@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,12 +21,14 @@ from pyspark.sql.streaming.query import StreamingQuery
 import analytics.cli  # registers `dledger analytics ...`
 from analytics import jobs
 from analytics.export import export
-from analytics.session import local_session
+from analytics.session import PUSHDOWN_CONF, local_session
 from analytics.sources import OfflineStore
 from dledger_commitlog import cli
+from tests.conftest import wait_until
 from tests.test_analytics_offline import SyntheticNode, key, plain
 
 pytestmark = pytest.mark.slow
+BASE_MS = 1_700_000_000_000  # SyntheticNode's first store timestamp; one message a second
 assert analytics.cli
 
 
@@ -71,8 +74,14 @@ def error_of(df: DataFrame) -> str:
 def test_batch_read_returns_exactly_the_stored_messages(
     spark: SparkSession, node: SyntheticNode
 ) -> None:
-    df = source(spark, node, messagesPerPartition="60")
+    df = source(spark, node, messagesPerPartition="60", partitioning="queue")
     assert df.rdd.getNumPartitions() == 12  # 6 queues of 100 messages, pieces of 60
+    got = plain(r.asDict(recursive=True) for r in df.collect())
+    assert sorted(got, key=key) == sorted(node.rows, key=key)
+    # By commit-log range (the default for files): one pass over the log per partition,
+    # here cut in 5 (pieces spanning several of its 32 KiB data segments).
+    df = source(spark, node, minPartitions="5")
+    assert df.rdd.getNumPartitions() == 5
     got = plain(r.asDict(recursive=True) for r in df.collect())
     assert sorted(got, key=key) == sorted(node.rows, key=key)
 
@@ -104,14 +113,165 @@ def test_topics_offsets_and_a_narrow_schema(spark: SparkSession, node: Synthetic
         ({"topics": "orders,nope"}, "unknown topic(s) 'nope'"),
         ({"startingOffsets": '{"orders": {"0": }'}, 'startingOffsets: \'{"orders"'),
         ({"colour": "blue"}, "unknown option(s) colour"),
+        ({"startingTimestamp": "yesterday"}, "startingTimestamp: 'yesterday' is not a number"),
+        ({"endingTimestamp": "-5"}, "endingTimestamp: -5 is negative"),
+        ({"endingOffsetsByTimestamp": '{"pay": {"0": "x"}}'}, "must be an integer >= 0"),
+        ({"subscribePattern": "or(ders"}, "subscribePattern: 'or(ders' is not a regular"),
+        ({"topics": "pay", "assign": '{"pay": [0]}'}, "give at most one of topics, assign"),
+        ({"assign": '{"pay": [7]}'}, "assign: pay has no queue(s) [7]"),
+        ({"assign": "[1]"}, "assign: the JSON must be a non-empty object"),
+        ({"partitioning": "random"}, "partitioning: 'random' is not one of auto, log, queue"),
+        ({"columns": "topic,colour"}, "columns: colour"),
+        ({"maxTriggerDelay": "5m"}, "maxTriggerDelay is for streaming queries"),
+        (
+            {"startingTimestamp": str(BASE_MS + 10**9)},
+            f"startingTimestamp: no message of audit/0 was stored at or after {BASE_MS + 10**9}",
+        ),
     ],
 )
 def test_bad_options_fail_with_a_clear_message(
     spark: SparkSession, node: SyntheticNode, options: dict[str, str], message: str
 ) -> None:
-    text = error_of(source(spark, node, **options))
+    with pytest.raises(Exception) as info:  # when loading (the schema) or reading
+        source(spark, node, **options).collect()
+    text = str(info.value)
     assert "analytics.errors.OptionError" in text
     assert message in text
+
+
+def test_timestamps_stand_for_offsets(spark: SparkSession, node: SyntheticNode) -> None:
+    start, end = BASE_MS + 1000 * 100, BASE_MS + 1000 * 400
+    df = source(spark, node, startingTimestamp=str(start), endingTimestamp=str(end))
+    got = sorted(key(r) for r in plain(r.asDict() for r in df.collect()))
+    assert got == sorted(key(r) for r in node.rows if start <= r["store_timestamp_ms"] < end)
+    assert len(got) == 300
+    # Per queue; queues left out start at earliest and end at latest.
+    df = source(
+        spark,
+        node,
+        topics="pay",
+        startingOffsetsByTimestamp=json.dumps({"pay": {"1": start}}),
+        endingOffsetsByTimestamp=json.dumps({"pay": {"0": end}}),
+    )
+    got = sorted(key(r) for r in plain(r.asDict() for r in df.collect()))
+    want = [
+        r
+        for r in node.rows
+        if r["topic"] == "pay"
+        and (
+            r["store_timestamp_ms"] >= start
+            if r["queue_id"] == 1
+            else r["store_timestamp_ms"] < end
+        )
+    ]
+    assert got == sorted(key(r) for r in want)
+    # A starting timestamp after every message: an error (as Kafka), or the end.
+    late = str(BASE_MS + 10**9)
+    assert source(spark, node, startingTimestamp=late,
+                  startingOffsetsByTimestampStrategy="latest").count() == 0  # fmt: skip
+    # A stream starts there too.
+    query = (
+        spark.readStream.format("dledger").option("path", str(node.root))
+        .option("startingTimestamp", str(start)).load().select("msg_id")
+        .writeStream.format("memory").queryName("from_timestamp")
+        .trigger(availableNow=True).start()
+    )  # fmt: skip
+    assert query.awaitTermination(120) and query.exception() is None
+    since = {r["msg_id"] for r in node.rows if r["store_timestamp_ms"] >= start}
+    assert {r["msg_id"] for r in spark.table("from_timestamp").collect()} == since
+
+
+def test_a_pattern_or_an_assignment_chooses_the_queues(
+    spark: SparkSession, node: SyntheticNode
+) -> None:
+    df = source(spark, node, subscribePattern="or.*|aud.t")
+    assert {r["topic"] for r in df.select("topic").distinct().collect()} == {"orders", "audit"}
+    assert df.count() == 400
+    df = source(
+        spark, node, assign=json.dumps({"pay": [1], "audit": [0]}), columns="topic,queue_id"
+    )
+    assert df.columns == ["topic", "queue_id"]
+    got = Counter((r["topic"], r["queue_id"]) for r in df.collect())
+    assert got == {("pay", 1): 100, ("audit", 0): 100}
+
+
+def test_filters_narrow_the_read_and_the_rows_are_exact(
+    spark: SparkSession, node: SyntheticNode
+) -> None:
+    since = dt.datetime.fromtimestamp((BASE_MS + 1000 * 250) / 1000, dt.UTC)
+    where = (
+        "topic IN ('orders', 'audit') AND queue_id = 1 AND queue_offset < 80 "
+        f"AND store_timestamp >= '{since.strftime('%Y-%m-%d %H:%M:%S')}'"
+    )
+    df = source(spark, node).where(where)
+    got = sorted(key(r) for r in plain(r.asDict() for r in df.collect()))
+    want = sorted(
+        key(r)
+        for r in node.rows
+        if r["topic"] in ("orders", "audit")
+        and r["queue_id"] == 1
+        and r["queue_offset"] < 80
+        and r["store_timestamp_ms"] >= BASE_MS + 1000 * 250
+    )
+    assert got == want and 0 < len(got) < 100
+    # Spark handed topic, queue_id and queue_offset to the source (they are gone from its
+    # own filter); store_timestamp, which the source widens, Spark checks again.
+    plan = df._jdf.queryExecution().executedPlan().toString()
+    spark_filter = next(line for line in plan.splitlines() if "Filter" in line)
+    assert "store_timestamp" in spark_filter
+    assert "topic" not in spark_filter and "queue_offset" not in spark_filter, spark_filter
+    # With Python filter pushdown off (a session `register` did not set up), the same
+    # answer: Spark filters everything itself (and does not refuse the source).
+    spark.conf.set(PUSHDOWN_CONF, "false")
+    try:
+        again = source(spark, node).where(where)
+        plan = again._jdf.queryExecution().executedPlan().toString()
+        assert "topic" in next(line for line in plan.splitlines() if "Filter" in line)
+        assert sorted(key(r) for r in plain(r.asDict() for r in again.collect())) == want
+    finally:
+        spark.conf.set(PUSHDOWN_CONF, "true")
+
+
+def test_the_columns_option_is_the_schema(spark: SparkSession, node: SyntheticNode) -> None:
+    df = source(spark, node, columns="topic,body_size")
+    assert df.columns == ["topic", "body_size"]
+    assert df.count() == 600
+    with pytest.raises(Exception, match="`body` cannot be resolved"):
+        source(spark, node, columns="topic").select("body")
+
+
+def test_min_offsets_per_trigger_waits_until_max_trigger_delay(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """100 messages, at least 150 a batch: nothing until maxTriggerDelay (2 s) passes."""
+    n = SyntheticNode(tmp_path / "node", segment_bytes=1 << 15)
+    n.append(100)
+    started = time.time()
+    query = (
+        spark.readStream.format("dledger")
+        .option("path", str(n.root))
+        .option("startingOffsets", "earliest")
+        .option("minOffsetsPerTrigger", "150")
+        .option("maxTriggerDelay", "2s")
+        .load()
+        .select("msg_id")
+        .writeStream.format("memory")
+        .queryName("min_trigger")
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        progress = wait_until(
+            lambda: [p for p in query.recentProgress if p["numInputRows"]],
+            60,
+            "a micro-batch with rows",
+        )
+    finally:
+        query.stop()
+    first = dt.datetime.fromisoformat(progress[0]["timestamp"].replace("Z", "+00:00"))
+    assert first.timestamp() - started >= 1.8, (first, started)
+    assert progress[0]["numInputRows"] == 100
+    assert spark.table("min_trigger").count() == 100
 
 
 def test_a_schema_outside_the_source_is_refused(spark: SparkSession, node: SyntheticNode) -> None:

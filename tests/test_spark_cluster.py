@@ -6,8 +6,14 @@ Shares the one Spark session of test_spark.py (its `spark` fixture, session scop
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -69,9 +75,16 @@ def test_batch_rows_counts_and_checksums_equal_a_client_scan(
         dispatched_everywhere(cluster, t, 150)
     want = scanned_rows(cluster, topics)
     assert len(want) == 300
-    df = read(spark, [s.client for s in cluster], ",".join(sorted(topics)), minPartitions="5")
-    got = plain(r.asDict(recursive=True) for r in df.collect())
-    assert sorted(got, key=key) == sorted(want, key=key)
+    servers = [s.client for s in cluster]
+    for how in (
+        {},  # this host: a replica's files, below the ends it reports
+        {"localReads": "false", "partitioning": "log"},  # ReadUnits + ReadLog
+        {"localReads": "false", "partitioning": "queue"},  # Pull
+    ):
+        df = read(spark, servers, ",".join(sorted(topics)), minPartitions="5", **how)
+        got = plain(r.asDict(recursive=True) for r in df.collect())
+        assert sorted(got, key=key) == sorted(want, key=key), how
+    df = read(spark, servers, ",".join(sorted(topics)), minPartitions="5")
     sums = df.groupBy("topic").agg(
         F.count(F.lit(1)).alias("n"), F.sum(F.crc32("body")).alias("crc")
     )
@@ -224,3 +237,120 @@ def test_a_stopped_node_read_offline_equals_the_servers(
     assert len(a) == 120
     assert sorted(a, key=key) == sorted(b, key=key)
     assert json.dumps(sorted(r["msg_id"] for r in a)) == json.dumps(sorted(r["msg_id"] for r in b))
+
+
+def test_filters_and_timestamps_over_the_servers(
+    spark: SparkSession, cluster: LocalCluster
+) -> None:
+    topic, other = fresh_topic("flt"), fresh_topic("flt")
+    with cluster.client() as client:
+        first = client.put_batch(specs(topic, 80) + specs(other, 40))
+        wait_until(time.time, 5, "the clock to move on",
+                   ok=lambda t: t * 1000 > first[-1].store_timestamp_ms + 5)  # fmt: skip
+        later = client.put_batch(specs(topic, 60, start=80))
+    dispatched_everywhere(cluster, topic, 140)
+    dispatched_everywhere(cluster, other, 40)
+    servers = [s.client for s in cluster]
+    since = later[0].store_timestamp_ms
+    for local in ("true", "false"):
+        reader = spark.read.format("dledger").option("servers", ",".join(servers))
+        df = reader.option("localReads", local).load()
+        iso = dt.datetime.fromtimestamp(since / 1000, dt.UTC).isoformat()
+        got = df.where(f"topic = '{topic}' AND store_timestamp >= '{iso}'").select("msg_id")
+        assert {r["msg_id"] for r in got.collect()} == {r.msg_id for r in later}, local
+        # `other` has nothing that late: its end (not an error, with strategy latest).
+        stamped = read(spark, servers, f"{topic},{other}", startingTimestamp=str(since),
+                       startingOffsetsByTimestampStrategy="latest",
+                       localReads=local).select("msg_id")  # fmt: skip
+        assert {r["msg_id"] for r in stamped.collect()} == {r.msg_id for r in later}, local
+
+
+_DRIVER = """
+import sys
+from analytics.session import local_session
+
+servers, topic, sink, checkpoint = sys.argv[1:5]
+spark = local_session("local[2]", shuffle_partitions=2)
+query = (
+    spark.readStream.format("dledger").option("servers", servers).option("topics", topic)
+    .option("localReads", "false")  # over gRPC (ReadUnits + ReadLog): failed over on a kill
+    .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "40").load()
+    .select("msg_id", "queue_id", "queue_offset")
+    .writeStream.format("parquet").option("path", sink)
+    .option("checkpointLocation", checkpoint).trigger(processingTime="200 milliseconds")
+    .start()
+)
+query.awaitTermination()
+"""
+
+
+def test_a_stream_is_exactly_once_across_a_leader_kill_and_a_driver_kill(
+    spark: SparkSession, make_cluster: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    """A driver process streams a topic to Parquet while a writer puts; the leader is
+    killed, then the driver (kill -9, JVM and all) mid-stream; a new driver resumes from
+    the checkpoint: every committed message lands exactly once."""
+    cluster = make_cluster("eo")
+    topic = fresh_topic("eo")
+    servers = ",".join(s.client for s in cluster)
+    sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
+    with cluster.client() as client:
+        acked: list[Any] = client.put_batch(specs(topic, 200))
+    stop = threading.Event()
+
+    def writer() -> None:  # 10 messages every 50 ms, at most 600
+        with cluster.client(timeout_s=30) as client:
+            for k in range(200, 800, 10):
+                if stop.wait(0.05):
+                    return
+                with contextlib.suppress(ClientError):  # outcome unknown across the kill
+                    acked.extend(client.put_batch(specs(topic, 10, start=k)))
+
+    script = tmp_path / "driver.py"
+    script.write_text(_DRIVER)
+    args = [sys.executable, str(script), servers, topic, str(sink), str(checkpoint)]
+    driver = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)  # fmt: skip
+    t = threading.Thread(target=writer)
+    commits = checkpoint / "commits"
+    try:
+        wait_until(lambda: len(_files(commits)), 180, "the driver's first micro-batches",
+                   ok=lambda n: n >= 2)  # fmt: skip
+        t.start()
+        cluster.kill(cluster.leader_id())
+        cluster.wait_for_leader(timeout_s=30)
+        done = len(_files(commits))
+        wait_until(lambda: len(_files(commits)), 120, "micro-batches after the leader kill",
+                   ok=lambda n: n >= done + 2)  # fmt: skip
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver, mid-stream
+        driver.wait(30)
+    finally:
+        stop.set()
+        if t.is_alive():
+            t.join(60)
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait(30)
+    for spec in cluster:
+        if not cluster.is_running(spec.id):
+            cluster.start(spec.id)
+    with cluster.client() as client:
+        committed = [expected_row(m)["msg_id"] for m in client_scan(client) if m.topic == topic]
+    assert {r.msg_id for r in acked} <= set(committed)
+    dispatched_everywhere(cluster, topic, len(committed))
+    resumed = (
+        spark.readStream.format("dledger").option("servers", servers).option("topics", topic)
+        .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "300").load()
+        .select("msg_id", "queue_id", "queue_offset")
+        .writeStream.format("parquet").option("path", str(sink))
+        .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+    )  # fmt: skip
+    assert resumed.awaitTermination(180)
+    assert resumed.exception() is None
+    got = [r["msg_id"] for r in spark.read.parquet(str(sink)).collect()]
+    assert len(got) == len(set(got))  # exactly once
+    assert set(got) == set(committed)  # every committed message
+
+
+def _files(directory: Path) -> list[Path]:
+    return [p for p in directory.iterdir() if p.name.isdigit()] if directory.is_dir() else []
