@@ -1,4 +1,4 @@
-"""`dledger export` and `dledger analytics <job>`: registered on import (cli.COMMAND_MODULES).
+"""`dledger export` and `dledger analytics <job>`: registered on import (by cli.build_parser).
 
 Both read either the cluster (the usual `--servers` / `--cluster` options) or,
 with `--path DATA_DIR`, a stopped node's data directory. Errors follow the CLI's
@@ -15,8 +15,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from dledger_commitlog.cli import UsageError, command, emit, make_client, security_files, table
 from dledger_commitlog.client import Access
+from dledger_commitlog.commands import UsageError, command, emit, make_client, security_files, table
 from store.errors import StoreError
 
 from .errors import AnalyticsError, OptionError, SourceError

@@ -1,6 +1,6 @@
 """`dledger chaos`: run a chaos scenario against a local cluster and report.
 
-Registered on import (cli.COMMAND_MODULES). Exit code 0 when the run is valid
+Registered on import (cli.build_parser imports it). Exit code 0 when the run is valid
 (nothing acknowledged was lost, no other violation), 1 when it is not, 2 for a
 bad command line. The report goes to stdout (a table, or JSON with --json) and
 to the file `--out` names (JSON).
@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from dledger_commitlog.cli import UsageError, command, emit, table
+from dledger_commitlog.commands import UsageError, command, emit, table
 
 SCENARIO_HELP = "a scenario name, or 'list'"
 

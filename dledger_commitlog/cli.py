@@ -5,44 +5,49 @@ readable tables) and exit codes: 0 success, 1 the cluster or a server said no,
 2 usage (bad arguments, bad config, unreadable input files). Expected errors
 print one line on stderr, never a traceback. Every subcommand accepts the same
 connection options (`--cluster FILE | --servers H:P,...`, `--cluster-name`,
-`--timeout`, `--json`). Later subcommands (consume, verify, admin clean-now,
-chaos, export, analytics) register with `@command("admin clean-now", ...)` in a
-module named in `COMMAND_MODULES`; a space in the name makes a command group.
+`--timeout`, `--json`). Subcommands register with `@command("admin clean-now",
+...)` (`commands.py`, which also has the helpers they share); `build_parser`
+imports the modules that add more (analytics.cli, chaos.cli). A space in the
+name makes a command group.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import dataclasses
-import importlib
+import datetime
 import json
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from store.errors import CorruptEntry, DirectoryInUse
 
 from .client import (
-    Access,
-    Client,
     ClientError,
     NodeStatus,
     PullResult,
+    PutResult,
     StatusError,
     StoredMessage,
-    cluster_security,
 )
 from .cluster import ClusterError
+from .commands import _REGISTRY as _REGISTRY
+from .commands import Command as Command
+from .commands import UsageError as UsageError
+from .commands import cell, preview
+from .commands import command as command
+from .commands import emit as emit
+from .commands import make_client as make_client
+from .commands import message_json as message_json
+from .commands import messages_table as messages_table
+from .commands import security_files as security_files
+from .commands import table as table
 from .config import ConfigError, ListenError, NodeConfig, load_config, parse_peer
 from .verify import progress_bar, verify_store
-
-# Their import registers more subcommands.
-COMMAND_MODULES: tuple[str, ...] = ("analytics.cli", "chaos.cli")
 
 
 def _bool(text: str) -> bool:
@@ -62,41 +67,12 @@ _FIELD_TYPES: dict[str, Callable[[str], Any]] = {
 }
 
 
-class UsageError(Exception):
-    """The command line asks for something impossible; exit code 2."""
-
-
-Run = Callable[[argparse.Namespace], int]
-Configure = Callable[[argparse.ArgumentParser], None]
-
-
-@dataclass(frozen=True, slots=True)
-class Command:
-    path: tuple[str, ...]  # ("cluster", "up")
-    help: str
-    configure: Configure
-    run: Run
-
-
-_REGISTRY: dict[tuple[str, ...], Command] = {}
-
-
-def command(name: str, help: str, configure: Configure | None = None) -> Callable[[Run], Run]:
-    """Register `run` as the subcommand `name` ("put", "cluster up")."""
-
-    def register(run: Run) -> Run:
-        path = tuple(name.split())
-        if path in _REGISTRY:
-            raise ValueError(f"subcommand {name!r} registered twice")
-        _REGISTRY[path] = Command(path, help, configure or (lambda p: None), run)
-        return run
-
-    return register
-
-
 def build_parser() -> argparse.ArgumentParser:
-    for module in COMMAND_MODULES:
-        importlib.import_module(module)
+    # Importing them registers their subcommands (here, not at the top: Spark and
+    # the chaos tooling are not every command's).
+    import analytics.cli  # noqa: F401
+    import chaos.cli  # noqa: F401
+
     common = argparse.ArgumentParser(add_help=False)
     conn = common.add_argument_group("connection and output")
     conn.add_argument("--cluster", metavar="FILE", help="cluster.json of a cluster")
@@ -155,90 +131,6 @@ def _fail(message: str, code: int) -> int:
 # ---------------------------------------------------------------- helpers
 
 
-def make_client(args: argparse.Namespace) -> Client:
-    """The client the connection options (or DLEDGER_SERVERS / DLEDGER_CLUSTER) name."""
-    kw: dict[str, Any] = {"timeout_s": args.timeout, "cluster": args.cluster_name}
-    servers = args.servers or os.environ.get("DLEDGER_SERVERS")
-    cluster_file = args.cluster or os.environ.get("DLEDGER_CLUSTER")
-    try:
-        access = Access.load(*security_files(args))
-    except OSError as exc:
-        raise UsageError(f"{exc.filename}: {exc.strerror}") from exc
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
-    kw.update(tls_ca=access.tls_ca, credentials=access.credentials)
-    try:
-        if servers:
-            return Client([s for s in servers.split(",") if s.strip()], **kw)
-        if cluster_file:
-            return Client.from_cluster_file(cluster_file, **kw)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
-    raise UsageError("no servers: pass --cluster FILE or --servers HOST:PORT,...")
-
-
-def security_files(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    """The CA and credentials files for this command: the options, else the environment
-    (DLEDGER_TLS_CA, DLEDGER_CREDENTIALS), else what a cluster file records."""
-    tls_ca = args.tls_ca or os.environ.get("DLEDGER_TLS_CA")
-    credentials = args.credentials or os.environ.get("DLEDGER_CREDENTIALS")
-    cluster_file = args.cluster or os.environ.get("DLEDGER_CLUSTER")
-    if cluster_file and not (args.servers or os.environ.get("DLEDGER_SERVERS")):
-        try:
-            recorded = cluster_security(json.loads(Path(cluster_file).read_text()))
-        except (OSError, ValueError, AttributeError) as exc:
-            raise UsageError(f"{cluster_file}: not a readable cluster file ({exc})") from exc
-        tls_ca, credentials = tls_ca or recorded[0], credentials or recorded[1]
-    return tls_ca, credentials
-
-
-def emit(args: argparse.Namespace, doc: Any, text: str) -> None:
-    print(json.dumps(doc, sort_keys=False) if args.json else text)
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[str(h) for h in headers], *[[_cell(v) for v in row] for row in rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    return "\n".join(lines)
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, dict):
-        return ",".join(f"{k}={v}" for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return ",".join(map(str, value))
-    return "-" if value is None or value == "" else str(value)
-
-
-def message_json(m: StoredMessage) -> dict[str, Any]:
-    doc = {f.name: getattr(m, f.name) for f in dataclasses.fields(m)}
-    doc["keys"], doc["properties"] = list(m.keys), dict(m.properties)
-    try:
-        doc["body"] = m.body.decode("utf-8")
-    except UnicodeDecodeError:
-        doc["body"] = base64.b64encode(m.body).decode("ascii")
-        doc["body_encoding"] = "base64"
-    return doc
-
-
-def messages_table(msgs: Sequence[StoredMessage]) -> str:
-    rows = [
-        (m.queue_id, m.queue_offset, m.commitlog_offset, m.msg_id, m.tags, m.keys, _preview(m.body))
-        for m in msgs
-    ]
-    return table(("queue", "q_offset", "cl_offset", "msg_id", "tags", "keys", "body"), rows)
-
-
-def _preview(body: bytes, width: int = 40) -> str:
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        return f"<{len(body)} bytes>"
-    text = text.replace("\n", "\\n")
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -294,7 +186,7 @@ def serve_config(args: argparse.Namespace) -> NodeConfig:
 # ---------------------------------------------------------------- messages
 
 
-def _put_args(p: argparse.ArgumentParser) -> None:
+def _message_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topic", required=True)
     p.add_argument("--key", action="extend", nargs="+", default=[], metavar="K")
     p.add_argument("--tag", metavar="TAG")
@@ -306,18 +198,67 @@ def _put_args(p: argparse.ArgumentParser) -> None:
     body.add_argument("--body-file", metavar="F", help="'-': standard input")
 
 
-@command("put", "put one message", _put_args)
-def _put(args: argparse.Namespace) -> int:
-    body: bytes | str
+def _put_args(p: argparse.ArgumentParser) -> None:
+    _message_args(p)
+    later = p.add_mutually_exclusive_group()
+    later.add_argument(
+        "--delay-level",
+        type=_positive,
+        metavar="L",
+        help="deliver after the cluster's delay level L (1: 1s by default)",
+    )
+    later.add_argument("--deliver-at", type=_deliver_at, metavar="TIME",
+                       help="deliver at TIME: ISO 8601 (2026-01-01T12:00:00Z) or ms since "
+                       "the epoch")  # fmt: skip
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _deliver_at(text: str) -> int:
+    """ISO 8601 (a zone is required) or ms since the epoch -> ms since the epoch."""
+    if text.isdigit():
+        return int(text)
+    try:
+        when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither ISO 8601 (2026-01-01T12:00:00Z) nor ms since the epoch"
+        ) from None
+    if when.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no time zone (add Z or +HH:MM)")
+    return int(when.timestamp() * 1000)
+
+
+def _body_of(args: argparse.Namespace) -> bytes | str:
     if args.body is not None:
-        body = args.body
-    elif args.body_file == "-":
-        body = sys.stdin.buffer.read()
-    else:
-        try:
-            body = Path(args.body_file).read_bytes()
-        except OSError as exc:
-            raise UsageError(f"--body-file: {exc}") from exc
+        return str(args.body)
+    if args.body_file == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return Path(args.body_file).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"--body-file: {exc}") from exc
+
+
+def _result_doc(r: PutResult) -> dict[str, Any]:
+    return {
+        "msg_id": r.msg_id,
+        "commitlog_offset": r.commitlog_offset,
+        "queue_id": r.queue_id,
+        "queue_offset": r.queue_offset,
+        "store_timestamp": r.store_timestamp_ms,
+        "duplicate": r.duplicate,
+    }
+
+
+@command("put", "put one message (--delay-level/--deliver-at: delivered later)", _put_args)
+def _put(args: argparse.Namespace) -> int:
+    body = _body_of(args)
     with make_client(args) as client:
         r = client.put(
             args.topic,
@@ -327,17 +268,59 @@ def _put(args: argparse.Namespace) -> int:
             properties=dict(args.property),
             uniq_key=args.uniq_key,
             queue_id=args.queue,
+            delay_level=args.delay_level or 0,
+            deliver_at_ms=args.deliver_at or 0,
         )
-    doc = {
-        "msg_id": r.msg_id,
-        "commitlog_offset": r.commitlog_offset,
-        "queue_id": r.queue_id,
-        "queue_offset": r.queue_offset,
-        "store_timestamp": r.store_timestamp_ms,
-        "duplicate": r.duplicate,
-    }
+    doc = _result_doc(r)
     emit(args, doc, table(tuple(doc), [tuple(doc.values())]))
     return 0
+
+
+def _put_half_args(p: argparse.ArgumentParser) -> None:
+    _message_args(p)
+    p.add_argument("--group", required=True, metavar="G", help="the producer group")
+
+
+@command("tx put-half", "store a transactional message (invisible until committed)",
+         _put_half_args)  # fmt: skip
+def _tx_put_half(args: argparse.Namespace) -> int:
+    body = _body_of(args)
+    with make_client(args) as client:
+        half = client.put_half(
+            args.topic, body, producer_group=args.group, keys=args.key, tags=args.tag,
+            properties=dict(args.property), uniq_key=args.uniq_key, queue_id=args.queue,
+        )  # fmt: skip
+    doc = {"transaction_id": half.transaction_id, "half_offset": half.half_offset,
+           "duplicate": half.result.duplicate}  # fmt: skip
+    emit(args, doc, table(tuple(doc), [tuple(doc.values())]))
+    return 0
+
+
+def _tx_end_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("transaction_id", metavar="ID")
+    p.add_argument("half_offset", type=_non_negative, metavar="HALF_OFFSET")
+
+
+def _tx_end(args: argparse.Namespace, commit: bool) -> int:
+    with make_client(args) as client:
+        done = client.end_transaction(args.transaction_id, args.half_offset, commit=commit)
+    doc: dict[str, Any] = {"transaction_id": args.transaction_id,
+                           "outcome": "committed" if done.committed else "rolled back",
+                           "duplicate": done.duplicate}  # fmt: skip
+    if done.result is not None:
+        doc |= {"msg_id": done.result.msg_id, "commitlog_offset": done.result.commitlog_offset}
+    emit(args, doc, table(tuple(doc), [tuple(doc.values())]))
+    return 0
+
+
+@command("tx commit", "commit a transaction: its message becomes visible, once", _tx_end_args)
+def _tx_commit(args: argparse.Namespace) -> int:
+    return _tx_end(args, True)
+
+
+@command("tx rollback", "roll a transaction back: its message is never visible", _tx_end_args)
+def _tx_rollback(args: argparse.Namespace) -> int:
+    return _tx_end(args, False)
 
 
 def _get_args(p: argparse.ArgumentParser) -> None:
@@ -352,7 +335,7 @@ def _get(args: argparse.Namespace) -> int:
     with make_client(args) as client:
         m = client.get(msg_id=args.msg_id, offset=args.offset, linearizable=args.linearizable)
     doc = message_json(m)
-    text = "\n".join(f"{k:<18} {_cell(v)}" for k, v in doc.items())
+    text = "\n".join(f"{k:<18} {cell(v)}" for k, v in doc.items())
     emit(args, doc, text)
     return 0
 
@@ -455,7 +438,7 @@ def _print_consumed(args: argparse.Namespace, m: StoredMessage) -> None:
         print(json.dumps(message_json(m)), flush=True)
     else:
         print(f"{m.topic}/{m.queue_id}@{m.queue_offset}  {m.msg_id}  tags={m.tags or '-'}  "
-              f"keys={','.join(m.keys) or '-'}  {_preview(m.body)}", flush=True)  # fmt: skip
+              f"keys={','.join(m.keys) or '-'}  {preview(m.body)}", flush=True)  # fmt: skip
 
 
 # ---------------------------------------------------------------- status and admin

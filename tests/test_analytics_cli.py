@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import analytics.cli  # registers `export` and `analytics ...` (until cli.COMMAND_MODULES names it)
+import analytics.cli  # registers `export` and `analytics ...` (as cli.build_parser does)
 from analytics import jobs
 from dledger_commitlog import cli
 from tests.test_analytics_export import exported_rows
