@@ -257,8 +257,10 @@ class RaftNode:
                 on_error=lambda exc: self._stop_on(exc, "fsync"),
             )  # fmt: skip
         else:
+            # Its own thread: queued behind a checkpoint's fsyncs in the shared pool, a
+            # flush came later than the interval the async mode promises as its window.
             self._periodic = PeriodicFlush(
-                self.store, interval_ms=cfg.flush_interval_ms, executor=self._executor,
+                self.store, interval_ms=cfg.flush_interval_ms,
                 on_flush=on_flush, on_error=lambda exc: self._stop_on(exc, "flush"),
             )  # fmt: skip
         self.driver = ReadyDriver(
