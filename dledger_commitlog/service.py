@@ -564,12 +564,8 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                 if found or reply.next_offset != r.queue_offset or remaining <= 0:
                     break
                 await node.wait_for_dispatch(remaining)
-        except InvalidMessage as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except OffsetOutOfRange as exc:
-            await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
-        except CorruptEntry as exc:
-            await context.abort(grpc.StatusCode.DATA_LOSS, _damaged(exc))
+        except (InvalidMessage, OffsetOutOfRange, CorruptEntry) as exc:
+            await context.abort(*_read_failure(exc))
         return reply
 
     async def QueryByKey(
@@ -932,12 +928,8 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         while pending is not None:
             try:
                 answer = await pending
-            except InvalidMessage as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            except OffsetOutOfRange as exc:
-                await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
-            except CorruptEntry as exc:
-                await context.abort(grpc.StatusCode.DATA_LOSS, _damaged(exc))
+            except (InvalidMessage, OffsetOutOfRange, CorruptEntry) as exc:
+                await context.abort(*_read_failure(exc))
             pos = answer.pos + len(answer.data)
             # The next chunk is read while this one is sent (retention may move on: a
             # fresh snapshot of the files each time).
@@ -1097,6 +1089,15 @@ def _local_files(data_dir: str) -> pb.LocalFiles | None:
         return None  # not Linux, or no boot id: readers use the RPCs
     return pb.LocalFiles(data_dir=path, boot_id=boot_id, dir_device=st.st_dev,
                          dir_inode=st.st_ino)  # fmt: skip
+
+
+def _read_failure(exc: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status a read answers for bad input, a position outside the log, or damage."""
+    if isinstance(exc, OffsetOutOfRange):
+        return grpc.StatusCode.OUT_OF_RANGE, str(exc)
+    if isinstance(exc, CorruptEntry):
+        return grpc.StatusCode.DATA_LOSS, _damaged(exc)
+    return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
 
 
 def _forward_failure(err: grpc.aio.AioRpcError, leader: str) -> tuple[grpc.StatusCode, str]:

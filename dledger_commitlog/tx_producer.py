@@ -20,7 +20,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import grpc
 
@@ -31,6 +31,8 @@ from .client import AsyncClient, Client, StoredMessage, stored_message
 log = logging.getLogger(__name__)
 
 _A = pb.TransactionCheckAnswer
+C = TypeVar("C")
+F = TypeVar("F")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +53,22 @@ def _answer(check: TransactionCheck, decision: bool | None) -> pb.TransactionChe
     return _A(transaction_id=check.transaction_id, half_offset=check.half_offset, action=action)
 
 
-class TransactionProducer:
+class _Producer(Generic[C, F]):
+    """What both producers hold: the client, the group, the check, the reconnect pause."""
+
+    def __init__(
+        self, client: C, producer_group: str, check: F, *, reconnect_s: float = 0.5
+    ) -> None:
+        if not producer_group:
+            raise ValueError("a transaction producer needs a producer group")
+        self.client = client
+        self.group = producer_group
+        self._check = check
+        self._reconnect_s = reconnect_s
+        self.answered = 0
+
+
+class TransactionProducer(_Producer[Client, Callable[[TransactionCheck], bool | None]]):
     """Blocking: one thread per server keeps its check stream open (a context manager)."""
 
     def __init__(
@@ -62,17 +79,11 @@ class TransactionProducer:
         *,
         reconnect_s: float = 0.5,
     ) -> None:
-        if not producer_group:
-            raise ValueError("a transaction producer needs a producer group")
-        self.client = client
-        self.group = producer_group
-        self._check = check
-        self._reconnect_s = reconnect_s
+        super().__init__(client, producer_group, check, reconnect_s=reconnect_s)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._calls: dict[str, Any] = {}
         self._lock = threading.Lock()
-        self.answered = 0
 
     def start(self) -> TransactionProducer:
         for address in self.client.servers:
@@ -136,7 +147,9 @@ class TransactionProducer:
         self.close()
 
 
-class AsyncTransactionProducer:
+class AsyncTransactionProducer(
+    _Producer[AsyncClient, Callable[[TransactionCheck], Awaitable[bool | None]]]
+):
     """asyncio: one task per server keeps its check stream open (`async with`)."""
 
     def __init__(
@@ -147,14 +160,8 @@ class AsyncTransactionProducer:
         *,
         reconnect_s: float = 0.5,
     ) -> None:
-        if not producer_group:
-            raise ValueError("a transaction producer needs a producer group")
-        self.client = client
-        self.group = producer_group
-        self._check = check
-        self._reconnect_s = reconnect_s
+        super().__init__(client, producer_group, check, reconnect_s=reconnect_s)
         self._tasks: list[asyncio.Task[None]] = []
-        self.answered = 0
 
     async def start(self) -> AsyncTransactionProducer:
         loop = asyncio.get_running_loop()

@@ -7,6 +7,7 @@ checked exactly (no skew on one host), with 5 ms for the millisecond rounding.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -18,6 +19,7 @@ import pytest
 from dledger_commitlog import cli
 from dledger_commitlog.acl import Account, Perm, write_acl
 from dledger_commitlog.client import (
+    AsyncClient,
     Client,
     InvalidArgument,
     NotFound,
@@ -28,7 +30,11 @@ from dledger_commitlog.client import (
     load_credentials,
 )
 from dledger_commitlog.cluster import LocalCluster
-from dledger_commitlog.tx_producer import TransactionCheck, TransactionProducer
+from dledger_commitlog.tx_producer import (
+    AsyncTransactionProducer,
+    TransactionCheck,
+    TransactionProducer,
+)
 
 from .conftest import wait_until
 
@@ -289,3 +295,26 @@ def test_the_acl_guards_delayed_and_transactional_puts(
             app.end_transaction(other, commit=True)
         with pytest.raises(PermissionDenied):
             app.pull("%SYS%TRANS_HALF", 0, 0)
+
+
+def test_an_async_producer_answers_checks_too(cl: LocalCluster) -> None:
+    async def check(request: TransactionCheck) -> bool | None:
+        return request.transaction_id == "AS1"
+
+    def both_decided() -> dict[str, str]:
+        with cl.client() as c:
+            return wait_until(lambda: decided(c), 20.0, "both decided by their checks",
+                              ok=lambda d: {"AS1", "AS2"} <= set(d))  # fmt: skip
+
+    async def main() -> dict[str, str]:
+        async with (
+            AsyncClient([s.client for s in cl]) as client,
+            AsyncTransactionProducer(client, "apg", check),
+        ):
+            await client.put_half("apay", b"yes", producer_group="apg", uniq_key="AS1")
+            await client.put_half("apay", b"no", producer_group="apg", uniq_key="AS2")
+            # The producer answers on this loop while a thread watches the op messages.
+            return await asyncio.to_thread(both_decided)
+
+    outcomes = asyncio.run(main())
+    assert (outcomes["AS1"], outcomes["AS2"]) == ("commit", "rollback")
