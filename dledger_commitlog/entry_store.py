@@ -13,15 +13,30 @@ flushed entry (index, term, pos, chainCrc) from which recovery scans. Invariants
   Entries at or below the entry checkpoint are never truncated, with one
   exception: `roll_back_to`, for a node whose committed tail the cluster lost
   (async flush, see RaftNode's rollback marker), moves the checkpoint down first.
-- Recovery scans from the checkpointed entry (or the last three segments) to the
-  end: a torn or corrupt tail is cut at the first bad entry (its bytes and all
-  after it zeroed, as `truncate` does) with a warning naming file, position and
-  index. A bad checkpointed entry raises CorruptEntry instead: it is the
-  recovery anchor, and entries up to it may already have been dispatched and
-  retained elsewhere, so only an operator (restoring the node's data from a
-  replica) repairs them. Entries below it are not rescanned; every read checks
-  the body CRC, so a damaged one fails its reads (CorruptEntry naming file and
-  position) and is never served. A cut below the caller's committed index
+- The log starts after entry `first_index() - 1`: the zero sentinel (a log from
+  index 1, at position 0) or `entries.base` (after a restore or retention: that
+  entry's index, term, end position and chainCrc). Its first entry lies at the
+  base's end, or after the filler there, or at the start of the first data file
+  when retention deleted the file holding the base's end; it must chain from the
+  base (or from 0), like every entry after it. The index slot of `first_index() - 1`
+  is the sentinel, the real slot of the base entry, or one rebuilt from the base
+  (position = its end, size 0): only its term is ever read.
+- The index is buffered and fsynced only by `write_checkpoint` (and `roll_back_to`),
+  so after a power loss only its slots up to the checkpointed entry are known to
+  be on disk. Recovery scans from the checkpointed entry to the end, rebuilding
+  the index from it, and trusts the index below it (spot-checked at both ends of
+  that range). Without a checkpoint in the retained log (a young log, retention
+  beyond the checkpoint, a restore), or when that spot check fails, it scans from
+  the log's first entry and rebuilds the whole index from the data (comparing
+  and rewriting only from the first slot that differs).
+- A torn or corrupt tail is cut at the first bad entry (its bytes and all after
+  it zeroed, as `truncate` does) with a warning naming file, position and index.
+  A bad checkpointed entry raises CorruptEntry instead: it is the recovery
+  anchor, and entries up to it may already have been dispatched and retained
+  elsewhere, so only an operator (restoring the node's data from a replica)
+  repairs them. Entries below it are not rescanned; every read checks the body
+  CRC, so a damaged one fails its reads (CorruptEntry naming file and position)
+  and is never served. A cut below the caller's committed index
   (`committed_index`, e.g. raft.state's commit) is allowed but reported: see
   `tail_cut` and `missing_through`; the node must then get those entries back
   from the leader before it takes part in elections again.
@@ -75,7 +90,6 @@ BASE_SIZE = _CHECKPOINT.size - 4
 _MSG_MAGIC = struct.pack(">i", MESSAGE_MAGIC_CODE)
 _PHY = struct.Struct(">q")
 _SCAN_CHUNK = 4 << 20
-_RECOVER_SEGMENTS = 3
 _INDEX_BUFFER_BYTES = 1 << 20
 
 
@@ -339,6 +353,10 @@ class EntryStore:
         if keep_start <= self._data.min_offset:
             return self._first_index
         first = self._first_in_segment(keep_start)
+        if first <= self._first_index:
+            # The segments before hold no entry of the log (only the filler after a
+            # base near a segment's end): nothing to drop, and the base stays.
+            return self._first_index
         before = self.get(first - 1)
         self._set_base((before.index, before.term, before.pos + before.size, before.chain_crc))
         self._data.delete_before(pos)
@@ -611,91 +629,133 @@ class EntryStore:
 
     def _recover(self, committed_index: int) -> None:
         data = self._data
-        segs = data.segments()
         checkpoint = self._read_record(self._checkpoint_path)
-        base = self._base
-        if base is not None and (not segs or base[2] >= data.min_offset):
-            self._recover_from_base(base, checkpoint, committed_index)
+        start = self._log_start()
+        if start is None:
+            self._recover_legacy(checkpoint)
             return
-        if checkpoint is not None and checkpoint[2] >= data.min_offset and segs:
-            index, term, pos, chain = checkpoint
-            anchor = self._scan_one(pos)
-            if anchor is None or (anchor.index, anchor.term, anchor.chain_crc) != (
-                index,
-                term,
-                chain,
-            ):
-                raise CorruptEntry(
-                    self._where(pos), pos, f"checkpointed entry {index} is not there "
-                    "(entries.checkpoint): restore this node's data from a replica"
-                )  # fmt: skip
-            must_be_valid = index
-            self._checkpoint_index = index
-        else:
-            start = segs[max(0, len(segs) - _RECOVER_SEGMENTS)][0] if segs else 0
-            anchor = self._scan_one(start) if segs else None
-            must_be_valid = 0
-            if anchor is None:
-                if start != 0:
-                    raise CorruptEntry(self._where(start), start, "no valid entry opens the log")
-                if segs and (committed_index > 0 or self._data.read_unchecked(0, 4) != bytes(4)):
-                    self._note_cut(start, 1, "the first entry is bad", committed_index)
-                self._recover_empty()
-                return
-        if anchor.pos == data.min_offset:
-            self._first_index = anchor.index
-        else:
-            self._first_index = self._first_in_segment(data.min_offset)
-        self._scan_from(anchor, must_be_valid)
-
-    def _recover_from_base(
-        self,
-        base: tuple[int, int, int, int],
-        checkpoint: tuple[int, int, int, int] | None,
-        committed_index: int,
-    ) -> None:
-        """The log restarted at the base (a restore): its first entry lies at base pos."""
-        index, term, pos, chain = base
-        if not self._data.segments():
-            self._data.reset(pos)
-        anchor = self._scan_one(pos)
-        self._first_index = index + 1
-        if anchor is None or anchor.index != index + 1:
-            if checkpoint is not None and checkpoint[0] > index:
-                raise CorruptEntry(self._where(pos), pos, "no valid entry after the base, "
-                                   f"yet entry {checkpoint[0]} is checkpointed")  # fmt: skip
-            if committed_index > index or (
-                self._data.segments() and self._data.read_unchecked(pos, 4) != bytes(4)
-            ):
-                self._note_cut(pos, index + 1, "no valid entry after the base", committed_index)
-            if self._data.segments():
-                self._data.truncate(pos)
-            self._start_index_at_base()
-            self._last_index, self._last_term, self._last_chain = index, term, chain
-            return
-        if checkpoint is not None and checkpoint[0] > index:
-            self._checkpoint_index = checkpoint[0]
-        slot = INDEX_UNIT.pack(ENTRY_MAGIC, pos, 0, index, term)
+        prev, pos = start
+        self._first_index = prev[0] + 1
+        must_be_valid = 0
+        if checkpoint is not None and checkpoint[0] > prev[0]:
+            must_be_valid = checkpoint[0]
+            if pos <= checkpoint[2] < data.write_position:
+                anchor = self._checkpointed_entry(checkpoint, prev)
+                if self._index_holds(prev[0], anchor):
+                    self._scan_from_anchor(anchor, must_be_valid)
+                    return
+                log.warning("entry index %s does not hold entries %d..%d below the checkpointed "
+                            "entry: rebuilding it from the data", self._index.directory,
+                            prev[0], anchor.index - 1)  # fmt: skip
+        rebuild = _IndexRebuild(self._index, prev[0], quiet=not data.segments())
         idx = self._index
-        start = index * INDEX_UNIT_SIZE
-        if not (
-            idx.segments()
-            and idx.min_offset <= start < idx.write_position
-            and idx.read_unchecked(start, INDEX_UNIT_SIZE) == slot
-        ):
-            self._start_index_at_base()
-        self._scan_from(anchor, self._checkpoint_index)
+        have = idx.read_unchecked(prev[0] * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE)
+        rebuild.feed(have if self._start_slot_ok(have) else self._start_slot())
+        self._scan_from(prev, pos, must_be_valid, rebuild)
 
-    def _recover_empty(self) -> None:
-        """No valid entry at all: a fresh store, or one whose first write was torn."""
-        if self._data.segments():
-            self._data.truncate(0)
-        self._index.reset(0)
-        self._index.append(bytes(INDEX_UNIT_SIZE))  # slot 0: the sentinel, term 0
-        self._first_index, self._last_index, self._last_term, self._last_chain = 1, 0, 0, 0
+    def _log_start(self) -> tuple[tuple[int, int, int], int] | None:
+        """(index, term, chainCrc) of the entry before the first, and where the first
+        entry (or the filler before it) lies; None for a log from before entries.base
+        whose start retention deleted."""
+        data, seg = self._data, self._data.segment_size
+        if self._base is None:
+            if data.segments() and data.min_offset > 0:
+                return None
+            return (0, 0, 0), 0
+        index, term, end, chain = self._base
+        if not data.segments():
+            data.reset(end)
+        elif end < data.min_offset:
+            # Retention deleted the file holding the base's end (and the filler after it).
+            start = end - end % seg + seg
+            if data.min_offset != start:
+                raise CorruptEntry(self._where(data.min_offset), data.min_offset,
+                                   f"the data files start at {data.min_offset}, but the log "
+                                   f"restarts at {end} (entries.base): restore this node's "
+                                   "data from a replica")  # fmt: skip
+            end = start
+        return (index, term, chain), end
 
-    def _scan_one(self, pos: int) -> StoredEntry | None:
-        """The entry at `pos` if it is whole and its body CRC holds."""
+    def _start_slot(self) -> bytes:
+        """The index slot of the entry before the first: the sentinel or the base's."""
+        if self._base is None:
+            return bytes(INDEX_UNIT_SIZE)
+        index, term, pos, _ = self._base
+        return INDEX_UNIT.pack(ENTRY_MAGIC, pos, 0, index, term)
+
+    def _start_slot_ok(self, raw: bytes) -> bool:
+        """Whether `raw` serves as the slot of the entry before the first: the sentinel,
+        or the base entry's own slot (ending at the base's end) or one rebuilt from it."""
+        if self._base is None or (self._base[0] == 0 and raw == bytes(INDEX_UNIT_SIZE)):
+            return raw == bytes(INDEX_UNIT_SIZE)
+        if len(raw) != INDEX_UNIT_SIZE:
+            return False
+        magic, pos, size, index, term = INDEX_UNIT.unpack(raw)
+        b_index, b_term, b_end, _ = self._base
+        return magic == ENTRY_MAGIC and (index, term, pos + size) == (b_index, b_term, b_end)
+
+    def _checkpointed_entry(
+        self, checkpoint: tuple[int, int, int, int], prev: tuple[int, int, int] | None
+    ) -> StoredEntry:
+        """The checkpointed entry, checked against the record (and, if it is the first
+        entry, its chain link to `prev`); CorruptEntry if it is not there."""
+        index, term, pos, chain = checkpoint
+        prev_chain = prev[2] if prev is not None and index == prev[0] + 1 else None
+        anchor = self._scan_one(pos, prev_chain)
+        if anchor is None or (anchor.index, anchor.term, anchor.chain_crc) != (index, term, chain):
+            raise CorruptEntry(
+                self._where(pos), pos, f"checkpointed entry {index} is not there "
+                "(entries.checkpoint): restore this node's data from a replica"
+            )  # fmt: skip
+        return anchor
+
+    def _index_holds(self, prev_index: int, anchor: StoredEntry) -> bool:
+        """Whether the index holds slots `prev_index..anchor.index - 1` (fsynced by the
+        checkpoint that names `anchor`): checked at both ends of that range only."""
+        idx, unit = self._index, INDEX_UNIT_SIZE
+        lo, hi = prev_index * unit, anchor.index * unit
+        if not idx.segments() or lo < idx.min_offset or hi > idx.write_position:
+            return False
+        if not self._start_slot_ok(idx.read_unchecked(lo, unit)):
+            return False
+        if anchor.index - 1 == prev_index:
+            return True
+        magic, pos, size, index, term = INDEX_UNIT.unpack(idx.read_unchecked(hi - unit, unit))
+        end, at, seg = pos + size, anchor.pos, self._data.segment_size
+        after_filler = at % seg == 0 and at - seg < end < at
+        return (
+            magic == ENTRY_MAGIC
+            and index == anchor.index - 1
+            and term <= anchor.term
+            and (end == at or after_filler)
+        )
+
+    def _recover_legacy(self, checkpoint: tuple[int, int, int, int] | None) -> None:
+        """A log from before entries.base existed whose start retention deleted: the
+        first entry of the first data file opens it; the chainCrc and index slot of
+        the entry before it are unknown (the slot is kept as it is)."""
+        start = self._data.min_offset
+        anchor = self._scan_one(start)
+        if anchor is None:
+            raise CorruptEntry(self._where(start), start, "no valid entry opens the log")
+        self._first_index = anchor.index
+        must_be_valid = 0
+        if checkpoint is not None and checkpoint[0] >= anchor.index:
+            must_be_valid = checkpoint[0]
+            if start <= checkpoint[2] < self._data.write_position:
+                anchor = self._checkpointed_entry(checkpoint, None)
+        self._scan_from_anchor(anchor, must_be_valid)
+
+    def _scan_from_anchor(self, anchor: StoredEntry, must_be_valid: int) -> None:
+        rebuild = _IndexRebuild(self._index, anchor.index)
+        rebuild.feed(INDEX_UNIT.pack(ENTRY_MAGIC, anchor.pos, anchor.size, anchor.index,
+                                     anchor.term))  # fmt: skip
+        prev = (anchor.index, anchor.term, anchor.chain_crc)
+        self._scan_from(prev, anchor.pos + anchor.size, must_be_valid, rebuild)
+
+    def _scan_one(self, pos: int, prev_chain: int | None = None) -> StoredEntry | None:
+        """The entry at `pos` if it is whole and its body CRC (and, given `prev_chain`,
+        its chain link) holds."""
         head = self._data.read_unchecked(pos, HEADER_SIZE)
         if len(head) < HEADER_SIZE or HEADER.unpack_from(head)[0] != ENTRY_MAGIC:
             return None
@@ -703,18 +763,23 @@ class EntryStore:
         if not HEADER_SIZE <= size <= self._data.segment_size - pos % self._data.segment_size:
             return None
         try:
-            return decode_entry(self._data.read_unchecked(pos, size), 0, pos)
+            return decode_entry(self._data.read_unchecked(pos, size), 0, pos,
+                                prev_chain=prev_chain)  # fmt: skip
         except CorruptEntry:
             return None
 
-    def _scan_from(self, anchor: StoredEntry, must_be_valid: int) -> None:
-        """Verify entries after `anchor` to the end; cut the tail at the first bad one."""
+    def _scan_from(
+        self, prev: tuple[int, int, int], pos: int, must_be_valid: int, rebuild: _IndexRebuild
+    ) -> None:
+        """Verify the entries from `pos` to the end, the first one chaining from `prev`
+        (index, term, chainCrc), feeding their slots to `rebuild`; cut the tail at the
+        first bad one (a filler is skipped wherever one may lie)."""
         data = self._data
         seg_size = data.segment_size
         data_end = data.write_position  # until now: the end of the last file
-        prev = anchor
-        pos = anchor.pos + anchor.size
-        units = [INDEX_UNIT.pack(ENTRY_MAGIC, anchor.pos, anchor.size, anchor.index, anchor.term)]
+        p_index, p_term, p_chain = prev
+        unit_pack = INDEX_UNIT.pack
+        units = bytearray()
         bad: str | None = None
         while pos < data_end and bad is None:
             buf = data.read_unchecked(pos, min(data_end, pos - pos % seg_size + seg_size,
@@ -742,38 +807,39 @@ class EntryStore:
                     break
                 try:
                     entry = decode_entry(buf, off, pos + off, where=self._where,
-                                         prev_chain=prev.chain_crc)  # fmt: skip
+                                         prev_chain=p_chain)  # fmt: skip
                 except CorruptEntry as exc:
                     bad = exc.reason
                     break
-                if entry.index != prev.index + 1 or entry.term < prev.term:
-                    bad = f"entry {entry.index} (term {entry.term}) after {prev.index}"
+                if entry.index != p_index + 1 or entry.term < p_term:
+                    bad = f"entry {entry.index} (term {entry.term}) after {p_index}"
                     break
-                units.append(
-                    INDEX_UNIT.pack(ENTRY_MAGIC, entry.pos, entry.size, entry.index, entry.term)
-                )
-                prev = entry
+                units += unit_pack(ENTRY_MAGIC, entry.pos, entry.size, entry.index, entry.term)
+                p_index, p_term, p_chain = entry.index, entry.term, entry.chain_crc
                 off += size
             pos += off
+            rebuild.feed(bytes(units))
+            units.clear()
             if off == 0 and bad is None:
                 bad = "torn header"
-        if prev.index < must_be_valid:
+        if p_index < must_be_valid:
             why = bad if bad not in (None, "end") else "the log ends early"
             raise CorruptEntry(
                 self._where(pos), pos,
-                f"{why} at entry {prev.index + 1}; entries up to {must_be_valid} are below the "
+                f"{why} at entry {p_index + 1}; entries up to {must_be_valid} are below the "
                 "entry checkpoint (entries.checkpoint) and cannot be cut: restore this node's "
                 "data from a replica",
             )  # fmt: skip
         if bad not in (None, "end"):
-            self._note_cut(pos, prev.index + 1, bad or "", self._recovered_committed)
-        elif prev.index < self._recovered_committed:
+            self._note_cut(pos, p_index + 1, bad or "", self._recovered_committed)
+        elif p_index < self._recovered_committed:
             log.warning("entry log %s ends at entry %d (position %d), short of the committed "
                         "index %d: the missing entries must come back from the leader",
-                        self.directory, prev.index, pos, self._recovered_committed)  # fmt: skip
+                        self.directory, p_index, pos, self._recovered_committed)  # fmt: skip
         data.truncate(pos)
-        self._last_index, self._last_term, self._last_chain = prev.index, prev.term, prev.chain_crc
-        self._rebuild_index(anchor.index, b"".join(units))
+        rebuild.finish()
+        self._last_index, self._last_term, self._last_chain = p_index, p_term, p_chain
+        self._checkpoint_index = must_be_valid
 
     def _note_cut(self, pos: int, index: int, reason: str, committed: int) -> None:
         """Record (and log) a tail cut at `pos`, where entry `index` should have been."""
@@ -812,19 +878,46 @@ class EntryStore:
             at += entry.size
         return seen
 
-    def _rebuild_index(self, first: int, want: bytes) -> None:
-        """Make the index agree with the scanned entries, rewriting it where it does not."""
-        idx = self._index
-        start = first * INDEX_UNIT_SIZE
-        end = start + len(want)
-        have_range = bool(idx.segments()) and idx.min_offset <= start <= idx.write_position
-        if have_range and idx.read_unchecked(start, len(want)) == want:
-            idx.truncate(end)
+
+class _IndexRebuild:
+    """Makes the index agree with the slots a recovery scan finds, fed in order from
+    slot `first` on: compares them with what the index holds and rewrites it from
+    the first slot that differs (while they agree, nothing is written)."""
+
+    def __init__(self, index: MappedFileQueue, first: int, *, quiet: bool = False) -> None:
+        self._index = index
+        self._at = first * INDEX_UNIT_SIZE
+        self._agrees = bool(index.segments()) and index.min_offset <= self._at <= (
+            index.write_position
+        )
+        if not self._agrees:
+            if not quiet:
+                log.warning("entry index %s does not reach entry %d: rebuilding it",
+                            index.directory, first)  # fmt: skip
+            index.reset(self._at)
+
+    def feed(self, units: bytes) -> None:
+        if not units:
             return
-        log.warning("entry index %s disagrees with the data from entry %d: rebuilding it",
-                    idx.directory, first)  # fmt: skip
-        if have_range:
-            idx.truncate(start)
-        else:
-            idx.reset(start)
-        idx.append_across(want)
+        idx, unit = self._index, INDEX_UNIT_SIZE
+        if self._agrees:
+            have = idx.read_unchecked(self._at, len(units))
+            if have == units:
+                self._at += len(units)
+                return
+            k = 0
+            while have[k : k + unit] == units[k : k + unit]:
+                k += unit
+            self._at += k
+            units = units[k:]
+            self._agrees = False
+            log.warning("entry index %s disagrees with the data from entry %d: rebuilding it",
+                        idx.directory, self._at // unit)  # fmt: skip
+            idx.truncate(self._at)
+        idx.append_across(units)
+        self._at += len(units)
+
+    def finish(self) -> None:
+        """The scan ended: drop whatever the index holds beyond it."""
+        if self._agrees:
+            self._index.truncate(self._at)

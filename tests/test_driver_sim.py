@@ -4,10 +4,10 @@ tear what was not fsynced, partitions, lost messages.
 
 A failure names its seed and the command that replays it (`python -m
 tests.sim.driver_sim --seed N ...`). The fixed seeds run in the normal suite; the
-random batch is marked `sim` (DRIVER_SIM_SEEDS sets its size). At the end: strict
-xfails pinning the bugs outside the driver that the simulation found (see
-driver_sim.KNOWN_BUGS); fixing one flips its test, which then goes with the
-simulation's avoidance of it.
+random batch is marked `sim` (DRIVER_SIM_SEEDS sets its size). At the end: repros
+of the bugs outside the driver that the simulation found (strict xfails while a bug
+is open and the simulation avoids it, see driver_sim.KNOWN_BUGS; all are fixed now,
+and the simulation runs into their triggers again).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import pytest
 from dledger_commitlog.driver import ReadyDriver
 from dledger_commitlog.entry_store import EntryStore
 from raft import Entry, EntryKind, Message, NotLeader
-from store.errors import CorruptEntry
 from tests.sim.driver_sim import (
     TEAR_MODES,
     DriverSim,
@@ -106,6 +105,7 @@ def test_the_simulation_exercises_its_faults() -> None:
         "stream_breaks",
         "compactions",
         "snapshots_restored",
+        "crashes_unanchored",
     ):
         assert total.get(key, 0) > 0, (key, total)
 
@@ -387,7 +387,8 @@ def test_a_power_loss_keeps_every_byte_before_and_after_what_the_page_cache_chan
                 assert all(out[i] in (cur[i], old[i]) for i in range(size)), mode
 
 
-# --- bugs outside the driver found by the simulation (strict xfails) -----------
+# --- bugs outside the driver found by the simulation (fixed; the simulation ---
+# --- runs into their triggers again) --------------------------------------------
 
 _BODY = 20  # 68-byte entries: 15 per 1 KiB segment
 
@@ -409,8 +410,6 @@ def _restore_near_a_segment_end(path: Path) -> EntryStore:
     return store
 
 
-@pytest.mark.xfail(strict=True, reason="KNOWN_BUGS['index-not-durable']: recovery rebuilds "
-                   "the index only from its anchor", raises=IndexError)  # fmt: skip
 def test_recovery_keeps_the_index_below_its_anchor(tmp_path: Path) -> None:
     store = _store(tmp_path)
     store.append_entries(_entries(1, 60))
@@ -420,8 +419,6 @@ def test_recovery_keeps_the_index_below_its_anchor(tmp_path: Path) -> None:
     assert len(reopened.entries(1, 60, 1 << 20)) == 59
 
 
-@pytest.mark.xfail(strict=True, reason="KNOWN_BUGS['base-filler']: recovery from "
-                   "entries.base does not skip the filler after the base")  # fmt: skip
 def test_recovery_after_a_restore_near_a_segment_end_keeps_fsynced_entries(
     tmp_path: Path,
 ) -> None:
@@ -432,8 +429,6 @@ def test_recovery_after_a_restore_near_a_segment_end_keeps_fsynced_entries(
     assert _store(tmp_path, committed_index=12).last_index() == 13
 
 
-@pytest.mark.xfail(strict=True, reason="KNOWN_BUGS['base-filler'], with an entry "
-                   "checkpoint: the node cannot start", raises=CorruptEntry)  # fmt: skip
 def test_a_checkpointed_log_after_a_restore_near_a_segment_end_opens(tmp_path: Path) -> None:
     store = _restore_near_a_segment_end(tmp_path)
     store.append_entries(_entries(11, 14))
@@ -442,7 +437,6 @@ def test_a_checkpointed_log_after_a_restore_near_a_segment_end_opens(tmp_path: P
     assert _store(tmp_path).last_index() == 13
 
 
-@pytest.mark.xfail(strict=True, reason="KNOWN_BUGS['delete-prefix-filler']", raises=IndexError)
 def test_retention_after_a_restore_near_a_segment_end(tmp_path: Path) -> None:
     store = _restore_near_a_segment_end(tmp_path)
     store.append_entries(_entries(11, 60))
@@ -450,8 +444,6 @@ def test_retention_after_a_restore_near_a_segment_end(tmp_path: Path) -> None:
     assert store.delete_prefix(15) == 11  # nothing before the segment of entry 11 to drop
 
 
-@pytest.mark.xfail(strict=True, reason="KNOWN_BUGS['retention-beyond-checkpoint']",
-                   raises=CorruptEntry)  # fmt: skip
 def test_recovery_after_retention_beyond_the_checkpoint(tmp_path: Path) -> None:
     store = _store(tmp_path)
     store.append_entries(_entries(1, 30))
@@ -470,8 +462,6 @@ def test_recovery_after_retention_beyond_the_checkpoint(tmp_path: Path) -> None:
     assert reopened.term(first - 1) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="EntryStore recovery does not check the chainCrc "
-                   "of its anchor where the entry before is known (entry 1, the base)")  # fmt: skip
 def test_recovery_refuses_a_torn_first_entry(tmp_path: Path) -> None:
     store = _store(tmp_path)
     store.append_entries([Entry(1, 1, b"", EntryKind.NOOP)])
@@ -483,4 +473,8 @@ def test_recovery_refuses_a_torn_first_entry(tmp_path: Path) -> None:
     raw = bytearray(seg.read_bytes())
     raw[32:48] = bytes(16)
     seg.write_bytes(bytes(raw))
-    assert _store(tmp_path).entries(1, 2, 1 << 20) != [Entry(1, 1, b"", EntryKind.NORMAL)]
+    reopened = _store(tmp_path)
+    # Its chain link to entry 0 fails: cut as a torn tail, never served (as a NORMAL entry).
+    assert reopened.last_index() == 0
+    assert reopened.tail_cut is not None and reopened.tail_cut.index == 1
+    assert "chain CRC" in reopened.tail_cut.reason

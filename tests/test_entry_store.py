@@ -319,3 +319,184 @@ def test_committed_entries_cannot_be_truncated(tmp_path: Path) -> None:
     s.append([Entry(8, 2, b"fine")])
     assert (s.last_index(), s.get(7).body) == (8, body(7))
     s.close()
+
+
+# --- recovery after a power loss: the on-disk states the driver simulation found --
+
+
+def _index_files(path: Path) -> list[Path]:
+    return sorted((path / "index").iterdir())
+
+
+def _wreck_index(path: Path, from_byte: int, how: str, rng: random.Random) -> None:
+    """What a power loss leaves of index bytes written since its last fsync (the index
+    is buffered and fsynced only by an entry checkpoint): zeros, junk, or no file."""
+    for seg in _index_files(path):
+        start = int(seg.name)
+        if how == "missing" and start >= from_byte - from_byte % ISEG:
+            seg.unlink()
+            continue
+        raw = bytearray(seg.read_bytes())
+        keep = max(0, from_byte - start)
+        if keep < len(raw):
+            n = len(raw) - keep
+            raw[keep:] = rng.randbytes(n) if how == "garbage" else bytes(n)
+            seg.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("how", ["zeroed", "garbage", "missing"])
+def test_a_power_loss_before_any_checkpoint_keeps_the_whole_index(tmp_path: Path, how: str) -> None:
+    """No checkpoint: the index never reached the disk. Recovery rebuilds it from the
+    log's start (the sentinel), not only over the last segments it used to scan."""
+    s = open_store(tmp_path)
+    fill(s, 60, term=1)
+    fill(s, 10, term=2)  # 70 entries of 348 bytes: 7 segments
+    expected = s.stored_entries(1, 71, 1 << 30)
+    s.flush()
+    s.close()
+    _wreck_index(tmp_path, 0, how, random.Random(7))
+    r = open_store(tmp_path)
+    assert (r.first_index(), r.last_index(), r.term(0)) == (1, 70, 0)
+    assert [r.term(i) for i in (1, 60, 61, 70)] == [1, 1, 2, 2]
+    assert r.stored_entries(1, 71, 1 << 30) == expected
+    r.close()
+
+
+def test_index_files_gone_below_the_checkpoint_are_rebuilt_from_the_data(tmp_path: Path) -> None:
+    """With a checkpoint the index below it is trusted (fsynced by the checkpoint):
+    checked at both ends of that range, it is rebuilt from the data when missing."""
+    s = open_store(tmp_path)
+    fill(s, 70)
+    expected = s.stored_entries(1, 71, 1 << 30)
+    s.write_checkpoint(65)
+    s.close()
+    for seg in _index_files(tmp_path):
+        seg.unlink()
+    r = open_store(tmp_path)
+    assert (r.first_index(), r.last_index(), r.term(0)) == (1, 70, 0)
+    assert r.stored_entries(1, 71, 1 << 30) == expected
+    r.close()
+
+
+def _restore_near_a_segment_end(path: Path) -> EntryStore:
+    """A follower restored from a snapshot whose base (entry 10) ends 30 bytes before
+    its segment does: entry 11 opens the next segment, after a filler."""
+    s = open_store(path)
+    s.restore(10, 1, struct.pack(">qqqI", 10, 1, SEG - 30, 12345))
+    return s
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_recovery_after_a_restore_skips_the_filler_after_the_base(
+    tmp_path: Path, checkpoint: bool
+) -> None:
+    s = _restore_near_a_segment_end(tmp_path)
+    fill(s, 4)
+    assert s.get(11).pos == SEG
+    expected = s.stored_entries(11, 15, 1 << 30)
+    if checkpoint:
+        s.write_checkpoint(12)
+    s.flush()
+    s.close()
+    r = open_store(tmp_path, committed_index=12)
+    assert (r.first_index(), r.last_index(), r.term(10)) == (11, 14, 1)
+    assert r.tail_cut is None and r.missing_through == 0
+    assert r.stored_entries(11, 15, 1 << 30) == expected
+    fill(r, 1)
+    assert r.get(15).index == 15
+    r.close()
+
+
+def test_a_torn_filler_after_the_base_cuts_back_to_the_base(tmp_path: Path) -> None:
+    """Nothing after the base reached the disk but entry 11's bytes (not fsynced):
+    the log restarts after the base, and the next append lands where the leader's did."""
+    s = _restore_near_a_segment_end(tmp_path)
+    fill(s, 2)
+    s.close()
+    with open(sorted((tmp_path / "data").iterdir())[0], "r+b") as f:
+        f.seek(SEG - 30)
+        f.write(bytes(30))  # the filler's sector never reached the disk
+    r = open_store(tmp_path)
+    assert (r.first_index(), r.last_index(), r.term(10)) == (11, 10, 1)
+    fill(r, 1)
+    assert r.get(11).pos == SEG
+    r.close()
+
+
+def test_retention_after_a_restore_near_a_segment_end(tmp_path: Path) -> None:
+    """The first segment holds only the filler after the base: nothing to drop until
+    retention reaches past entry 11's segment."""
+    s = _restore_near_a_segment_end(tmp_path)
+    fill(s, 30)  # 11 entries a segment: 11..21 from SEG, 22..32 from 2 * SEG
+    assert s.delete_prefix(15) == 11
+    assert (s.first_index(), s.term(10), s.base) == (11, 1, (10, 1, SEG - 30, 12345))
+    assert s.delete_prefix(25) == 22
+    assert (s.first_index(), s.term(21)) == (22, 1)
+    s.close()
+    r = open_store(tmp_path)
+    assert (r.first_index(), r.last_index(), r.term(21)) == (22, 40, 1)
+    assert r.get(22).index == 22
+    r.close()
+
+
+@pytest.mark.parametrize("how", ["zeroed", "garbage"])
+def test_retention_beyond_the_checkpoint_then_a_power_loss(tmp_path: Path, how: str) -> None:
+    """The slot of the entry before the new first one was written after the last
+    checkpoint's fsync: recovery rebuilds it from entries.base."""
+    s = open_store(tmp_path)
+    fill(s, 30, term=1)
+    s.write_checkpoint(5)  # fsyncs the index: slots 0..30
+    fill(s, 30, term=2)
+    fill(s, 20, term=3)
+    s.flush()
+    first = s.delete_prefix(70)
+    assert 61 < first <= 70
+    expected = s.stored_entries(first, 81, 1 << 30)
+    s.close()
+    _wreck_index(tmp_path, 31 * 32, how, random.Random(3))
+    r = open_store(tmp_path)
+    assert (r.first_index(), r.last_index(), r.term(first - 1)) == (first, 80, 3)
+    assert r.stored_entries(first, 81, 1 << 30) == expected
+    r.close()
+
+
+def _tear_header_tail(path: Path, pos: int) -> None:
+    """A header straddling a sector boundary whose second sector never reached the
+    disk: its last 16 bytes (channel, chainCrc, bodyCrc, bodyLen) are zeros."""
+    seg = sorted((path / "data").iterdir())[pos // SEG]
+    with open(seg, "r+b") as f:
+        f.seek(pos % SEG + HEADER_SIZE - 16)
+        f.write(bytes(16))
+
+
+@pytest.mark.parametrize("restored", [False, True])
+def test_a_torn_first_entry_is_cut_not_served(tmp_path: Path, restored: bool) -> None:
+    """An empty NOOP whose header tail is zeros still passes every check but its chain
+    link (it would come back as an empty NORMAL entry): the first entry's link to the
+    sentinel or to the base is checked."""
+    s = _restore_near_a_segment_end(tmp_path) if restored else open_store(tmp_path)
+    first = s.last_index() + 1
+    s.append([Entry(first, 1, b"", EntryKind.NOOP)])
+    pos = s.get(first).pos
+    s.flush()
+    s.close()
+    _tear_header_tail(tmp_path, pos)
+    r = open_store(tmp_path)
+    assert r.last_index() == first - 1
+    assert r.tail_cut is not None and r.tail_cut.index == first and r.tail_cut.pos == pos
+    fill(r, 1)
+    assert r.get(first).body == body(first)
+    r.close()
+
+
+def test_a_checkpointed_first_entry_with_a_changed_channel_is_an_error(tmp_path: Path) -> None:
+    s = open_store(tmp_path)
+    s.append([Entry(1, 1, b"", EntryKind.NOOP)])
+    s.write_checkpoint(1)
+    s.close()
+    seg = sorted((tmp_path / "data").iterdir())[0]
+    with open(seg, "r+b") as f:
+        f.seek(32)  # the channel (not covered by the body CRC): NOOP -> NORMAL
+        f.write(bytes(4))
+    with pytest.raises(CorruptEntry, match="checkpointed entry 1"):
+        open_store(tmp_path)
