@@ -156,6 +156,12 @@ def _uniq_in(data: bytes, props: int) -> str | None:
     return data[start : end if end >= 0 else len(data)].decode()
 
 
+def _retrieved(fut: asyncio.Future[PutResult]) -> None:
+    """Mark a put's outcome as seen (its caller stopped waiting for it)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 def msg_id_of(encoded: bytes, commitlog_offset: int) -> str:
     """The id of an encoded message: its own store host and the offset it lies at."""
     host = encoded[_STORE_HOST_POS : _STORE_HOST_POS + 8]
@@ -350,13 +356,23 @@ class DLedgerCommitLog:
             self._flush_scheduled = True
             loop.call_soon(self._flush_queued)
         try:
-            async with asyncio.timeout(timeout_s):
-                return list(await asyncio.gather(*(asyncio.shield(f) for f in futures)))
-        except TimeoutError:
-            raise OutcomeUnknown(
-                f"not committed within {timeout_s:.1f}s; it may still be: retry with the same "
-                "uniq_key"
-            ) from None
+            # One waiter for the batch (asyncio.wait neither cancels the futures on a
+            # timeout nor needs a shield and a gather slot per message); the first
+            # failure ends the wait, as gather's would.
+            _, not_done = await asyncio.wait(
+                futures, timeout=timeout_s, return_when=asyncio.FIRST_EXCEPTION
+            )
+            for f in not_done:  # they may fail later, unheard: no "never retrieved" noise
+                f.add_done_callback(_retrieved)
+            failed = [exc for f in futures if f.done() and (exc := f.exception()) is not None]
+            if failed:
+                raise failed[0]
+            if not_done:
+                raise OutcomeUnknown(
+                    f"not committed within {timeout_s:.1f}s; it may still be: retry with the "
+                    "same uniq_key"
+                )
+            return [f.result() for f in futures]
         finally:
             self._pending -= len(specs)
 

@@ -9,6 +9,7 @@ committed position can be held behind the written end.
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 import shutil
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from dispatch.dispatcher import (
     parse_tag_expression,
 )
 from dledger_commitlog.cli import main as cli_main
-from dledger_commitlog.commitlog import DLedgerCommitLog, PutResult, PutSpec
+from dledger_commitlog.commitlog import DLedgerCommitLog, OutcomeUnknown, PutResult, PutSpec
 from dledger_commitlog.entry_format import HEADER_SIZE
 from dledger_commitlog.entry_store import EntryStore
 from dledger_commitlog.raft_state import RaftStateFile
@@ -428,5 +429,34 @@ def test_the_same_uniq_key_twice_in_one_batch_is_stored_once(tmp_path: Path) -> 
         results = asyncio.run(run())
         assert [r.duplicate for r in results] == [False, True, True]
         assert len({r.commitlog_offset for r in results}) == 1
+    finally:
+        log.close()
+
+
+def test_a_put_past_its_timeout_is_unknown_and_its_entry_still_commits(tmp_path: Path) -> None:
+    """The caller stops waiting (OutcomeUnknown), the entry does not go away: a retry
+    with the same uniq_key is answered by it. A put abandoned that way and failed
+    later (a newer leader replaced its entry) leaves no unretrieved error behind."""
+    log = LocalLog(tmp_path / "node")
+    errors: list[dict[str, object]] = []
+
+    async def run() -> PutResult:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+        specs = [log.cl.prepare("t", b"slow", uniq_key=f"S{i}") for i in range(3)]
+        with pytest.raises(OutcomeUnknown, match="retry with the same uniq_key"):
+            await log.cl.put(specs, 0.05)
+        assert log.store.last_index() == 3  # proposed, not committed
+        log.commit(2)
+        (again,) = await log.cl.put([log.cl.prepare("t", b"slow", uniq_key="S1")], 5.0)
+        # Entry 3 replaced by a newer leader's: its abandoned future fails unheard.
+        gone = log._pending.pop()
+        log.cl.apply([Entry(gone.index, 2, gone.data, EntryKind.NORMAL)])
+        return again
+
+    try:
+        again = asyncio.run(run())
+        gc.collect()
+        assert again.duplicate and again.commitlog_offset > HEADER_SIZE
+        assert not errors, errors
     finally:
         log.close()
