@@ -166,9 +166,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 @command("serve", "run one node until SIGTERM/SIGINT", _serve_args)
 def _serve(args: argparse.Namespace) -> int:
     config = serve_config(args)
-    from . import service  # lazily: the server's imports are not the CLI's
+    from . import server  # lazily: the server's imports are not the CLI's
 
-    service.run(config)
+    server.run(config)
     return 0
 
 

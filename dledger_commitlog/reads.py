@@ -4,8 +4,9 @@ The node's asyncio loop runs Raft (heartbeats, elections with a 500 ms timeout),
 so the reads that touch many messages (Pull, and the analytics reads ReadLog,
 ReadUnits and OffsetsForTimes) never run their disk reads or per-message work
 there. The loop takes a *snapshot* of what a read may see (`LogView`,
-`QueueView`: positions, bounds, file names), which is cheap and consistent, and
-a worker thread does the rest with it. What a snapshot lets through is
+`QueueView`: positions, bounds, file names; `log_view` and `queue_view`, from the
+node's `ports.LogReads` and `ports.QueueReads`), which is cheap and consistent,
+and a worker thread does the rest with it. What a snapshot lets through is
 committed: the committed position bounds every commit-log read, the dispatched
 queue ends (`max_offset`, written only for committed messages) bound every
 consume-queue read.
@@ -60,7 +61,7 @@ from .entry_format import ENTRY_MAGIC, FILLER_MAGIC, HEADER, HEADER_SIZE
 if TYPE_CHECKING:
     from store.mapped_file import MappedFileQueue
 
-    from .node import RaftNode
+    from .ports import LogReads, QueueReads
 
 MAX_SCAN: Final = 16_384  # units one Pull looks at (as dispatch's scan did)
 SPAN_GAP: Final = 4096  # messages closer than this are read with one pread
@@ -98,22 +99,23 @@ class QueueView:
     files: tuple[int, ...]  # byte offsets (names) of its files, oldest first
 
 
-def log_view(node: RaftNode) -> LogView:
-    store = node.store
-    data = store.data_queue
-    committed = node.commitlog.committed_pos
+def log_view(log: LogReads) -> LogView:
+    data = log.data_queue
+    committed = log.committed_pos
     return LogView(
         committed=committed,
         min_pos=data.min_offset,
-        file_end=min(store.flushed_position, committed),
+        file_end=min(log.flushed_position, committed),
         segment_size=data.segment_size,
         segments=tuple(data.segments()),
         data=data,
     )
 
 
-def queue_view(node: RaftNode, topic: str, queue_id: int) -> QueueView | None:
-    cq = node.dispatcher.queue(topic, queue_id)
+def queue_view(
+    queues: QueueReads, topic: str, queue_id: int, units_per_file: int
+) -> QueueView | None:
+    cq = queues.queue(topic, queue_id)
     if cq is None:
         return None
     return QueueView(
@@ -122,7 +124,7 @@ def queue_view(node: RaftNode, topic: str, queue_id: int) -> QueueView | None:
         min_offset=cq.min_offset,
         max_offset=cq.max_offset,
         directory=str(cq.directory),
-        file_bytes=node.cfg.cq_units_per_file * UNIT_SIZE,
+        file_bytes=units_per_file * UNIT_SIZE,
         files=tuple(cq.file_starts()),
     )
 

@@ -1,10 +1,16 @@
-"""The gRPC client service and the process entry point (`run`).
+"""The gRPC client service: the client RPCs mapped onto the node's narrow interfaces.
 
-Maps the proto onto the node: validation errors become INVALID_ARGUMENT before
-anything is proposed (bad input loses nothing and stores nothing); a put on a
-follower is forwarded once to the leader; no leader is UNAVAILABLE (retryable);
-reads serve committed data only. Every error carries a message saying what is
-wrong; the node keeps serving.
+`ClientService` sees the node only through `ports`, one interface per concern
+(leadership, writes, transactions, commit-log reads, consume-queue reads,
+status and maintenance), and its metrics; `server.serve` builds the `RaftNode`
+and hands it over as each of them. This module imports no part of the node (a
+test checks it).
+
+Maps the proto onto those interfaces: validation errors become INVALID_ARGUMENT
+before anything is proposed (bad input loses nothing and stores nothing); a put
+on a follower is forwarded once to the leader; no leader is UNAVAILABLE
+(retryable); reads serve committed data only. Every error carries a message
+saying what is wrong; the node keeps serving.
 
 Reads that touch many messages (Pull, ReadLog, ReadUnits, OffsetsForTimes) do
 their disk reads and per-message work in a small thread pool (`reads`), never on
@@ -16,13 +22,9 @@ ever late (`loop_lag_max_ms`, from `loop_probe`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import gc
 import logging
 import os
-import signal
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -30,7 +32,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeAlias, TypeVar
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dispatch.dispatcher import (
     OFFSETS_TOPIC,
@@ -40,7 +41,7 @@ from dispatch.dispatcher import (
 )
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
-from raft import NotLeader, Role
+from raft import NotLeader
 from store.errors import CorruptEntry, InvalidMessage, OffsetOutOfRange
 from store.message import Message, check_name, decode_message
 
@@ -63,10 +64,10 @@ from .commitlog import (
     make_msg_id,
     offset_of_msg_id,
 )
-from .config import ListenError, NodeConfig
+from .config import NodeConfig
 from .loop_probe import LoopLagProbe
-from .metrics import serve_metrics
-from .node import RaftNode
+from .metrics import NodeMetrics
+from .ports import Admin, Leadership, LogReads, QueueReads, Status, Transactions, Writes
 from .schedule import SCHEDULE_TOPIC, schedule, scheduled_properties
 from .security import NODE_AUTH, NodeSecurity
 from .transactions import (
@@ -78,7 +79,7 @@ from .transactions import (
     UnknownTransaction,
     half_properties,
 )
-from .transport import GRPC_OPTIONS, PeerService, open_channel
+from .transport import open_channel
 
 log = logging.getLogger(__name__)
 
@@ -109,11 +110,31 @@ def _result_pb(r: PutResult) -> pb.PutResult:
 
 class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
     """The client RPCs. With an ACL every call is authenticated (`_caller`) and each
-    RPC checks the caller's rights on what it touches before doing anything."""
+    RPC checks the caller's rights on what it touches before doing anything.
 
-    def __init__(self, node: RaftNode, security: NodeSecurity | None = None) -> None:
-        self.node = node
-        self.cfg = node.cfg
+    What it uses of the node comes in one interface per concern (`ports`)."""
+
+    def __init__(
+        self,
+        cfg: NodeConfig,
+        *,
+        leadership: Leadership,
+        writes: Writes,
+        transactions: Transactions,
+        commit_log: LogReads,
+        queues: QueueReads,
+        admin: Admin,
+        metrics: NodeMetrics,
+        security: NodeSecurity | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.leadership = leadership
+        self.writes = writes
+        self.transactions = transactions
+        self.commit_log = commit_log
+        self.queues = queues
+        self.admin = admin
+        self.metrics = metrics
         self.security = security or NodeSecurity()
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._reads = ThreadPoolExecutor(_READ_THREADS, f"reads-n{self.cfg.node_id}")
@@ -188,7 +209,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         """A forwarded call of RPC `method`: marked (never forwarded again), vouched for
         with the cluster secret, on behalf of the access key this node authenticated."""
         meta = [(_FORWARDED, str(self.cfg.node_id))]
-        leader = self.node.core.leader_id
+        leader = self.leadership.leader_id
         on_behalf = account.access_key if account is not None else ""
         if self.security.peers is not None and leader is not None:
             scope = _forward_scope(method, on_behalf)
@@ -198,7 +219,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         return tuple(meta)
 
     async def _deny(self, context: _Context, exc: AuthError) -> None:
-        self.node.metrics.auth_failures.labels(exc.status.name.lower()).inc()
+        self.metrics.auth_failures.labels(exc.status.name.lower()).inc()
         log.info("refused a client call from %s: %s", context.peer(), exc.message)
         await context.abort(exc.status, exc.message)
 
@@ -206,8 +227,8 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
 
     def _leader_metadata(self) -> tuple[tuple[str, str], ...]:
         return (
-            (_LEADER, self.node.leader_client_address() or ""),
-            (_LEADER_ID, str(self.node.core.leader_id or 0)),
+            (_LEADER, self.leadership.leader_client_address() or ""),
+            (_LEADER_ID, str(self.leadership.leader_id or 0)),
         )
 
     def _check_cluster(self, cluster: str) -> str | None:
@@ -236,12 +257,12 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         elif m.delay_level or m.deliver_at_ms:
             placed = schedule(
                 topic, qid, uniq, delay_level=m.delay_level, deliver_at_ms=m.deliver_at_ms,
-                levels=self.node.schedule.levels, max_timer_delay_s=self.cfg.max_timer_delay_s,
+                levels=self.writes.delay_levels, max_timer_delay_s=self.cfg.max_timer_delay_s,
                 now_ms=int(time.time() * 1000),
             )  # fmt: skip
             props = scheduled_properties(props, placed)
             topic, uniq, qid = SCHEDULE_TOPIC, placed.uniq_key, placed.queue_id
-        return self.node.commitlog.prepare(
+        return self.writes.prepare(
             topic,
             m.body,
             keys=list(m.keys),
@@ -279,30 +300,30 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
 
     async def _commit(self, specs: Sequence[PutSpec], timeout_s: float) -> list[PutResult]:
         """Put as the leader: the results; NotLeader, or _Refused with the status to say."""
-        node = self.node
+        writes, metrics = self.writes, self.metrics
         started = time.perf_counter()
-        if node.retention.refusal is not None:
-            raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, node.retention.refusal)
+        if writes.write_refusal is not None:
+            raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, writes.write_refusal)
         try:
-            results = await node.commitlog.put(specs, timeout_s)
+            results = await writes.put(specs, timeout_s)
         except Overloaded as exc:
-            node.metrics.puts.labels("overloaded").inc(len(specs))
+            metrics.puts.labels("overloaded").inc(len(specs))
             raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from None
         except OutcomeUnknown as exc:
-            node.metrics.puts.labels("unknown").inc(len(specs))
+            metrics.puts.labels("unknown").inc(len(specs))
             raise _Refused(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from None
         except PutFailed as exc:
-            node.metrics.puts.labels("failed").inc(len(specs))
+            metrics.puts.labels("failed").inc(len(specs))
             raise _Refused(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
-        node.metrics.puts.labels("ok").inc(len(specs))
-        node.metrics.put_latency.observe(time.perf_counter() - started)
+        metrics.puts.labels("ok").inc(len(specs))
+        metrics.put_latency.observe(time.perf_counter() - started)
         return results
 
     async def _leader_stub(
         self, exc: NotLeader, context: _Context
     ) -> tuple[str, pb_grpc.DLedgerClientStub]:
         """A stub for the leader, or abort: no leader, or this call was forwarded once."""
-        leader = self.node.leader_client_address()
+        leader = self.leadership.leader_client_address()
         meta = dict(context.invocation_metadata() or ())
         if leader is None or exc.leader_hint is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no leader at the moment; retry")
@@ -461,7 +482,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                 specs.append(self._spec(m))
                 at.append(i)
             except AuthError as exc:
-                self.node.metrics.auth_failures.labels(exc.status.name.lower()).inc()
+                self.metrics.auth_failures.labels(exc.status.name.lower()).inc()
                 _refuse(outcomes[i], exc.status, exc.message)
             except InvalidMessage as exc:
                 _refuse(outcomes[i], grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -474,7 +495,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                 for i, r in zip(at, results, strict=True):
                     outcomes[i].result.CopyFrom(_result_pb(r))
             except NotLeader:
-                leader = self.node.leader_client_address()
+                leader = self.leadership.leader_client_address()
                 code = (
                     grpc.StatusCode.FAILED_PRECONDITION if leader else grpc.StatusCode.UNAVAILABLE
                 )
@@ -500,7 +521,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                 raise InvalidMessage("give msg_id or commitlog_offset")
             if request.linearizable:
                 await self._linearize(context)
-            msg, size = self.node.commitlog.get_by_offset(offset)
+            msg, size = self.commit_log.get_by_offset(offset)
             await self._check(context, account, lambda a: require_topics(a, [msg.topic], Perm.SUB))
         except InvalidMessage as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -514,7 +535,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
 
     async def _linearize(self, context: _Context) -> None:
         try:
-            await self.node.read_index(self._timeout(context))
+            await self.leadership.read_index(self._timeout(context))
         except NotLeader:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no leader to confirm the read")
         except TimeoutError:
@@ -524,10 +545,12 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         """ReadIndex, then wait until dispatch covers the confirmed committed position."""
         await self._linearize(context)
         try:
-            await self.node.wait_dispatched(self.node.commitlog.committed_pos,
-                                            self._timeout(context))  # fmt: skip
+            await self.queues.wait_dispatched(self.commit_log.committed_pos, self._timeout(context))
         except TimeoutError:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "dispatch did not catch up in time")
+
+    def _queue_view(self, topic: str, queue_id: int) -> reads.QueueView | None:
+        return reads.queue_view(self.queues, topic, queue_id, self.cfg.cq_units_per_file)
 
     def _check_queue(self, topic: str, queue_id: int) -> None:
         check_name(topic)
@@ -539,7 +562,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         """Messages of one queue from an offset; long-polls up to wait_ms for new ones.
 
         The reads and the answer's encoding run in the read pool (`_pull_reply`)."""
-        node, r = self.node, request
+        r = request
         await self._allow(context, "Pull", lambda a: require_topics(a, [r.topic], Perm.SUB))
         try:
             self._check_queue(r.topic, r.queue_id)
@@ -554,8 +577,8 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             wait_s = min(r.wait_ms / 1000, self._timeout(context))
             deadline = time.monotonic() + wait_s
             while True:
-                queue = reads.queue_view(node, r.topic, r.queue_id)
-                view = reads.log_view(node)
+                queue = self._queue_view(r.topic, r.queue_id)
+                view = reads.log_view(self.commit_log)
                 reply = await self._in_thread(
                     _pull_reply, queue, view, r, max_messages, tags, max_bytes
                 )
@@ -563,7 +586,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                 found = reply.raw_messages or reply.messages
                 if found or reply.next_offset != r.queue_offset or remaining <= 0:
                     break
-                await node.wait_for_dispatch(remaining)
+                await self.queues.wait_for_dispatch(remaining)
         except (InvalidMessage, OffsetOutOfRange, CorruptEntry) as exc:
             await context.abort(*_read_failure(exc))
         return reply
@@ -572,7 +595,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         self, request: pb.QueryByKeyRequest, context: _Context
     ) -> pb.QueryByKeyResponse:
         """Messages whose KEYS (or UNIQ_KEY) hold `key`, newest first, in [begin, end]."""
-        r, cl = request, self.node.commitlog
+        r = request
         await self._allow(context, "QueryByKey", lambda a: require_topics(a, [r.topic], Perm.SUB))
         try:
             check_name(r.topic)
@@ -586,10 +609,9 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         limit = min(r.max_messages or _DEFAULT_PULL, _MAX_PULL)
         out: list[pb.StoredMessage] = []
         # Candidates include hash collisions: ask for more, keep the exact matches.
-        for offset in self.node.dispatcher.query_offsets(r.topic, r.key, r.begin_ms, end,
-                                                         4 * limit):  # fmt: skip
+        for offset in self.queues.query_offsets(r.topic, r.key, r.begin_ms, end, 4 * limit):
             try:
-                raw = cl.read_message(offset)
+                raw = self.commit_log.read_message(offset)
                 msg, size = decode_message(raw), len(raw)
             except OffsetOutOfRange:
                 continue  # deleted by retention since the index was read
@@ -619,20 +641,20 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if request.linearizable:
             await self._dispatched_linearizable(context)
-        d = self.node.dispatcher
+        queues = self.queues
         reply = pb.QueueOffsetsResponse(
             queues=[
                 pb.QueueOffset(topic=t, queue_id=q, min_offset=lo, max_offset=hi)
-                for t, q, lo, hi in d.queue_offsets(topic)
+                for t, q, lo, hi in queues.queue_offsets(topic)
                 if account is None or Perm.SUB in account.topic_perm(t)
             ],
-            dispatched_offset=d.dispatched_pos,
+            dispatched_offset=queues.dispatched_pos,
         )
         if self._local is not None and (account is None or account.reads_everything):
             # The files hold every topic: only for a caller who may read them all.
             reply.local_files.CopyFrom(self._local)
             reply.local_files.log_file_end = min(
-                self.node.store.flushed_position, self.node.commitlog.committed_pos
+                self.commit_log.flushed_position, self.commit_log.committed_pos
             )
         return reply
 
@@ -640,7 +662,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         self, request: pb.CommitOffsetRequest, context: _Context
     ) -> pb.CommitOffsetResponse:
         """Record a group's offset through the Raft log (so it survives failover)."""
-        r, node = request, self.node
+        r = request
         account = await self._allow(
             context, "CommitOffset", lambda a: _group_rights(a, r.group, r.topic)
         )
@@ -652,7 +674,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             self._check_queue(r.topic, r.queue_id)
             if r.offset < 0:
                 raise InvalidMessage(f"offset {r.offset} must not be negative")
-            spec = node.commitlog.prepare(
+            spec = self.writes.prepare(
                 OFFSETS_TOPIC,
                 encode_offset_commit(r.group, r.topic, r.queue_id, r.offset),
                 keys=[r.group],
@@ -663,8 +685,8 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         except InvalidMessage as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
-            (result,) = await node.commitlog.put([spec], self._timeout(context))
-            await node.wait_dispatched(result.commitlog_offset + 1, self._timeout(context))
+            (result,) = await self.writes.put([spec], self._timeout(context))
+            await self.queues.wait_dispatched(result.commitlog_offset + 1, self._timeout(context))
         except NotLeader as exc:
             leader, stub = await self._leader_stub(exc, context)
             try:
@@ -693,7 +715,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if r.linearizable:
             await self._dispatched_linearizable(context)
-        offsets = self.node.dispatcher.offsets
+        offsets = self.queues.group_offsets
         queues = [r.queue_id] if r.queue_id != -1 else range(self.cfg.queues_per_topic)
         return pb.FetchOffsetResponse(
             offsets=[
@@ -706,12 +728,12 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
 
     async def CleanNow(self, request: pb.CleanNowRequest, context: _Context) -> pb.CleanNowResponse:
         await self._allow(context, "CleanNow", lambda a: require_admin(a, "CleanNow"))
-        deleted, min_offset, reason = await self.node.clean_now(force=request.force)
+        deleted, min_offset, reason = await self.admin.clean_now(force=request.force)
         return pb.CleanNowResponse(deleted_segments=deleted, min_offset=min_offset, reason=reason)
 
     async def Status(self, request: pb.StatusRequest, context: _Context) -> pb.StatusResponse:
         await self._caller(context, "Status")
-        reply = status_pb(self.node)
+        reply = status_pb(self.admin, self.cfg)
         reply.loop_lag_max_ms = self.loop_lag.max_ms(reset=request.reset_loop_lag)
         return reply
 
@@ -756,17 +778,17 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
     async def EndTransaction(
         self, request: pb.EndTransactionRequest, context: _Context
     ) -> pb.EndTransactionResponse:
-        r, node = request, self.node
+        r, leadership = request, self.leadership
         account = await self._caller(context, "EndTransaction")
         wrong = self._check_cluster(r.cluster)
         if wrong:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, wrong)
-        if node.core.role is not Role.LEADER:
+        if not leadership.is_leader():
             reply: pb.EndTransactionResponse = await self._forward_to_leader(
-                NotLeader(node.core.leader_id), context, "EndTransaction", request, account
+                NotLeader(leadership.leader_id), context, "EndTransaction", request, account
             )
             return reply
-        half = node.system_log.message_at(r.half_offset)
+        half = self.transactions.message_at(r.half_offset)
         if half is None or half.uniq_key != HALF_KEY_PREFIX + r.transaction_id:
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"no half message of transaction {r.transaction_id!r} at "
@@ -775,7 +797,9 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         topic = half.properties.get(PROPERTY_REAL_TOPIC, "")
         await self._check(context, account, lambda a: require_topics(a, [topic], Perm.PUB))
         try:
-            done = await node.transactions.end(r.transaction_id, r.half_offset, r.commit)
+            done = await self.transactions.end_transaction(
+                r.transaction_id, r.half_offset, r.commit
+            )
         except NotLeader as exc:
             forwarded: pb.EndTransactionResponse = await self._forward_to_leader(
                 exc, context, "EndTransaction", request, account
@@ -808,17 +832,18 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                                 "the stream's first message names the producer group")  # fmt: skip
         assert hello is not None
         group = hello.producer_group
-        node = self.node
-        checks = node.checks.open(group)
+        transactions = self.transactions
+        checks = transactions.open_checks(group)
         answering: set[asyncio.Task[None]] = set()
 
         async def answer(a: pb.TransactionCheckAnswer) -> None:
             if a.action == pb.TransactionCheckAnswer.UNKNOWN:
                 return
             try:
-                await node.transactions.end(a.transaction_id, a.half_offset,
-                                            a.action == pb.TransactionCheckAnswer.COMMIT,
-                                            by="check")  # fmt: skip
+                await transactions.end_transaction(
+                    a.transaction_id, a.half_offset, a.action == pb.TransactionCheckAnswer.COMMIT,
+                    by="check",
+                )  # fmt: skip
             except (NotLeader, UnknownTransaction, TransactionConflict, OutcomeUnknown,
                     PutFailed, Overloaded, TimeoutError) as exc:  # fmt: skip
                 log.info("check answer for %s not applied: %s", a.transaction_id, exc)
@@ -851,7 +876,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                     message=stored_message_pb(shown, len(check.message.body)),
                 )  # fmt: skip
         finally:
-            node.checks.close(group, checks)
+            transactions.close_checks(group, checks)
             reader.cancel()
 
     async def TransferLeadership(
@@ -863,15 +888,15 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         target = request.target_node_id
         if target not in {p.id for p in self.cfg.peers}:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"node {target} is not a peer")
-        if self.node.core.role is not Role.LEADER:
-            leader = self.node.leader_client_address()
+        if not self.leadership.is_leader():
+            leader = self.leadership.leader_client_address()
             if leader is None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "no leader at the moment; retry")
             context.set_trailing_metadata(self._leader_metadata())
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"not the leader; the leader is at {leader}")  # fmt: skip
         try:
-            leader_id = await self.node.transfer_leadership(
+            leader_id = await self.leadership.transfer_leadership(
                 target, (request.timeout_ms or 5000) / 1000
             )
         except TimeoutError as exc:
@@ -882,7 +907,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         self, request: pb.ReadRangeRequest, context: _Context
     ) -> pb.ReadRangeResponse:
         await self._allow(context, "ReadRange", _read_everything)
-        cl = self.node.commitlog
+        cl = self.commit_log
         try:
             bodies, nxt = cl.read_range(request.from_offset, request.max_messages or 1024,
                                         request.max_bytes or (4 << 20))  # fmt: skip
@@ -908,7 +933,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             why = "from_pos, end_pos and chunk_bytes must not be negative"
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
         chunk = min(r.chunk_bytes or _LOG_CHUNK, _MAX_LOG_CHUNK)
-        view = reads.log_view(self.node)
+        view = reads.log_view(self.commit_log)
         end = view.committed if r.end_pos == 0 else min(r.end_pos, view.committed)
         pos = r.from_pos
         if pos < view.min_pos and pos < end:
@@ -933,7 +958,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             pos = answer.pos + len(answer.data)
             # The next chunk is read while this one is sent (retention may move on: a
             # fresh snapshot of the files each time).
-            pending = read(pos, reads.log_view(self.node)) if pos < end else None
+            pending = read(pos, reads.log_view(self.commit_log)) if pos < end else None
             try:
                 yield answer
             except BaseException:
@@ -959,7 +984,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         except InvalidMessage as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         for want in r.queues:
-            queue = reads.queue_view(self.node, want.topic, want.queue_id)
+            queue = self._queue_view(want.topic, want.queue_id)
             if queue is None:
                 yield pb.QueueUnits(topic=want.topic, queue_id=want.queue_id)
                 continue
@@ -1000,8 +1025,8 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                 self._check_queue(q.topic, q.queue_id)
         except InvalidMessage as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        views = [reads.queue_view(self.node, q.topic, q.queue_id) for q in r.queries]
-        log_view = reads.log_view(self.node)
+        views = [self._queue_view(q.topic, q.queue_id) for q in r.queries]
+        log_view = reads.log_view(self.commit_log)
 
         def search() -> list[int]:
             return [
@@ -1134,169 +1159,20 @@ def stored_message_pb(msg: Message, size: int) -> pb.StoredMessage:
     )  # fmt: skip
 
 
-def status_pb(node: RaftNode) -> pb.StatusResponse:
-    core, store, cl = node.core, node.store, node.commitlog
+def status_pb(node: Status, cfg: NodeConfig) -> pb.StatusResponse:
     peers = [
         pb.PeerStatus(
             node_id=p, match_index=pr.match, next_index=pr.next, recent_active=pr.recent_active
         )
-        for p, pr in sorted(core.progress.items())
+        for p, pr in sorted(node.progress.items())
     ]
     return pb.StatusResponse(
-        node_id=node.cfg.node_id, role=core.role.value, term=core.term,
-        leader_id=core.leader_id or 0, leader_address=node.leader_client_address() or "",
-        first_index=store.first_index(), last_index=store.last_index(),
-        committed_index=cl.committed_index, committed_pos=cl.committed_pos,
-        flushed_pos=store.flushed_position, dispatched_pos=node.dispatcher.dispatched_pos,
-        applied_index=cl.committed_index,
-        cluster=node.cfg.cluster, peers=peers, last_chain_crc=store.last_chain_crc,
-        flush_mode=node.cfg.flush_mode,
+        node_id=cfg.node_id, role=node.role.value, term=node.term,
+        leader_id=node.leader_id or 0, leader_address=node.leader_client_address() or "",
+        first_index=node.first_index(), last_index=node.last_index(),
+        committed_index=node.committed_index, committed_pos=node.committed_pos,
+        flushed_pos=node.flushed_position, dispatched_pos=node.dispatched_pos,
+        applied_index=node.committed_index,
+        cluster=cfg.cluster, peers=peers, last_chain_crc=node.last_chain_crc,
+        flush_mode=cfg.flush_mode,
     )  # fmt: skip
-
-
-async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseException | None:
-    """Run a node until `stop` is set (or SIGTERM/SIGINT); return what stopped it if fatal."""
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    security = NodeSecurity.load(cfg)  # before anything opens: a bad file is one line
-    node = RaftNode(cfg)
-    node.security = security
-    node.on_fatal = stop.set
-    _TERM.node = node
-    stop_metrics: Callable[[], None] | None = None
-    raft_server: grpc.aio.Server | None = None
-    client_server: grpc.aio.Server | None = None
-    service: ClientService | None = None
-    health_servicer: health.aio.HealthServicer | None = None
-    try:
-        if cfg.listen_metrics:
-            at = cfg.listen_metrics
-            stop_metrics = _listen("metrics", at, lambda: serve_metrics(node.metrics, at))
-        tls = security.tls
-        raft_server = grpc.aio.server(options=GRPC_OPTIONS)
-        _listen_grpc(raft_server, "Raft peers", cfg.raft_address,
-                     tls.server_credentials(require_client_cert=True) if tls else None)  # fmt: skip
-        peers = PeerService(
-            cfg.cluster, node.deliver, me=cfg.node_id, members=[p.id for p in cfg.peers],
-            security=security, on_reject=lambda why: node.metrics.peer_rejects.labels(why).inc(),
-        )  # fmt: skip
-        pb_grpc.add_RaftPeerServicer_to_server(peers, raft_server)
-        client_server = grpc.aio.server(options=GRPC_OPTIONS)
-        client_creds = tls.server_credentials(require_client_cert=False) if tls else None
-        _listen_grpc(client_server, "clients", cfg.client_address, client_creds)
-        service = ClientService(node, security)
-        service.start()
-        pb_grpc.add_DLedgerClientServicer_to_server(service, client_server)
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, client_server)
-        await raft_server.start()
-        await node.start()
-        await client_server.start()
-        # What start-up made (modules, classes, the recovered state) lives as long as
-        # the process: out of the collector's sight, a full collection, which runs on
-        # whatever thread allocates (the loop, most often), takes ~10 ms, not ~40.
-        gc.freeze()
-        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-        await health_servicer.set(
-            "dledger.v1.DLedgerClient", health_pb2.HealthCheckResponse.SERVING
-        )
-        log.info("node %d serving clients on %s (%s, %s), raft on %s (peers: %s)", cfg.node_id,
-                 cfg.client_address, "TLS" if tls else "plaintext",
-                 "ACL" if security.acl else "no client authentication", cfg.raft_address,
-                 security.peer_mode)  # fmt: skip
-        if cfg.insecure:
-            log.warning("node %d runs with --insecure: %s", cfg.node_id, "; ".join(
-                why for why, weak in (
-                    ("Raft peers are not authenticated", not (security.peers or tls)),
-                    ("clients are not authenticated", security.acl is None),
-                    ("traffic is not encrypted", tls is None),
-                ) if weak) or "nothing is weakened")  # fmt: skip
-        await stop.wait()
-    finally:  # also after a failed start: the recovered node closes cleanly
-        log.info("node %d shutting down", cfg.node_id)
-        if health_servicer is not None:
-            await health_servicer.enter_graceful_shutdown()
-        if client_server is not None:
-            await client_server.stop(grace=1.0)
-        if service is not None:
-            await service.close()
-        await node.close()
-        if raft_server is not None:
-            await raft_server.stop(grace=0.5)
-        if stop_metrics is not None:
-            stop_metrics()
-    return node.fatal
-
-
-def _listen(what: str, address: str, bind: Callable[[], _T]) -> _T:
-    """Run `bind`; a failure becomes a ListenError that names the address and the cause."""
-    try:
-        return bind()
-    except (OSError, RuntimeError, ValueError) as exc:
-        why = (exc.strerror if isinstance(exc, OSError) else None) or _bind_error(address)
-        raise ListenError(f"cannot listen for {what} on {address}: {why or exc}") from None
-
-
-def _listen_grpc(
-    server: grpc.aio.Server, what: str, address: str, credentials: Any | None = None
-) -> None:
-    """Bind `server` to `address`, checked first with a plain socket.
-
-    The check gives the cause (gRPC logs its own error and raises without it), and
-    it refuses a port another gRPC server holds: gRPC binds with SO_REUSEPORT and
-    would share the port with a second copy of this node.
-    """
-    why = _bind_error(address)
-    if why is not None:
-        raise ListenError(f"cannot listen for {what} on {address}: {why}")
-    if credentials is None:
-        _listen(what, address, lambda: server.add_insecure_port(address))
-    else:
-        _listen(what, address, lambda: server.add_secure_port(address, credentials))
-
-
-def _bind_error(address: str) -> str | None:
-    """Why binding `address` fails, found by trying (None: it binds)."""
-    host, _, port = address.rpartition(":")
-    try:
-        family, kind, proto, _, where = socket.getaddrinfo(
-            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM
-        )[0]
-        with socket.socket(family, kind, proto) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(where)
-    except (OSError, ValueError) as exc:
-        return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
-    return None
-
-
-class _TermFilter(logging.Filter):
-    """Stamps every log record with the node's current Raft term."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.node: RaftNode | None = None
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.term = self.node.core.term if self.node is not None else 0
-        return True
-
-
-_TERM = _TermFilter()
-
-
-def run(cfg: NodeConfig) -> None:
-    """Blocking entry point used by `dledger serve`: structured logs carry node and term."""
-    handler = logging.StreamHandler()
-    handler.addFilter(_TERM)
-    handler.setFormatter(
-        logging.Formatter(
-            f"%(asctime)s node={cfg.node_id} term=%(term)s %(levelname)s %(name)s: %(message)s"
-        )
-    )
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
-    if asyncio.run(serve(cfg)) is not None:
-        raise SystemExit(1)  # stopped by a failure: supervisors restart on a non-zero exit

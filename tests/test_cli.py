@@ -227,10 +227,10 @@ def test_make_client_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 def test_serve_builds_the_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dledger_commitlog import service
+    from dledger_commitlog import server
 
     seen: list[NodeConfig] = []
-    monkeypatch.setattr(service, "run", seen.append)
+    monkeypatch.setattr(server, "run", seen.append)
     toml = tmp_path / "node.toml"
     toml.write_text('node_id = 1\ndata_dir = "d"\n[raft]\ntick_ms = 30\n')
     peers = [f"--peer={i}=127.0.0.1:710{i}/127.0.0.1:700{i}" for i in (1, 2, 3)]
