@@ -7,8 +7,8 @@ the peer links, and the inputs the services call (`deliver`, `propose`,
 (the order the Ready contract demands, pipelined in sync flush mode); ticks,
 dispatch, checkpoints and retention are `loops.NodeLoops`. The node is the
 only place that wires them together; `server.run` serves it. The client service
-sees it only through the narrow interfaces of `ports` (the views at the end of
-`RaftNode`: thin delegations to the part that knows).
+sees it only through the narrow interfaces of `ports`, which `RaftNode` answers
+through its base `node_views.NodeViews` (thin delegations to the part that knows).
 
 A log that recovery had to cut below what this node knew was committed (a
 corrupt entry above the entry checkpoint, see EntryStore) starts the core with
@@ -49,10 +49,10 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dispatch.dispatcher import Dispatcher
 from raft import Config, HardState, LogDiverged, Message, NotLeader, RaftCore, Role
@@ -69,6 +69,7 @@ from .driver import ReadyDriver
 from .entry_store import BASE_SIZE, EntryStore
 from .loops import NodeLoops, next_call
 from .metrics import NodeMetrics
+from .node_views import NodeViews
 from .raft_state import RaftStateFile
 from .retention import Retention
 from .schedule import ScheduleService, parse_levels
@@ -79,14 +80,7 @@ from .transport import PeerLink, to_wire
 from .verify import LAYOUT_FILE, read_layout, write_layout
 
 if TYPE_CHECKING:
-    from dispatch.dispatcher import GroupKey
-    from raft.progress import PeerProgress
-    from store.consume_queue import ConsumeQueue
-    from store.mapped_file import MappedFileQueue
-    from store.message import Message as StoredMessage
-
-    from .commitlog import PutResult, PutSpec
-    from .transactions import CheckRequest, Ended
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +119,7 @@ def check_layout(data: Path, layout: dict[str, int]) -> None:
         )
 
 
-class RaftNode:
+class RaftNode(NodeViews):
     def __init__(self, cfg: NodeConfig, metrics: NodeMetrics | None = None) -> None:
         data = Path(cfg.data_dir)
         mkdir_durably(data)
@@ -593,125 +587,6 @@ class RaftNode:
             link = self._links.get(peer)
             if link is not None:
                 link.send([to_wire(m) for m in msgs])
-
-    # -- views: what the client service sees (ports.py), answered by the part that knows
-
-    def leader_client_address(self) -> str | None:
-        leader = self.core.leader_id
-        for p in self.cfg.peers:
-            if p.id == leader:
-                return p.client
-        return None
-
-    @property
-    def leader_id(self) -> int | None:
-        return self.core.leader_id
-
-    def is_leader(self) -> bool:
-        return self.core.role is Role.LEADER
-
-    @property
-    def role(self) -> Role:
-        return self.core.role
-
-    @property
-    def term(self) -> int:
-        return self.core.term
-
-    @property
-    def progress(self) -> dict[int, PeerProgress]:
-        return self.core.progress
-
-    @property
-    def write_refusal(self) -> str | None:
-        return self.retention.refusal
-
-    @property
-    def delay_levels(self) -> tuple[int, ...]:
-        return self.schedule.levels
-
-    def prepare(self, topic: str, body: bytes, **fields: Any) -> PutSpec:
-        """DLedgerCommitLog.prepare (`ports.Writes` types the fields)."""
-        return self.commitlog.prepare(topic, body, **fields)
-
-    def put(
-        self, specs: Sequence[PutSpec], timeout_s: float
-    ) -> Coroutine[Any, Any, list[PutResult]]:
-        return self.commitlog.put(specs, timeout_s)  # its own coroutine: no extra frame per put
-
-    def message_at(self, commitlog_offset: int) -> StoredMessage | None:
-        return self.system_log.message_at(commitlog_offset)
-
-    def end_transaction(
-        self, transaction_id: str, half_offset: int, commit: bool, by: str = "producer"
-    ) -> Coroutine[Any, Any, Ended]:
-        return self.transactions.end(transaction_id, half_offset, commit, by=by)
-
-    def open_checks(self, group: str) -> asyncio.Queue[CheckRequest]:
-        return self.checks.open(group)
-
-    def close_checks(self, group: str, checks: asyncio.Queue[CheckRequest]) -> None:
-        self.checks.close(group, checks)
-
-    @property
-    def committed_index(self) -> int:
-        return self.commitlog.committed_index
-
-    @property
-    def committed_pos(self) -> int:
-        return self.commitlog.committed_pos
-
-    @property
-    def min_offset(self) -> int:
-        return self.commitlog.min_offset
-
-    def get_by_offset(self, commitlog_offset: int) -> tuple[StoredMessage, int]:
-        return self.commitlog.get_by_offset(commitlog_offset)
-
-    def read_message(self, commitlog_offset: int, size: int = 0) -> bytes:
-        return self.commitlog.read_message(commitlog_offset, size)
-
-    def read_range(
-        self, from_offset: int, max_messages: int, max_bytes: int
-    ) -> tuple[list[bytes], int]:
-        return self.commitlog.read_range(from_offset, max_messages, max_bytes)
-
-    def first_index(self) -> int:
-        return self.store.first_index()
-
-    def last_index(self) -> int:
-        return self.store.last_index()
-
-    @property
-    def flushed_position(self) -> int:
-        return self.store.flushed_position
-
-    @property
-    def last_chain_crc(self) -> int:
-        return self.store.last_chain_crc
-
-    @property
-    def data_queue(self) -> MappedFileQueue:
-        return self.store.data_queue
-
-    @property
-    def dispatched_pos(self) -> int:
-        return self.dispatcher.dispatched_pos
-
-    @property
-    def group_offsets(self) -> dict[GroupKey, int]:
-        return self.dispatcher.offsets
-
-    def queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
-        return self.dispatcher.queue(topic, queue_id)
-
-    def queue_offsets(self, topic: str = "") -> list[tuple[str, int, int, int]]:
-        return self.dispatcher.queue_offsets(topic)
-
-    def query_offsets(
-        self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int
-    ) -> list[int]:
-        return self.dispatcher.query_offsets(topic, key, begin_ms, end_ms, max_count)
 
 
 ROLLBACK_FILE = "rollback.json"
