@@ -105,8 +105,8 @@ def to_wire(m: Message) -> tuple[pb.RaftMessage, int]:
         case AppendEntries():
             data = encode_entries(m.entries)
             return _T(type=_T.APPEND, src=m.src, dst=m.dst, term=m.term, index=m.prev_index,
-                      log_term=m.prev_term, commit=m.commit,
-                      entries=data), len(data) + _FIELDS_BOUND  # fmt: skip
+                      log_term=m.prev_term, commit=m.commit, entries=data,
+                      quiet=m.quiet), len(data) + _FIELDS_BOUND  # fmt: skip
         case Snapshot():
             return to_proto(m), len(m.data) + _FIELDS_BOUND
     return to_proto(m), _FIELDS_BOUND
@@ -147,7 +147,7 @@ def from_proto(p: pb.RaftMessage) -> Message:
     t = p.type
     if t == _T.APPEND:
         return AppendEntries(p.src, p.dst, p.term, p.index, p.log_term,
-                             decode_entries(p.entries), p.commit)  # fmt: skip
+                             decode_entries(p.entries), p.commit, p.quiet)  # fmt: skip
     if t == _T.APPEND_RESPONSE:
         return AppendResponse(p.src, p.dst, p.term, p.index, p.reject, p.hint_index, p.hint_term)
     if t == _T.SNAPSHOT:

@@ -584,7 +584,7 @@ class TransactionCheck(_message.Message):
     def __init__(self, transaction_id: _Optional[str] = ..., half_offset: _Optional[int] = ..., check_times: _Optional[int] = ..., message: _Optional[_Union[StoredMessage, _Mapping]] = ...) -> None: ...
 
 class RaftMessage(_message.Message):
-    __slots__ = ("type", "src", "dst", "term", "index", "log_term", "commit", "entries", "reject", "hint_index", "hint_term", "ctx", "pre_vote", "transfer", "granted", "snapshot")
+    __slots__ = ("type", "src", "dst", "term", "index", "log_term", "commit", "entries", "reject", "hint_index", "hint_term", "ctx", "pre_vote", "transfer", "granted", "snapshot", "quiet")
     class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         APPEND: _ClassVar[RaftMessage.Type]
@@ -623,6 +623,7 @@ class RaftMessage(_message.Message):
     TRANSFER_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    QUIET_FIELD_NUMBER: _ClassVar[int]
     type: RaftMessage.Type
     src: int
     dst: int
@@ -639,7 +640,8 @@ class RaftMessage(_message.Message):
     transfer: bool
     granted: bool
     snapshot: bytes
-    def __init__(self, type: _Optional[_Union[RaftMessage.Type, str]] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., term: _Optional[int] = ..., index: _Optional[int] = ..., log_term: _Optional[int] = ..., commit: _Optional[int] = ..., entries: _Optional[bytes] = ..., reject: _Optional[bool] = ..., hint_index: _Optional[int] = ..., hint_term: _Optional[int] = ..., ctx: _Optional[bytes] = ..., pre_vote: _Optional[bool] = ..., transfer: _Optional[bool] = ..., granted: _Optional[bool] = ..., snapshot: _Optional[bytes] = ...) -> None: ...
+    quiet: bool
+    def __init__(self, type: _Optional[_Union[RaftMessage.Type, str]] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., term: _Optional[int] = ..., index: _Optional[int] = ..., log_term: _Optional[int] = ..., commit: _Optional[int] = ..., entries: _Optional[bytes] = ..., reject: _Optional[bool] = ..., hint_index: _Optional[int] = ..., hint_term: _Optional[int] = ..., ctx: _Optional[bytes] = ..., pre_vote: _Optional[bool] = ..., transfer: _Optional[bool] = ..., granted: _Optional[bool] = ..., snapshot: _Optional[bytes] = ..., quiet: _Optional[bool] = ...) -> None: ...
 
 class RaftBatch(_message.Message):
     __slots__ = ("cluster", "messages")

@@ -520,7 +520,8 @@ class RaftCore:
         if last_new is not None:
             log.commit_to(min(m.commit, last_new))
             self._caught_up_to(last_new)
-            self._send(AppendResponse(self._id, m.src, self._term, last_new))
+            if not (m.quiet and not m.entries):
+                self._send(AppendResponse(self._id, m.src, self._term, last_new))
             return
         hint_index, hint_term = log.find_conflict_by_term(
             min(m.prev_index, log.last_index()), m.prev_term
@@ -730,16 +731,23 @@ class RaftCore:
         Eager, once per Ready (`_flush`): under load the commit rides on the next
         append anyway; a commit-only append per sequential put costs the leader
         about 15% more CPU, but followers (their reads, their queues, analytics on
-        replica files) then trail the leader by a message, not by a tick."""
+        replica files) then trail the leader by a message, not by a tick.
+
+        A commit-only append to a replicating follower is `quiet`: its success is
+        not answered. It tells the leader nothing the acks of the entries before
+        it do not (an empty append is not tracked in flight; on a reject the
+        follower does answer), and if one of those acks is lost, the heartbeat
+        response finds the lag and probes with an append that is answered."""
         sent_any = False
         while self._maybe_send_append(peer, send_empty=False):
             sent_any = True
         if not sent_any:
             pr = self._progress[peer]
             if not pr.is_paused() and (force_empty or pr.sent_commit < self._log.committed):
-                self._maybe_send_append(peer, send_empty=True)
+                quiet = not force_empty and pr.state is ProgressState.REPLICATE
+                self._maybe_send_append(peer, send_empty=True, quiet=quiet)
 
-    def _maybe_send_append(self, peer: int, send_empty: bool) -> bool:
+    def _maybe_send_append(self, peer: int, send_empty: bool, quiet: bool = False) -> bool:
         pr = self._progress[peer]
         if pr.is_paused():
             return False
@@ -761,11 +769,9 @@ class RaftCore:
         except Compacted:  # the storage dropped a prefix meanwhile
             return self._send_snapshot(peer, pr)
         size = data_size(ents)
-        self._send(
-            AppendEntries(
-                self._id, peer, self._term, prev_index, prev_term, tuple(ents), log.committed
-            )
-        )
+        msg = AppendEntries(self._id, peer, self._term, prev_index, prev_term, tuple(ents),
+                            log.committed, quiet and not ents)  # fmt: skip
+        self._send(msg)
         pr.sent_entries(prev_index + len(ents), len(ents), size)
         pr.sent_commit = max(pr.sent_commit, min(log.committed, prev_index + len(ents)))
         return True

@@ -14,7 +14,11 @@ from raft.types import Entry
 
 @dataclass(frozen=True, slots=True)
 class AppendEntries:
-    """Leader -> follower: entries following (prev_index, prev_term)."""
+    """Leader -> follower: entries following (prev_index, prev_term).
+
+    `quiet`: an entry-less append that only carries the commit index to a
+    replicating follower; success is not answered (see RaftCore._send_appends).
+    """
 
     src: int
     dst: int
@@ -23,6 +27,7 @@ class AppendEntries:
     prev_term: int
     entries: tuple[Entry, ...]
     commit: int
+    quiet: bool = False
 
 
 @dataclass(frozen=True, slots=True)

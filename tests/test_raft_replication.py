@@ -233,3 +233,69 @@ def test_leader_progress_view_reports_match_and_next() -> None:
     prog = c.core(1).progress
     assert {p: (v.match, v.next) for p, v in prog.items()} == {1: (2, 3), 2: (2, 3), 3: (2, 3)}
     assert c.core(2).progress == {}
+
+
+def test_a_commit_only_append_is_quiet_and_not_answered() -> None:
+    """The commit reaches a replicating follower in an entry-less append that it
+    does not answer: the acks of the entries before it said all there is."""
+    c = elected()
+    c.propose(1, b"x")
+    c.process_ready(1)
+    c.deliver()  # the entry to the followers
+    c.process_all()
+    c.deliver()  # their acks: the leader commits
+    c.process_ready(1)
+    (notice,) = appends_to(c, 2)
+    assert notice.entries == () and notice.quiet and notice.commit == 2
+    c.deliver(lambda m: isinstance(m, AppendEntries))
+    c.process_all()
+    assert c.core(2).commit_index == 2
+    assert not [m for m in c.mailbox if isinstance(m, AppendResponse)]
+    c.stabilize()
+    assert c.applied_data(2) == c.applied_data(3) == [b"x"]
+
+
+def test_an_append_carrying_entries_or_probing_is_never_quiet() -> None:
+    c = elected(max_append_entries=1, max_inflight_msgs=2)
+    c.propose(1, b"a", b"b", b"c")
+    c.process_ready(1)
+    assert [m.quiet for m in appends_to(c, 2)] == [False, False]
+    # Lose them all: the heartbeat response reveals the lag and the leader probes
+    # with an empty append that must be answered.
+    c.deliver(drop=lambda m: isinstance(m, AppendEntries) and m.dst == 2)
+    c.stabilize()
+    sent_before = len(c.sent)
+    c.tick_all(3)
+    probes = [m for m in c.sent[sent_before:] if isinstance(m, AppendEntries) and m.dst == 2]
+    assert probes and not any(m.quiet for m in probes if not m.entries)
+    assert c.applied_data(2) == [b"a", b"b", b"c"]
+
+
+def test_a_quiet_append_that_does_not_match_is_answered_with_a_reject() -> None:
+    c = elected()
+    c.propose(1, b"x")
+    c.stabilize()
+    core2 = c.core(2)
+    leader = c.core(1)
+    notice = AppendEntries(1, 2, leader.term, 5, leader.term, (), 5, quiet=True)
+    core2.step(notice)  # prev_index 5 is beyond its log
+    c.process_ready(2)
+    (reply,) = [m for m in c.mailbox if isinstance(m, AppendResponse)]
+    assert reply.reject and reply.hint_index == core2.last_index
+
+
+def test_a_lost_ack_before_a_quiet_commit_notice_is_recovered() -> None:
+    """The follower's ack of the entries is lost; the quiet notice that follows does
+    not answer for it. The heartbeat round finds the follower's match behind and an
+    answered probe brings the leader's view up to date."""
+    c = elected()
+    c.propose(1, b"x")
+    c.process_ready(1)
+    c.deliver()
+    c.process_all()
+    c.deliver(drop=lambda m: isinstance(m, AppendResponse) and m.src == 2)
+    c.stabilize()  # node 3's ack committed the entry; node 2 got a quiet notice
+    assert c.core(1).progress[2].match < c.core(1).last_index
+    c.tick_all(3)
+    assert c.core(1).progress[2].match == c.core(1).last_index
+    assert c.core(2).commit_index == c.core(1).commit_index
