@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -197,26 +198,28 @@ def leader_changes(cluster: LocalCluster, seconds: float) -> int:
     return max(0, len(seen) - 1)
 
 
-def throughput(name: str, runs: list[tuple[float, list[float], float]]) -> dict[str, float]:
-    """Rate, p50 and p99 (ms) and the leader's CPU microseconds per put of a workload:
-    the median of each over the repetitions."""
+def throughput(name: str, runs: list[Run]) -> dict[str, float]:
+    """Rate, p50 and p99 (ms), and what a put cost (`Run`) of a workload: the median
+    of each over the repetitions."""
     return {
-        f"{name}_msgs_per_s": statistics.median(rate for rate, _, _ in runs),
-        f"{name}_p50_ms": statistics.median(pct(lat, 0.5) for _, lat, _ in runs) * 1e3,
-        f"{name}_p99_ms": statistics.median(pct(lat, 0.99) for _, lat, _ in runs) * 1e3,
-        f"{name}_leader_cpu_us_per_put": statistics.median(cpu for _, _, cpu in runs),
+        f"{name}_msgs_per_s": statistics.median(r.rate for r in runs),
+        f"{name}_p50_ms": statistics.median(pct(r.lat, 0.5) for r in runs) * 1e3,
+        f"{name}_p99_ms": statistics.median(pct(r.lat, 0.99) for r in runs) * 1e3,
+        f"{name}_leader_cpu_us_per_put": statistics.median(r.leader_cpu_us for r in runs),
+        f"{name}_cluster_cpu_us_per_put": statistics.median(r.cluster_cpu_us for r in runs),
+        f"{name}_context_switches_per_put": statistics.median(r.switches for r in runs),
     }
 
 
-def spread(runs: list[tuple[float, list[float], float]]) -> str:
-    """The leader's CPU per put, and the repetitions' rates when there is more than one."""
-    cpu = statistics.median(c for _, _, c in runs)
-    rates = f" [runs: {', '.join(f'{r:,.0f}' for r, _, _ in runs)}]" if len(runs) > 1 else ""
-    return f"; leader CPU {cpu:,.0f} us/put{rates}"
-
-
-# workload -> (rate, latencies, leader CPU microseconds per put) per run
-Runs = dict[str, list[tuple[float, list[float], float]]]
+def spread(runs: list[Run]) -> str:
+    """What a put cost, and the repetitions' rates when there is more than one."""
+    cost = throughput("", runs)
+    rates = f" [runs: {', '.join(f'{r.rate:,.0f}' for r in runs)}]" if len(runs) > 1 else ""
+    return (
+        f"; leader CPU {cost['_leader_cpu_us_per_put']:,.0f} us/put, all nodes "
+        f"{cost['_cluster_cpu_us_per_put']:,.0f} us/put, "
+        f"{cost['_context_switches_per_put']:,.1f} switches/put{rates}"
+    )
 
 
 @contextlib.contextmanager
@@ -230,25 +233,51 @@ def fresh_cluster(*, secure: bool) -> Iterator[LocalCluster]:
         yield cl
 
 
-def leader_cpu_s(cl: LocalCluster) -> tuple[int, float]:
-    """The leader's id and the CPU seconds (user + system) its process used so far."""
-    leader = cl.wait_for_leader()
-    pid = cl.pid(leader)
+class Run(NamedTuple):
+    """One run of a throughput workload: its rate and latencies (one per call), and
+    per put meanwhile: the leader's CPU microseconds (nan if the leadership moved),
+    the CPU microseconds of all nodes, and their threads' context switches. On this
+    noisy VM the switches are the steadiest measure of the work a put costs."""
+
+    rate: float
+    lat: list[float]
+    leader_cpu_us: float
+    cluster_cpu_us: float
+    switches: float
+
+
+Runs = dict[str, list[Run]]  # workload -> its runs
+
+
+def node_usage(pid: int) -> tuple[float, int]:
+    """CPU seconds (user + system) a node process used so far, and the context
+    switches (voluntary and not) of all its threads."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return leader, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    switches = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            for line in (task / "status").read_text().splitlines():
+                if "ctxt_switches" in line:
+                    switches += int(line.split()[1])
+    return cpu, switches
 
 
 def measured(
     cl: LocalCluster, run: Callable[[], tuple[float, list[float]]], puts_per_call: int = 1
-) -> tuple[float, list[float], float]:
-    """`run`'s rate and latencies (one per call), and the leader's CPU microseconds per
-    put meanwhile (nan if the leadership moved)."""
-    leader, before = leader_cpu_s(cl)
+) -> Run:
+    """`run`, and what its puts cost the nodes."""
+    leader = cl.wait_for_leader()
+    pids = {i: pid for i in cl.specs if (pid := cl.pid(i)) is not None}
+    before = {i: node_usage(pid) for i, pid in pids.items()}
     rate, lat = run()
-    after_leader, after = leader_cpu_s(cl)
+    after = {i: node_usage(pid) for i, pid in pids.items()}
     puts = len(lat) * puts_per_call
-    per_put = (after - before) / puts * 1e6 if after_leader == leader else math.nan
-    return rate, lat, per_put
+    moved = cl.wait_for_leader() != leader
+    leader_cpu = math.nan if moved else (after[leader][0] - before[leader][0]) / puts * 1e6
+    cpu = sum(after[i][0] - before[i][0] for i in pids) / puts * 1e6
+    switches = sum(after[i][1] - before[i][1] for i in pids) / puts
+    return Run(rate, lat, leader_cpu, cpu, switches)
 
 
 def throughput_round(cl: LocalCluster, seconds: float, runs: Runs) -> None:
