@@ -835,9 +835,16 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         transactions = self.transactions
         checks = transactions.open_checks(group)
         answering: set[asyncio.Task[None]] = set()
+        # What this stream asked about: an answer may decide only those (any other
+        # transaction is ended through EndTransaction, which checks the caller's rights).
+        asked: set[tuple[str, int]] = set()
 
         async def answer(a: pb.TransactionCheckAnswer) -> None:
             if a.action == pb.TransactionCheckAnswer.UNKNOWN:
+                return
+            if (a.transaction_id, a.half_offset) not in asked:
+                log.warning("check answer for %s ignored: this stream was not asked about it",
+                            a.transaction_id)  # fmt: skip
                 return
             try:
                 await transactions.end_transaction(
@@ -870,6 +877,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                     except AuthError:
                         continue  # not this producer's to decide
                 shown = _as_committed(check.message, topic)
+                asked.add((check.transaction_id, check.half_offset))
                 yield pb.TransactionCheck(
                     transaction_id=check.transaction_id, half_offset=check.half_offset,
                     check_times=check.check_times,

@@ -8,16 +8,18 @@ checked exactly (no skew on one host), with 5 ms for the millisecond rounding.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import grpc
 import pytest
 
 from dledger_commitlog import cli
-from dledger_commitlog.acl import Account, Perm, write_acl
+from dledger_commitlog.acl import Account, Perm, sign, write_acl
 from dledger_commitlog.client import (
     AsyncClient,
     Client,
@@ -35,8 +37,9 @@ from dledger_commitlog.tx_producer import (
     TransactionCheck,
     TransactionProducer,
 )
+from proto import dledger_pb2 as pb
 
-from .conftest import wait_until
+from .conftest import node_stubs, wait_until
 
 pytestmark = pytest.mark.slow
 SETTINGS: dict[str, Any] = {
@@ -90,9 +93,12 @@ def test_delayed_messages_arrive_once_and_never_early(cl: LocalCluster) -> None:
         # A retry of the delayed put is the same put: it is not delivered twice.
         again = c.put("later", b"one second", delay_level=1, uniq_key="L1", queue_id=1)
         assert again.duplicate and again.commitlog_offset == stored.commitlog_offset
-        time.sleep(1.5)  # past any second delivery's due time: prove there is none
-        assert {k: len(v) for k, v in by_uniq(everything(c, "later")).items()} == {
-            "L1": 1, "L2": 1}  # fmt: skip
+        # A level delivers in the order its messages were put: once a marker put after
+        # the retry is delivered, a second delivery of L1 would have come before it.
+        c.put("later", b"marker", delay_level=1, uniq_key="M")
+        got = wait_until(lambda: by_uniq(everything(c, "later")), 15.0, "the marker",
+                         ok=lambda d: "M" in d)  # fmt: skip
+        assert {k: len(v) for k, v in got.items()} == {"L1": 1, "L2": 1, "M": 1}
 
 
 def test_bad_delays_are_refused_with_the_reason(cl: LocalCluster) -> None:
@@ -198,29 +204,39 @@ def test_delivery_and_commits_across_a_leader_kill_are_exactly_once(
                   for i in range(n)]  # fmt: skip
     victim = cl.wait_for_leader()
     errors: list[BaseException] = []
+    ended: list[int] = []
+    stop = threading.Event()  # the test failed: the ender gives up
 
     def end_all() -> None:
+        deadline = time.monotonic() + 90.0
         try:
             with cl.client() as c2:
                 for k, half in enumerate(halves):
                     time.sleep(0.05)  # pace the ends: they span the kill (about 2 s)
                     while True:  # OutcomeUnknown: retry, ending twice the same way is a no-op
+                        if stop.is_set() or time.monotonic() > deadline:
+                            raise TimeoutError(f"transaction {k} not ended")
                         try:
                             c2.end_transaction(half, commit=k % 3 != 0)
                             break
                         except OutcomeUnknown:
                             continue
+                    ended.append(k)
         except BaseException as exc:
             errors.append(exc)
 
-    ender = threading.Thread(target=end_all)
+    ender = threading.Thread(target=end_all, daemon=True)
     ender.start()
-    time.sleep(1.0)  # deliveries fall due and ends are under way
-    cl.kill(victim)
-    assert cl.wait_for_leader(exclude=victim, timeout_s=10.0) != victim
-    assert ender.is_alive(), "the kill fell in the middle of the ends"
-    ender.join(timeout=90)
-    assert not ender.is_alive() and errors == []
+    try:
+        wait_until(lambda: len(ended), 10.0, "the first ends", ok=lambda count: count >= 5)
+        cl.kill(victim)
+        assert cl.wait_for_leader(exclude=victim, timeout_s=10.0) != victim
+        assert len(ended) < n, "the kill fell in the middle of the ends"
+        ender.join(timeout=90)
+        assert not ender.is_alive() and errors == []
+    finally:
+        stop.set()
+        ender.join(timeout=10)
     cl.start(victim)
     with cl.client() as c:
         got = wait_until(lambda: by_uniq(everything(c, "chaos")), 30.0, "every delivery",
@@ -295,6 +311,23 @@ def test_the_acl_guards_delayed_and_transactional_puts(
             app.end_transaction(other, commit=True)
         with pytest.raises(PermissionDenied):
             app.pull("%SYS%TRANS_HALF", 0, 0)
+    # Nor as a check's answer: the checks stream never asked app about it (no right on
+    # its topic), so app's forged COMMIT is ignored and the checks roll it back.
+    Answer = pb.TransactionCheckAnswer
+    forged = [Answer(producer_group="pg"),
+              Answer(transaction_id=other.transaction_id, half_offset=other.half_offset,
+                     action=Answer.COMMIT)]  # fmt: skip
+    with node_stubs(cluster) as stubs:
+        call = stubs[leader].TransactionChecks(
+            iter(forged), timeout=3, metadata=sign(*creds, "TransactionChecks")
+        )
+        with contextlib.suppress(grpc.RpcError):  # the stream ends with the answers
+            list(call)
+    with Client([s.client for s in cluster], cluster=cluster.cluster, credentials=admin) as root:
+        outcome = wait_until(lambda: decided(root).get(other.transaction_id), 20.0,
+                             "the half on 'other' decided", ok=bool)  # fmt: skip
+        assert outcome == "rollback"
+        assert everything(root, "other") == []
 
 
 def test_an_async_producer_answers_checks_too(cl: LocalCluster) -> None:
