@@ -173,6 +173,9 @@ class EntryStore:
         # (tests trace it to simulate a power loss); runs on the flushing thread.
         self.on_data_flushed: Callable[[int], None] | None = None
         self._recover(committed_index)
+        # What recovery found counts as durable from here on (the driver acknowledges it),
+        # but after a process crash it may still be only in the page cache: make it so.
+        self._data.sync_all()
 
     # -- LogStorage --------------------------------------------------------------
 

@@ -457,6 +457,16 @@ class MappedFileQueue:
                     self._flushed_pos = max(self._flushed_pos, min(target, self._write_pos))
         return self._flushed_pos
 
+    def sync_all(self) -> None:
+        """fdatasync every segment, whatever `flushed_position` says: on open the files
+        count as flushed, yet after a process crash what they hold may still be only in
+        the page cache (a power loss would take it)."""
+        self.commit()
+        with self._lock:
+            segments = [seg for seg in self._segments if not seg.retired]
+        for seg in segments:
+            os.fdatasync(seg.fd)
+
     def close(self) -> None:
         """Commit what is buffered (not fsynced: flush first for that) and close."""
         self.commit()

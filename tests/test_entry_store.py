@@ -500,3 +500,29 @@ def test_a_checkpointed_first_entry_with_a_changed_channel_is_an_error(tmp_path:
         f.write(bytes(4))
     with pytest.raises(CorruptEntry, match="checkpointed entry 1"):
         open_store(tmp_path)
+
+
+def test_what_recovery_finds_is_made_durable_before_it_counts_as_such(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a process crash the entries it appended but never fsynced are still in the
+    files (the page cache), and the reopened store reports them durable (the driver
+    acknowledges them): so opening fdatasyncs every data segment first, else a power
+    loss soon after could take acknowledged entries."""
+    s = open_store(tmp_path)
+    s.append_entries([Entry(i, 1, body(i)) for i in range(1, 40)])  # several segments
+    s.close()  # no flush: as a kill -9 leaves them
+    segments = {p.name for p in (tmp_path / "data").iterdir()}
+    assert len(segments) > 1
+    synced: list[str] = []
+    real = os.fdatasync
+
+    def spy(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")).name)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", spy)
+    reopened = open_store(tmp_path)
+    assert reopened.last_index() == 39
+    assert segments <= set(synced)
+    reopened.close()
