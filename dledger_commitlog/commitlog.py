@@ -362,8 +362,6 @@ class DLedgerCommitLog:
             _, not_done = await asyncio.wait(
                 futures, timeout=timeout_s, return_when=asyncio.FIRST_EXCEPTION
             )
-            for f in not_done:  # they may fail later, unheard: no "never retrieved" noise
-                f.add_done_callback(_retrieved)
             failed = [exc for f in futures if f.done() and (exc := f.exception()) is not None]
             if failed:
                 raise failed[0]
@@ -375,6 +373,9 @@ class DLedgerCommitLog:
             return [f.result() for f in futures]
         finally:
             self._pending -= len(specs)
+            for f in futures:  # the caller stopped waiting (timeout, failure, cancel):
+                if not f.done():  # what fails later fails unheard, without "never retrieved"
+                    f.add_done_callback(_retrieved)
 
     def _duplicate(
         self, uniq_key: str, fut: asyncio.Future[PutResult] | None = None

@@ -460,3 +460,32 @@ def test_a_put_past_its_timeout_is_unknown_and_its_entry_still_commits(tmp_path:
         assert not errors, errors
     finally:
         log.close()
+
+
+def test_a_cancelled_put_whose_entry_is_replaced_leaves_no_unretrieved_error(
+    tmp_path: Path,
+) -> None:
+    """The caller's task is cancelled (its client went away) while the put waits; the
+    entry is later replaced by a newer leader's: its failure is heard by nobody, quietly."""
+    log = LocalLog(tmp_path / "node")
+    errors: list[dict[str, object]] = []
+
+    async def run() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+        task = asyncio.ensure_future(log.cl.put([log.cl.prepare("t", b"c", uniq_key="C")], 5.0))
+        for _ in range(10):
+            if log._pending:
+                break
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        gone = log._pending.pop()
+        log.cl.apply([Entry(gone.index, 2, gone.data, EntryKind.NORMAL)])
+
+    try:
+        asyncio.run(run())
+        gc.collect()
+        assert not errors, errors
+    finally:
+        log.close()
