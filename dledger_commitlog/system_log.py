@@ -45,7 +45,8 @@ if TYPE_CHECKING:
     from .node import RaftNode
 
 _FOREVER_MS = 1 << 62
-_INTERRUPTIONS = (NotLeader, OutcomeUnknown, PutFailed, Overloaded, TimeoutError)
+_INTERRUPTIONS = (NotLeader, OutcomeUnknown, PutFailed, TimeoutError)
+_OVERLOAD_BACKOFF_S = 1.0
 log = logging.getLogger(__name__)
 
 
@@ -60,7 +61,8 @@ async def run_passes(
     """A leader-side service's loop: `pass_once` every `poll_s` (or on `wakeup`).
 
     A pass cut short by a lost leadership or a put whose outcome is unknown calls
-    `interrupted` (the service settles again before its next decision); anything
+    `interrupted` (the service settles again before its next decision); a put refused
+    as Overloaded (nothing proposed) waits a second, no settling needed; anything
     else (a bug, a damaged entry) is logged and retried after a second: a system
     service never stops the node."""
     while True:
@@ -77,6 +79,9 @@ async def run_passes(
                 log.info("node %d: %s pass interrupted (%s); the next one resumes",
                          node_id, what, exc)  # fmt: skip
             interrupted()
+        except Overloaded as exc:  # the puts in flight must drain first
+            log.info("node %d: %s pass waits %g s: %s", node_id, what, _OVERLOAD_BACKOFF_S, exc)
+            await asyncio.sleep(_OVERLOAD_BACKOFF_S)
         except Exception:
             log.exception("node %d: %s pass failed; retrying in 1 s", node_id, what)
             interrupted()

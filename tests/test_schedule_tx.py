@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from dledger_commitlog.commitlog import PutResult
+from dledger_commitlog.commitlog import Overloaded, PutResult
 from dledger_commitlog.config import NodeConfig, Peer
 from dledger_commitlog.node import RaftNode
 from dledger_commitlog.schedule import (
@@ -30,6 +30,7 @@ from dledger_commitlog.schedule import (
     schedule,
     scheduled_properties,
 )
+from dledger_commitlog.system_log import run_passes
 from dledger_commitlog.transactions import (
     HALF_KEY_PREFIX,
     HALF_TOPIC,
@@ -313,3 +314,31 @@ def test_a_commit_whose_op_message_was_lost_is_repaired_not_rolled_back(tmp_path
         assert [m.body for m in messages(node, "pay")] == [b"real"]
 
     run_node(tmp_path, body)
+
+
+def test_a_pass_refused_as_overloaded_backs_off_without_resettling() -> None:
+    """Overloaded means nothing was proposed: the service neither settles again nor
+    hammers the node (a pass every poll); it waits a second for the puts to drain."""
+    starts: list[float] = []
+    settled: list[int] = []
+
+    async def main() -> None:
+        second = asyncio.Event()
+
+        async def pass_once() -> None:
+            starts.append(time.monotonic())
+            if len(starts) == 1:
+                raise Overloaded("4096 puts in flight (limit 4096)")
+            second.set()
+
+        task = asyncio.ensure_future(
+            run_passes("test", 1, pass_once, asyncio.Event(), 0.01, lambda: settled.append(1))
+        )
+        try:
+            async with asyncio.timeout(5.0):
+                await second.wait()
+        finally:
+            task.cancel()
+
+    asyncio.run(main())
+    assert starts[1] - starts[0] >= 1.0 and settled == []
