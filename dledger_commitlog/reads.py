@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 import numpy.typing as npt
 
-from store.consume_queue import UNIT_SIZE
+from store.consume_queue import UNIT_DTYPE, UNIT_SIZE
 from store.errors import CorruptEntry, InvalidMessage, OffsetOutOfRange
 from store.mapped_file import segment_name
 from store.message import STORE_TIMESTAMP_POS, decode_message, tags_hash_code
@@ -64,7 +64,6 @@ if TYPE_CHECKING:
     from .ports import LogReads, QueueReads
 
 MAX_SCAN: Final = 16_384  # units one Pull looks at (as dispatch's scan did)
-SPAN_GAP: Final = 4096  # messages closer than this are read with one pread
 MAX_UNITS_ANSWER: Final = 200_000  # units per ReadUnits answer (4 MB)
 _I64: Final = struct.Struct(">q")
 _HEAD = HEADER.unpack_from
@@ -246,9 +245,6 @@ class VerifiedRanges:
             self._starts[i:j] = [a]
             self._ends[i:j] = [b]
 
-    def __len__(self) -> int:
-        return len(self._starts)
-
 
 def read_log_checked(
     view: LogView, verified: VerifiedRanges, pos: int, want: int, end: int
@@ -370,13 +366,11 @@ def units_between(
         return a, b
 
 
-def units_chunks(q: QueueView, start: int, end: int) -> list[tuple[int, bytes]]:
-    """Units [start, end) in answers of at most MAX_UNITS_ANSWER."""
+def units_chunk(q: QueueView, start: int, end: int) -> bytes:
+    """Units [start, end) of one answer (the caller keeps it to MAX_UNITS_ANSWER):
+    an answer is read only when the one before it has gone out."""
     with _Files() as files:
-        return [
-            (lo, read_units(q, files, lo, min(end, lo + MAX_UNITS_ANSWER)))
-            for lo in range(start, end, MAX_UNITS_ANSWER)
-        ]
+        return read_units(q, files, start, end)
 
 
 def offset_for_time(q: QueueView, view: LogView, timestamp_ms: int) -> int:
@@ -401,7 +395,6 @@ def offset_for_time(q: QueueView, view: LogView, timestamp_ms: int) -> int:
 # ---------------------------------------------------------------- Pull
 
 
-_UNIT_DTYPE: Final = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 _ENTRY_DTYPE: Final = np.dtype(
     [
         ("magic", ">i4"),
@@ -460,8 +453,8 @@ def pull_scan(
     if hi <= offset or max_messages <= 0:
         return Found([], [], offset)
     with _Files() as files:
-        units = np.frombuffer(read_units(q, files, offset, hi), _UNIT_DTYPE)
-        offsets = units["offset"].astype(np.int64)
+        units = np.frombuffer(read_units(q, files, offset, hi), UNIT_DTYPE)
+        offsets = units["commitlog_offset"].astype(np.int64)
         sizes = units["size"].astype(np.int64)
         if tags is None:
             # Every unit until max_messages, or max_bytes (at least one) is reached.
@@ -489,9 +482,9 @@ def _by_tags(
 ) -> tuple[npt.NDArray[np.int64], int]:
     """The units whose message has one of `tags` (hash first, then exactly): indexes, next."""
     codes = np.asarray(sorted({tags_hash_code(t) for t in tags}), np.int64)
-    hashed = np.isin(units["tags"].astype(np.int64), codes)
+    hashed = np.isin(units["tags_code"].astype(np.int64), codes)
     sizes = units["size"].astype(np.int64).tolist()
-    offsets = units["offset"].astype(np.int64).tolist()
+    offsets = units["commitlog_offset"].astype(np.int64).tolist()
     chosen: list[int] = []
     total = 0
     nxt = offset

@@ -1005,21 +1005,22 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                 min_offset=queue.min_offset,
                 max_offset=queue.max_offset,
             )
+            answer.first_offset = start
             try:
                 if r.from_pos or r.to_pos:
                     start, end = await self._in_thread(
                         reads.units_between, queue, start, end, r.from_pos, r.to_pos
                     )
-                chunks = await self._in_thread(reads.units_chunks, queue, start, end)
-            except OffsetOutOfRange as exc:
-                await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
-            answer.first_offset = start
-            if not chunks:
-                yield answer
-            for first, units in chunks:
-                answer.first_offset = first
-                answer.units = units
-                yield answer
+                    answer.first_offset = start
+                if start >= end:
+                    yield answer
+                for lo in range(start, end, reads.MAX_UNITS_ANSWER):
+                    hi = min(end, lo + reads.MAX_UNITS_ANSWER)
+                    answer.first_offset = lo
+                    answer.units = await self._in_thread(reads.units_chunk, queue, lo, hi)
+                    yield answer
+            except (OffsetOutOfRange, CorruptEntry) as exc:
+                await context.abort(*_read_failure(exc))
 
     async def OffsetsForTimes(
         self, request: pb.OffsetsForTimesRequest, context: _Context
@@ -1044,8 +1045,8 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
 
         try:
             offsets = await self._in_thread(search)
-        except OffsetOutOfRange as exc:
-            await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
+        except (OffsetOutOfRange, CorruptEntry) as exc:
+            await context.abort(*_read_failure(exc))
         return pb.OffsetsForTimesResponse(offsets=offsets)
 
 
