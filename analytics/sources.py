@@ -59,7 +59,10 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import numpy as np
 import pyarrow as pa
 
+from dledger_commitlog.entry_format import HEADER_SIZE
+from store.consume_queue import UNIT_SIZE
 from store.errors import CorruptEntry
+from store.message import STORE_TIMESTAMP_POS
 
 from .codec import COLUMNS, Expected, Int64s, Ints, decode, empty_batch, walk
 from .errors import SourceError
@@ -68,9 +71,7 @@ if TYPE_CHECKING:
     from dledger_commitlog.client import Access
 
 SYSTEM_TOPIC_PREFIX = "%SYS%"  # dispatch's system topics (consumer offsets): not user data
-UNIT_SIZE: Final = 20
-ENTRY_HEADER: Final = 48  # an entry's header precedes its message in the commit log
-STORE_TIMESTAMP_POS: Final = 56
+ENTRY_HEADER: Final = HEADER_SIZE  # an entry's header precedes its message in the commit log
 _UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 _UNITS_PER_READ = 1 << 18
 _PULL_BYTES = 8 << 20
@@ -925,10 +926,7 @@ class ServerStore:
                         details = exc.details() or code
                         raise SourceError(f"{what}: {address} answered {code}: {details}") from None
                     self._first = (self._first + 1) % len(self.servers)
-            try:
-                return self._call("Pull", request, what, attempt_s=attempt_s)
-            except _RpcFailed as exc:
-                raise SourceError(str(exc)) from None
+            return self._call("Pull", request, what, attempt_s=attempt_s)
 
         return answer
 

@@ -36,7 +36,6 @@ from .client import (
 )
 from .cluster import ClusterError
 from .commands import _REGISTRY as _REGISTRY
-from .commands import Command as Command
 from .commands import UsageError as UsageError
 from .commands import cell, preview
 from .commands import command as command
@@ -44,7 +43,6 @@ from .commands import emit as emit
 from .commands import make_client as make_client
 from .commands import message_json as message_json
 from .commands import messages_table as messages_table
-from .commands import security_files as security_files
 from .commands import table as table
 from .config import ConfigError, ListenError, NodeConfig, load_config, parse_peer
 from .verify import progress_bar, verify_store

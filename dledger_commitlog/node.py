@@ -52,7 +52,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from dispatch.dispatcher import Dispatcher
 from raft import Config, HardState, LogDiverged, Message, NotLeader, RaftCore, Role
@@ -78,9 +77,6 @@ from .system_log import SystemLog
 from .transactions import CheckRegistry, TransactionService
 from .transport import PeerLink, to_wire
 from .verify import LAYOUT_FILE, read_layout, write_layout
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
