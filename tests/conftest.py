@@ -11,16 +11,17 @@ and names what it waited for and the last value it saw.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Collection, Generator, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Generator, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import grpc
 import pytest
 
-from dledger_commitlog.client import ClientError, NodeStatus, StatusError
+from dledger_commitlog.client import Client, ClientError, MessageSpec, NodeStatus, StatusError
 from dledger_commitlog.cluster import LocalCluster, converged
 from dledger_commitlog.cluster import answered as answered
 from proto import dledger_pb2 as pb
@@ -161,6 +162,32 @@ def node_stubs(cluster: LocalCluster) -> Iterator[dict[int, Any]]:
     finally:
         for ch in channels.values():
             ch.close()
+
+
+@contextmanager
+def leader_cut_off(cluster: LocalCluster, puts: Sequence[MessageSpec]) -> Iterator[int]:
+    """Pause every follower and put `puts` through the leader alone (a thread: the put
+    is appended there and can never commit); yield the leader's id. On the way out,
+    also on failure, the followers resume and the put is waited for."""
+    leader = cluster.leader_id()
+    followers = [s.id for s in cluster if s.id != leader]
+
+    def put_alone() -> None:
+        client = Client([cluster.specs[leader].client], timeout_s=4, max_retries=0)
+        with client, suppress(ClientError):
+            client.put_batch(list(puts))
+
+    stranded = threading.Thread(target=put_alone)
+    try:
+        for f in followers:
+            cluster.pause(f)
+        stranded.start()
+        yield leader
+    finally:
+        for f in followers:
+            cluster.resume(f)
+        if stranded.is_alive():
+            stranded.join(30)
 
 
 def get_at(stub: Any, offset: int) -> pb.StoredMessage:

@@ -247,6 +247,9 @@ def test_kafka_style_options_parse() -> None:
 def test_bad_kafka_style_options_name_the_option(options: dict[str, str], message: str) -> None:
     with pytest.raises(OptionError, match=message):
         plan.parse_options({**SERVERS, **options}, streaming=False)
+
+
+def test_bad_streaming_options_name_the_option() -> None:
     with pytest.raises(OptionError, match="maxTriggerDelay: 'soon' is not a duration"):
         plan.parse_options({**SERVERS, "maxTriggerDelay": "soon"}, streaming=True)
     with pytest.raises(OptionError, match="endingTimestamp and endingOffsetsByTimestamp"):

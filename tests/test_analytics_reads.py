@@ -11,9 +11,7 @@ topic (as ReadRange), ReadUnits and OffsetsForTimes SUB on each topic named.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import struct
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,13 +22,13 @@ import pytest
 
 from analytics.sources import LogPiece, ServerStore, Slice
 from dledger_commitlog.acl import sign
-from dledger_commitlog.client import Access, Client, ClientError, MessageSpec, NodeStatus
+from dledger_commitlog.client import Access, MessageSpec, NodeStatus
 from dledger_commitlog.cluster import LocalCluster
 from dledger_commitlog.entry_format import HEADER, HEADER_SIZE
 from dledger_commitlog.loop_probe import LoopLagProbe
 from proto import dledger_pb2 as pb
 from store.message import decode_message
-from tests.conftest import node_stubs, wait_until
+from tests.conftest import leader_cut_off, node_stubs, wait_until
 from tests.test_analytics_server import dispatched_everywhere, fresh_topic
 from tests.test_security import APP_SECRET, READER_SECRET, _acl_cluster
 
@@ -190,13 +188,7 @@ def test_a_node_cut_off_from_its_quorum_serves_only_its_committed_log(
     with cluster.client() as client:
         client.put_batch(specs(topic, 40))
     dispatched_everywhere(cluster, topic, 40)
-    leader = cluster.leader_id()
-    followers = [s.id for s in cluster if s.id != leader]
-    for f in followers:
-        cluster.pause(f)
-    stranded = threading.Thread(target=_put_alone, args=(cluster, leader, topic))
-    try:
-        stranded.start()
+    with leader_cut_off(cluster, specs(topic, 10, start=1000)) as leader:
         st = wait_until(
             lambda: cluster.statuses()[leader],
             15,
@@ -217,16 +209,6 @@ def test_a_node_cut_off_from_its_quorum_serves_only_its_committed_log(
             )
             indexes = [i for _, i, _ in entries(b"".join(c.data for c in chunks), chunks[0].pos)]
             assert max(indexes) <= stub.Status(pb.StatusRequest(), timeout=5).committed_index
-    finally:
-        for f in followers:
-            cluster.resume(f)
-        stranded.join(30)
-
-
-def _put_alone(cluster: LocalCluster, leader: int, topic: str) -> None:
-    client = Client([cluster.specs[leader].client], timeout_s=4, max_retries=0)
-    with client, contextlib.suppress(ClientError):
-        client.put_batch(specs(topic, 10, start=1000))
 
 
 def test_a_damaged_entry_is_never_served_raw(make_cluster: Callable[..., LocalCluster]) -> None:

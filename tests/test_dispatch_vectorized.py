@@ -43,6 +43,7 @@ from store.message import (
     peek_header,
     peek_headers,
 )
+from tests.test_dispatch import files_of
 
 T0 = 1_700_000_000_000
 
@@ -464,15 +465,6 @@ class PerMessageDispatcher(Dispatcher):
         cq.append_batch(first, units)
 
 
-def dispatch_files(root: Path) -> dict[str, bytes]:
-    out = {}
-    for sub in ("consumequeue", "index"):
-        for p in sorted((root / sub).rglob("*")):
-            if p.is_file():
-                out[str(p.relative_to(root))] = p.read_bytes()
-    return out
-
-
 @pytest.mark.parametrize("seed", range(9))
 def test_dispatch_writes_the_files_of_per_message_dispatch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
@@ -508,7 +500,7 @@ def test_dispatch_writes_the_files_of_per_message_dispatch(
     for d in (old, new):
         d.persist(d.snapshot())
         d.close(clean=True)
-    assert dispatch_files(tmp_path / "new") == dispatch_files(tmp_path / "old"), where
+    assert files_of(tmp_path / "new") == files_of(tmp_path / "old"), where
 
 
 def test_a_batch_is_checked_before_anything_is_written(tmp_path: Path) -> None:
@@ -550,4 +542,4 @@ def test_queues_that_start_late_or_jump(tmp_path: Path, batch_bytes: int) -> Non
     assert queues[0] == queues[1]
     if batch_bytes == 1:  # one message a batch: everything before the gap is dispatched
         assert queues[0] == [(("t", 0), 0, 20), (("t", 1), 7, 27), (("t", 2), 7, 27)]
-        assert dispatch_files(tmp_path / "new") == dispatch_files(tmp_path / "old")
+        assert files_of(tmp_path / "new") == files_of(tmp_path / "old")

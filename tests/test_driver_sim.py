@@ -4,10 +4,8 @@ tear what was not fsynced, partitions, lost messages.
 
 A failure names its seed and the command that replays it (`python -m
 tests.sim.driver_sim --seed N ...`). The fixed seeds run in the normal suite; the
-random batch is marked `sim` (DRIVER_SIM_SEEDS sets its size). At the end: repros
-of the bugs outside the driver that the simulation found (strict xfails while a bug
-is open and the simulation avoids it, see driver_sim.KNOWN_BUGS; all are fixed now,
-and the simulation runs into their triggers again).
+random batch is marked `sim` (DRIVER_SIM_SEEDS sets its size). The EntryStore bugs
+the simulation found are pinned in tests/test_entry_store.py.
 """
 
 from __future__ import annotations
@@ -15,23 +13,20 @@ from __future__ import annotations
 import bisect
 import os
 import random
-import struct
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 
 from dledger_commitlog.driver import ReadyDriver
-from dledger_commitlog.entry_store import EntryStore
-from raft import Entry, EntryKind, Message, NotLeader
+from raft import Message, NotLeader
 from tests.sim.driver_sim import (
     TEAR_MODES,
     DriverSim,
     NetProfile,
-    SimFailure,
     SimNode,
     tear,
 )
+from tests.sim.simulation import SimFailure
 
 STEPS = 2500
 # (seed, nodes, write buffer): both cluster sizes, with and without the write buffer.
@@ -213,7 +208,7 @@ def _raft_state_scenario(sim: DriverSim) -> tuple[SimNode, int]:
     assert f.life is not None
     flife = f.life
     sim.run_until(lambda: flife.durable_last() >= first + 1, 100, "F's durable old suffix")
-    assert sim.crash(a.node), "A's power loss was avoided"  # A loses its unflushed suffix
+    sim.crash(a.node)  # A loses its unflushed suffix
     a.node.fsync_ms = None
     sim.net.heal()
     sim.net.block([(f.id, a.node.id), (a.node.id, f.id), (f.id, b.id), (b.id, f.id)])
@@ -274,7 +269,7 @@ def _replace_a_suffix_during_its_fsync(sim: DriverSim) -> SimNode:
         "F's old suffix being fsynced",
     )
     assert flife.durable_last() < first
-    assert sim.crash(a.node), "A's power loss was avoided"
+    sim.crash(a.node)
     a.node.fsync_ms = None
     sim.net.heal()
 
@@ -311,7 +306,7 @@ def test_raft_state_commit_never_covers_entries_not_yet_durable() -> None:
         life = f.life
         assert life is not None
         assert life.state_file.saved.commit <= life.durable_last() < first
-        assert sim.crash(f)
+        sim.crash(f)
         sim.run_until(lambda: f.life is not None, 1000, "F's restart")
         sim.converge()
         sim.check_logs()
@@ -385,96 +380,3 @@ def test_a_power_loss_keeps_every_byte_before_and_after_what_the_page_cache_chan
             assert out[:first] == old[:first] and out[last + 1 :] == old[last + 1 :], mode
             if mode != "garbage":  # else one sector of the changed span holds junk
                 assert all(out[i] in (cur[i], old[i]) for i in range(size)), mode
-
-
-# --- bugs outside the driver found by the simulation (fixed; the simulation ---
-# --- runs into their triggers again) --------------------------------------------
-
-_BODY = 20  # 68-byte entries: 15 per 1 KiB segment
-
-
-def _store(path: Path, committed_index: int = 0) -> EntryStore:
-    return EntryStore(path, data_segment_bytes=1024, index_segment_bytes=32 * 16,
-                      preallocate=False, committed_index=committed_index)  # fmt: skip
-
-
-def _entries(lo: int, hi: int) -> list[Entry]:
-    return [Entry(i, 1, b"m%0*d" % (_BODY - 1, i)) for i in range(lo, hi)]
-
-
-def _restore_near_a_segment_end(path: Path) -> EntryStore:
-    """A follower restored from a snapshot whose base ends 30 bytes before its
-    segment does: the next entry opens the next segment, after a filler."""
-    store = _store(path)
-    store.restore(10, 1, struct.pack(">qqqI", 10, 1, 1024 - 30, 12345))
-    return store
-
-
-def test_recovery_keeps_the_index_below_its_anchor(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    store.append_entries(_entries(1, 60))
-    store.flush()  # the index is buffered until an entry checkpoint: a power loss now
-    reopened = _store(tmp_path)
-    assert reopened.term(0) == 0
-    assert len(reopened.entries(1, 60, 1 << 20)) == 59
-
-
-def test_recovery_after_a_restore_near_a_segment_end_keeps_fsynced_entries(
-    tmp_path: Path,
-) -> None:
-    store = _restore_near_a_segment_end(tmp_path)
-    store.append_entries(_entries(11, 14))
-    store.flush()
-    store.close()
-    assert _store(tmp_path, committed_index=12).last_index() == 13
-
-
-def test_a_checkpointed_log_after_a_restore_near_a_segment_end_opens(tmp_path: Path) -> None:
-    store = _restore_near_a_segment_end(tmp_path)
-    store.append_entries(_entries(11, 14))
-    store.write_checkpoint(12)
-    store.close()
-    assert _store(tmp_path).last_index() == 13
-
-
-def test_retention_after_a_restore_near_a_segment_end(tmp_path: Path) -> None:
-    store = _restore_near_a_segment_end(tmp_path)
-    store.append_entries(_entries(11, 60))
-    store.flush()
-    assert store.delete_prefix(15) == 11  # nothing before the segment of entry 11 to drop
-
-
-def test_recovery_after_retention_beyond_the_checkpoint(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    store.append_entries(_entries(1, 30))
-    store.write_checkpoint(5)  # fsyncs the index: units 0..29
-    store.append_entries(_entries(30, 80))
-    store.flush()
-    first = store.delete_prefix(70)
-    # A power loss: index units written after the checkpoint's fsync are gone.
-    for seg in sorted((tmp_path / "index").iterdir()):
-        raw = bytearray(seg.read_bytes())
-        keep = max(0, 30 * 32 - int(seg.name))
-        raw[keep:] = bytes(max(0, len(raw) - keep))
-        seg.write_bytes(bytes(raw))
-    reopened = _store(tmp_path)
-    assert reopened.first_index() == first
-    assert reopened.term(first - 1) == 1
-
-
-def test_recovery_refuses_a_torn_first_entry(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    store.append_entries([Entry(1, 1, b"", EntryKind.NOOP)])
-    store.flush()
-    store.close()
-    # The header's last 16 bytes (channel, chainCrc, bodyCrc, bodyLen) never reached the
-    # disk, as when a header straddles a sector boundary: an empty body still checks out.
-    seg = tmp_path / "data" / ("0" * 20)
-    raw = bytearray(seg.read_bytes())
-    raw[32:48] = bytes(16)
-    seg.write_bytes(bytes(raw))
-    reopened = _store(tmp_path)
-    # Its chain link to entry 0 fails: cut as a torn tail, never served (as a NORMAL entry).
-    assert reopened.last_index() == 0
-    assert reopened.tail_cut is not None and reopened.tail_cut.index == 1
-    assert "chain CRC" in reopened.tail_cut.reason

@@ -36,10 +36,11 @@ def _as_ports(
     ports.Transactions,
     ports.LogReads,
     ports.QueueReads,
+    ports.Status,
     ports.Admin,
 ]:
     """Never called: mypy checks here that a RaftNode is each port."""
-    return node, node, node, node, node, node
+    return node, node, node, node, node, node, node
 
 
 def test_the_service_imports_no_part_of_the_node() -> None:

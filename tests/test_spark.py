@@ -176,7 +176,10 @@ def test_timestamps_stand_for_offsets(spark: SparkSession, node: SyntheticNode) 
         .writeStream.format("memory").queryName("from_timestamp")
         .trigger(availableNow=True).start()
     )  # fmt: skip
-    assert query.awaitTermination(120) and query.exception() is None
+    try:
+        assert query.awaitTermination(120) and query.exception() is None
+    finally:
+        query.stop()  # a failed wait must not leave it running in the shared session
     since = {r["msg_id"] for r in node.rows if r["store_timestamp_ms"] >= start}
     assert {r["msg_id"] for r in spark.table("from_timestamp").collect()} == since
 

@@ -24,10 +24,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
-from dledger_commitlog.client import Client, ClientError, MessageSpec, NodeStatus
+from dledger_commitlog.client import ClientError, MessageSpec, NodeStatus
 from dledger_commitlog.cluster import LocalCluster
 from store.message import Message
-from tests.conftest import wait_until
+from tests.conftest import leader_cut_off, wait_until
 from tests.test_analytics_codec import expected_row
 from tests.test_analytics_offline import key, plain
 from tests.test_analytics_server import client_scan, dispatched_everywhere, fresh_topic
@@ -102,14 +102,8 @@ def test_a_node_cut_off_from_its_quorum_contributes_no_uncommitted_rows(
     topic = fresh_topic("cut")
     with cluster.client() as client:
         committed = client.put_batch(specs(topic, 60))
-    leader = cluster.leader_id()
     dispatched_everywhere(cluster, topic, 60)
-    followers = [s.id for s in cluster if s.id != leader]
-    for f in followers:
-        cluster.pause(f)
-    pending = threading.Thread(target=_put_without_quorum, args=(cluster, leader, topic))
-    try:
-        pending.start()
+    with leader_cut_off(cluster, specs(topic, 25, start=1000)) as leader:
         # The old leader appends the puts but cannot commit them, and soon steps down:
         # a node cut off from the others, holding uncommitted entries in its log.
         st = wait_until(
@@ -128,17 +122,6 @@ def test_a_node_cut_off_from_its_quorum_contributes_no_uncommitted_rows(
         assert got == {r.msg_id for r in committed}
         after = cluster.statuses()[leader]
         assert isinstance(after, NodeStatus) and after.committed_index == st.committed_index
-    finally:
-        for f in followers:
-            cluster.resume(f)
-        pending.join(30)
-
-
-def _put_without_quorum(cluster: LocalCluster, leader: int, topic: str) -> None:
-    """Put through the isolated leader only: it appends, and can never commit."""
-    client = Client([cluster.specs[leader].client], timeout_s=4, max_retries=0)
-    with client, contextlib.suppress(ClientError):
-        client.put_batch(specs(topic, 25, start=1000))
 
 
 def test_stream_stopped_and_restarted_over_a_growing_log_yields_each_message_once(
@@ -309,19 +292,26 @@ def test_a_stream_is_exactly_once_across_a_leader_kill_and_a_driver_kill(
     script = tmp_path / "driver.py"
     script.write_text(_DRIVER)
     args = [sys.executable, str(script), servers, topic, str(sink), str(checkpoint)]
-    driver = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)  # fmt: skip
+    driver_log = tmp_path / "driver.log"
+    with driver_log.open("wb") as out:
+        driver = subprocess.Popen(args, start_new_session=True, stdout=out,
+                                  stderr=subprocess.STDOUT)  # fmt: skip
     t = threading.Thread(target=writer)
     commits = checkpoint / "commits"
+
+    def batches() -> int:
+        if driver.poll() is not None:  # it died at start-up: say why, now
+            tail = driver_log.read_text(errors="replace")[-3000:]
+            raise AssertionError(f"the driver exited with {driver.returncode}:\n{tail}")
+        return len(_files(commits))
+
     try:
-        wait_until(lambda: len(_files(commits)), 180, "the driver's first micro-batches",
-                   ok=lambda n: n >= 2)  # fmt: skip
+        wait_until(batches, 180, "the driver's first micro-batches", ok=lambda n: n >= 2)
         t.start()
         cluster.kill(cluster.leader_id())
         cluster.wait_for_leader(timeout_s=30)
         done = len(_files(commits))
-        wait_until(lambda: len(_files(commits)), 120, "micro-batches after the leader kill",
-                   ok=lambda n: n >= done + 2)  # fmt: skip
+        wait_until(batches, 120, "micro-batches after the leader kill", ok=lambda n: n >= done + 2)
         os.killpg(driver.pid, signal.SIGKILL)  # the driver, mid-stream
         driver.wait(30)
     finally:
@@ -345,8 +335,11 @@ def test_a_stream_is_exactly_once_across_a_leader_kill_and_a_driver_kill(
         .writeStream.format("parquet").option("path", str(sink))
         .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
     )  # fmt: skip
-    assert resumed.awaitTermination(180)
-    assert resumed.exception() is None
+    try:
+        assert resumed.awaitTermination(180)
+        assert resumed.exception() is None
+    finally:
+        resumed.stop()  # a failed wait must not leave it running in the shared session
     got = [r["msg_id"] for r in spark.read.parquet(str(sink)).collect()]
     assert len(got) == len(set(got))  # exactly once
     assert set(got) == set(committed)  # every committed message

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from collections import Counter
 
-from tests.sim.simulation import SimFailure, Simulation
+from tests.sim.simulation import Simulation, run_seeds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,25 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stats", action="store_true", help="print fault and event counts")
     args = ap.parse_args(argv)
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
-    failed = 0
-    totals: Counter[str] = Counter()
-    started = time.perf_counter()
-    for seed in seeds:
-        sim = Simulation(seed, args.nodes)
-        try:
-            sim.run(args.steps)
-        except SimFailure as err:
-            failed += 1
-            print(err, file=sys.stderr)
-        totals.update(sim.stats)
-        totals["leaders_elected"] += len(sim.checker.leaders)
-        totals["entries_committed"] += len(sim.checker.canon)
-    took = time.perf_counter() - started
-    print(f"{len(seeds)} seeds x {args.steps} steps: {failed} failed in {took:.1f} s")
-    if args.stats:
-        for key, value in sorted(totals.items()):
-            print(f"  {key:<24} {value}")
-    return 1 if failed else 0
+    return run_seeds(seeds, args.steps, lambda seed: Simulation(seed, args.nodes), stats=args.stats)
 
 
 if __name__ == "__main__":

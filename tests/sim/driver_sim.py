@@ -42,8 +42,9 @@ seed replays exactly (`python -m tests.sim.driver_sim --seed N`).
 Faults (while `faults`): power losses of a minority at any point (also while an
 fsync is in flight), of every node at once (sync flush promises that no
 acknowledged entry is lost even then), partitions, one-way blocks, broken
-streams, message loss, leadership transfers. Known bugs outside the driver are
-kept away from (`KNOWN_BUGS`, `avoid_known_bugs`; `--no-avoid` runs into them).
+streams, message loss, leadership transfers. The five EntryStore recovery bugs
+it found are fixed and pinned in tests/test_entry_store.py; the stats count how
+often a power loss falls in the states that hid them (`_count_crash_situation`).
 
 Checks: election safety, leader completeness, log matching and state-machine
 safety (tests/sim/checkers.py); the Ready contract against what is durable (a
@@ -73,7 +74,6 @@ import shutil
 import struct
 import sys
 import tempfile
-import time
 import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -103,6 +103,7 @@ from raft import (
 )
 from tests.sim.checkers import Checker, InvariantViolation, LogView
 from tests.sim.disk import FakeDisk
+from tests.sim.simulation import SimFailure, run_seeds
 
 T = TypeVar("T")
 
@@ -114,20 +115,12 @@ _SECTOR = 512
 _SEGMENT_NAME = 20
 
 
-class SimFailure(AssertionError):
-    pass
-
-
-# Bugs outside the driver that the simulation found, each pinned by a strict xfail
-# repro in tests/test_driver_sim.py. With `avoid_known_bugs` the simulation keeps
-# away from their triggers (and counts each time it did) so that its seeds keep
-# testing everything else; `--no-avoid` shows them.
-KNOWN_BUGS: dict[str, str] = {}
-# Fixed, and run into again (the stats count each): "index-not-durable" (a power loss
-# with no entry checkpoint in the retained log: `crashes_unanchored`), "base-filler" (a
-# power loss after a restore whose base ends before a filler: `crashes_after_base_filler`),
-# "retention-beyond-checkpoint" (`compactions_beyond_checkpoint`), "delete-prefix-filler"
-# (retention on a log whose first segment holds only that filler: `compactions_after_filler`).
+# The EntryStore bugs the simulation found, fixed, and the stats that count how often
+# it runs into their triggers: the index below the tail not durable (a power loss with
+# no entry checkpoint in the retained log: `crashes_unanchored`), the filler after a
+# restore's base (`crashes_after_base_filler`), retention beyond the checkpoint
+# (`compactions_beyond_checkpoint`), retention on a log whose first segment holds only
+# that filler (`compactions_after_filler`).
 _CHECKPOINT_RECORD = struct.Struct(">qqqII")  # entry_store's entries.checkpoint
 
 
@@ -738,7 +731,6 @@ class DriverSim:
         cluster_power_loss: bool | None = None,
         checkpoint_race: float | None = None,
         tear_modes: Sequence[str] | None = None,
-        avoid_known_bugs: bool = True,
         record: bool = False,
         root: Path | None = None,
     ) -> None:
@@ -771,7 +763,6 @@ class DriverSim:
         race = rng.choice((0.0, 0.0, 0.02))
         self.checkpoint_race = race if checkpoint_race is None else checkpoint_race
         self.tear_modes = tuple(tear_modes) if tear_modes is not None else TEAR_MODES
-        self.avoid_known_bugs = avoid_known_bugs
         self.net = StreamNetwork(rng, net or NetProfile.random(rng))
         self.faults = faults
         self.clients = clients  # random proposals and reads
@@ -836,8 +827,6 @@ class DriverSim:
             cmd += f" --nodes {nodes}"
         if wb is not None:
             cmd += f" --write-buffer {int(wb)}"
-        if not self.avoid_known_bugs:
-            cmd += " --no-avoid"
         return cmd
 
     def report(self, err: BaseException, steps: int) -> str:
@@ -984,11 +973,6 @@ class DriverSim:
             self.stats["gated_starts"] += 1
         self._check_restart(node, life)
 
-    def known_bug_trigger(self, life: Life) -> str | None:
-        """The KNOWN_BUGS entry a power loss of this node now would run into, if any
-        (none is open)."""
-        return None
-
     @staticmethod
     def _after_base_filler(store: EntryStore) -> bool:
         """The log restarts after a base that ends right before a filler (a restore)."""
@@ -1001,23 +985,18 @@ class DriverSim:
 
     def _count_crash_situation(self, life: Life) -> None:
         """Count the states a power loss now leaves recovery to cope with (beyond a torn
-        tail): they once hid EntryStore bugs (see KNOWN_BUGS)."""
+        tail): they once hid EntryStore bugs."""
         store = life.store
         if read_checkpoint_index(life.node.root / "log") < store.first_index():
             self.stats["crashes_unanchored"] += 1  # the index below the tail is not durable
         if self._after_base_filler(store):
             self.stats["crashes_after_base_filler"] += 1
 
-    def crash(self, node: SimNode) -> bool:
+    def crash(self, node: SimNode) -> None:
         """Power loss: the process dies, the disk keeps its durable images plus a random
-        part of what the page cache held beyond them. False: avoided (a known bug)."""
+        part of what the page cache held beyond them."""
         life = node.life
         assert life is not None
-        if self.avoid_known_bugs:
-            bug = self.known_bug_trigger(life)
-            if bug is not None:
-                self.stats[f"avoided_{bug}"] += 1
-                return False
         self.stats["crashes"] += 1
         self._count_crash_situation(life)
         life.dead = True
@@ -1037,7 +1016,6 @@ class DriverSim:
         node.life = None
         node.crash_in_fsync = False
         self.schedule(rng.randrange(10, 500), "restart", node)
-        return True
 
     def checkpoint(self, life: Life) -> None:
         """loops.NodeLoops.checkpoint_now: the applied index as entry checkpoint and
@@ -1406,36 +1384,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3000, help="events per seed before healing")
     ap.add_argument("--nodes", type=int, default=None, help="cluster size (3 or 5)")
     ap.add_argument("--write-buffer", type=int, choices=(0, 1), default=None)
-    ap.add_argument("--no-avoid", action="store_true", help="run into the KNOWN_BUGS triggers")
     ap.add_argument("--stats", action="store_true", help="print fault and event counts")
     ap.add_argument("-v", "--verbose", action="store_true", help="log the stores' warnings")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.verbose else logging.CRITICAL)
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     wb = None if args.write_buffer is None else bool(args.write_buffer)
-    failed = 0
-    totals: Counter[str] = Counter()
-    started = time.perf_counter()
-    for seed in seeds:
-        sim = DriverSim(
-            seed,
-            args.nodes,
-            write_buffer=wb,
-            avoid_known_bugs=not args.no_avoid,
-        )
-        try:
-            sim.run(args.steps)
-        except SimFailure as err:
-            failed += 1
-            print(err, file=sys.stderr)
-        totals.update(sim.stats)
-        totals["entries_committed"] += len(sim.checker.canon)
-    took = time.perf_counter() - started
-    print(f"{len(seeds)} seeds x {args.steps} steps: {failed} failed in {took:.1f} s")
-    if args.stats:
-        for key, value in sorted(totals.items()):
-            print(f"  {key:<24} {value}")
-    return 1 if failed else 0
+    return run_seeds(
+        seeds, args.steps, lambda seed: DriverSim(seed, args.nodes, write_buffer=wb),
+        stats=args.stats,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

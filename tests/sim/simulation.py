@@ -21,8 +21,12 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import random
+import sys
+import time
 from collections import Counter, deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from raft import Config, Message, NotLeader, RaftCore, Ready, Role, Snapshot
 from tests.sim.checkers import Checker, LogView
@@ -49,6 +53,41 @@ class SimNode:
 
 class SimFailure(AssertionError):
     pass
+
+
+class Seeded(Protocol):
+    """A simulation of one seed (`Simulation`, `driver_sim.DriverSim`)."""
+
+    stats: Counter[str]
+    checker: Checker
+
+    def run(self, steps: int) -> None: ...
+
+
+def run_seeds(
+    seeds: Sequence[int], steps: int, make: Callable[[int], Seeded], *, stats: bool = False
+) -> int:
+    """Run each seed, print every failure (with its replay command) and a summary;
+    the process exit status: 1 if any seed failed."""
+    failed = 0
+    totals: Counter[str] = Counter()
+    started = time.perf_counter()
+    for seed in seeds:
+        sim = make(seed)
+        try:
+            sim.run(steps)
+        except SimFailure as err:
+            failed += 1
+            print(err, file=sys.stderr)
+        totals.update(sim.stats)
+        totals["leaders_elected"] += len(sim.checker.leaders)
+        totals["entries_committed"] += len(sim.checker.canon)
+    took = time.perf_counter() - started
+    print(f"{len(seeds)} seeds x {steps} steps: {failed} failed in {took:.1f} s")
+    if stats:
+        for key, value in sorted(totals.items()):
+            print(f"  {key:<24} {value}")
+    return 1 if failed else 0
 
 
 class Simulation:
