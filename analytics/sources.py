@@ -430,13 +430,7 @@ class OfflineStore:
 
     def _first_at(self, topic: str, queue_id: int, lo: int, hi: int, phy: int) -> int:
         """The first queue offset in [lo, hi) whose message lies at >= phy (hi if none)."""
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self._unit_offset(topic, queue_id, mid) >= phy:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
+        return _first_where(lo, hi, lambda q: self._unit_offset(topic, queue_id, q) >= phy)
 
     def unit_span(self, slices: Sequence[Slice]) -> tuple[int, int, int] | None:
         """(first message offset, end of the last message, bytes of the slices' messages,
@@ -575,18 +569,18 @@ class OfflineStore:
         """Per (topic, queue, timestamp ms): the first offset stored at or after it."""
         out = []
         for topic, queue_id, ts in queries:
-            info = next((q for q in self.queues(topic) if q.queue_id == queue_id), None)
+            # This queue's bounds only (queues() would re-read every queue of the topic).
+            if self.live is not None:
+                info = self.live.queues.get((topic, queue_id))
+            else:
+                info = self._bounds(topic, queue_id)
             if info is None:
                 out.append(0)
                 continue
-            lo, hi = info.min_offset, info.max_offset
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if self._timestamp(topic, queue_id, mid) >= ts:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            out.append(lo)
+            out.append(
+                _first_where(info.min_offset, info.max_offset,
+                             lambda q: self._timestamp(topic, queue_id, q) >= ts)  # noqa: B023
+            )  # fmt: skip
         return out
 
     def _timestamp(self, topic: str, queue_id: int, q: int) -> int:
@@ -594,6 +588,18 @@ class OfflineStore:
         index = int(self._segment_index(np.asarray([phy], np.int64))[0])
         at = phy - int(self._starts[index]) + STORE_TIMESTAMP_POS
         return int(np.frombuffer(self._segment(index), ">i8", 1, at)[0])
+
+
+def _first_where(lo: int, hi: int, reached: Callable[[int], bool]) -> int:
+    """The first q in [lo, hi) where `reached(q)` holds (hi if none); `reached` must be
+    monotone (false, then true)."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if reached(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def _read_units(path: Path, first: int, count: int) -> npt_units:
