@@ -150,7 +150,8 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         for ch in self._channels.values():
             await ch.close(grace=None)
         await self.loop_lag.stop()
-        self._reads.shutdown(wait=False, cancel_futures=True)
+        # Reads still running use the node's files: they end before the node closes them.
+        await asyncio.to_thread(self._reads.shutdown, wait=True, cancel_futures=True)
 
     async def _in_thread(self, fn: Callable[_P, _T], *args: _P.args, **kw: _P.kwargs) -> _T:
         """Run `fn` in the read pool: the loop stays free for Raft."""
@@ -345,12 +346,9 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         request: pb.PutBatchRequest,
         account: Account | None,
     ) -> list[PutResult] | None:
-        leader, stub = await self._leader_stub(exc, context)
-        try:
-            meta = self._forward_metadata(account, "PutBatch")
-            reply = await stub.PutBatch(request, timeout=self._timeout(context), metadata=meta)
-        except grpc.aio.AioRpcError as err:
-            await context.abort(*_forward_failure(err, leader))
+        reply: pb.PutBatchResponse = await self._forward_to_leader(
+            exc, context, "PutBatch", request, account
+        )
         return [
             PutResult(
                 r.msg_id,
@@ -688,12 +686,7 @@ class ClientService(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             (result,) = await self.writes.put([spec], self._timeout(context))
             await self.queues.wait_dispatched(result.commitlog_offset + 1, self._timeout(context))
         except NotLeader as exc:
-            leader, stub = await self._leader_stub(exc, context)
-            try:
-                meta = self._forward_metadata(account, "CommitOffset")
-                await stub.CommitOffset(request, timeout=self._timeout(context), metadata=meta)
-            except grpc.aio.AioRpcError as err:
-                await context.abort(*_forward_failure(err, leader))
+            await self._forward_to_leader(exc, context, "CommitOffset", request, account)
         except (OutcomeUnknown, TimeoutError) as exc:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"offset commit: {exc}")
         except (PutFailed, Overloaded) as exc:
