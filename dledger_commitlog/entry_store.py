@@ -412,9 +412,8 @@ class EntryStore:
 
     def _start_index_at_base(self) -> None:
         assert self._base is not None
-        index, term, pos, _ = self._base
-        self._index.reset(index * INDEX_UNIT_SIZE)
-        self._index.append(INDEX_UNIT.pack(ENTRY_MAGIC, pos, 0, index, term))
+        self._index.reset(self._base[0] * INDEX_UNIT_SIZE)
+        self._index.append(self._start_slot())
 
     # -- reading -----------------------------------------------------------------
 
