@@ -156,10 +156,11 @@ def _uniq_in(data: bytes, props: int) -> str | None:
     return data[start : end if end >= 0 else len(data)].decode()
 
 
-def _retrieved(fut: asyncio.Future[PutResult]) -> None:
-    """Mark a put's outcome as seen (its caller stopped waiting for it)."""
-    if not fut.cancelled():
-        fut.exception()
+def _fail(fut: asyncio.Future[PutResult], exc: Exception) -> None:
+    """Fail a put's future, marked as seen: its caller may have stopped waiting (a
+    timeout, a cancelled RPC), and a failure nobody awaits is no error to log."""
+    fut.set_exception(exc)
+    fut.exception()
 
 
 def msg_id_of(encoded: bytes, commitlog_offset: int) -> str:
@@ -373,9 +374,6 @@ class DLedgerCommitLog:
             return [f.result() for f in futures]
         finally:
             self._pending -= len(specs)
-            for f in futures:  # the caller stopped waiting (timeout, failure, cancel):
-                if not f.done():  # what fails later fails unheard, without "never retrieved"
-                    f.add_done_callback(_retrieved)
 
     def _duplicate(
         self, uniq_key: str, fut: asyncio.Future[PutResult] | None = None
@@ -446,7 +444,7 @@ class DLedgerCommitLog:
             for spec, fut in queued:
                 for f in (fut, *again[spec.uniq_key]):
                     if not f.done():
-                        f.set_exception(NotLeader(exc.leader_hint))
+                        _fail(f, NotLeader(exc.leader_hint))
             return
         # In the log now: advance the assignment table.
         self._assign_next.update(assigned)
@@ -511,9 +509,8 @@ class DLedgerCommitLog:
             if e.term == w.term and hdr is not None:
                 w.future.set_result(self._result(e.index, e.data, hdr, w.duplicate))
             else:
-                w.future.set_exception(
-                    PutFailed(f"entry {e.index} was replaced by a newer leader's; retry")
-                )
+                why = f"entry {e.index} was replaced by a newer leader's; retry"
+                _fail(w.future, PutFailed(why))
 
     def _result(self, index: int, data: bytes, hdr: Route, duplicate: bool) -> PutResult:
         offset = self.store.pos_of(index) + HEADER_SIZE
