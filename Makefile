@@ -20,11 +20,12 @@ check-java:
 	  echo "On Debian: sudo apt-get install -y openjdk-17-jre-headless"; exit 1; }
 
 run: $(STAMP) check-java
-	$(BIN)/python -m dledger_commitlog.demo
+	$(BIN)/python -m analytics.demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -64,11 +64,11 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from . import plan
-from .codec import COLUMNS, SPARK_DDL, SPARK_TYPES
-from .errors import OptionError
-from .plan import Narrowing, Offsets, ReadOptions
-from .sources import (
+from analytics import plan
+from analytics.codec import COLUMNS, SPARK_DDL, SPARK_TYPES
+from analytics.errors import OptionError
+from analytics.plan import Narrowing, Offsets, ReadOptions
+from analytics.sources import (
     SYSTEM_TOPIC_PREFIX,
     LocalFiles,
     LogPiece,
@@ -406,7 +406,7 @@ def _access(opts: ReadOptions) -> Any:
     """TLS and credentials from the options' files (read where the store opens)."""
     if opts.tls_ca is None and opts.credentials is None:
         return None
-    from dledger_commitlog.client import Access
+    from dledger_commitlog.client.client import Access
 
     try:
         return Access.load(opts.tls_ca, opts.credentials)

@@ -38,12 +38,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from analytics import plan
+from analytics.codec import ARROW_TYPES, COLUMNS
+from analytics.errors import SourceError
+from analytics.sources import MessageStore
 from store.fileio import fsync_dir, write_atomically
-
-from . import plan
-from .codec import ARROW_TYPES, COLUMNS
-from .errors import SourceError
-from .sources import MessageStore
 
 MANIFEST: Final = "_manifest.json"
 STAGING: Final = "_staging"

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .errors import OptionError
+from analytics.errors import OptionError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from pyspark.sql import DataFrame, SparkSession
 
-    from .sources import GroupOffset, QueueInfo
+    from analytics.sources import GroupOffset, QueueInfo
 
 JOB_COLUMNS = "topic string, keys array<string>, store_timestamp timestamp, body_size int"
 PERCENTILES = (0.5, 0.9, 0.99)
@@ -190,7 +190,7 @@ def lag(
     in `notes["now"]`) minus the store timestamp of the message at the group's offset;
     `oldest_unconsumed_at` is that timestamp (UTC).
     """
-    from . import plan
+    from analytics import plan
 
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     queues = plan.select(store.queues(), tuple(topics) if topics else None)

@@ -45,10 +45,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from .codec import COLUMNS
-from .errors import OptionError, SourceError
-from .sources import SYSTEM_TOPIC_PREFIX, LogPiece, QueueInfo
-from .sources import Slice as Slice  # re-exported: a queue's offset range
+from analytics.codec import COLUMNS
+from analytics.errors import OptionError, SourceError
+from analytics.sources import SYSTEM_TOPIC_PREFIX, LogPiece, QueueInfo
+from analytics.sources import Slice as Slice  # re-exported: a queue's offset range
 
 EARLIEST: Final = -2
 LATEST: Final = -1

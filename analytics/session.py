@@ -43,7 +43,7 @@ PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 def register(spark: SparkSession) -> SparkSession:
     """Register the `dledger` format with `spark` and let Python sources take filters
     (topic, queue_id, queue_offset, store_timestamp narrow a read); returns it."""
-    from .datasource import DLedgerDataSource
+    from analytics.datasource import DLedgerDataSource
 
     spark.conf.set(PUSHDOWN_CONF, "true")
     spark.dataSource.register(DLedgerDataSource)

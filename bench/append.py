@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._report import report
-from dledger_commitlog.entry_store import EntryStore
+from dledger_commitlog.log.entry_store import EntryStore
 from raft.types import Entry
 from store.flush import GroupCommit, PeriodicFlush
 

@@ -36,7 +36,8 @@ from typing import NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._report import report
-from dledger_commitlog.client import (
+from dledger_commitlog.cli.launcher import LocalCluster
+from dledger_commitlog.client.client import (
     AsyncClient,
     Client,
     ClientError,
@@ -44,7 +45,6 @@ from dledger_commitlog.client import (
     NodeStatus,
     load_credentials,
 )
-from dledger_commitlog.cluster import LocalCluster
 
 BODY = b"m" * 1024
 CONFIG = {"data_segment_bytes": 256 << 20, "index_segment_bytes": 32 << 20}

@@ -31,9 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from chaos.history import FAIL, OK, UNKNOWN, History, Operation
 from store.message import PROPERTY_UNIQ_KEY, decode_message
-
-from .history import FAIL, OK, UNKNOWN, History, Operation
 
 
 @dataclass(frozen=True, slots=True)

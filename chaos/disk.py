@@ -36,7 +36,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from dledger_commitlog.entry_format import (
+from dledger_commitlog.log.verify import read_layout
+from store.entry_format import (
     ENTRY_MAGIC,
     FILLER,
     FILLER_MAGIC,
@@ -45,7 +46,6 @@ from dledger_commitlog.entry_format import (
     HEADER_SIZE,
     INDEX_UNIT_SIZE,
 )
-from dledger_commitlog.verify import read_layout
 
 TRACE_FILE = "flush.trace"
 _CHECKPOINT = struct.Struct(">qqqII")  # index, term, pos, chainCrc, crc (entry_store)

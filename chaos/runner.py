@@ -31,17 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dledger_commitlog.client import Client, ClientError
-from dledger_commitlog.cluster import LocalCluster, converged
-from dledger_commitlog.config import SMALL_SEGMENTS
-from dledger_commitlog.entry_format import HEADER_SIZE
-from dledger_commitlog.verify import verify_store
-
-from .checker import LeaderSeen, Replica, Verdict, check, timings
-from .history import History
-from .network import Network, ToxiproxyNetwork
-from .scenarios import ASYNC_SCENARIOS, SCENARIOS, Nemesis, ScenarioError
-from .workload import Workload
+from chaos.checker import LeaderSeen, Replica, Verdict, check, timings
+from chaos.history import History
+from chaos.network import Network, ToxiproxyNetwork
+from chaos.scenarios import ASYNC_SCENARIOS, SCENARIOS, Nemesis, ScenarioError
+from chaos.workload import Workload
+from dledger_commitlog.cli.launcher import LocalCluster, converged
+from dledger_commitlog.client.client import Client, ClientError
+from dledger_commitlog.log.verify import verify_store
+from dledger_commitlog.node.config import SMALL_SEGMENTS
+from store.entry_format import HEADER_SIZE
 
 Log = Callable[[str], None]
 
@@ -215,7 +214,7 @@ def make_network(cfg: ChaosConfig, cluster_dir: Path) -> tuple[LocalCluster, Net
     env = {"DLEDGER_FLUSH_TRACE": "1"} if cfg.scenario == "power-loss" else {}
     settings = {**SMALL_SEGMENTS, **cfg.extra_config}
     if cfg.network == "netns":
-        from .netns import NetnsNetwork, available
+        from chaos.netns import NetnsNetwork, available
 
         why = available()
         if why is not None:

@@ -21,11 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dledger_commitlog.client import NodeStatus
-from dledger_commitlog.cluster import LocalCluster, answered
-
-from .history import History
-from .network import Network, isolate, partition
+from chaos.history import History
+from chaos.network import Network, isolate, partition
+from dledger_commitlog.cli.launcher import LocalCluster, answered
+from dledger_commitlog.client.client import NodeStatus
 
 
 class ScenarioError(RuntimeError):
@@ -321,7 +320,7 @@ def full_cluster_kill(n: Nemesis) -> None:
 
 @scenario("power-loss", "async flush: every node loses power and its unflushed tail")
 def power_loss(n: Nemesis) -> None:
-    from . import disk
+    from chaos import disk
 
     flush_s = n.cluster.configs[n.nodes[0]].flush_interval_ms / 1000
     while n.running():
@@ -345,7 +344,7 @@ WINDOW_SLACK_S = 0.1  # a flush that started before the kill may still be in its
 
 @scenario("corrupt-tail", "flip a byte in a stopped node's log tail; it must repair from peers")
 def corrupt_tail(n: Nemesis) -> None:
-    from . import disk
+    from chaos import disk
 
     while n.running():
         n.pause_for(0.5, 1.5)

@@ -18,9 +18,8 @@ import threading
 import zlib
 from collections.abc import Sequence
 
-from dledger_commitlog.client import Client, ClientError, OutcomeUnknown
-
-from .history import FAIL, OK, UNKNOWN, History
+from chaos.history import FAIL, OK, UNKNOWN, History
+from dledger_commitlog.client.client import Client, ClientError, OutcomeUnknown
 
 TOPIC = "chaos"
 

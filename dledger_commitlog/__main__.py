@@ -1,5 +1,5 @@
 """`python -m dledger_commitlog ...`: the `dledger` command line (see `cli.py`)."""
 
-from .cli import main
+from dledger_commitlog.cli.main import main
 
 raise SystemExit(main())

@@ -21,9 +21,15 @@ from typing import Any, Final, TypeVar
 import grpc
 import pytest
 
-from dledger_commitlog.client import Client, ClientError, MessageSpec, NodeStatus, StatusError
-from dledger_commitlog.cluster import LocalCluster, converged
-from dledger_commitlog.cluster import answered as answered
+from dledger_commitlog.cli.launcher import LocalCluster, converged
+from dledger_commitlog.cli.launcher import answered as answered
+from dledger_commitlog.client.client import (
+    Client,
+    ClientError,
+    MessageSpec,
+    NodeStatus,
+    StatusError,
+)
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-import analytics.cli  # registers `export` and `analytics ...` (as cli.build_parser does)
+import analytics.commands  # registers `export` and `analytics ...` (as cli.build_parser does)
 from analytics import jobs
-from dledger_commitlog import cli
+from dledger_commitlog.cli import main as cli
 from tests.test_analytics_export import exported_rows
 from tests.test_analytics_offline import SyntheticNode
 
-assert analytics.cli
+assert analytics.commands
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import pytest
 from analytics.codec import COLUMNS
 from analytics.errors import SourceError
 from analytics.sources import OfflineStore, QueueInfo
-from dledger_commitlog.entry_store import EntryStore
+from dledger_commitlog.log.entry_store import EntryStore
 from raft.types import Entry
 from store.consume_queue import ConsumeQueue
 from store.errors import CorruptEntry

@@ -21,12 +21,12 @@ import grpc
 import pytest
 
 from analytics.sources import LogPiece, ServerStore, Slice
-from dledger_commitlog.acl import sign
-from dledger_commitlog.client import Access, MessageSpec, NodeStatus
-from dledger_commitlog.cluster import LocalCluster
-from dledger_commitlog.entry_format import HEADER, HEADER_SIZE
-from dledger_commitlog.loop_probe import LoopLagProbe
+from dledger_commitlog.cli.launcher import LocalCluster
+from dledger_commitlog.client.client import Access, MessageSpec, NodeStatus
+from dledger_commitlog.common.signing import sign
+from dledger_commitlog.service.loop_probe import LoopLagProbe
 from proto import dledger_pb2 as pb
+from store.entry_format import HEADER, HEADER_SIZE
 from store.message import decode_message
 from tests.conftest import leader_cut_off, node_stubs, wait_until
 from tests.test_analytics_server import dispatched_everywhere, fresh_topic

@@ -11,18 +11,18 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-import analytics.cli  # registers `dledger analytics ...`
+import analytics.commands  # registers `dledger analytics ...`
 from analytics import jobs
 from analytics.errors import SourceError
 from analytics.sources import ServerStore
-from dledger_commitlog import cli
-from dledger_commitlog.client import Client, MessageSpec
-from dledger_commitlog.cluster import LocalCluster, free_ports
+from dledger_commitlog.cli import main as cli
+from dledger_commitlog.cli.launcher import LocalCluster, free_ports
+from dledger_commitlog.client.client import Client, MessageSpec
 from store.message import decode_message
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.slow
-assert analytics.cli
+assert analytics.commands
 
 
 def fresh_topic(prefix: str) -> str:

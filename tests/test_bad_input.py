@@ -17,9 +17,9 @@ from typing import Any
 import grpc
 import pytest
 
-from dledger_commitlog.client import Client, NodeStatus, WrongCluster
-from dledger_commitlog.cluster import LocalCluster
-from dledger_commitlog.commitlog import make_msg_id
+from dledger_commitlog.cli.launcher import LocalCluster
+from dledger_commitlog.client.client import Client, NodeStatus, WrongCluster
+from dledger_commitlog.log.commitlog import make_msg_id
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 from tests.conftest import (

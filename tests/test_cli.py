@@ -11,9 +11,10 @@ from typing import Any, Self
 
 import pytest
 
-from dledger_commitlog import cli
-from dledger_commitlog import cluster as cluster_module
-from dledger_commitlog.client import (
+from dledger_commitlog.cli import launcher as cluster_module
+from dledger_commitlog.cli import main as cli
+from dledger_commitlog.cli.launcher import ClusterError
+from dledger_commitlog.client.client import (
     NodeStatus,
     NotFound,
     PullResult,
@@ -22,8 +23,7 @@ from dledger_commitlog.client import (
     StoredMessage,
     Unavailable,
 )
-from dledger_commitlog.cluster import ClusterError
-from dledger_commitlog.config import NodeConfig
+from dledger_commitlog.node.config import NodeConfig
 
 
 def stored(body: bytes, offset: int = 96) -> StoredMessage:
@@ -227,7 +227,7 @@ def test_make_client_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 def test_serve_builds_the_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dledger_commitlog import server
+    from dledger_commitlog.service import server
 
     seen: list[NodeConfig] = []
     monkeypatch.setattr(server, "run", seen.append)
@@ -330,8 +330,8 @@ def _free_block(size: int) -> list[int]:
 
 
 def test_local_cluster_layout_round_trips(tmp_path: Path) -> None:
-    from dledger_commitlog.cluster import LocalCluster, node_toml
-    from dledger_commitlog.config import load_config
+    from dledger_commitlog.cli.launcher import LocalCluster, node_toml
+    from dledger_commitlog.node.config import load_config
 
     extra = {"tick_ms": 20, "force_clean_ratio": 0.5, "preferred_leader": 2}
     lc = LocalCluster(tmp_path / "c", base_port=30000, flush_mode="async", extra_config=extra)
@@ -358,8 +358,8 @@ def test_local_cluster_layout_round_trips(tmp_path: Path) -> None:
 def test_a_saved_cluster_this_version_refuses_can_still_be_stopped(tmp_path: Path) -> None:
     """A cluster.json written with settings now refused (4 MiB segments with 4 MiB
     messages, as `make run` once used) loads for status and down; starting it says why."""
-    from dledger_commitlog.cluster import LocalCluster
-    from dledger_commitlog.config import ConfigError
+    from dledger_commitlog.cli.launcher import LocalCluster
+    from dledger_commitlog.node.config import ConfigError
 
     LocalCluster(tmp_path / "c", base_port=31000)._write_layout()
     path = tmp_path / "c" / "cluster.json"

@@ -18,7 +18,8 @@ from typing import Any
 import grpc
 import pytest
 
-from dledger_commitlog.client import (
+from dledger_commitlog.cli.launcher import free_ports
+from dledger_commitlog.client.client import (
     AsyncClient,
     Client,
     InvalidArgument,
@@ -32,7 +33,6 @@ from dledger_commitlog.client import (
     WrongCluster,
     _Router,
 )
-from dledger_commitlog.cluster import free_ports
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 

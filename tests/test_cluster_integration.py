@@ -18,18 +18,18 @@ from pathlib import Path
 
 import pytest
 
-from dledger_commitlog.client import (
+from dledger_commitlog.cli.launcher import LocalCluster
+from dledger_commitlog.client.client import (
     Client,
     ClientError,
     PutResult,
     StoredMessage,
     stored_message,
 )
-from dledger_commitlog.cluster import LocalCluster
-from dledger_commitlog.config import segment_bytes_for
-from dledger_commitlog.entry_format import HEADER_SIZE
-from dledger_commitlog.entry_store import EntryStore
+from dledger_commitlog.log.entry_store import EntryStore
+from dledger_commitlog.node.config import segment_bytes_for
 from proto import dledger_pb2 as pb
+from store.entry_format import HEADER_SIZE
 from store.message import MAX_PROPERTIES_BYTES, MAX_TOPIC_BYTES, decode_message
 from tests.conftest import (
     CONVERGE_S,

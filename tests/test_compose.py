@@ -15,9 +15,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from dledger_commitlog import cli
-from dledger_commitlog.client import Client
-from dledger_commitlog.config import parse_address
+from dledger_commitlog.cli import main as cli
+from dledger_commitlog.client.client import Client
+from dledger_commitlog.node.config import parse_address
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -150,7 +150,7 @@ def test_dockerfile_installs_every_package_and_runs_the_cli() -> None:
         if (ROOT / package / "__init__.py").exists():
             assert package in copied, f"the image misses package {package}"
     scripts = pyproject["project"].get("scripts", {})
-    assert scripts.get("dledger") == "dledger_commitlog.cli:main"
+    assert scripts.get("dledger") == "dledger_commitlog.cli.main:main"
 
 
 def test_host_cluster_file_matches_the_published_ports() -> None:

@@ -18,9 +18,9 @@ from typing import Any
 import grpc
 import pytest
 
-from dledger_commitlog import cli
-from dledger_commitlog.acl import Account, Perm, sign, write_acl
-from dledger_commitlog.client import (
+from dledger_commitlog.cli import main as cli
+from dledger_commitlog.cli.launcher import LocalCluster
+from dledger_commitlog.client.client import (
     AsyncClient,
     Client,
     InvalidArgument,
@@ -31,12 +31,13 @@ from dledger_commitlog.client import (
     TransactionConflict,
     load_credentials,
 )
-from dledger_commitlog.cluster import LocalCluster
-from dledger_commitlog.tx_producer import (
+from dledger_commitlog.client.tx_producer import (
     AsyncTransactionProducer,
     TransactionCheck,
     TransactionProducer,
 )
+from dledger_commitlog.common.signing import sign
+from dledger_commitlog.node.acl import Account, Perm, write_acl
 from proto import dledger_pb2 as pb
 
 from .conftest import node_stubs, wait_until

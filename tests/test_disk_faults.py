@@ -28,24 +28,24 @@ import grpc
 import pytest
 
 from chaos.disk import FlipReport, flip_byte, power_loss, read_trace
-from dledger_commitlog import cli
-from dledger_commitlog.client import NodeStatus
-from dledger_commitlog.cluster import LocalCluster, converged, node_toml
-from dledger_commitlog.config import ConfigError, NodeConfig, Peer
-from dledger_commitlog.entry_format import ENTRY_MAGIC, HEADER, HEADER_SIZE
-from dledger_commitlog.entry_store import EntryStore
-from dledger_commitlog.node import (
+from dledger_commitlog.cli import main as cli
+from dledger_commitlog.cli.launcher import LocalCluster, converged, node_toml
+from dledger_commitlog.client.client import NodeStatus
+from dledger_commitlog.log.entry_store import EntryStore
+from dledger_commitlog.log.verify import read_layout, verify_store, write_layout
+from dledger_commitlog.node.config import ConfigError, NodeConfig, Peer
+from dledger_commitlog.node.node import RaftNode
+from dledger_commitlog.node.recovery import (
     FLUSH_TRACE_ENV,
     ROLLBACK_FILE,
     FlushTrace,
-    RaftNode,
     read_rollback_marker,
 )
-from dledger_commitlog.raft_state import RaftStateFile
-from dledger_commitlog.verify import read_layout, verify_store, write_layout
 from raft import LogDiverged, Role
+from raft.hard_state import RaftStateFile
 from raft.messages import Heartbeat
 from raft.types import Entry, EntryKind
+from store.entry_format import ENTRY_MAGIC, HEADER, HEADER_SIZE
 from store.errors import CorruptEntry, DirectoryInUse
 from store.message import QUEUE_OFFSET_POS, Message, decode_message
 from tests.conftest import CONVERGE_S, get_at, node_stubs, wait_converged, wait_until

@@ -23,8 +23,8 @@ from typing import Any, Final
 
 import pytest
 
-from dledger_commitlog.cluster import LocalCluster
-from dledger_commitlog.verify import verify_store
+from dledger_commitlog.cli.launcher import LocalCluster
+from dledger_commitlog.log.verify import verify_store
 from tests.conftest import (
     CONVERGE_S,
     SHARED_CONFIG,

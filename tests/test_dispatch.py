@@ -14,6 +14,7 @@ import random
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -24,14 +25,15 @@ from dispatch.dispatcher import (
     encode_offset_commit,
     parse_tag_expression,
 )
-from dledger_commitlog.cli import main as cli_main
-from dledger_commitlog.commitlog import DLedgerCommitLog, OutcomeUnknown, PutResult, PutSpec
-from dledger_commitlog.entry_format import HEADER_SIZE
-from dledger_commitlog.entry_store import EntryStore
-from dledger_commitlog.raft_state import RaftStateFile
-from dledger_commitlog.verify import verify_store, write_layout
-from raft import HardState, ProposalDropped
+from dledger_commitlog.cli.main import main as cli_main
+from dledger_commitlog.common.protocol import PutResult
+from dledger_commitlog.log.commitlog import DLedgerCommitLog, OutcomeUnknown, PutSpec
+from dledger_commitlog.log.entry_store import EntryStore
+from dledger_commitlog.log.verify import verify_store, write_layout
+from raft import HardState, ProposalDropped, RaftCore
+from raft.hard_state import RaftStateFile
 from raft.types import Entry, EntryKind
+from store.entry_format import HEADER_SIZE
 from store.errors import InvalidMessage, OffsetOutOfRange
 from store.message import decode_message
 
@@ -42,6 +44,26 @@ LAYOUT = {
     "index_slots": 64,
     "index_entries": 150,
 }
+
+
+class _OneReplica:
+    """What the commit log asks of its Raft core, for a log of one replica in term 1:
+    a proposal is appended at once and commits on `LocalLog.commit()`."""
+
+    term = 1
+
+    def __init__(self, log: LocalLog) -> None:
+        self._log = log
+
+    def propose(self, datas: list[bytes]) -> tuple[int, int]:
+        if not datas:  # as RaftCore.propose, which drops an empty batch
+            raise ProposalDropped("empty batch")
+        store = self._log.store
+        first = store.last_index() + 1
+        entries = [Entry(first + k, 1, d, EntryKind.NORMAL) for k, d in enumerate(datas)]
+        store.append_entries(entries)
+        self._log._pending.extend(entries)
+        return first, first + len(datas) - 1
 
 
 class LocalLog:
@@ -55,19 +77,11 @@ class LocalLog:
                                 index_segment_bytes=LAYOUT["index_segment_bytes"])  # fmt: skip
         self.cl = DLedgerCommitLog(self.store, store_host=("127.0.0.1", 9000), queues_per_topic=4,
                                    max_message_bytes=1 << 16, max_pending=100_000,
-                                   idempotency_window=1000, propose=self._propose)  # fmt: skip
+                                   idempotency_window=1000,
+                                   core=cast(RaftCore, _OneReplica(self)))  # fmt: skip
         self.cl.start_at(self.store.last_index())
         self.cl.become_leader(1, [])
         self._pending: list[Entry] = []
-
-    def _propose(self, datas: list[bytes]) -> tuple[int, int, int]:
-        if not datas:  # as RaftCore.propose, which drops an empty batch
-            raise ProposalDropped("empty batch")
-        first = self.store.last_index() + 1
-        entries = [Entry(first + k, 1, d, EntryKind.NORMAL) for k, d in enumerate(datas)]
-        self.store.append_entries(entries)
-        self._pending.extend(entries)
-        return first, first + len(datas) - 1, 1
 
     def put(self, messages: list[dict[str, object]], commit: bool = True) -> list[PutResult]:
         async def run() -> list[PutResult]:

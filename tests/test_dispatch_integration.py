@@ -23,9 +23,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dledger_commitlog.client import Client, NodeStatus, OffsetOutOfRange, StoredMessage
-from dledger_commitlog.cluster import LocalCluster
-from dledger_commitlog.verify import verify_store
+from dledger_commitlog.cli.launcher import LocalCluster
+from dledger_commitlog.client.client import Client, NodeStatus, OffsetOutOfRange, StoredMessage
+from dledger_commitlog.log.verify import verify_store
 from proto import dledger_pb2 as pb
 from tests.conftest import CONVERGE_S, node_stubs, wait_converged, wait_until
 from tests.workload import Writers, read_all

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from dledger_commitlog.driver import ReadyDriver
 from raft import Message, NotLeader
+from raft.driver import ReadyDriver
 from tests.sim.driver_sim import (
     TEAR_MODES,
     DriverSim,

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dledger_commitlog.entry_format import (
+from dledger_commitlog.log.entry_store import EntryStore
+from raft.types import Entry, EntryKind
+from store.entry_format import (
     ENTRY_MAGIC,
     FILLER_MAGIC,
     HEADER,
@@ -17,8 +19,6 @@ from dledger_commitlog.entry_format import (
     INDEX_UNIT,
     encode_entry,
 )
-from dledger_commitlog.entry_store import EntryStore
-from raft.types import Entry, EntryKind
 from store.errors import CorruptEntry
 from store.message import Message, decode_message, encode_message
 

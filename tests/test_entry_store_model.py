@@ -10,7 +10,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from dledger_commitlog.entry_store import EntryStore
+from dledger_commitlog.log.entry_store import EntryStore
 from raft.types import Entry
 
 SEG = 2048

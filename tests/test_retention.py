@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from store.retention import RetentionPolicy, deletable_segments, disk_usage_ratio
+from store.retention_policy import RetentionPolicy, deletable_segments, disk_usage_ratio
 
 HOUR = 3600.0
 NOW = 1_700_000_000.0

@@ -17,21 +17,20 @@ from typing import Any
 
 import pytest
 
-from dledger_commitlog.commitlog import Overloaded, PutResult
-from dledger_commitlog.config import NodeConfig, Peer
-from dledger_commitlog.node import RaftNode
-from dledger_commitlog.schedule import (
+from dledger_commitlog.common.protocol import PutResult
+from dledger_commitlog.log.commitlog import Overloaded
+from dledger_commitlog.messaging.schedule import (
     PROPERTY_DELAY,
     PROPERTY_REAL_TOPIC,
     SCHEDULE_GROUP,
     SCHEDULE_TOPIC,
     ScheduleService,
-    parse_levels,
     schedule,
     scheduled_properties,
 )
-from dledger_commitlog.system_log import run_passes
-from dledger_commitlog.transactions import (
+from dledger_commitlog.messaging.services import LeaderServices
+from dledger_commitlog.messaging.system_log import SystemLog, run_passes
+from dledger_commitlog.messaging.transactions import (
     HALF_KEY_PREFIX,
     HALF_TOPIC,
     OP_TOPIC,
@@ -41,7 +40,9 @@ from dledger_commitlog.transactions import (
     UnknownTransaction,
     half_properties,
 )
-from raft import Role
+from dledger_commitlog.node.config import NodeConfig, Peer, parse_levels
+from dledger_commitlog.node.metrics import NodeMetrics
+from dledger_commitlog.node.node import RaftNode
 from store.errors import InvalidMessage
 from store.message import Message
 
@@ -59,18 +60,23 @@ def _config(root: Path) -> NodeConfig:
     )  # fmt: skip
 
 
-def run_node(tmp_path: Path, body: Callable[[RaftNode], Awaitable[None]]) -> None:
+def run_node(tmp_path: Path, body: Callable[[RaftNode, LeaderServices], Awaitable[None]]) -> None:
     async def main() -> None:
-        node = RaftNode(_config(tmp_path))
+        cfg = _config(tmp_path)
+        metrics = NodeMetrics(cfg.node_id)
+        node = RaftNode(cfg, metrics)
+        services = LeaderServices(node, cfg, metrics)
         await node.start()
+        services.start()
         try:
             async with asyncio.timeout(10):
                 for _ in range(1000):  # a lone voter elects itself within a few ticks
-                    if node.core.role is Role.LEADER:
+                    if node.is_leader():
                         break
                     await asyncio.sleep(0.01)
-            await body(node)
+            await body(node, services)
         finally:
+            await services.close()
             await node.close()
 
     asyncio.run(main())
@@ -85,9 +91,9 @@ class Clock:
 
 
 async def put(node: RaftNode, topic: str, body: bytes, uniq: str, **kw: Any) -> PutResult:
-    spec = node.commitlog.prepare(topic, body, uniq_key=uniq, **kw)
-    (result,) = await node.commitlog.put([spec], 5.0)
-    await node.wait_dispatched(node.commitlog.committed_pos, 5.0)
+    spec = node.prepare(topic, body, uniq_key=uniq, **kw)
+    (result,) = await node.put([spec], 5.0)
+    await node.wait_dispatched(node.committed_pos, 5.0)
     return result
 
 
@@ -103,23 +109,24 @@ async def put_delayed(node: RaftNode, topic: str, body: bytes, uniq: str, *,
 
 def messages(node: RaftNode, topic: str) -> list[Message]:
     out: list[Message] = []
+    system_log = SystemLog(node)
     for q in range(node.cfg.queues_per_topic):
-        for unit in node.system_log.units(topic, q, 0, 1000):
-            out.append(node.system_log.message(unit))
+        for unit in system_log.units(topic, q, 0, 1000):
+            out.append(system_log.message(unit))
     return out
 
 
 async def settled(node: RaftNode) -> None:
-    await node.wait_dispatched(node.commitlog.committed_pos, 5.0)
+    await node.wait_dispatched(node.committed_pos, 5.0)
 
 
 # -- delayed messages ------------------------------------------------------------------
 
 
 def test_a_delayed_message_is_delivered_once_when_due_and_not_before(tmp_path: Path) -> None:
-    async def body(node: RaftNode) -> None:
+    async def body(node: RaftNode, services: LeaderServices) -> None:
         clock = Clock()
-        svc = ScheduleService(node.system_log, parse_levels(LEVELS), clock_ms=clock)
+        svc = ScheduleService(services.system_log, parse_levels(LEVELS), clock_ms=clock)
         stored = await put_delayed(node, "orders", b"later", "U1", level=1)
         assert messages(node, "orders") == [], "invisible while it waits"
         clock.now = stored.store_timestamp_ms + HOUR_MS - 1
@@ -133,7 +140,7 @@ def test_a_delayed_message_is_delivered_once_when_due_and_not_before(tmp_path: P
         assert msg.store_timestamp_ms >= stored.store_timestamp_ms
         clock.now += 10 * HOUR_MS
         assert await svc.pass_once() == 0
-        assert node.system_log.group_offset(SCHEDULE_GROUP, SCHEDULE_TOPIC, 0) == 1
+        assert services.system_log.group_offset(SCHEDULE_GROUP, SCHEDULE_TOPIC, 0) == 1
         assert len(messages(node, "orders")) == 1
 
     run_node(tmp_path, body)
@@ -142,29 +149,29 @@ def test_a_delayed_message_is_delivered_once_when_due_and_not_before(tmp_path: P
 def test_a_new_leadership_does_not_deliver_again_what_was_delivered(tmp_path: Path) -> None:
     """The old leader delivered but its progress never committed: the new one checks."""
 
-    async def body(node: RaftNode) -> None:
+    async def body(node: RaftNode, services: LeaderServices) -> None:
         clock = Clock()
         stored = await put_delayed(node, "orders", b"x", "U2", level=2)
-        old = ScheduleService(node.system_log, parse_levels(LEVELS), clock_ms=clock)
+        old = ScheduleService(services.system_log, parse_levels(LEVELS), clock_ms=clock)
         assert await old.pass_once() == 0  # not due yet: it only loads its state
         clock.now = stored.store_timestamp_ms + 2 * HOUR_MS
-        units = node.system_log.units(SCHEDULE_TOPIC, 1, 0, 10)
-        assert await old._deliver([node.system_log.message(u) for u in units]) == 1
+        units = services.system_log.units(SCHEDULE_TOPIC, 1, 0, 10)
+        assert await old._deliver([services.system_log.message(u) for u in units]) == 1
         await settled(node)
-        assert node.system_log.group_offset(SCHEDULE_GROUP, SCHEDULE_TOPIC, 1) == 0
-        new = ScheduleService(node.system_log, parse_levels(LEVELS), clock_ms=clock)
+        assert services.system_log.group_offset(SCHEDULE_GROUP, SCHEDULE_TOPIC, 1) == 0
+        new = ScheduleService(services.system_log, parse_levels(LEVELS), clock_ms=clock)
         assert await new.pass_once() == 0, "found in the key index: not put again"
         await settled(node)
-        assert node.system_log.group_offset(SCHEDULE_GROUP, SCHEDULE_TOPIC, 1) == 1
+        assert services.system_log.group_offset(SCHEDULE_GROUP, SCHEDULE_TOPIC, 1) == 1
         assert len(messages(node, "orders")) == 1
 
     run_node(tmp_path, body)
 
 
 def test_deliver_at_times_are_honoured_out_of_store_order(tmp_path: Path) -> None:
-    async def body(node: RaftNode) -> None:
+    async def body(node: RaftNode, services: LeaderServices) -> None:
         clock = Clock()
-        svc = ScheduleService(node.system_log, parse_levels(LEVELS), clock_ms=clock)
+        svc = ScheduleService(services.system_log, parse_levels(LEVELS), clock_ms=clock)
         base = (clock.now // 1000) * 1000
         await put_delayed(node, "t", b"late", "A", at_ms=base + 3 * HOUR_MS)
         await put_delayed(node, "t", b"early", "B", at_ms=base + HOUR_MS)
@@ -174,14 +181,14 @@ def test_deliver_at_times_are_honoured_out_of_store_order(tmp_path: Path) -> Non
         assert await svc.pass_once() == 1
         await settled(node)
         assert [m.body for m in messages(node, "t")] == [b"early"]
-        assert node.system_log.group_offset(SCHEDULE_GROUP, SCHEDULE_TOPIC, 2) == 0, (
+        assert services.system_log.group_offset(SCHEDULE_GROUP, SCHEDULE_TOPIC, 2) == 0, (
             "progress stays before the undelivered one"
         )
         clock.now = base + 3 * HOUR_MS
         assert await svc.pass_once() == 1
         await settled(node)
         assert sorted(m.body for m in messages(node, "t")) == [b"early", b"late"]
-        assert node.system_log.group_offset(SCHEDULE_GROUP, SCHEDULE_TOPIC, 2) == 2
+        assert services.system_log.group_offset(SCHEDULE_GROUP, SCHEDULE_TOPIC, 2) == 2
         assert svc.backlog() == 0
 
     run_node(tmp_path, body)
@@ -220,8 +227,8 @@ async def put_half(node: RaftNode, topic: str, body: bytes, tx: str) -> PutResul
 
 
 def test_a_committed_half_becomes_visible_exactly_once(tmp_path: Path) -> None:
-    async def body(node: RaftNode) -> None:
-        txs = node.transactions
+    async def body(node: RaftNode, services: LeaderServices) -> None:
+        txs = services.transactions
         half = await put_half(node, "pay", b"debit", "T1")
         assert messages(node, "pay") == [], "a half message is invisible"
         done = await txs.end("T1", half.commitlog_offset, commit=True)
@@ -242,8 +249,8 @@ def test_a_committed_half_becomes_visible_exactly_once(tmp_path: Path) -> None:
 
 
 def test_a_rolled_back_half_never_becomes_visible(tmp_path: Path) -> None:
-    async def body(node: RaftNode) -> None:
-        txs = node.transactions
+    async def body(node: RaftNode, services: LeaderServices) -> None:
+        txs = services.transactions
         half = await put_half(node, "pay", b"nope", "T2")
         done = await txs.end("T2", half.commitlog_offset, commit=False)
         assert (done.outcome, done.result) == ("rollback", None)
@@ -260,11 +267,11 @@ def test_a_rolled_back_half_never_becomes_visible(tmp_path: Path) -> None:
 
 
 def test_undecided_halves_are_checked_back_then_rolled_back(tmp_path: Path) -> None:
-    async def body(node: RaftNode) -> None:
+    async def body(node: RaftNode, services: LeaderServices) -> None:
         clock = Clock()
         registry = CheckRegistry()
         asked = registry.open("pg")
-        svc = TransactionService(node.system_log, registry, check_timeout_ms=1000,
+        svc = TransactionService(services.system_log, registry, check_timeout_ms=1000,
                                  check_interval_ms=1000, max_checks=2, clock_ms=clock)  # fmt: skip
         half = await put_half(node, "pay", b"?", "T3")
         decided = await put_half(node, "pay", b"ok", "T4")
@@ -282,7 +289,7 @@ def test_undecided_halves_are_checked_back_then_rolled_back(tmp_path: Path) -> N
         # A new leader (a fresh service) knows the count: the checks are in the log.
         await settled(node)
         fresh = TransactionService(
-            node.system_log, registry, check_timeout_ms=1000, check_interval_ms=1000,
+            services.system_log, registry, check_timeout_ms=1000, check_interval_ms=1000,
             max_checks=2, clock_ms=clock,
         )  # fmt: skip
         clock.now += 1000
@@ -293,15 +300,15 @@ def test_undecided_halves_are_checked_back_then_rolled_back(tmp_path: Path) -> N
         assert await fresh.pass_once() == 0 and fresh.pending == 0
         await settled(node)
         assert [m.body for m in messages(node, "pay")] == [b"ok"]
-        assert node.system_log.group_offset("%SYS%TRANS", HALF_TOPIC, 0) == 2
+        assert services.system_log.group_offset("%SYS%TRANS", HALF_TOPIC, 0) == 2
 
     run_node(tmp_path, body)
 
 
 def test_a_commit_whose_op_message_was_lost_is_repaired_not_rolled_back(tmp_path: Path) -> None:
-    async def body(node: RaftNode) -> None:
+    async def body(node: RaftNode, services: LeaderServices) -> None:
         clock = Clock()
-        svc = TransactionService(node.system_log, CheckRegistry(), check_timeout_ms=0,
+        svc = TransactionService(services.system_log, CheckRegistry(), check_timeout_ms=0,
                                  check_interval_ms=0, max_checks=0, clock_ms=clock)  # fmt: skip
         half = await put_half(node, "pay", b"real", "T5")
         await put(node, "pay", b"real", "T5")  # the commit's first put; its op was lost

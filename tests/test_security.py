@@ -20,10 +20,10 @@ import pyarrow as pa
 import pytest
 
 from analytics.sources import ServerStore
-from dledger_commitlog import cli
-from dledger_commitlog.acl import Account, Perm, sign, write_acl
-from dledger_commitlog.certs import make_dev_pki
-from dledger_commitlog.client import (
+from dledger_commitlog.cli import main as cli
+from dledger_commitlog.cli.certs import make_dev_pki
+from dledger_commitlog.cli.launcher import LocalCluster
+from dledger_commitlog.client.client import (
     Access,
     Client,
     InvalidArgument,
@@ -34,12 +34,14 @@ from dledger_commitlog.client import (
     Unavailable,
     load_credentials,
 )
-from dledger_commitlog.cluster import LocalCluster
-from dledger_commitlog.security import NODE_AUTH, PeerAuth, read_secret
-from dledger_commitlog.transport import PEER_ID, to_proto
+from dledger_commitlog.common.signing import sign
+from dledger_commitlog.node.acl import Account, Perm, write_acl
+from dledger_commitlog.node.security import read_secret
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 from raft import AppendEntries, Entry, Heartbeat, Message, RequestVote
+from raft.peer_auth import NODE_AUTH, PeerAuth
+from raft.transport import PEER_ID, to_proto
 
 from .conftest import get_at, node_stubs, wait_converged, wait_until
 

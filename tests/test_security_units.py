@@ -9,13 +9,19 @@ from typing import Any
 
 import pytest
 
-from dledger_commitlog.acl import Account, Acl, AuthError, Perm, require_topics, sign, write_acl
-from dledger_commitlog.certs import make_dev_pki
-from dledger_commitlog.config import ConfigError, NodeConfig, Peer
-from dledger_commitlog.security import (
-    TOKEN_WINDOW_S,
+from dledger_commitlog.cli.certs import make_dev_pki
+from dledger_commitlog.common.signing import sign
+from dledger_commitlog.node.acl import (
+    Account,
+    Acl,
+    AuthError,
+    Perm,
+    require_topics,
+    write_acl,
+)
+from dledger_commitlog.node.config import ConfigError, NodeConfig, Peer
+from dledger_commitlog.node.security import (
     NodeSecurity,
-    PeerAuth,
     check_exposure,
     is_loopback,
     write_secret,
@@ -32,6 +38,7 @@ from raft import (
     TimeoutNow,
     VoteResponse,
 )
+from raft.peer_auth import TOKEN_WINDOW_S, PeerAuth, PeerAuthError
 from raft.validate import MAX_TERM, MAX_TERM_JUMP, InvalidPeerMessage, check_peer_message
 
 PEERS = (1, 2, 3)
@@ -101,30 +108,30 @@ def test_peer_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     auth = PeerAuth("c", b"s" * 32)
     token = auth.token(2, 1)
     assert auth.check(token, 1, once=True) == 2
-    with pytest.raises(AuthError, match="replayed"):
+    with pytest.raises(PeerAuthError, match="replayed"):
         auth.check(token, 1, once=True)
     assert auth.check(token, 1) == 2  # forwarded calls are not one-shot
-    with pytest.raises(AuthError, match="does not verify"):
+    with pytest.raises(PeerAuthError, match="does not verify"):
         auth.check(token, 1, scope="forward:CleanNow:admin")  # made for the Raft stream
     fwd = auth.token(2, 1, "forward:PutBatch:app")
     assert auth.check(fwd, 1, scope="forward:PutBatch:app") == 2
-    with pytest.raises(AuthError, match="does not verify"):
+    with pytest.raises(PeerAuthError, match="does not verify"):
         auth.check(fwd, 1, scope="forward:PutBatch:admin")
-    with pytest.raises(AuthError, match="does not verify"):
+    with pytest.raises(PeerAuthError, match="does not verify"):
         auth.check(token[:-1] + "\u00e9", 1)
-    with pytest.raises(AuthError, match="does not verify"):
+    with pytest.raises(PeerAuthError, match="does not verify"):
         auth.check(token, 3)  # made for node 1
-    with pytest.raises(AuthError, match="does not verify"):
+    with pytest.raises(PeerAuthError, match="does not verify"):
         PeerAuth("other-cluster", b"s" * 32).check(token, 1)
-    with pytest.raises(AuthError, match="does not verify"):
+    with pytest.raises(PeerAuthError, match="does not verify"):
         PeerAuth("c", b"t" * 32).check(token, 1)
     for bad in (None, "", "1:2:3", "x:y:z:w"):
-        with pytest.raises(AuthError):
+        with pytest.raises(PeerAuthError):
             auth.check(bad, 1)
     old = auth.token(2, 1)
     later = time.time() + TOKEN_WINDOW_S + 5
     monkeypatch.setattr(time, "time", lambda: later)
-    with pytest.raises(AuthError, match="off this node's clock"):
+    with pytest.raises(PeerAuthError, match="off this node's clock"):
         auth.check(old, 1)
 
 

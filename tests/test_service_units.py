@@ -6,26 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from dledger_commitlog.commitlog import make_msg_id, offset_of_msg_id
-from dledger_commitlog.config import (
+from dledger_commitlog.log.commitlog import make_msg_id, offset_of_msg_id
+from dledger_commitlog.log.entry_store import EntryStore
+from dledger_commitlog.node.config import (
     SMALL_SEGMENTS,
     ConfigError,
     load_config,
     parse_peer,
     segment_bytes_for,
 )
-from dledger_commitlog.entry_store import EntryStore
-from dledger_commitlog.raft_state import RaftStateFile
-from dledger_commitlog.transport import (
-    MAX_BATCH_BYTES,
-    PeerLink,
-    decode_entries,
-    encode_entries,
-    from_proto,
-    to_proto,
-    to_wire,
-)
 from proto import dledger_pb2 as pb
+from raft.hard_state import RaftStateFile
 from raft.messages import (
     AppendEntries,
     AppendResponse,
@@ -37,6 +28,15 @@ from raft.messages import (
     RequestVote,
     TimeoutNow,
     VoteResponse,
+)
+from raft.transport import (
+    MAX_BATCH_BYTES,
+    PeerLink,
+    decode_entries,
+    encode_entries,
+    from_proto,
+    to_proto,
+    to_wire,
 )
 from raft.types import Entry, EntryKind, HardState
 from store.errors import CorruptEntry, InvalidMessage
@@ -239,12 +239,12 @@ def test_a_forward_to_a_node_no_longer_leading_is_a_retry_not_a_wrong_cluster() 
     import grpc
     from grpc.aio import AioRpcError, Metadata
 
-    from dledger_commitlog.service import _forward_failure
+    from dledger_commitlog.service.base import forward_failure
 
     moved = AioRpcError(grpc.StatusCode.FAILED_PRECONDITION, Metadata(), Metadata(),
                         details="not the leader; the leader is at 127.0.0.1:7002")  # fmt: skip
-    code, why = _forward_failure(moved, "127.0.0.1:7001")
+    code, why = forward_failure(moved, "127.0.0.1:7001")
     assert code is grpc.StatusCode.UNAVAILABLE and why.startswith("(forwarded to 127.0.0.1:7001)")
     wrong = AioRpcError(grpc.StatusCode.FAILED_PRECONDITION, Metadata(), Metadata(),
                         details="wrong cluster: this node serves 'a', not 'b'")  # fmt: skip
-    assert _forward_failure(wrong, "x")[0] is grpc.StatusCode.FAILED_PRECONDITION
+    assert forward_failure(wrong, "x")[0] is grpc.StatusCode.FAILED_PRECONDITION

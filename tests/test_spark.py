@@ -18,18 +18,18 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-import analytics.cli  # registers `dledger analytics ...`
+import analytics.commands  # registers `dledger analytics ...`
 from analytics import jobs
 from analytics.export import export
 from analytics.session import PUSHDOWN_CONF, local_session
 from analytics.sources import OfflineStore
-from dledger_commitlog import cli
+from dledger_commitlog.cli import main as cli
 from tests.conftest import wait_until
 from tests.test_analytics_offline import SyntheticNode, key, plain
 
 pytestmark = pytest.mark.slow
 BASE_MS = 1_700_000_000_000  # SyntheticNode's first store timestamp; one message a second
-assert analytics.cli
+assert analytics.commands
 
 
 @pytest.fixture(scope="session")

@@ -81,10 +81,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from dledger_commitlog.driver import ReadyDriver
-from dledger_commitlog.entry_format import INDEX_UNIT_SIZE
-from dledger_commitlog.entry_store import EntryStore
-from dledger_commitlog.raft_state import RaftStateFile
+from dledger_commitlog.log.entry_store import EntryStore
 from raft import (
     AppendEntries,
     AppendResponse,
@@ -101,6 +98,9 @@ from raft import (
     SnapshotMeta,
     VoteResponse,
 )
+from raft.driver import ReadyDriver
+from raft.hard_state import RaftStateFile
+from store.entry_format import INDEX_UNIT_SIZE
 from tests.sim.checkers import Checker, InvariantViolation, LogView
 from tests.sim.disk import FakeDisk
 from tests.sim.simulation import SimFailure, run_seeds

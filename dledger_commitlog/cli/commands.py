@@ -1,0 +1,154 @@
+"""The registry of `dledger` subcommands and the helpers every subcommand module uses.
+
+Owns `command` (register a subcommand; a space in the name makes a group), the
+client the connection options name (`make_client`, `security_files`), and the
+output helpers (`emit`: JSON with --json, else the text; `table`). Modules that
+add subcommands import this one: `cli.main`'s own, and the plugins named by the
+`dledger.commands` entry points (`analytics.commands`, `chaos.commands`), which
+`load_plugins` imports, the way pytest and Flask find theirs: no module imports
+the CLI that imports it, and the server package never imports analytics or chaos.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import importlib.metadata
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dledger_commitlog.client.client import Access, Client, StoredMessage, cluster_security
+
+
+class UsageError(Exception):
+    """The command line asks for something impossible; exit code 2."""
+
+
+Run = Callable[[argparse.Namespace], int]
+Configure = Callable[[argparse.ArgumentParser], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    path: tuple[str, ...]  # ("cluster", "up")
+    help: str
+    configure: Configure
+    run: Run
+
+
+_REGISTRY: dict[tuple[str, ...], Command] = {}
+PLUGIN_GROUP = "dledger.commands"
+
+
+def command(name: str, help: str, configure: Configure | None = None) -> Callable[[Run], Run]:
+    """Register `run` as the subcommand `name` ("put", "cluster up")."""
+
+    def register(run: Run) -> Run:
+        path = tuple(name.split())
+        if path in _REGISTRY:
+            raise ValueError(f"subcommand {name!r} registered twice")
+        _REGISTRY[path] = Command(path, help, configure or (lambda p: None), run)
+        return run
+
+    return register
+
+
+def load_plugins() -> None:
+    """Import every module the `dledger.commands` entry points name (registering their
+    subcommands). A plugin that fails to load is one line on stderr; the rest work."""
+    for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP):
+        try:
+            ep.load()
+        except Exception as exc:  # a broken plugin must not take `dledger put` down
+            print(f"dledger: the {ep.name} commands are unavailable ({ep.value}: {exc})",
+                  file=sys.stderr)  # fmt: skip
+
+
+def make_client(args: argparse.Namespace) -> Client:
+    """The client the connection options (or DLEDGER_SERVERS / DLEDGER_CLUSTER) name."""
+    kw: dict[str, Any] = {"timeout_s": args.timeout, "cluster": args.cluster_name}
+    servers = args.servers or os.environ.get("DLEDGER_SERVERS")
+    cluster_file = args.cluster or os.environ.get("DLEDGER_CLUSTER")
+    try:
+        access = Access.load(*security_files(args))
+    except OSError as exc:
+        raise UsageError(f"{exc.filename}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    kw.update(tls_ca=access.tls_ca, credentials=access.credentials)
+    try:
+        if servers:
+            return Client([s for s in servers.split(",") if s.strip()], **kw)
+        if cluster_file:
+            return Client.from_cluster_file(cluster_file, **kw)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    raise UsageError("no servers: pass --cluster FILE or --servers HOST:PORT,...")
+
+
+def security_files(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The CA and credentials files for this command: the options, else the environment
+    (DLEDGER_TLS_CA, DLEDGER_CREDENTIALS), else what a cluster file records."""
+    tls_ca = args.tls_ca or os.environ.get("DLEDGER_TLS_CA")
+    credentials = args.credentials or os.environ.get("DLEDGER_CREDENTIALS")
+    cluster_file = args.cluster or os.environ.get("DLEDGER_CLUSTER")
+    if cluster_file and not (args.servers or os.environ.get("DLEDGER_SERVERS")):
+        try:
+            recorded = cluster_security(json.loads(Path(cluster_file).read_text()))
+        except (OSError, ValueError, AttributeError) as exc:
+            raise UsageError(f"{cluster_file}: not a readable cluster file ({exc})") from exc
+        tls_ca, credentials = tls_ca or recorded[0], credentials or recorded[1]
+    return tls_ca, credentials
+
+
+def emit(args: argparse.Namespace, doc: Any, text: str) -> None:
+    print(json.dumps(doc, sort_keys=False) if args.json else text)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in headers], *[[cell(v) for v in row] for row in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+def cell(value: Any) -> str:
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    return "-" if value is None or value == "" else str(value)
+
+
+def message_json(m: StoredMessage) -> dict[str, Any]:
+    doc = {f.name: getattr(m, f.name) for f in dataclasses.fields(m)}
+    doc["keys"], doc["properties"] = list(m.keys), dict(m.properties)
+    try:
+        doc["body"] = m.body.decode("utf-8")
+    except UnicodeDecodeError:
+        doc["body"] = base64.b64encode(m.body).decode("ascii")
+        doc["body_encoding"] = "base64"
+    return doc
+
+
+def messages_table(msgs: Sequence[StoredMessage]) -> str:
+    rows = [
+        (m.queue_id, m.queue_offset, m.commitlog_offset, m.msg_id, m.tags, m.keys, preview(m.body))
+        for m in msgs
+    ]
+    return table(("queue", "q_offset", "cl_offset", "msg_id", "tags", "keys", "body"), rows)
+
+
+def preview(body: bytes, width: int = 40) -> str:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"<{len(body)} bytes>"
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[: width - 3] + "..."

@@ -1,0 +1,25 @@
+"""What a client and a node agree on beyond `proto/dledger.proto`.
+
+Owns `PutResult` (what a put answers, on both sides of the wire: the node's
+commit log builds it, the clients convert the proto into it) and the limit on a
+message's size that both enforce: a put is one gRPC message (64 MiB limit on
+client and server) and one Raft entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_MESSAGE_BYTES_LIMIT = 32 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    """Where a committed put lies: its id, commit-log offset, queue and queue offset."""
+
+    msg_id: str
+    commitlog_offset: int
+    queue_id: int
+    queue_offset: int
+    store_timestamp_ms: int
+    duplicate: bool = False  # answered from the log: an earlier attempt stored it

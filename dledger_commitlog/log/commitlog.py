@@ -1,0 +1,625 @@
+"""DLedgerCommitLog: messages in, Raft entries out, results back once committed.
+
+Owns the put path above Raft: validation and encoding (once, at the request),
+queue assignment at proposal time, batching of concurrent puts into one
+proposal, idempotency by UNIQ_KEY, and the committed view that readers use.
+
+Invariants:
+- Queue offsets are a function of log order: the leader assigns them from a
+  table of the committed prefix plus its own uncommitted tail (scanned when it
+  becomes leader), so every replica's queues come out byte-identical.
+- A put's future resolves only when the entry at its index commits: success if
+  that entry has the term it was proposed in, a definite failure if another
+  entry took the index; if neither happens before the deadline the outcome is
+  unknown (the client retries with the same UNIQ_KEY and gets the original).
+- Readers see entries up to `committed_index` / `committed_pos` only; these move
+  forward only, as committed entries are applied in order.
+- Every read serves bytes checked against their entry's body CRC: a damaged
+  entry (recovery does not rescan below the entry checkpoint) fails its read with
+  CorruptEntry and is never served; at start it is reported once, in one line,
+  and left out of the idempotency window (docs/disk-faults.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import logging
+import socket
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from dledger_commitlog.common.protocol import PutResult
+from dledger_commitlog.log.entry_store import EntryStore
+from raft import RaftCore
+from raft.errors import NotLeader
+from raft.types import Entry, EntryKind
+from store.entry_format import HEADER_SIZE
+from store.errors import CorruptEntry, InvalidMessage, OffsetOutOfRange
+from store.message import (
+    FIXED_PART_SIZE,
+    QUEUE_OFFSET_POS,
+    STORE_TIMESTAMP_POS,
+    Message,
+    decode_message,
+    encode_message,
+    make_properties,
+)
+
+log = logging.getLogger(__name__)
+
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_QUEUE_ID_POS = 12
+_STORE_HOST_POS = 64  # storeHost: IPv4 (4 bytes) and port (i32), after storeTimestamp
+_MSG_ID = struct.Struct(">4siq")
+_DISPATCH_BATCH = 4096  # entries per read_committed call
+_UNIQ_NAME = b"UNIQ_KEY\x01"  # properties (name \x01 value \x02 ...) end a message
+_ONE_BY_ONE = 64  # entries read singly after a batch read met a damaged one
+_NAMED_BAD = 3  # damaged entries named in the start-up warning
+_SYSTEM_PREFIX = "%SYS%"
+_SYSTEM_QUEUES = 65  # config.MAX_DELAY_LEVELS, plus the deliver-at queue
+_REPAIR = "restore this node's data from a replica (docs/disk-faults.md)"
+
+
+class PutFailed(Exception):
+    """Definitely not stored (another entry took its place): safe to retry."""
+
+
+class OutcomeUnknown(Exception):
+    """Not committed before the deadline; it may still commit. Retry with the same key."""
+
+
+class Overloaded(Exception):
+    """Too many puts in flight."""
+
+
+@dataclass(frozen=True, slots=True)
+class PutSpec:
+    """A validated put, encoded once; queue fields are patched at proposal time."""
+
+    topic: str
+    encoded: bytes
+    uniq_key: str
+    queue_id: int | None
+
+
+def make_msg_id(store_host: tuple[str, int], commitlog_offset: int) -> str:
+    """RocketMQ's layout: store host (IPv4, port) and commit-log offset, hex upper."""
+    return (
+        _MSG_ID.pack(socket.inet_aton(store_host[0]), store_host[1], commitlog_offset).hex().upper()
+    )
+
+
+class Route(NamedTuple):
+    """What the put path's tables need of a committed message (see `route_of`)."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    store_timestamp_ms: int
+    uniq_key: str | None
+
+
+_ROUTE = struct.Struct(">12xi4xq")  # queueId at 12, queueOffset at 20
+_BODY_LEN_POS = FIXED_PART_SIZE - 4
+
+
+@functools.lru_cache(maxsize=4096)
+def _topic_text(raw: bytes) -> str:
+    return raw.decode("ascii")
+
+
+def route_of(data: bytes) -> Route:
+    """Topic, queue, offset, store time and UNIQ_KEY of an encoded message, read at their
+    fixed places without decoding the properties: for entries the log already checked
+    (a leader encoded them, a follower refused an append holding anything else)."""
+    queue_id, queue_offset = _ROUTE.unpack_from(data, 0)
+    (store_ms,) = _I64.unpack_from(data, STORE_TIMESTAMP_POS)
+    at = FIXED_PART_SIZE + _I32.unpack_from(data, _BODY_LEN_POS)[0]
+    topic = _topic_text(data[at + 1 : at + 1 + data[at]])
+    return Route(topic, queue_id, queue_offset, store_ms, _uniq_in(data, at + 3 + data[at]))
+
+
+def uniq_of(data: bytes) -> str | None:
+    """The UNIQ_KEY property of an encoded message, None if it has none (or is no message)."""
+    try:
+        at = FIXED_PART_SIZE + _I32.unpack_from(data, _BODY_LEN_POS)[0]
+        return _uniq_in(data, at + 3 + data[at])
+    except (struct.error, IndexError, UnicodeDecodeError):
+        return None
+
+
+def _uniq_in(data: bytes, props: int) -> str | None:
+    """UNIQ_KEY in the properties starting at `props` (name \x01 value \x02 ...)."""
+    found = data.find(_UNIQ_NAME, props)
+    while found > props and data[found - 1] != 2:  # inside another name ("XUNIQ_KEY")
+        found = data.find(_UNIQ_NAME, found + 1)
+    if found < 0:
+        return None
+    start = found + len(_UNIQ_NAME)
+    end = data.find(b"\x02", start)
+    return data[start : end if end >= 0 else len(data)].decode()
+
+
+def _fail(fut: asyncio.Future[PutResult], exc: Exception) -> None:
+    """Fail a put's future, marked as seen: its caller may have stopped waiting (a
+    timeout, a cancelled RPC), and a failure nobody awaits is no error to log."""
+    fut.set_exception(exc)
+    fut.exception()
+
+
+def msg_id_of(encoded: bytes, commitlog_offset: int) -> str:
+    """The id of an encoded message: its own store host and the offset it lies at."""
+    host = encoded[_STORE_HOST_POS : _STORE_HOST_POS + 8]
+    return (host + struct.pack(">q", commitlog_offset)).hex().upper()
+
+
+def offset_of_msg_id(msg_id: str) -> int:
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError as exc:
+        raise InvalidMessage(f"message id {msg_id!r} is not hex") from exc
+    if len(raw) != _MSG_ID.size:
+        raise InvalidMessage(f"message id {msg_id!r} must be {2 * _MSG_ID.size} hex digits")
+    return int(_MSG_ID.unpack(raw)[2])
+
+
+@dataclass(slots=True)
+class _Waiter:
+    term: int
+    future: asyncio.Future[PutResult]
+    duplicate: bool = False
+
+
+class DLedgerCommitLog:
+    """The replicated commit log's put path and committed view on one node."""
+
+    def __init__(
+        self,
+        store: EntryStore,
+        *,
+        store_host: tuple[str, int],
+        queues_per_topic: int,
+        max_message_bytes: int,
+        max_pending: int,
+        idempotency_window: int,
+        core: RaftCore | None = None,
+        on_proposed: Callable[[int], None] = lambda count: None,
+    ) -> None:
+        self.store = store
+        self._store_host = store_host
+        self._queues = queues_per_topic
+        self._max_body = max_message_bytes
+        self._max_pending = max_pending
+        self._core = core  # the Raft core puts are proposed to (None: an offline view)
+        self._on_proposed = on_proposed  # a batch of `count` entries was proposed
+        # The committed view.
+        self.committed_index = 0
+        self.committed_pos = 0
+        self._queue_next: dict[tuple[str, int], int] = {}
+        self._recent: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._window = idempotency_window
+        self._commit_listeners: list[Callable[[], None]] = []
+        # The leader's assignment state.
+        self._lead_term = 0
+        self._assign_next: dict[tuple[str, int], int] = {}
+        self._round_robin: dict[str, int] = {}
+        self._tail_uniq: dict[str, int] = {}  # uncommitted tail: uniq key -> index
+        self._waiters: dict[int, list[_Waiter]] = {}
+        self._pending = 0
+        self._queued: list[tuple[PutSpec, asyncio.Future[PutResult]]] = []
+        self._flush_scheduled = False
+        self._read_cursor = (-1, 0)  # (pos, index) where the last read_committed stopped
+        self.damaged: list[int] = []  # committed entries found damaged at start
+
+    # -- building the committed view at start --------------------------------------
+
+    def start_at(self, committed_index: int) -> None:
+        """The committed position at start, before dispatch recovery reads up to it."""
+        self._set_committed(committed_index, notify=False)
+
+    def load_committed(
+        self, upto_index: int, queue_next: dict[tuple[str, int], int], batch_bytes: int = 8 << 20
+    ) -> None:
+        """Seed the tables: queue ends from dispatch, idempotency keys from the log's tail.
+
+        Only the last `idempotency_window` entries are read, so start-up does not
+        grow with the log. These lie below the entry checkpoint, which recovery does
+        not rescan: an entry that fails its check here (a byte flipped on disk) is
+        skipped and reported in one warning naming file and offset. Its reads fail
+        (it is never served) and its UNIQ_KEY is missing from the window.
+        """
+        self._queue_next = dict(queue_next)
+        index = max(self.store.first_index(), upto_index - self._window + 1)
+        recent = self._recent
+        bad: list[tuple[int, CorruptEntry]] = []
+        while index <= upto_index:
+            try:
+                batch = self.store.stored_entries(index, upto_index + 1, batch_bytes)
+                nxt = batch[-1].index + 1
+            except CorruptEntry:  # one damaged entry fails the whole read: go singly
+                nxt = min(upto_index + 1, index + _ONE_BY_ONE)
+                batch = []
+                for i in range(index, nxt):
+                    try:
+                        batch.append(self.store.get(i))
+                    except CorruptEntry as exc:
+                        bad.append((i, exc))
+            for e in batch:
+                # Properties end the message: the last UNIQ_KEY name is the property.
+                uniq = uniq_of(e.body) if e.channel == EntryKind.NORMAL else None
+                if uniq is not None:
+                    recent[uniq] = e.index
+            index = nxt
+        while len(recent) > self._window:
+            recent.popitem(last=False)
+        self.damaged = [i for i, _ in bad]
+        if bad:
+            self._report_damaged(bad)
+        self._set_committed(upto_index)
+
+    def _report_damaged(self, bad: list[tuple[int, CorruptEntry]]) -> None:
+        """One warning line for the committed entries the start-up read found damaged."""
+        named = "; ".join(f"entry {i}: {exc}" for i, exc in bad[:_NAMED_BAD])
+        more = f"; {len(bad) - _NAMED_BAD} more" if len(bad) > _NAMED_BAD else ""
+        log.warning(
+            "commit log %s: %d damaged committed %s below the entry checkpoint (%s%s). "
+            "Serving the rest: a read of a damaged entry fails, it is never served, and its "
+            "UNIQ_KEY is not in the idempotency window. The other replicas hold the data: %s",
+            self.store.directory, len(bad), "entry" if len(bad) == 1 else "entries", named,
+            more, _REPAIR,
+        )  # fmt: skip
+
+    def restart_at(self, index: int, queue_next: dict[tuple[str, int], int]) -> None:
+        """The log was restored from a leader's snapshot after entry `index`.
+
+        Queue ends come with the snapshot; the idempotency window restarts empty
+        (a retry of a put committed before the snapshot may be stored again).
+        """
+        self.committed_index = 0
+        self._set_committed(index, notify=False)
+        self._queue_next = dict(queue_next)
+        self._recent.clear()
+        self._tail_uniq.clear()
+        self._read_cursor = (-1, 0)
+
+    @property
+    def queue_next(self) -> dict[tuple[str, int], int]:
+        """(topic, queue id) -> the queue offset of its next committed message."""
+        return self._queue_next
+
+    def add_commit_listener(self, listener: Callable[[], None]) -> None:
+        self._commit_listeners.append(listener)
+
+    def remove_commit_listener(self, listener: Callable[[], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._commit_listeners.remove(listener)
+
+    # -- put path --------------------------------------------------------------------
+
+    def prepare(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        keys: Sequence[str] = (),
+        tags: str | None = None,
+        properties: dict[str, str] | None = None,
+        uniq_key: str = "",
+        queue_id: int | None = None,
+        born_timestamp_ms: int = 0,
+        flag: int = 0,
+        born_host: tuple[str, int] = ("127.0.0.1", 0),
+    ) -> PutSpec:
+        """Validate and encode; raises InvalidMessage with the reason."""
+        # System topics (the schedule's queue per delay level) have queues of their own.
+        limit = _SYSTEM_QUEUES if topic.startswith(_SYSTEM_PREFIX) else self._queues
+        if queue_id is not None and not 0 <= queue_id < limit:
+            raise InvalidMessage(f"queue id {queue_id} outside [0, {limit})")
+        if not uniq_key:
+            raise InvalidMessage("uniq_key is required (clients generate one per message)")
+        props = make_properties(keys=keys, tags=tags or None, uniq_key=uniq_key, extra=properties)
+        msg = Message(topic=topic, body=body, properties=props, flag=flag,
+                      born_timestamp_ms=born_timestamp_ms, born_host=born_host,
+                      store_host=self._store_host)  # fmt: skip
+        encoded = encode_message(msg, max_body_bytes=self._max_body)
+        return PutSpec(topic, encoded, uniq_key, queue_id)
+
+    async def put(self, specs: Sequence[PutSpec], timeout_s: float) -> list[PutResult]:
+        """Propose `specs` (batched with concurrent puts) and wait for their commit."""
+        loop = asyncio.get_running_loop()
+        if self._pending + len(specs) > self._max_pending:
+            raise Overloaded(f"{self._pending} puts in flight (limit {self._max_pending})")
+        futures: list[asyncio.Future[PutResult]] = []
+        for spec in specs:
+            dup = self._duplicate(spec.uniq_key)
+            if dup is not None:
+                futures.append(dup)
+                continue
+            fut: asyncio.Future[PutResult] = loop.create_future()
+            self._queued.append((spec, fut))
+            futures.append(fut)
+        self._pending += len(specs)
+        if self._queued and not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush_queued)
+        try:
+            # One waiter for the batch (asyncio.wait neither cancels the futures on a
+            # timeout nor needs a shield and a gather slot per message); the first
+            # failure ends the wait, as gather's would.
+            _, not_done = await asyncio.wait(
+                futures, timeout=timeout_s, return_when=asyncio.FIRST_EXCEPTION
+            )
+            failed = [exc for f in futures if f.done() and (exc := f.exception()) is not None]
+            if failed:
+                raise failed[0]
+            if not_done:
+                raise OutcomeUnknown(
+                    f"not committed within {timeout_s:.1f}s; it may still be: retry with the "
+                    "same uniq_key"
+                )
+            return [f.result() for f in futures]
+        finally:
+            self._pending -= len(specs)
+
+    def _duplicate(
+        self, uniq_key: str, fut: asyncio.Future[PutResult] | None = None
+    ) -> asyncio.Future[PutResult] | None:
+        """A future (`fut`, or a new one) for a put already committed or in the
+        uncommitted tail; None if the key is in neither."""
+        index = self._recent.get(uniq_key) or self._tail_uniq.get(uniq_key)
+        if index is None:
+            return None
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+        if index <= self.committed_index:
+            entry = self.store.get(index)
+            if not fut.done():
+                fut.set_result(self._result(index, entry.body, route_of(entry.body), True))
+        else:
+            self._waiters.setdefault(index, []).append(
+                _Waiter(
+                    self.store.term(index) if index <= self.store.last_index() else 0, fut, True
+                )
+            )
+        return fut
+
+    def _flush_queued(self) -> None:
+        """Encode the queued puts' queue fields and propose them as one batch."""
+        self._flush_scheduled = False
+        queued, self._queued = self._queued, []
+        if not queued:
+            return
+        # Check again: a put queued in the same loop pass may carry the same key, and
+        # the tables (with a new leadership's uncommitted tail, where a retried put's
+        # first attempt may sit) may have changed since put() looked. Same key twice
+        # here: one entry.
+        fresh: list[tuple[PutSpec, asyncio.Future[PutResult]]] = []
+        again: dict[str, list[asyncio.Future[PutResult]]] = {}
+        for spec, fut in queued:
+            if spec.uniq_key in again:
+                again[spec.uniq_key].append(fut)
+            elif self._duplicate(spec.uniq_key, fut) is None:
+                again[spec.uniq_key] = []
+                fresh.append((spec, fut))
+        queued = fresh
+        if not queued:
+            return  # every one answered by an entry already in the log
+        now_ms = int(time.time() * 1000)
+        host = socket.inet_aton(self._store_host[0]) + _I32.pack(self._store_host[1])
+        datas: list[bytes] = []
+        assigned: dict[tuple[str, int], int] = {}  # queue ends after this batch
+        for spec, _ in queued:
+            qid = spec.queue_id
+            if qid is None:
+                qid = self._round_robin.get(spec.topic, 0)
+                self._round_robin[spec.topic] = (qid + 1) % self._queues
+            key = (spec.topic, qid)
+            qoff = assigned.get(key)
+            if qoff is None:
+                qoff = self._assign_next.get(key, 0)
+            assigned[key] = qoff + 1
+            buf = bytearray(spec.encoded)
+            _I32.pack_into(buf, _QUEUE_ID_POS, qid)
+            _I64.pack_into(buf, QUEUE_OFFSET_POS, qoff)
+            _I64.pack_into(buf, STORE_TIMESTAMP_POS, now_ms)
+            buf[_STORE_HOST_POS : _STORE_HOST_POS + 8] = host  # the leader stores it
+            datas.append(bytes(buf))
+        try:
+            if self._core is None:
+                raise NotLeader(None)  # an offline view leads nothing
+            first, _last = self._core.propose(datas)
+        except NotLeader as exc:
+            for spec, fut in queued:
+                for f in (fut, *again[spec.uniq_key]):
+                    if not f.done():
+                        _fail(f, NotLeader(exc.leader_hint))
+            return
+        term = self._core.term
+        self._on_proposed(len(datas))
+        # In the log now: advance the assignment table.
+        self._assign_next.update(assigned)
+        for k, (spec, fut) in enumerate(queued):
+            self._tail_uniq[spec.uniq_key] = first + k
+            waiters = self._waiters.setdefault(first + k, [])
+            waiters.append(_Waiter(term, fut))
+            waiters.extend(_Waiter(term, f, True) for f in again[spec.uniq_key])
+
+    def become_leader(self, term: int, tail: Sequence[Entry]) -> None:
+        """Start assigning: the committed tables plus the uncommitted `tail` of our log."""
+        self._lead_term = term
+        self._assign_next = dict(self._queue_next)
+        self._tail_uniq = {}
+        self._round_robin = {}
+        for e in tail:
+            if e.kind != EntryKind.NORMAL or not e.data:
+                continue
+            hdr = route_of(e.data)
+            key = (hdr.topic, hdr.queue_id)
+            self._assign_next[key] = max(self._assign_next.get(key, 0), hdr.queue_offset + 1)
+            if hdr.uniq_key:
+                self._tail_uniq[hdr.uniq_key] = e.index
+
+    # -- applying committed entries ---------------------------------------------------
+
+    def apply(self, entries: Sequence[Entry]) -> None:
+        """Committed entries, in log order, each once."""
+        if not entries:
+            return
+        headers = self._apply_to_tables(entries)
+        waiters = self._waiters
+        if waiters:
+            for e, hdr in zip(entries, headers, strict=True):
+                ws = waiters.pop(e.index, None)
+                if ws:
+                    self._resolve(e, hdr, ws)
+        self._set_committed(entries[-1].index)
+
+    def _apply_to_tables(self, entries: Sequence[Entry]) -> list[Route | None]:
+        headers: list[Route | None] = []
+        recent, queue_next, tail = self._recent, self._queue_next, self._tail_uniq
+        for e in entries:
+            if e.kind != EntryKind.NORMAL or not e.data:
+                headers.append(None)
+                continue
+            hdr = route_of(e.data)
+            headers.append(hdr)
+            key = (hdr.topic, hdr.queue_id)
+            queue_next[key] = max(queue_next.get(key, 0), hdr.queue_offset + 1)
+            if hdr.uniq_key:
+                recent[hdr.uniq_key] = e.index
+                tail.pop(hdr.uniq_key, None)
+        while len(recent) > self._window:
+            recent.popitem(last=False)
+        return headers
+
+    def _resolve(self, e: Entry, hdr: Route | None, ws: list[_Waiter]) -> None:
+        for w in ws:
+            if w.future.done():
+                continue
+            if e.term == w.term and hdr is not None:
+                w.future.set_result(self._result(e.index, e.data, hdr, w.duplicate))
+            else:
+                why = f"entry {e.index} was replaced by a newer leader's; retry"
+                _fail(w.future, PutFailed(why))
+
+    def _result(self, index: int, data: bytes, hdr: Route, duplicate: bool) -> PutResult:
+        offset = self.store.pos_of(index) + HEADER_SIZE
+        return PutResult(msg_id_of(data, offset), offset, hdr.queue_id,
+                         hdr.queue_offset, hdr.store_timestamp_ms, duplicate)  # fmt: skip
+
+    def _set_committed(self, index: int, notify: bool = True) -> None:
+        if index <= self.committed_index:
+            return
+        self.committed_index = index
+        pos, size = self.store.locate(index)
+        self.committed_pos = pos + size
+        if notify:
+            for listener in list(self._commit_listeners):
+                listener()
+
+    # -- committed reads ----------------------------------------------------------------
+
+    def get_by_offset(self, commitlog_offset: int) -> tuple[Message, int]:
+        """The committed message at a commit-log offset, and its encoded size."""
+        pos = commitlog_offset - HEADER_SIZE
+        if commitlog_offset < self.store.data_queue.min_offset + HEADER_SIZE:
+            raise OffsetOutOfRange(commitlog_offset, self.min_offset, self.committed_pos,
+                                   "commit-log offset")  # fmt: skip
+        if pos >= self.committed_pos:
+            raise OffsetOutOfRange(commitlog_offset, self.min_offset, self.committed_pos,
+                                   "commit-log offset (not committed)")  # fmt: skip
+        try:
+            entry = self.store.get_by_pos(pos)
+        except IndexError:
+            raise KeyError(f"no message starts at commit-log offset {commitlog_offset}") from None
+        if entry.channel != EntryKind.NORMAL or not entry.body:
+            raise KeyError(f"no message at commit-log offset {commitlog_offset}")
+        return decode_message(entry.body), len(entry.body)
+
+    @property
+    def min_offset(self) -> int:
+        return self.store.data_queue.min_offset + HEADER_SIZE
+
+    def read_range(
+        self, from_offset: int, max_messages: int, max_bytes: int
+    ) -> tuple[list[bytes], int]:
+        """Encoded committed messages from `from_offset` on, and the offset after them."""
+        store = self.store
+        if from_offset < self.min_offset:
+            index = store.first_index()
+        elif from_offset - HEADER_SIZE >= self.committed_pos:
+            return [], max(from_offset, self.committed_pos + HEADER_SIZE)
+        else:
+            pos = store.next_entry_pos(from_offset - HEADER_SIZE)
+            if pos >= self.committed_pos:
+                return [], pos + HEADER_SIZE
+            try:
+                index = store.get_by_pos(pos).index
+            except IndexError:
+                raise KeyError(f"no message starts at commit-log offset {from_offset}") from None
+        hi = min(self.committed_index + 1, index + max(1, max_messages))
+        if index >= hi:
+            return [], from_offset
+        batch = store.stored_entries(index, hi, max_bytes)
+        out = [e.body for e in batch if e.channel == EntryKind.NORMAL and e.body]
+        nxt = batch[-1].pos + batch[-1].size + HEADER_SIZE
+        return out, nxt
+
+    # -- the dispatcher's view (dispatch.CommittedLog) -------------------------------------
+
+    @property
+    def min_pos(self) -> int:
+        """Position of the first retained entry."""
+        store = self.store
+        if store.last_index() >= store.first_index():
+            return store.pos_of(store.first_index())
+        return store.end_pos
+
+    def read_committed(
+        self, from_pos: int, max_bytes: int
+    ) -> tuple[list[tuple[int, bytes]], int, int]:
+        """Committed messages from the entry at `from_pos` on (see dispatch.CommittedLog)."""
+        committed, store = self.committed_pos, self.store
+        if from_pos >= committed:
+            return [], from_pos, committed
+        pos = store.next_entry_pos(max(from_pos, self.min_pos))
+        if pos >= committed:
+            return [], from_pos, committed
+        cursor = self._read_cursor
+        try:
+            index = cursor[1] if cursor[0] == pos else store.get_by_pos(pos).index
+            hi = min(self.committed_index + 1, index + _DISPATCH_BATCH)
+            batch = store.stored_entries(index, hi, max_bytes)
+        except CorruptEntry as exc:  # dispatch goes in log order: it cannot skip one
+            why = f"{exc.reason}; the consume queues and the key index cannot be built past it"
+            raise CorruptEntry(exc.file, exc.offset, f"{why}: {_REPAIR}") from None
+        out = [
+            (e.pos + HEADER_SIZE, e.body) for e in batch if e.channel == EntryKind.NORMAL and e.body
+        ]
+        nxt = batch[-1].pos + batch[-1].size
+        self._read_cursor = (nxt, batch[-1].index + 1)
+        return out, nxt, committed
+
+    def read_message(self, commitlog_offset: int, size: int = 0) -> bytes:
+        """The first `size` bytes (0: all) of the committed message at `commitlog_offset`.
+
+        Checked against its entry's body CRC (CorruptEntry, never damaged bytes): a
+        byte flipped below the entry checkpoint is not found at start.
+        """
+        if commitlog_offset + max(size, 1) > self.committed_pos:
+            raise OffsetOutOfRange(commitlog_offset, self.min_offset, self.committed_pos,
+                                   "commit-log offset (not committed)")  # fmt: skip
+        body = self.store.body_at(commitlog_offset - HEADER_SIZE, size)
+        if not size:
+            return body
+        if size > len(body):
+            raise CorruptEntry(None, commitlog_offset, f"{size} bytes asked of a message of "
+                               f"{len(body)} at commit-log offset {commitlog_offset}")  # fmt: skip
+        return body if size == len(body) else body[:size]

@@ -1,0 +1,198 @@
+"""What the leader's system services (schedule, transactions) need from the node.
+
+Owns `SystemLog`, the node (its facade, `node.RaftNode`) as services that act
+on the committed log through Raft see it: they read consume-queue units and messages of system
+topics, look a message up by topic and UNIQ_KEY in the key index, remember
+their progress as consumer-group offsets (replicated like any group's), and put
+messages. Every decision a service takes is recorded in the log, so a new
+leader continues from what the old one committed:
+
+- `settle` makes the view complete before a decision: a read-index round (so
+  the leader has committed an entry of its term, and with it every entry an
+  old leader left that will ever commit) and then dispatch up to that point
+  (so the key index and the queues hold all of it);
+- `find` answers "is this message in the log?" from the key index, checked
+  against the stored message (hash collisions), which is how delivery and
+  commit stay exactly-once across failover: a message is put only if its
+  deterministic UNIQ_KEY is not already in its topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+from dispatch.dispatcher import OFFSETS_TOPIC, encode_offset_commit
+from dledger_commitlog.common.protocol import PutResult
+from dledger_commitlog.log.commitlog import (
+    OutcomeUnknown,
+    Overloaded,
+    PutFailed,
+    PutSpec,
+    msg_id_of,
+)
+from dledger_commitlog.node.node import RaftNode
+from raft import NotLeader
+from store.consume_queue import CqUnit
+from store.errors import CorruptEntry, OffsetOutOfRange
+from store.message import (
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    Message,
+    decode_message,
+    split_keys,
+)
+
+_FOREVER_MS = 1 << 62
+_INTERRUPTIONS = (NotLeader, OutcomeUnknown, PutFailed, TimeoutError)
+_OVERLOAD_BACKOFF_S = 1.0
+log = logging.getLogger(__name__)
+
+
+async def run_passes(
+    what: str,
+    node_id: int,
+    pass_once: Callable[[], Awaitable[object]],
+    wakeup: asyncio.Event,
+    poll_s: float,
+    interrupted: Callable[[], None],
+) -> None:
+    """A leader-side service's loop: `pass_once` every `poll_s` (or on `wakeup`).
+
+    A pass cut short by a lost leadership or a put whose outcome is unknown calls
+    `interrupted` (the service settles again before its next decision); a put refused
+    as Overloaded (nothing proposed) waits a second, no settling needed; anything
+    else (a bug, a damaged entry) is logged and retried after a second: a system
+    service never stops the node."""
+    while True:
+        try:
+            async with asyncio.timeout(poll_s):
+                await wakeup.wait()
+        except TimeoutError:
+            pass
+        wakeup.clear()
+        try:
+            await pass_once()
+        except _INTERRUPTIONS as exc:
+            if not isinstance(exc, NotLeader):
+                log.info("node %d: %s pass interrupted (%s); the next one resumes",
+                         node_id, what, exc)  # fmt: skip
+            interrupted()
+        except Overloaded as exc:  # the puts in flight must drain first
+            log.info("node %d: %s pass waits %g s: %s", node_id, what, _OVERLOAD_BACKOFF_S, exc)
+            await asyncio.sleep(_OVERLOAD_BACKOFF_S)
+        except Exception:
+            log.exception("node %d: %s pass failed; retrying in 1 s", node_id, what)
+            interrupted()
+            await asyncio.sleep(1.0)
+
+
+class SystemLog:
+    """The node as its leader-side services see it (only through its facade)."""
+
+    def __init__(self, node: RaftNode) -> None:
+        self._node = node
+
+    @property
+    def node_id(self) -> int:
+        return self._node.node_id
+
+    def leading_term(self) -> int | None:
+        """The term this node leads in, or None."""
+        return self._node.leading_term()
+
+    async def settle(self, timeout_s: float) -> None:
+        """Wait until this leader's view holds everything committed so far (see above)."""
+        node = self._node
+        await node.read_index(timeout_s)
+        await node.wait_dispatched(node.committed_pos, timeout_s)
+
+    async def caught_up(self, timeout_s: float) -> None:
+        """Wait until dispatch covers everything committed now (our own last puts too)."""
+        node = self._node
+        await node.wait_dispatched(node.committed_pos, timeout_s)
+
+    def queue_end(self, topic: str, queue_id: int) -> int:
+        q = self._node.queue_view(topic, queue_id)
+        return 0 if q is None else q.max_offset
+
+    def units(self, topic: str, queue_id: int, offset: int, max_count: int) -> list[CqUnit]:
+        """Dispatched units of a queue from `offset` (fewer at its end or past retention)."""
+        return self._node.queue_units(topic, queue_id, offset, max_count)
+
+    def message(self, unit: CqUnit) -> Message:
+        data = self._node.read_message(unit.commitlog_offset, unit.size)
+        return decode_message(data)
+
+    def message_at(self, commitlog_offset: int) -> Message | None:
+        """The committed message at a commit-log offset, None if there is none."""
+        try:
+            return self._node.get_by_offset(commitlog_offset)[0]
+        except (OffsetOutOfRange, CorruptEntry, KeyError):
+            return None
+
+    def find(self, topic: str, uniq_key: str) -> tuple[int, Message] | None:
+        """The committed message of `topic` whose UNIQ_KEY is `uniq_key` (its offset too)."""
+        offsets = self._node.query_offsets(topic, uniq_key, 0, _FOREVER_MS, 64)
+        for offset in offsets:
+            msg = self.message_at(offset)
+            if msg is not None and msg.topic == topic and msg.uniq_key == uniq_key:
+                return offset, msg
+        return None
+
+    def result_of(self, commitlog_offset: int) -> PutResult:
+        """The put result of the committed message at `commitlog_offset` (a duplicate's)."""
+        node = self._node
+        msg, size = node.get_by_offset(commitlog_offset)
+        data = node.read_message(commitlog_offset, size)
+        return PutResult(msg_id_of(data, commitlog_offset), commitlog_offset, msg.queue_id,
+                         msg.queue_offset, msg.store_timestamp_ms, True)  # fmt: skip
+
+    def group_offset(self, group: str, topic: str, queue_id: int) -> int:
+        return self._node.group_offset(group, topic, queue_id)
+
+    def prepare(
+        self,
+        topic: str,
+        body: bytes,
+        properties: Mapping[str, str],
+        *,
+        uniq_key: str,
+        queue_id: int | None,
+        born_timestamp_ms: int = 0,
+        flag: int = 0,
+        born_host: tuple[str, int] = ("127.0.0.1", 0),
+    ) -> PutSpec:
+        """A put of `body` with `properties` (KEYS, TAGS and UNIQ_KEY taken apart)."""
+        extra = {k: v for k, v in properties.items()
+                 if k not in (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY)}  # fmt: skip
+        return self._node.prepare(
+            topic,
+            body,
+            keys=split_keys(properties.get(PROPERTY_KEYS)),
+            tags=properties.get(PROPERTY_TAGS),
+            properties=extra,
+            uniq_key=uniq_key,
+            queue_id=queue_id,
+            born_timestamp_ms=born_timestamp_ms or int(time.time() * 1000),
+            flag=flag,
+            born_host=born_host,
+        )
+
+    def offset_commit(self, group: str, topic: str, queue_id: int, offset: int) -> PutSpec:
+        """A put recording `group`'s offset in a system queue (replicated progress)."""
+        return self._node.prepare(
+            OFFSETS_TOPIC,
+            encode_offset_commit(group, topic, queue_id, offset),
+            keys=[group],
+            uniq_key=uuid.uuid4().hex.upper(),
+            queue_id=0,
+            born_timestamp_ms=int(time.time() * 1000),
+        )
+
+    async def put(self, specs: Sequence[PutSpec], timeout_s: float) -> list[PutResult]:
+        return await self._node.put(specs, timeout_s)

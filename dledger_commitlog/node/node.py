@@ -1,0 +1,611 @@
+"""A node: its recovered files, its Raft core and loops, and the one surface others use.
+
+Owns `RaftNode`. Its public methods are the node's facade (hashicorp/raft's
+api.go is the model): each operation one method, documented here, and nothing
+else reaches through the node. The client service (`service/`) and the leader-
+side services (`messaging/`) use only these:
+
+- leadership: `node_id`, `term`, `leader_id`, `is_leader`, `leader_client_address`, `leading_term`,
+  `read_index` (ReadIndex: a quorum-confirmed read position), `transfer_leadership`;
+- writes: `write_refusal`, `prepare` (validate and encode), `put` (propose and
+  wait for the commit; the commit log batches concurrent puts);
+- the committed log: `committed_pos`, `min_offset`, `get_by_offset`,
+  `read_message`, `read_range`, `log_view` (bounds for reads in a thread);
+- consume queues and groups: `dispatched_pos`, `queue_view`, `queue_units`, `queue_offsets`,
+  `query_offsets`, `group_offset`, `group_offsets`, `wait_dispatched`,
+  `wait_for_dispatch`, `wait_for_commit`;
+- operations: `status`, `clean_now`, `start`, `close`, `stop_on`;
+- the Raft peer port: `deliver` (a peer's message, validated first).
+
+Inside: `recovery.open_log` opens and recovers the data directory; the Ready
+loop is `raft.driver.ReadyDriver` (the order the Ready contract demands,
+pipelined in sync flush mode); ticks, dispatch, checkpoints and retention are
+`loops.NodeLoops`; peers are reached through `raft.transport.PeerLink`s.
+
+A leader whose log conflicts with entries this node holds as committed
+(`raft.LogDiverged`, raised by the core's `step`) means a majority lost entries
+this node recorded as committed: possible only in async flush mode, after a power
+loss of a majority. In async mode the node logs it loudly, writes the rollback
+marker (see `recovery`) and stops (`on_fatal`); the next start rolls back and
+rejoins as a follower. In sync flush mode that conflict is an invariant
+violation: the node stops without a marker (docs/disk-faults.md).
+
+Invariants: one Ready in flight at a time; inputs (steps, proposals, ticks)
+arriving meanwhile are batched into the next one; nothing the core hands out is
+dropped on the floor; a leadership starts only in `step` or `tick`, and the
+commit log learns its uncommitted tail before any put of it is assigned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dispatch.dispatcher import GroupKey, RecoveryReport
+from dledger_commitlog.common.protocol import PutResult
+from dledger_commitlog.log import reads
+from dledger_commitlog.log.commitlog import PutSpec
+from dledger_commitlog.log.entry_store import BASE_SIZE
+from dledger_commitlog.log.retention import Retention
+from dledger_commitlog.node.config import NodeConfig
+from dledger_commitlog.node.loops import NodeLoops, next_call
+from dledger_commitlog.node.metrics import NodeMetrics
+from dledger_commitlog.node.recovery import (
+    LOCK_FILE,
+    ROLLBACK_FILE,
+    FlushTrace,
+    open_log,
+    write_rollback_marker,
+)
+from dledger_commitlog.node.security import NodeSecurity
+from raft import HardState, LogDiverged, Message, NotLeader, Role
+from raft.driver import ReadyDriver
+from raft.messages import AppendEntries
+from raft.progress import PeerProgress
+from raft.transport import PeerLink, to_wire
+from raft.types import EntryKind, ReadState, SnapshotMeta
+from raft.validate import InvalidPeerMessage, check_peer_message
+from store.consume_queue import CqUnit
+from store.fileio import DirectoryLock, mkdir_durably
+from store.flush import GroupCommit, PeriodicFlush
+from store.message import Message as StoredMessage
+from store.message import is_message, max_encoded_size
+from store.retention_policy import RetentionPolicy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """What `status()` reports: the node's Raft and store positions at one moment."""
+
+    role: Role
+    term: int
+    leader_id: int | None
+    leader_client_address: str | None
+    first_index: int
+    last_index: int
+    committed_index: int  # the last entry applied to the commit log
+    committed_pos: int
+    flushed_pos: int
+    dispatched_pos: int
+    last_chain_crc: int
+    progress: Mapping[int, PeerProgress]  # per peer; empty unless this node leads
+
+
+class RaftNode:
+    def __init__(
+        self,
+        cfg: NodeConfig,
+        metrics: NodeMetrics | None = None,
+        *,
+        security: NodeSecurity | None = None,
+        on_fatal: Callable[[], None] | None = None,
+    ) -> None:
+        """Open and recover `cfg.data_dir`; `security`: what the peer links present and
+        check (`NodeSecurity.load`); `on_fatal`: called once when the node stops itself
+        (a failed loop, a lost committed tail): the process should then close it."""
+        data = Path(cfg.data_dir)
+        mkdir_durably(data)
+        # One process per data directory: a second one (a node started twice) would
+        # "recover" the live node's files under it.
+        self._dir_lock = DirectoryLock(data / LOCK_FILE)
+        try:
+            self._open(cfg, metrics or NodeMetrics(cfg.node_id), data)
+            self.security = security or NodeSecurity()
+            self.on_fatal = on_fatal
+        except BaseException:
+            self._dir_lock.release()
+            raise
+
+    def _open(self, cfg: NodeConfig, metrics: NodeMetrics, data: Path) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self.sync_flush = cfg.flush_mode == "sync"
+        opened = open_log(cfg, data, on_proposed=self._proposed)
+        self.state_file, self.store, self.core = opened.state_file, opened.store, opened.core
+        self.commitlog, self.dispatcher = opened.commitlog, opened.dispatcher
+        self.recovery: RecoveryReport = opened.recovery
+        self.store.snapshot_extra = self._snapshot_extra
+        self.retention = Retention(
+            RetentionPolicy(file_reserved_hours=cfg.file_reserved_hours,
+                            delete_when_hour=cfg.delete_when_hour,
+                            force_clean_ratio=cfg.force_clean_ratio,
+                            refuse_ratio=cfg.refuse_ratio),
+            self.store, self.commitlog, self.dispatcher, self.core,
+        )  # fmt: skip
+        self.retention.check_disk()
+        self._executor = ThreadPoolExecutor(2, thread_name_prefix=f"node{cfg.node_id}-io")
+        self._members = frozenset(p.id for p in cfg.peers)
+        self._max_entry_bytes = max_encoded_size(cfg.max_message_bytes)
+        self._links: dict[int, PeerLink] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._led_term = 0
+        self._reads: dict[bytes, asyncio.Future[int]] = {}
+        self._read_seq = 0
+        self._closed = False
+        self._last_role: tuple[Role, int, int | None] = (Role.FOLLOWER, 0, None)
+        self._group_commit: GroupCommit | None = None
+        self._periodic: PeriodicFlush | None = None
+        if self.sync_flush:
+            self._group_commit = GroupCommit(
+                self.store, on_flush=metrics.observe_fsync, name=f"node{cfg.node_id}-fsync",
+                on_error=lambda exc: self.stop_on(exc, "fsync"),
+            )  # fmt: skip
+        else:
+            # Its own thread: queued behind a checkpoint's fsyncs in the shared pool, a
+            # flush came later than the interval the async mode promises as its window.
+            self._periodic = PeriodicFlush(
+                self.store, interval_ms=cfg.flush_interval_ms,
+                on_flush=metrics.observe_fsync, on_error=lambda exc: self.stop_on(exc, "flush"),
+            )  # fmt: skip
+        self.driver = ReadyDriver(
+            self.core, self.store, self.state_file, send=self._send,
+            apply=self.commitlog.apply, save_hard_state=self._save_hard_state,
+            restore=self._restore, read_states=self._answer_reads,
+            after_ready=self._after_ready, flusher=self._group_commit,
+            on_appended=self._periodic.poke if self._periodic is not None else lambda: None,
+        )  # fmt: skip
+        self._kick = self.driver.wakeup.set
+        self.loops = NodeLoops(
+            cfg.node_id, self.core, tick_ms=cfg.tick_ms, tick=self._tick, kick=self._kick,
+            metrics=metrics,
+            commitlog=self.commitlog, dispatcher=self.dispatcher, store=self.store,
+            state_file=self.state_file, retention=self.retention, executor=self._executor,
+            stop_on=self.stop_on, stopping=lambda: self.stopping,
+            checkpointed=opened.checkpointed,
+        )  # fmt: skip
+        self._fatal: BaseException | None = None
+        # Memory and disk may disagree (a loop or a flush failed): close writes nothing.
+        self.failed = False
+        self.diverged: LogDiverged | None = None
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect to the peers and start the Ready loop and the background loops."""
+        if self._periodic is not None:
+            self._periodic.start()
+        for peer in self.cfg.peers:
+            if peer.id != self.cfg.node_id:
+                link = PeerLink(self.cfg.cluster, peer.id, peer.raft, me=self.cfg.node_id,
+                                security=self.security)  # fmt: skip
+                link.start()
+                self._links[peer.id] = link
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self.driver.run(), name="ready-loop"), *self.loops.start()]
+        for task in self._tasks:
+            task.add_done_callback(self._task_done)
+        log.info("node %d started: term %d, log [%d, %d], commit %d, flush %s",
+                 self.cfg.node_id, self.core.term, self.store.first_index(),
+                 self.store.last_index(), self.core.commit_index, self.cfg.flush_mode)  # fmt: skip
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.stop_on(task.exception(), task.get_name())
+
+    def stop_on(self, exc: BaseException | None, where: str) -> None:
+        """A loop failed (a full disk, an I/O error): stop rather than linger half-alive.
+
+        A node whose ready loop died would still answer RPCs but never append,
+        flush or send again. From here on it takes no Raft message, does not
+        tick and writes no checkpoint; close() then writes nothing more, and the
+        next start recovers from disk as after a crash.
+        """
+        if exc is None or self.failed:
+            return
+        self.failed = True
+        self.driver.stopped = True
+        log.critical("node %d: %s failed: %s. Stopping; a restart recovers from disk "
+                     "as after a crash", self.cfg.node_id, where, exc, exc_info=exc)  # fmt: skip
+        if self._fatal is None:
+            self._fatal = exc
+        if self._closed:
+            return
+        for task in self._tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        if self.on_fatal is not None:
+            self.on_fatal()
+
+    @property
+    def fatal(self) -> BaseException | None:
+        """What stopped the node (None: nothing did; it runs or closed cleanly)."""
+        return self._fatal
+
+    @property
+    def stopping(self) -> bool:
+        """A failure or a lost committed tail: the node only waits for close()."""
+        return self.failed or self.diverged is not None
+
+    async def close(self) -> None:
+        """Stop, flush what is written, checkpoint, and close the files.
+
+        After a failure (`failed`) nothing more is flushed or checkpointed and
+        the abort marker stays, so the next start recovers as after a crash.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self.driver.stopped = True
+        try:
+            await self._shut_down()
+        finally:
+            self._dir_lock.release()
+
+    async def _shut_down(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # failures: reported
+        for link in self._links.values():
+            await link.close()
+        if self._group_commit is not None:
+            await self._group_commit.close()
+            self.stop_on(self._group_commit.error, "the last fsync")
+        if self._periodic is not None:
+            await self._periodic.close()
+            self.stop_on(self._periodic.error, "the last flush")
+        if self.failed:
+            self._executor.shutdown(wait=True)  # a checkpoint in flight ends first
+            try:
+                self.dispatcher.close(clean=False)
+                self.store.close()
+            except OSError as exc:
+                log.error("node %d: closing the files failed: %s", self.cfg.node_id, exc)
+            return
+        loop = asyncio.get_running_loop()
+        self.dispatcher.catch_up()
+        snap = self.dispatcher.snapshot()
+        await loop.run_in_executor(self._executor, self.loops.checkpoint_now, snap)
+        self.dispatcher.close(clean=True)
+        self.store.close()
+        if isinstance(self.store.on_data_flushed, FlushTrace):
+            self.store.on_data_flushed.close()
+        self._executor.shutdown(wait=True)
+
+    # -- the Raft peer port --------------------------------------------------------
+
+    def deliver(self, msg: Message) -> None:
+        """A message from a peer; InvalidPeerMessage (nothing stepped) if it breaks the
+        protocol's bounds (raft.validate) or carries an entry that is no message."""
+        if self._closed or self.stopping:
+            return  # it takes no Raft message (nor judges one) any more
+        check_peer_message(msg, me=self.cfg.node_id, peers=self._members, term=self.core.term,
+                           max_entry_bytes=self._max_entry_bytes)  # fmt: skip
+        if isinstance(msg, AppendEntries):
+            for e in msg.entries:
+                if e.kind is EntryKind.NORMAL and not is_message(e.data):
+                    raise InvalidPeerMessage(f"append from node {msg.src}: entry {e.index} "
+                                             "holds no well-formed message")  # fmt: skip
+        try:
+            self.core.step(msg)
+        except LogDiverged as exc:
+            self._on_diverged(exc)
+            return
+        self._ensure_leader_state()
+        self._kick()
+
+    def _tick(self) -> None:
+        self.core.tick()
+        self._ensure_leader_state()  # a lone voter elects itself on a tick
+
+    def _on_diverged(self, exc: LogDiverged) -> None:
+        """The leader's log lacks entries we hold as committed: roll back (async) or stop."""
+        self.diverged = exc
+        self.driver.stopped = True
+        node = self.cfg.node_id
+        if self.sync_flush:
+            log.critical(
+                "node %d: INVARIANT VIOLATED in sync flush mode: %s. Nothing acknowledged "
+                "can be lost in sync mode; stopping. Restore this node's data from a "
+                "replica (or investigate the disks)", node, exc,
+            )  # fmt: skip
+        else:
+            path = Path(self.cfg.data_dir) / ROLLBACK_FILE
+            to = write_rollback_marker(path, {
+                "roll_back_to": exc.agree, "conflict_at": exc.index, "committed": exc.committed,
+                "leader": exc.leader, "term": exc.term,
+            })  # fmt: skip
+            log.error(
+                "node %d: LOST COMMITTED ENTRIES: leader %d (term %d) has other entries than "
+                "ours from entry %d, while we hold entries up to %d as committed (async "
+                "flush: a power loss of a majority lost entries %d..%d, which this node may "
+                "have served). Stopping; wrote %s: the next start rolls the log back to "
+                "entry %d and rejoins", node, exc.leader, exc.term, exc.index, exc.committed,
+                exc.index, exc.committed, path, to,
+            )  # fmt: skip
+        if self._fatal is None:
+            self._fatal = exc
+        if self.on_fatal is not None:
+            self.on_fatal()
+
+    def _proposed(self, count: int) -> None:
+        """The commit log proposed a batch of `count` puts: the Ready loop has work."""
+        self.metrics.batch_size.observe(count)
+        self._kick()
+
+    def _ensure_leader_state(self) -> None:
+        """A leadership starts: the commit log learns our uncommitted tail before any put
+        is assigned queue offsets. The one place that starts one: a leadership begins
+        only in `step` or `tick`, and both inputs come through here (`deliver`, `_tick`)."""
+        core = self.core
+        if core.role is Role.LEADER and self._led_term != core.term:
+            self._led_term = core.term
+            tail = core.log_slice(self.commitlog.committed_index + 1, core.last_index + 1)
+            self.commitlog.become_leader(core.term, tail)
+            log.info("node %d leads term %d (tail of %d uncommitted entries)",
+                     self.cfg.node_id, core.term, len(tail))  # fmt: skip
+
+    # -- the facade: leadership ------------------------------------------------------
+
+    @property
+    def node_id(self) -> int:
+        """This node's id."""
+        return self.cfg.node_id
+
+    @property
+    def term(self) -> int:
+        """The current Raft term (for logs; `status()` has the rest)."""
+        return self.core.term
+
+    @property
+    def leader_id(self) -> int | None:
+        """The leader this node knows (None: none known, an election may be under way)."""
+        return self.core.leader_id
+
+    def is_leader(self) -> bool:
+        """Whether this node leads now (only the leader takes puts)."""
+        return self.core.role is Role.LEADER
+
+    def leading_term(self) -> int | None:
+        """The term this node leads in, or None (a stopping node leads nothing)."""
+        core = self.core
+        return core.term if core.role is Role.LEADER and not self.stopping else None
+
+    def leader_client_address(self) -> str | None:
+        """The client address of the leader this node knows (None: none known)."""
+        leader = self.core.leader_id
+        return next((p.client for p in self.cfg.peers if p.id == leader), None)
+
+    async def read_index(self, timeout_s: float) -> int:
+        """A read position confirmed by a quorum, once applied here (NotLeader, TimeoutError)."""
+        self._read_seq += 1
+        ctx = f"{self.cfg.node_id}:{self._read_seq}:{time.monotonic_ns()}".encode()
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._reads[ctx] = fut
+        try:
+            self.core.read_index(ctx)
+            self._kick()
+            async with asyncio.timeout(timeout_s):
+                index = await fut
+                while self.commitlog.committed_index < index:
+                    await self.wait_for_commit()
+                return index
+        finally:
+            self._reads.pop(ctx, None)
+
+    async def transfer_leadership(self, target: int, timeout_s: float) -> int:
+        """Hand leadership to `target`; its id once it leads (TimeoutError)."""
+        self.core.transfer_leadership(target)
+        self._kick()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.core.leader_id == target and self.core.role is not Role.LEADER:
+                return target
+            await asyncio.sleep(self.cfg.tick_ms / 1000)
+        raise TimeoutError(f"leadership did not move to {target} within {timeout_s}s")
+
+    # -- the facade: writes ------------------------------------------------------------
+
+    @property
+    def write_refusal(self) -> str | None:
+        """Why puts are refused now (a disk too full), None when they are not."""
+        return self.retention.refusal
+
+    def prepare(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        keys: Sequence[str] = (),
+        tags: str | None = None,
+        properties: dict[str, str] | None = None,
+        uniq_key: str = "",
+        queue_id: int | None = None,
+        born_timestamp_ms: int = 0,
+        flag: int = 0,
+        born_host: tuple[str, int] = ("127.0.0.1", 0),
+    ) -> PutSpec:
+        """A put validated and encoded once (InvalidMessage with the reason)."""
+        return self.commitlog.prepare(
+            topic, body, keys=keys, tags=tags, properties=properties, uniq_key=uniq_key,
+            queue_id=queue_id, born_timestamp_ms=born_timestamp_ms, flag=flag,
+            born_host=born_host,
+        )  # fmt: skip
+
+    def put(
+        self, specs: Sequence[PutSpec], timeout_s: float
+    ) -> Coroutine[Any, Any, list[PutResult]]:
+        """Propose `specs` (batched with concurrent puts) and wait for their commit
+        (NotLeader, Overloaded, OutcomeUnknown, PutFailed). Returns the commit log's own
+        coroutine: no frame of ours between the caller and the put path."""
+        return self.commitlog.put(specs, timeout_s)
+
+    # -- the facade: the committed log -------------------------------------------------
+
+    @property
+    def committed_pos(self) -> int:
+        """End of the committed prefix: no read reaches it."""
+        return self.commitlog.committed_pos
+
+    @property
+    def min_offset(self) -> int:
+        """Offset of the first retained message."""
+        return self.commitlog.min_offset
+
+    def get_by_offset(self, commitlog_offset: int) -> tuple[StoredMessage, int]:
+        """The committed message at a commit-log offset, and its encoded size."""
+        return self.commitlog.get_by_offset(commitlog_offset)
+
+    def read_message(self, commitlog_offset: int, size: int = 0) -> bytes:
+        """The first `size` bytes (0: all) of the committed message at an offset."""
+        return self.commitlog.read_message(commitlog_offset, size)
+
+    def read_range(
+        self, from_offset: int, max_messages: int, max_bytes: int
+    ) -> tuple[list[bytes], int]:
+        """Encoded committed messages from `from_offset` on, and the offset after them."""
+        return self.commitlog.read_range(from_offset, max_messages, max_bytes)
+
+    def log_view(self) -> reads.LogView:
+        """The committed log's bounds and files now, for reads in another thread."""
+        return reads.log_view(self.commitlog)
+
+    # -- the facade: consume queues and groups -----------------------------------------
+
+    @property
+    def dispatched_pos(self) -> int:
+        """Commit-log position up to which the consume queues and key index are built."""
+        return self.dispatcher.dispatched_pos
+
+    def queue_view(self, topic: str, queue_id: int) -> reads.QueueView | None:
+        """One consume queue's bounds and files now (None: no such queue)."""
+        return reads.queue_view(self.dispatcher, topic, queue_id, self.cfg.cq_units_per_file)
+
+    def queue_units(self, topic: str, queue_id: int, offset: int, max_count: int) -> list[CqUnit]:
+        """Dispatched units of a queue from `offset` (fewer at its end or past retention)."""
+        cq = self.dispatcher.queue(topic, queue_id)
+        if cq is None or offset >= cq.max_offset:
+            return []
+        return cq.get_range(max(offset, cq.min_offset), max_count)
+
+    def queue_offsets(self, topic: str = "") -> list[tuple[str, int, int, int]]:
+        """(topic, queue id, min offset, max offset) of every queue (of `topic`)."""
+        return self.dispatcher.queue_offsets(topic)
+
+    def query_offsets(
+        self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int
+    ) -> list[int]:
+        """Commit-log offsets of messages of `topic` indexed under `key` in a time range."""
+        return self.dispatcher.query_offsets(topic, key, begin_ms, end_ms, max_count)
+
+    def group_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """A consumer group's committed offset in a queue (0: none)."""
+        return self.dispatcher.offsets.get((group, topic, queue_id), 0)
+
+    @property
+    def group_offsets(self) -> Mapping[GroupKey, int]:
+        """Every consumer group's committed offsets: (group, topic, queue id) -> offset."""
+        return self.dispatcher.offsets
+
+    async def wait_dispatched(self, pos: int, timeout_s: float) -> None:
+        """Wait until dispatch has passed commit-log position `pos` (TimeoutError)."""
+        await self.loops.wait_dispatched(pos, timeout_s)
+
+    async def wait_for_dispatch(self, timeout_s: float) -> bool:
+        """Wait until the next dispatched batch (True) or the timeout (False)."""
+        return await self.loops.wait_for_dispatch(timeout_s)
+
+    async def wait_for_commit(self) -> None:
+        """Return at the next commit applied here."""
+        cl = self.commitlog
+        await next_call(cl.add_commit_listener, cl.remove_commit_listener)
+
+    # -- the facade: operations --------------------------------------------------------
+
+    def status(self) -> NodeState:
+        """The node's Raft and store positions now (`dledger status`)."""
+        core, store, cl = self.core, self.store, self.commitlog
+        return NodeState(
+            role=core.role, term=core.term, leader_id=core.leader_id,
+            leader_client_address=self.leader_client_address(),
+            first_index=store.first_index(), last_index=store.last_index(),
+            committed_index=cl.committed_index, committed_pos=cl.committed_pos,
+            flushed_pos=store.flushed_position, dispatched_pos=self.dispatcher.dispatched_pos,
+            last_chain_crc=store.last_chain_crc, progress=core.progress,
+        )  # fmt: skip
+
+    async def clean_now(self, force: bool) -> tuple[int, int, str]:
+        """`dledger admin clean-now`: a retention pass now (`force`: whatever the age)."""
+        return self.loops.clean_now(force)
+
+    # -- the Ready driver's callbacks ---------------------------------------------------
+
+    def _snapshot_extra(self) -> bytes:
+        """What a follower restored from our log needs besides it (leader side)."""
+        doc = {
+            "queue_next": [[t, q, n] for (t, q), n in sorted(self.commitlog.queue_next.items())],
+            "offsets": [[g, t, q, o] for (g, t, q), o in sorted(self.dispatcher.offsets.items())],
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    async def _restore(self, snap: SnapshotMeta) -> None:
+        """Our log restarts after the leader's snapshot index: reset the store and dispatch."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self.store.restore, snap.index, snap.term,
+                                   snap.data)  # fmt: skip
+        extra = json.loads(snap.data[BASE_SIZE:] or b"{}")
+        queue_next = {(t, int(q)): int(n) for t, q, n in extra.get("queue_next", [])}
+        offsets = {(g, t, int(q)): int(o) for g, t, q, o in extra.get("offsets", [])}
+        self.commitlog.restart_at(snap.index, queue_next)
+        self.dispatcher.reset(self.commitlog.committed_pos, offsets)
+        await loop.run_in_executor(self._executor, self.loops.checkpoint_now,
+                                   self.dispatcher.snapshot())  # fmt: skip
+        log.warning("node %d was behind the leader's retained log: restarted after entry %d",
+                    self.cfg.node_id, snap.index)  # fmt: skip
+
+    def _after_ready(self) -> None:
+        now = (self.core.role, self.core.term, self.core.leader_id)
+        if now != self._last_role:
+            self._last_role = now
+            log.info("node %d is %s in term %d (leader: %s)", self.cfg.node_id, now[0].value,
+                     now[1], now[2])  # fmt: skip
+        if self.core.role is not Role.LEADER and self.core.leader_id is None:
+            for fut in self._reads.values():
+                if not fut.done():
+                    fut.set_exception(NotLeader(None))
+
+    def _answer_reads(self, states: Sequence[ReadState]) -> None:
+        for rs in states:
+            fut = self._reads.get(rs.ctx)
+            if fut is not None and not fut.done():
+                fut.set_result(rs.index)
+
+    async def _save_hard_state(self, hs: HardState) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, self.state_file.save, hs)
+
+    def _send(self, messages: Sequence[Message]) -> None:
+        by_peer: dict[int, list[Message]] = {}
+        for m in messages:
+            by_peer.setdefault(m.dst, []).append(m)
+        for peer, msgs in by_peer.items():
+            link = self._links.get(peer)
+            if link is not None:
+                link.send([to_wire(m) for m in msgs])

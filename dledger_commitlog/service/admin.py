@@ -1,0 +1,73 @@
+"""Status and maintenance: `dledger status`, `admin clean-now`, `transfer-leader`.
+
+Owns `AdminRpcs` and `status_pb`, the node's state as the Status RPC reports it.
+CleanNow and TransferLeadership need the admin right when the ACL is on.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from dledger_commitlog.node.acl import require_admin
+from dledger_commitlog.node.config import NodeConfig
+from dledger_commitlog.node.node import NodeState
+from dledger_commitlog.service.base import Context, ServiceBase
+from proto import dledger_pb2 as pb
+
+
+class AdminRpcs(ServiceBase):
+    async def CleanNow(self, request: pb.CleanNowRequest, context: Context) -> pb.CleanNowResponse:
+        await self._allow(context, "CleanNow", lambda a: require_admin(a, "CleanNow"))
+        deleted, min_offset, reason = await self.node.clean_now(force=request.force)
+        return pb.CleanNowResponse(deleted_segments=deleted, min_offset=min_offset, reason=reason)
+
+    async def Status(self, request: pb.StatusRequest, context: Context) -> pb.StatusResponse:
+        await self._caller(context, "Status")
+        reply = status_pb(self.node.status(), self.cfg)
+        reply.loop_lag_max_ms = self.loop_lag.max_ms(reset=request.reset_loop_lag)
+        return reply
+
+    # -- transactional messages (docs/delayed-and-transactional.md) ------------------
+
+    async def TransferLeadership(
+        self, request: pb.TransferLeadershipRequest, context: Context
+    ) -> pb.TransferLeadershipResponse:
+        await self._allow(
+            context, "TransferLeadership", lambda a: require_admin(a, "TransferLeadership")
+        )
+        target = request.target_node_id
+        if target not in {p.id for p in self.cfg.peers}:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"node {target} is not a peer")
+        if not self.node.is_leader():
+            leader = self.node.leader_client_address()
+            if leader is None:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "no leader at the moment; retry")
+            context.set_trailing_metadata(self._leader_metadata())
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"not the leader; the leader is at {leader}")  # fmt: skip
+        try:
+            leader_id = await self.node.transfer_leadership(
+                target, (request.timeout_ms or 5000) / 1000
+            )
+        except TimeoutError as exc:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+        return pb.TransferLeadershipResponse(leader_id=leader_id)
+
+
+def status_pb(state: NodeState, cfg: NodeConfig) -> pb.StatusResponse:
+    peers = [
+        pb.PeerStatus(
+            node_id=p, match_index=pr.match, next_index=pr.next, recent_active=pr.recent_active
+        )
+        for p, pr in sorted(state.progress.items())
+    ]
+    return pb.StatusResponse(
+        node_id=cfg.node_id, role=state.role.value, term=state.term,
+        leader_id=state.leader_id or 0, leader_address=state.leader_client_address or "",
+        first_index=state.first_index, last_index=state.last_index,
+        committed_index=state.committed_index, committed_pos=state.committed_pos,
+        flushed_pos=state.flushed_pos, dispatched_pos=state.dispatched_pos,
+        applied_index=state.committed_index,
+        cluster=cfg.cluster, peers=peers, last_chain_crc=state.last_chain_crc,
+        flush_mode=cfg.flush_mode,
+    )  # fmt: skip

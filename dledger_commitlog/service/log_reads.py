@@ -1,0 +1,145 @@
+"""Bulk reads for analytics: raw committed commit-log bytes, consume-queue units, and
+offsets by time.
+
+Owns `LogReadRpcs` (ReadLog, ReadUnits, OffsetsForTimes; Spark's reads over the
+cluster, `analytics/`). The loop takes a snapshot of the committed bounds and the
+read pool does the disk reads and checks (`log.reads`); ReadLog reads the next
+chunk while the last one is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+
+from dledger_commitlog.log import reads
+from dledger_commitlog.node.acl import Perm, require_topics
+from dledger_commitlog.service.base import Context, ServiceBase, read_everything, read_failure
+from proto import dledger_pb2 as pb
+from store.errors import CorruptEntry, InvalidMessage, OffsetOutOfRange
+
+_LOG_CHUNK = 4 << 20  # ReadLog: bytes per answer by default
+_MAX_LOG_CHUNK = 8 << 20
+
+
+class LogReadRpcs(ServiceBase):
+    async def ReadLog(
+        self, request: pb.ReadLogRequest, context: Context
+    ) -> AsyncIterator[pb.ReadLogChunk]:
+        """Raw committed commit-log bytes [from_pos, min(end_pos, committed)), in chunks read
+        (and CRC-checked, once per process) in the read pool."""
+        await self._allow(context, "ReadLog", read_everything)
+        r = request
+        if r.from_pos < 0 or r.end_pos < 0 or r.chunk_bytes < 0:
+            why = "from_pos, end_pos and chunk_bytes must not be negative"
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
+        chunk = min(r.chunk_bytes or _LOG_CHUNK, _MAX_LOG_CHUNK)
+        view = self.node.log_view()
+        end = view.committed if r.end_pos == 0 else min(r.end_pos, view.committed)
+        pos = r.from_pos
+        if pos < view.min_pos and pos < end:
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE, f"commit-log position {pos} is "
+                                f"below the first retained position {view.min_pos}")  # fmt: skip
+        loop = asyncio.get_running_loop()
+
+        def read(at: int, view: reads.LogView) -> asyncio.Future[pb.ReadLogChunk]:
+            def work() -> pb.ReadLogChunk:
+                data = reads.read_log_checked(view, self.verified, at, chunk, end)
+                return pb.ReadLogChunk(pos=at, data=data, committed_pos=view.committed,
+                                       min_pos=view.min_pos)  # fmt: skip
+
+            return loop.run_in_executor(self._reads, work)
+
+        pending = read(pos, view) if pos < end else None
+        while pending is not None:
+            try:
+                answer = await pending
+            except (InvalidMessage, OffsetOutOfRange, CorruptEntry) as exc:
+                await context.abort(*read_failure(exc))
+            pos = answer.pos + len(answer.data)
+            # The next chunk is read while this one is sent (retention may move on: a
+            # fresh snapshot of the files each time).
+            pending = read(pos, self.node.log_view()) if pos < end else None
+            try:
+                yield answer
+            except BaseException:
+                if pending is not None:
+                    pending.cancel()
+                raise
+
+    async def ReadUnits(
+        self, request: pb.ReadUnitsRequest, context: Context
+    ) -> AsyncIterator[pb.QueueUnits]:
+        """Raw consume-queue units of the queues asked, below their committed ends (and of
+        messages in [from_pos, to_pos) when given)."""
+        r = request
+        topics = sorted({q.topic for q in r.queues})
+        await self._allow(context, "ReadUnits", lambda a: require_topics(a, topics, Perm.SUB))
+        try:
+            if r.from_pos < 0 or r.to_pos < 0:
+                raise InvalidMessage("from_pos and to_pos must not be negative")
+            for want in r.queues:
+                self._check_queue(want.topic, want.queue_id)
+                if want.start_offset < 0 or want.end_offset < 0:
+                    raise InvalidMessage("start_offset and end_offset must not be negative")
+        except InvalidMessage as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        for want in r.queues:
+            queue = self.node.queue_view(want.topic, want.queue_id)
+            if queue is None:
+                yield pb.QueueUnits(topic=want.topic, queue_id=want.queue_id)
+                continue
+            start = max(want.start_offset, queue.min_offset)
+            end = queue.max_offset if want.end_offset == 0 else want.end_offset
+            end = max(start, min(end, queue.max_offset))
+            answer = pb.QueueUnits(
+                topic=want.topic,
+                queue_id=want.queue_id,
+                min_offset=queue.min_offset,
+                max_offset=queue.max_offset,
+            )
+            answer.first_offset = start
+            try:
+                if r.from_pos or r.to_pos:
+                    start, end = await self._in_thread(
+                        reads.units_between, queue, start, end, r.from_pos, r.to_pos
+                    )
+                    answer.first_offset = start
+                if start >= end:
+                    yield answer
+                for lo in range(start, end, reads.MAX_UNITS_ANSWER):
+                    hi = min(end, lo + reads.MAX_UNITS_ANSWER)
+                    answer.first_offset = lo
+                    answer.units = await self._in_thread(reads.units_chunk, queue, lo, hi)
+                    yield answer
+            except (OffsetOutOfRange, CorruptEntry) as exc:
+                await context.abort(*read_failure(exc))
+
+    async def OffsetsForTimes(
+        self, request: pb.OffsetsForTimesRequest, context: Context
+    ) -> pb.OffsetsForTimesResponse:
+        """Per (queue, timestamp): the first offset stored at or after it (binary search)."""
+        r = request
+        topics = sorted({q.topic for q in r.queries})
+        await self._allow(context, "OffsetsForTimes", lambda a: require_topics(a, topics, Perm.SUB))
+        try:
+            for q in r.queries:
+                self._check_queue(q.topic, q.queue_id)
+        except InvalidMessage as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        views = [self.node.queue_view(q.topic, q.queue_id) for q in r.queries]
+        log_view = self.node.log_view()
+
+        def search() -> list[int]:
+            return [
+                0 if v is None else reads.offset_for_time(v, log_view, q.timestamp_ms)
+                for q, v in zip(r.queries, views, strict=True)
+            ]
+
+        try:
+            offsets = await self._in_thread(search)
+        except (OffsetOutOfRange, CorruptEntry) as exc:
+            await context.abort(*read_failure(exc))
+        return pb.OffsetsForTimesResponse(offsets=offsets)

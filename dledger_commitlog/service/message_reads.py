@@ -1,0 +1,172 @@
+"""Reads of messages: by id or offset, a queue from an offset, by key, a raw range.
+
+Owns `ReadRpcs`. Pull reads and encodes in the read pool (`_pull_reply`), never on
+the event loop that also runs Raft, and long-polls for new messages; every read
+serves committed data only.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from dispatch.dispatcher import parse_tag_expression
+from dledger_commitlog.log import reads
+from dledger_commitlog.log.commitlog import offset_of_msg_id
+from dledger_commitlog.node.acl import Perm, require_topics
+from dledger_commitlog.service.base import (
+    Context,
+    ServiceBase,
+    damaged,
+    read_everything,
+    read_failure,
+    stored_message_pb,
+)
+from proto import dledger_pb2 as pb
+from store.errors import CorruptEntry, InvalidMessage, OffsetOutOfRange
+from store.message import check_name, decode_message
+
+_DEFAULT_PULL = 32
+_MAX_PULL = 1024  # messages per Pull or QueryByKey answer
+_MAX_PULL_RAW = 65536  # raw pulls (analytics) are bounded by max_bytes instead
+
+
+class ReadRpcs(ServiceBase):
+    async def Get(self, request: pb.GetRequest, context: Context) -> pb.GetResponse:
+        which = request.WhichOneof("key")
+        account = await self._caller(context, "Get")
+        try:
+            if which == "msg_id":
+                offset = offset_of_msg_id(request.msg_id)
+            elif which == "commitlog_offset":
+                offset = request.commitlog_offset
+            else:
+                raise InvalidMessage("give msg_id or commitlog_offset")
+            if request.linearizable:
+                await self._linearize(context)
+            msg, size = self.node.get_by_offset(offset)
+            await self._check(context, account, lambda a: require_topics(a, [msg.topic], Perm.SUB))
+        except InvalidMessage as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except OffsetOutOfRange as exc:
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
+        except KeyError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
+        except CorruptEntry as exc:
+            await context.abort(grpc.StatusCode.DATA_LOSS, damaged(exc))
+        return pb.GetResponse(message=stored_message_pb(msg, size))
+
+    async def Pull(self, request: pb.PullRequest, context: Context) -> pb.PullResponse:
+        """Messages of one queue from an offset; long-polls up to wait_ms for new ones.
+
+        The reads and the answer's encoding run in the read pool (`_pull_reply`)."""
+        r = request
+        await self._allow(context, "Pull", lambda a: require_topics(a, [r.topic], Perm.SUB))
+        try:
+            self._check_queue(r.topic, r.queue_id)
+            tags = parse_tag_expression(r.tag_expression)
+            if r.max_messages < 0 or r.wait_ms < 0 or r.max_bytes < 0:
+                raise InvalidMessage("max_messages, wait_ms and max_bytes must not be negative")
+            if r.linearizable:
+                await self._dispatched_linearizable(context)
+            limit = _MAX_PULL_RAW if r.raw else _MAX_PULL
+            max_messages = min(r.max_messages or _DEFAULT_PULL, limit)
+            max_bytes = r.max_bytes or (4 << 20)
+            wait_s = min(r.wait_ms / 1000, self._timeout(context))
+            deadline = time.monotonic() + wait_s
+            while True:
+                queue = self.node.queue_view(r.topic, r.queue_id)
+                view = self.node.log_view()
+                reply = await self._in_thread(
+                    _pull_reply, queue, view, r, max_messages, tags, max_bytes
+                )
+                remaining = deadline - time.monotonic()
+                found = reply.raw_messages or reply.messages
+                if found or reply.next_offset != r.queue_offset or remaining <= 0:
+                    break
+                await self.node.wait_for_dispatch(remaining)
+        except (InvalidMessage, OffsetOutOfRange, CorruptEntry) as exc:
+            await context.abort(*read_failure(exc))
+        return reply
+
+    async def QueryByKey(
+        self, request: pb.QueryByKeyRequest, context: Context
+    ) -> pb.QueryByKeyResponse:
+        """Messages whose KEYS (or UNIQ_KEY) hold `key`, newest first, in [begin, end]."""
+        r = request
+        await self._allow(context, "QueryByKey", lambda a: require_topics(a, [r.topic], Perm.SUB))
+        try:
+            check_name(r.topic)
+            if not r.key:
+                raise InvalidMessage("key must not be empty")
+            if r.max_messages < 0 or r.begin_ms < 0 or r.end_ms < 0:
+                raise InvalidMessage("max_messages, begin_ms and end_ms must not be negative")
+        except InvalidMessage as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        end = r.end_ms or int(time.time() * 1000)
+        limit = min(r.max_messages or _DEFAULT_PULL, _MAX_PULL)
+        out: list[pb.StoredMessage] = []
+        # Candidates include hash collisions: ask for more, keep the exact matches.
+        for offset in self.node.query_offsets(r.topic, r.key, r.begin_ms, end, 4 * limit):
+            try:
+                raw = self.node.read_message(offset)
+                msg, size = decode_message(raw), len(raw)
+            except OffsetOutOfRange:
+                continue  # deleted by retention since the index was read
+            except CorruptEntry as exc:
+                await context.abort(grpc.StatusCode.DATA_LOSS, damaged(exc))
+            if (
+                msg.topic == r.topic
+                and (r.key in msg.keys or msg.uniq_key == r.key)
+                and r.begin_ms <= msg.store_timestamp_ms <= end
+            ):
+                out.append(stored_message_pb(msg, size))
+                if len(out) >= limit:
+                    break
+        return pb.QueryByKeyResponse(messages=out)
+
+    async def ReadRange(
+        self, request: pb.ReadRangeRequest, context: Context
+    ) -> pb.ReadRangeResponse:
+        await self._allow(context, "ReadRange", read_everything)
+        cl = self.node
+        try:
+            bodies, nxt = cl.read_range(request.from_offset, request.max_messages or 1024,
+                                        request.max_bytes or (4 << 20))  # fmt: skip
+        except KeyError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
+        except CorruptEntry as exc:
+            await context.abort(grpc.StatusCode.DATA_LOSS, damaged(exc))
+        return pb.ReadRangeResponse(
+            messages=b"".join(bodies),
+            next_offset=nxt,
+            committed_offset=cl.committed_pos,
+            min_offset=cl.min_offset,
+        )
+
+
+def _pull_reply(
+    queue: reads.QueueView | None,
+    view: reads.LogView,
+    r: pb.PullRequest,
+    max_messages: int,
+    tags: frozenset[str] | None,
+    max_bytes: int,
+) -> pb.PullResponse:
+    """One Pull's answer, read and encoded in the read pool."""
+    found = reads.pull_scan(queue, view, r.queue_offset, max_messages, tags,
+                            max_bytes=max_bytes, end_offset=r.end_offset)  # fmt: skip
+    reply = pb.PullResponse(
+        next_offset=found.next_offset,
+        min_offset=queue.min_offset if queue is not None else 0,
+        max_offset=queue.max_offset if queue is not None else 0,
+    )
+    if r.raw:
+        reply.raw_messages = b"".join(found.messages)
+    else:
+        reply.messages.extend(
+            stored_message_pb(decode_message(d), size)
+            for d, size in zip(found.messages, found.sizes, strict=True)
+        )
+    return reply
