@@ -22,7 +22,7 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from chaos.proxy import FaultProxyThread, start_in_thread
+from chaos.proxy.serve import FaultProxyThread, start_in_thread
 
 Link = tuple[int, int]
 

@@ -1,4 +1,4 @@
-"""The fault proxy (chaos/proxy.py), driven through the toxiproxy-python client.
+"""The fault proxy (chaos/proxy/), driven through the toxiproxy-python client.
 
 The chaos tests talk to a Toxiproxy-compatible server with `toxiproxy-python`; these
 tests drive our own server with that same client (plus raw HTTP where the client has
@@ -40,7 +40,8 @@ from toxiproxy import Toxiproxy
 from toxiproxy.api import APIConsumer
 from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 
-from chaos.proxy import FaultProxyServer, start_in_thread
+from chaos.proxy.api import FaultProxyServer
+from chaos.proxy.serve import start_in_thread
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 DEADLINE_S: Final = 5.0
