@@ -11,7 +11,7 @@ from typing import Any, Self
 
 import pytest
 
-from dledger_commitlog.cli import launcher as cluster_module
+from dledger_commitlog.cli import cluster_layout
 from dledger_commitlog.cli import main as cli
 from dledger_commitlog.cli.launcher import ClusterError
 from dledger_commitlog.client.client import (
@@ -290,12 +290,12 @@ def test_cluster_set_values_and_registry(capsys: pytest.CaptureFixture[str]) -> 
 def test_free_ports_avoid_the_ephemeral_range() -> None:
     """A cluster's ports must not be ones the kernel hands to bind(0) or to outgoing
     connections (a fault proxy on 127.0.0.1:0 once took a node's metrics port)."""
-    low, high = cluster_module._ephemeral_range()
+    low, high = cluster_layout._ephemeral_range()
     if low <= 10_000 and high >= 65_535:
         pytest.skip(f"the ephemeral range {low}-{high} leaves no other port")
     with socket.create_server(("127.0.0.1", 0)) as s:  # the premise: bind(0) draws from it
         assert low <= s.getsockname()[1] <= high
-    ports = cluster_module.free_ports(60)
+    ports = cluster_layout.free_ports(60)
     assert len(set(ports)) == 60
     assert all(p >= 10_000 and not low <= p <= high for p in ports), (low, high, ports)
 
@@ -303,13 +303,13 @@ def test_free_ports_avoid_the_ephemeral_range() -> None:
 def test_free_ports_skip_ports_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
     """Among 30 candidate ports of which 20 are held, exactly the other 10 are free."""
     block = _free_block(30)
-    monkeypatch.setattr(cluster_module, "_MIN_PORT", block[0])
-    monkeypatch.setattr(cluster_module, "_ephemeral_range", lambda: (block[-1] + 1, 65_535))
+    monkeypatch.setattr(cluster_layout, "_MIN_PORT", block[0])
+    monkeypatch.setattr(cluster_layout, "_ephemeral_range", lambda: (block[-1] + 1, 65_535))
     held = [socket.create_server(("127.0.0.1", p)) for p in block[::3] + block[1::3]]
     try:
-        assert sorted(cluster_module.free_ports(10)) == block[2::3]
+        assert sorted(cluster_layout.free_ports(10)) == block[2::3]
         with pytest.raises(ClusterError, match="only 10 of 11 ports are free"):
-            cluster_module.free_ports(11)
+            cluster_layout.free_ports(11)
     finally:
         for s in held:
             s.close()
@@ -317,7 +317,7 @@ def test_free_ports_skip_ports_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _free_block(size: int) -> list[int]:
     """`size` consecutive ports below the ephemeral range, all free right now."""
-    low, _ = cluster_module._ephemeral_range()
+    low, _ = cluster_layout._ephemeral_range()
     for base in range(20_000, max(20_001, low - size), 97):
         block = list(range(base, base + size))
         try:
