@@ -11,7 +11,7 @@ from typing import Any, Self
 
 import pytest
 
-from dledger_commitlog.cli import cluster_layout
+from dledger_commitlog.cli import admin, cluster_layout, commands, messages
 from dledger_commitlog.cli import main as cli
 from dledger_commitlog.cli.launcher import ClusterError
 from dledger_commitlog.client.client import (
@@ -98,7 +98,8 @@ class FakeClient:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
     client = FakeClient()
-    monkeypatch.setattr(cli, "make_client", lambda args: client)
+    for module in (messages, admin):  # the modules whose commands open clients
+        monkeypatch.setattr(module, "make_client", lambda args: client)
     return client
 
 
@@ -216,12 +217,12 @@ def test_no_servers_is_a_usage_error(
 def test_make_client_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     parser = cli.build_parser()
     args = parser.parse_args(["status", "--servers", "a:1, b:2", "--cluster-name", "x"])
-    c = cli.make_client(args)
+    c = commands.make_client(args)
     assert c.servers == ["a:1", "b:2"] and c.cluster == "x"
     path = tmp_path / "cluster.json"
     path.write_text(json.dumps({"nodes": [{"id": 1, "client": "c:3"}]}))
     monkeypatch.setenv("DLEDGER_CLUSTER", str(path))
-    assert cli.make_client(parser.parse_args(["status"])).servers == ["c:3"]
+    assert commands.make_client(parser.parse_args(["status"])).servers == ["c:3"]
 
 
 def test_serve_builds_the_config(
@@ -261,19 +262,19 @@ def test_serve_offers_every_node_setting() -> None:
 
 
 def test_cluster_set_values_and_registry(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli._extra_config([("tick_ms", "20"), ("force_clean_ratio", "0.5")]) == {
+    assert admin._extra_config([("tick_ms", "20"), ("force_clean_ratio", "0.5")]) == {
         "tick_ms": 20,
         "force_clean_ratio": 0.5,
     }
-    with pytest.raises(cli.UsageError, match="not a node setting"):
-        cli._extra_config([("nope", "1")])
-    with pytest.raises(cli.UsageError, match="tick_ms=x"):
-        cli._extra_config([("tick_ms", "x")])
+    with pytest.raises(commands.UsageError, match="not a node setting"):
+        admin._extra_config([("nope", "1")])
+    with pytest.raises(commands.UsageError, match="tick_ms=x"):
+        admin._extra_config([("tick_ms", "x")])
 
     def configure(p: argparse.ArgumentParser) -> None:
         p.add_argument("--now", action="store_true")
 
-    @cli.command("admin test-only", "test only", configure)
+    @commands.command("admin test-only", "test only", configure)
     def clean(args: argparse.Namespace) -> int:
         print("cleaned", args.now, args.json)
         return 0
@@ -282,9 +283,9 @@ def test_cluster_set_values_and_registry(capsys: pytest.CaptureFixture[str]) -> 
         assert cli.main(["admin", "test-only", "--now", "--json"]) == 0
         assert capsys.readouterr().out == "cleaned True True\n"
         with pytest.raises(ValueError, match="twice"):
-            cli.command("admin test-only", "again")(clean)
+            commands.command("admin test-only", "again")(clean)
     finally:
-        del cli._REGISTRY[("admin", "test-only")]
+        del commands._REGISTRY[("admin", "test-only")]
 
 
 def test_free_ports_avoid_the_ephemeral_range() -> None:
