@@ -374,3 +374,31 @@ def test_a_saved_cluster_this_version_refuses_can_still_be_stopped(tmp_path: Pat
         old.up()
     with pytest.raises(ConfigError, match="max_message_bytes of at most 4161263"):
         old.start(1)
+
+
+@pytest.mark.slow
+def test_cluster_up_restarts_the_nodes_that_are_down(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`cluster up` on a cluster with a killed node starts that node, leaves the running
+    ones alone (same pids) and says which it started; other settings are refused."""
+    from dledger_commitlog.cli.launcher import LocalCluster
+
+    d = str(tmp_path / "c")
+    try:
+        code, out, _ = run(["cluster", "up", "--dir", d, "--json"], capsys)
+        assert code == 0 and json.loads(out)["started"] == [1, 2, 3]
+        before = {n["id"]: n["pid"] for n in json.loads(out)["nodes"]}
+        LocalCluster(d).kill(2)
+        code, out, _ = run(["cluster", "up", "--dir", d], capsys)
+        assert code == 0 and out.splitlines()[0] == "started node 2 (1, 3 were running)"
+        after = {i: LocalCluster(d).pid(i) for i in before}
+        assert after[1] == before[1] and after[3] == before[3]
+        assert after[2] is not None and after[2] != before[2]
+        code, out, _ = run(["cluster", "up", "--dir", d], capsys)
+        assert code == 0 and out.startswith("started none: every node was running\n")
+        code, _, err = run(["cluster", "up", "--dir", d, "--set", "tick_ms=20"], capsys)
+        assert code == 1 and "node 1 runs" in err and "with other settings" in err
+        assert {i: LocalCluster(d).pid(i) for i in before} == after  # nothing was touched
+    finally:
+        assert cli.main(["cluster", "down", "--dir", d]) == 0

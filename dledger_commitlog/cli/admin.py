@@ -177,9 +177,10 @@ def _cluster_up(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    cluster.up(timeout_s=args.wait)
+    down = [i for i in cluster.specs if not cluster.is_running(i)]
+    cluster.up(timeout_s=args.wait)  # starts the nodes that are down, leaves the others
     cluster.detach()
-    return _print_cluster(args, cluster)
+    return _print_cluster(args, cluster, started=down)
 
 
 @command("cluster down", "stop a local cluster", _dir_args)
@@ -204,7 +205,9 @@ def _cluster_status(args: argparse.Namespace) -> int:
     return _print_cluster(args, LocalCluster(directory))
 
 
-def _print_cluster(args: argparse.Namespace, cluster: Any) -> int:
+def _print_cluster(
+    args: argparse.Namespace, cluster: Any, started: Sequence[int] | None = None
+) -> int:
     statuses = cluster.statuses(timeout_s=1.0)
     nodes = []
     for spec in cluster:
@@ -215,8 +218,24 @@ def _print_cluster(args: argparse.Namespace, cluster: Any) -> int:
     keys = ("role", "term", "leader", "error")
     rows = [[n["id"], n["pid"], n["client"], *(n["status"].get(k) for k in keys)] for n in nodes]
     text = table(("node", "pid", "client", "role", "term", "leader", "error"), rows)
-    emit(args, {"dir": str(cluster.directory), "nodes": nodes}, text)
+    out: dict[str, Any] = {"dir": str(cluster.directory), "nodes": nodes}
+    if started is not None:
+        out["started"] = list(started)
+        text = _started_line(started, [n["id"] for n in nodes]) + "\n" + text
+    emit(args, out, text)
     return 0
+
+
+def _started_line(started: Sequence[int], every: Sequence[int]) -> str:
+    """'started nodes 1, 3 (2 was running)', 'started nodes 1, 2, 3', 'started none: ...'."""
+    running = [i for i in every if i not in started]
+    if not started:
+        return "started none: every node was running"
+    line = f"started node{'s' * (len(started) > 1)} {', '.join(map(str, started))}"
+    if running:
+        verb = "were" if len(running) > 1 else "was"
+        line += f" ({', '.join(map(str, running))} {verb} running)"
+    return line
 
 
 def _certs_args(p: argparse.ArgumentParser) -> None:
