@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import socket
+import time
 from pathlib import Path
 from typing import Any, Self
 
@@ -131,6 +132,34 @@ def test_put_body_file(
     assert "commitlog_offset" in out.splitlines()[0]  # a table: header line, then values
     code, _, err = run(["put", "--topic", "t", "--body-file", str(tmp_path / "no")], capsys)
     assert code == 2 and err.startswith("dledger: error: --body-file") and err.count("\n") == 1
+
+
+def test_put_later_forms(fake: FakeClient, capsys: pytest.CaptureFixture[str]) -> None:
+    """--deliver-in is a time from now, --deliver-at a time (ISO 8601 with a zone, or ms)."""
+    put = ["put", "--topic", "t", "--body", "x"]
+    before_ms = int(time.time() * 1000)
+    assert run([*put, "--deliver-in", "10m"], capsys)[0] == 0
+    after_ms = int(time.time() * 1000)
+    kw = fake.calls[-1][2]
+    assert before_ms + 600_000 <= kw["deliver_at_ms"] <= after_ms + 600_000
+    assert kw["delay_level"] == 0
+    assert run([*put, "--deliver-at", "2031-02-03T04:05:06+01:00"], capsys)[0] == 0
+    assert fake.calls[-1][2]["deliver_at_ms"] == 1927854306000
+    assert run([*put, "--deliver-at", "1927854306000"], capsys)[0] == 0
+    assert fake.calls[-1][2]["deliver_at_ms"] == 1927854306000
+    assert run([*put, "--delay-level", "3"], capsys)[0] == 0
+    assert fake.calls[-1][2]["delay_level"] == 3 and fake.calls[-1][2]["deliver_at_ms"] == 0
+    calls = len(fake.calls)
+    for bad, says in [
+        (["--deliver-in", "10x"], "is not a duration like 90s"),
+        (["--deliver-in", "10m 5s"], "is not a duration like 90s"),
+        (["--deliver-in", "10m", "--delay-level", "1"], "not allowed with argument"),
+        (["--deliver-in", "10m", "--deliver-at", "1927854306000"], "not allowed with argument"),
+    ]:
+        with pytest.raises(SystemExit) as info:
+            cli.main([*put, *bad])
+        assert info.value.code == 2 and says in capsys.readouterr().err
+    assert len(fake.calls) == calls  # nothing was sent
 
 
 def test_get_bodies_text_or_base64(fake: FakeClient, capsys: pytest.CaptureFixture[str]) -> None:

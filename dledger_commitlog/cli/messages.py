@@ -35,6 +35,7 @@ from dledger_commitlog.cli.commands import (
     table,
 )
 from dledger_commitlog.client.client import PullResult, PutResult, StoredMessage
+from dledger_commitlog.node.config import parse_levels
 
 
 def _message_args(p: argparse.ArgumentParser) -> None:
@@ -58,9 +59,22 @@ def _put_args(p: argparse.ArgumentParser) -> None:
         metavar="L",
         help="deliver after the cluster's delay level L (1: 1s by default)",
     )
+    later.add_argument("--deliver-in", type=_duration_ms, metavar="DURATION", dest="deliver_in_ms",
+                       help="deliver DURATION from now: 90s, 10m, 2h")  # fmt: skip
     later.add_argument("--deliver-at", type=_deliver_at, metavar="TIME",
-                       help="deliver at TIME: ISO 8601 (2026-01-01T12:00:00Z) or ms since "
-                       "the epoch")  # fmt: skip
+                       help="deliver at TIME: ISO 8601 with a zone (YYYY-MM-DDTHH:MM:SSZ) or "
+                       "ms since the epoch")  # fmt: skip
+
+
+def _duration_ms(text: str) -> int:
+    """One duration in the delay levels' units (`parse_levels`: 500ms, 90s, 10m, 2h, 1d) -> ms."""
+    try:
+        durations = parse_levels(text)
+    except ValueError:
+        durations = ()
+    if len(durations) != 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 90s, 10m or 2h")
+    return durations[0]
 
 
 def _deliver_at(text: str) -> int:
@@ -71,7 +85,7 @@ def _deliver_at(text: str) -> int:
         when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is neither ISO 8601 (2026-01-01T12:00:00Z) nor ms since the epoch"
+            f"{text!r} is neither ISO 8601 (YYYY-MM-DDTHH:MM:SSZ) nor ms since the epoch"
         ) from None
     if when.tzinfo is None:
         raise argparse.ArgumentTypeError(f"{text!r} has no time zone (add Z or +HH:MM)")
@@ -100,9 +114,13 @@ def _result_doc(r: PutResult) -> dict[str, Any]:
     }
 
 
-@command("put", "put one message (--delay-level/--deliver-at: delivered later)", _put_args)
+@command("put", "put one message (--delay-level/--deliver-in/--deliver-at: delivered later)",
+         _put_args)  # fmt: skip
 def _put(args: argparse.Namespace) -> int:
     body = _body_of(args)
+    deliver_at_ms = args.deliver_at or 0
+    if args.deliver_in_ms is not None:
+        deliver_at_ms = time.time_ns() // 1_000_000 + args.deliver_in_ms
     with make_client(args) as client:
         r = client.put(
             args.topic,
@@ -113,7 +131,7 @@ def _put(args: argparse.Namespace) -> int:
             uniq_key=args.uniq_key,
             queue_id=args.queue,
             delay_level=args.delay_level or 0,
-            deliver_at_ms=args.deliver_at or 0,
+            deliver_at_ms=deliver_at_ms,
         )
     doc = _result_doc(r)
     emit(args, doc, table(tuple(doc), [tuple(doc.values())]))
