@@ -431,3 +431,20 @@ def test_cluster_up_restarts_the_nodes_that_are_down(
         assert {i: LocalCluster(d).pid(i) for i in before} == after  # nothing was touched
     finally:
         assert cli.main(["cluster", "down", "--dir", d]) == 0
+
+
+@pytest.mark.slow
+def test_transfer_leader_to_the_leader_is_done_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`transfer-leader --to N` where N leads already says so instead of timing out
+    (the README's `--to 2` hit that whenever node 2 had won the first election)."""
+    from dledger_commitlog.cli.launcher import LocalCluster
+
+    with LocalCluster(tmp_path / "c") as cluster:
+        cluster.up()
+        leader = cluster.wait_for_leader()
+        argv = ["transfer-leader", "--cluster", str(cluster.cluster_file), "--to", str(leader)]
+        code, out, err = run([*argv, "--timeout", "3"], capsys)
+        assert (code, out, err) == (0, f"leader is now node {leader}\n", "")
+        assert cluster.wait_for_leader() == leader
