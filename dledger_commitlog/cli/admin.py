@@ -4,9 +4,9 @@ local cluster (cluster up, down, status) and certs.
 Status tables show every node, the ones that did not answer with their error;
 the exit code is 1 only when none answered. `cluster up` starts the nodes of a
 directory that do not run (all of them for a new or stopped cluster), leaves
-running ones alone and says which it started; `cluster down` stops them all.
-Local clusters are `launcher.LocalCluster`'s, imported when such a command runs
-so that the other commands start without it.
+running ones alone and says which it started; `cluster down` stops them all
+(`launcher.LocalCluster` does the work). `certs` imports its cryptography only
+when it runs.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dledger_commitlog.cli.commands import (
     make_client,
     table,
 )
+from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client.client import ClientError, NodeStatus, StatusError
 from dledger_commitlog.log.verify import progress_bar, verify_store
 from dledger_commitlog.node.config import NodeConfig
@@ -162,8 +163,6 @@ def _extra_config(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
 
 @command("cluster up", "start a local cluster (or restart a stopped one)", _cluster_up_args)
 def _cluster_up(args: argparse.Namespace) -> int:
-    from dledger_commitlog.cli.launcher import LocalCluster
-
     try:
         cluster = LocalCluster(
             _cluster_dir(args),
@@ -185,8 +184,6 @@ def _cluster_up(args: argparse.Namespace) -> int:
 
 @command("cluster down", "stop a local cluster", _dir_args)
 def _cluster_down(args: argparse.Namespace) -> int:
-    from dledger_commitlog.cli.launcher import LocalCluster
-
     directory = _cluster_dir(args)
     if not (directory / "cluster.json").exists():
         raise UsageError(f"{directory}: no cluster.json here")
@@ -197,8 +194,6 @@ def _cluster_down(args: argparse.Namespace) -> int:
 
 @command("cluster status", "processes and status of a local cluster", _dir_args)
 def _cluster_status(args: argparse.Namespace) -> int:
-    from dledger_commitlog.cli.launcher import LocalCluster
-
     directory = _cluster_dir(args)
     if not (directory / "cluster.json").exists():
         raise UsageError(f"{directory}: no cluster.json here")
@@ -206,12 +201,12 @@ def _cluster_status(args: argparse.Namespace) -> int:
 
 
 def _print_cluster(
-    args: argparse.Namespace, cluster: Any, started: Sequence[int] | None = None
+    args: argparse.Namespace, cluster: LocalCluster, started: Sequence[int] | None = None
 ) -> int:
     statuses = cluster.statuses(timeout_s=1.0)
-    nodes = []
+    nodes: list[dict[str, Any]] = []
     for spec in cluster:
-        doc = {"id": spec.id, "pid": cluster.pid(spec.id), "client": spec.client}
+        doc: dict[str, Any] = {"id": spec.id, "pid": cluster.pid(spec.id), "client": spec.client}
         doc |= {"raft": spec.raft, "metrics": spec.metrics, "data_dir": spec.data_dir}
         doc["status"] = status_json(statuses[spec.id])
         nodes.append(doc)
@@ -221,7 +216,7 @@ def _print_cluster(
     out: dict[str, Any] = {"dir": str(cluster.directory), "nodes": nodes}
     if started is not None:
         out["started"] = list(started)
-        text = _started_line(started, [n["id"] for n in nodes]) + "\n" + text
+        text = _started_line(started, list(cluster.specs)) + "\n" + text
     emit(args, out, text)
     return 0
 
