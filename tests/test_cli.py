@@ -6,12 +6,13 @@ import argparse
 import dataclasses
 import json
 import socket
+import time
 from pathlib import Path
 from typing import Any, Self
 
 import pytest
 
-from dledger_commitlog.cli import launcher as cluster_module
+from dledger_commitlog.cli import admin, cluster_layout, commands, messages
 from dledger_commitlog.cli import main as cli
 from dledger_commitlog.cli.launcher import ClusterError
 from dledger_commitlog.client.client import (
@@ -98,7 +99,8 @@ class FakeClient:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
     client = FakeClient()
-    monkeypatch.setattr(cli, "make_client", lambda args: client)
+    for module in (messages, admin):  # the modules whose commands open clients
+        monkeypatch.setattr(module, "make_client", lambda args: client)
     return client
 
 
@@ -130,6 +132,34 @@ def test_put_body_file(
     assert "commitlog_offset" in out.splitlines()[0]  # a table: header line, then values
     code, _, err = run(["put", "--topic", "t", "--body-file", str(tmp_path / "no")], capsys)
     assert code == 2 and err.startswith("dledger: error: --body-file") and err.count("\n") == 1
+
+
+def test_put_later_forms(fake: FakeClient, capsys: pytest.CaptureFixture[str]) -> None:
+    """--deliver-in is a time from now, --deliver-at a time (ISO 8601 with a zone, or ms)."""
+    put = ["put", "--topic", "t", "--body", "x"]
+    before_ms = int(time.time() * 1000)
+    assert run([*put, "--deliver-in", "10m"], capsys)[0] == 0
+    after_ms = int(time.time() * 1000)
+    kw = fake.calls[-1][2]
+    assert before_ms + 600_000 <= kw["deliver_at_ms"] <= after_ms + 600_000
+    assert kw["delay_level"] == 0
+    assert run([*put, "--deliver-at", "2031-02-03T04:05:06+01:00"], capsys)[0] == 0
+    assert fake.calls[-1][2]["deliver_at_ms"] == 1927854306000
+    assert run([*put, "--deliver-at", "1927854306000"], capsys)[0] == 0
+    assert fake.calls[-1][2]["deliver_at_ms"] == 1927854306000
+    assert run([*put, "--delay-level", "3"], capsys)[0] == 0
+    assert fake.calls[-1][2]["delay_level"] == 3 and fake.calls[-1][2]["deliver_at_ms"] == 0
+    calls = len(fake.calls)
+    for bad, says in [
+        (["--deliver-in", "10x"], "is not a duration like 90s"),
+        (["--deliver-in", "10m 5s"], "is not a duration like 90s"),
+        (["--deliver-in", "10m", "--delay-level", "1"], "not allowed with argument"),
+        (["--deliver-in", "10m", "--deliver-at", "1927854306000"], "not allowed with argument"),
+    ]:
+        with pytest.raises(SystemExit) as info:
+            cli.main([*put, *bad])
+        assert info.value.code == 2 and says in capsys.readouterr().err
+    assert len(fake.calls) == calls  # nothing was sent
 
 
 def test_get_bodies_text_or_base64(fake: FakeClient, capsys: pytest.CaptureFixture[str]) -> None:
@@ -216,12 +246,12 @@ def test_no_servers_is_a_usage_error(
 def test_make_client_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     parser = cli.build_parser()
     args = parser.parse_args(["status", "--servers", "a:1, b:2", "--cluster-name", "x"])
-    c = cli.make_client(args)
+    c = commands.make_client(args)
     assert c.servers == ["a:1", "b:2"] and c.cluster == "x"
     path = tmp_path / "cluster.json"
     path.write_text(json.dumps({"nodes": [{"id": 1, "client": "c:3"}]}))
     monkeypatch.setenv("DLEDGER_CLUSTER", str(path))
-    assert cli.make_client(parser.parse_args(["status"])).servers == ["c:3"]
+    assert commands.make_client(parser.parse_args(["status"])).servers == ["c:3"]
 
 
 def test_serve_builds_the_config(
@@ -261,19 +291,19 @@ def test_serve_offers_every_node_setting() -> None:
 
 
 def test_cluster_set_values_and_registry(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli._extra_config([("tick_ms", "20"), ("force_clean_ratio", "0.5")]) == {
+    assert admin._extra_config([("tick_ms", "20"), ("force_clean_ratio", "0.5")]) == {
         "tick_ms": 20,
         "force_clean_ratio": 0.5,
     }
-    with pytest.raises(cli.UsageError, match="not a node setting"):
-        cli._extra_config([("nope", "1")])
-    with pytest.raises(cli.UsageError, match="tick_ms=x"):
-        cli._extra_config([("tick_ms", "x")])
+    with pytest.raises(commands.UsageError, match="not a node setting"):
+        admin._extra_config([("nope", "1")])
+    with pytest.raises(commands.UsageError, match="tick_ms=x"):
+        admin._extra_config([("tick_ms", "x")])
 
     def configure(p: argparse.ArgumentParser) -> None:
         p.add_argument("--now", action="store_true")
 
-    @cli.command("admin test-only", "test only", configure)
+    @commands.command("admin test-only", "test only", configure)
     def clean(args: argparse.Namespace) -> int:
         print("cleaned", args.now, args.json)
         return 0
@@ -282,20 +312,20 @@ def test_cluster_set_values_and_registry(capsys: pytest.CaptureFixture[str]) -> 
         assert cli.main(["admin", "test-only", "--now", "--json"]) == 0
         assert capsys.readouterr().out == "cleaned True True\n"
         with pytest.raises(ValueError, match="twice"):
-            cli.command("admin test-only", "again")(clean)
+            commands.command("admin test-only", "again")(clean)
     finally:
-        del cli._REGISTRY[("admin", "test-only")]
+        del commands._REGISTRY[("admin", "test-only")]
 
 
 def test_free_ports_avoid_the_ephemeral_range() -> None:
     """A cluster's ports must not be ones the kernel hands to bind(0) or to outgoing
     connections (a fault proxy on 127.0.0.1:0 once took a node's metrics port)."""
-    low, high = cluster_module._ephemeral_range()
+    low, high = cluster_layout._ephemeral_range()
     if low <= 10_000 and high >= 65_535:
         pytest.skip(f"the ephemeral range {low}-{high} leaves no other port")
     with socket.create_server(("127.0.0.1", 0)) as s:  # the premise: bind(0) draws from it
         assert low <= s.getsockname()[1] <= high
-    ports = cluster_module.free_ports(60)
+    ports = cluster_layout.free_ports(60)
     assert len(set(ports)) == 60
     assert all(p >= 10_000 and not low <= p <= high for p in ports), (low, high, ports)
 
@@ -303,13 +333,13 @@ def test_free_ports_avoid_the_ephemeral_range() -> None:
 def test_free_ports_skip_ports_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
     """Among 30 candidate ports of which 20 are held, exactly the other 10 are free."""
     block = _free_block(30)
-    monkeypatch.setattr(cluster_module, "_MIN_PORT", block[0])
-    monkeypatch.setattr(cluster_module, "_ephemeral_range", lambda: (block[-1] + 1, 65_535))
+    monkeypatch.setattr(cluster_layout, "_MIN_PORT", block[0])
+    monkeypatch.setattr(cluster_layout, "_ephemeral_range", lambda: (block[-1] + 1, 65_535))
     held = [socket.create_server(("127.0.0.1", p)) for p in block[::3] + block[1::3]]
     try:
-        assert sorted(cluster_module.free_ports(10)) == block[2::3]
+        assert sorted(cluster_layout.free_ports(10)) == block[2::3]
         with pytest.raises(ClusterError, match="only 10 of 11 ports are free"):
-            cluster_module.free_ports(11)
+            cluster_layout.free_ports(11)
     finally:
         for s in held:
             s.close()
@@ -317,7 +347,7 @@ def test_free_ports_skip_ports_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _free_block(size: int) -> list[int]:
     """`size` consecutive ports below the ephemeral range, all free right now."""
-    low, _ = cluster_module._ephemeral_range()
+    low, _ = cluster_layout._ephemeral_range()
     for base in range(20_000, max(20_001, low - size), 97):
         block = list(range(base, base + size))
         try:
@@ -373,3 +403,48 @@ def test_a_saved_cluster_this_version_refuses_can_still_be_stopped(tmp_path: Pat
         old.up()
     with pytest.raises(ConfigError, match="max_message_bytes of at most 4161263"):
         old.start(1)
+
+
+@pytest.mark.slow
+def test_cluster_up_restarts_the_nodes_that_are_down(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`cluster up` on a cluster with a killed node starts that node, leaves the running
+    ones alone (same pids) and says which it started; other settings are refused."""
+    from dledger_commitlog.cli.launcher import LocalCluster
+
+    d = str(tmp_path / "c")
+    try:
+        code, out, _ = run(["cluster", "up", "--dir", d, "--json"], capsys)
+        assert code == 0 and json.loads(out)["started"] == [1, 2, 3]
+        before = {n["id"]: n["pid"] for n in json.loads(out)["nodes"]}
+        LocalCluster(d).kill(2)
+        code, out, _ = run(["cluster", "up", "--dir", d], capsys)
+        assert code == 0 and out.splitlines()[0] == "started node 2 (1, 3 were running)"
+        after = {i: LocalCluster(d).pid(i) for i in before}
+        assert after[1] == before[1] and after[3] == before[3]
+        assert after[2] is not None and after[2] != before[2]
+        code, out, _ = run(["cluster", "up", "--dir", d], capsys)
+        assert code == 0 and out.startswith("started none: every node was running\n")
+        code, _, err = run(["cluster", "up", "--dir", d, "--set", "tick_ms=20"], capsys)
+        assert code == 1 and "node 1 runs" in err and "with other settings" in err
+        assert {i: LocalCluster(d).pid(i) for i in before} == after  # nothing was touched
+    finally:
+        assert cli.main(["cluster", "down", "--dir", d]) == 0
+
+
+@pytest.mark.slow
+def test_transfer_leader_to_the_leader_is_done_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`transfer-leader --to N` where N leads already says so instead of timing out
+    (the README's `--to 2` hit that whenever node 2 had won the first election)."""
+    from dledger_commitlog.cli.launcher import LocalCluster
+
+    with LocalCluster(tmp_path / "c") as cluster:
+        cluster.up()
+        leader = cluster.wait_for_leader()
+        argv = ["transfer-leader", "--cluster", str(cluster.cluster_file), "--to", str(leader)]
+        code, out, err = run([*argv, "--timeout", "3"], capsys)
+        assert (code, out, err) == (0, f"leader is now node {leader}\n", "")
+        assert cluster.wait_for_leader() == leader

@@ -15,6 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from dledger_commitlog.cli import admin
 from dledger_commitlog.cli import main as cli
 from dledger_commitlog.client.client import Client
 from dledger_commitlog.node.config import parse_address
@@ -120,7 +121,7 @@ def test_node_commands_parse_and_route_raft_through_toxiproxy() -> None:
         assert f"{client_port}:{client_port}" in svc["ports"]
         assert config.me.client == f"n{i}:{client_port}"
         health = parser.parse_args(svc["healthcheck"]["test"][2:])
-        assert svc["healthcheck"]["test"][:2] == ["CMD", "dledger"] and health.run is cli._status
+        assert svc["healthcheck"]["test"][:2] == ["CMD", "dledger"] and health.run is admin._status
     for i, config in configs.items():
         for peer in config.peers:
             host, port = parse_address(peer.raft)

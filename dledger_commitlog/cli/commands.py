@@ -1,9 +1,11 @@
 """The registry of `dledger` subcommands and the helpers every subcommand module uses.
 
 Owns `command` (register a subcommand; a space in the name makes a group), the
-client the connection options name (`make_client`, `security_files`), and the
-output helpers (`emit`: JSON with --json, else the text; `table`). Modules that
-add subcommands import this one: `cli.main`'s own, and the plugins named by the
+client the connection options name (`make_client`, `security_files`), the
+argument types subcommands share (`key_value`, `non_negative`, `positive`,
+`FIELD_TYPES` for node settings), and the output helpers (`emit`: JSON with
+--json, else the text; `table`). Modules that add subcommands import this one:
+the CLI's own (`cli.messages`, `cli.admin`, `cli.main`), and the plugins named by the
 `dledger.commands` entry points (`analytics.commands`, `chaos.commands`), which
 `load_plugins` imports, the way pytest and Flask find theirs: no module imports
 the CLI that imports it, and the server package never imports analytics or chaos.
@@ -105,6 +107,48 @@ def security_files(args: argparse.Namespace) -> tuple[str | None, str | None]:
             raise UsageError(f"{cluster_file}: not a readable cluster file ({exc})") from exc
         tls_ca, credentials = tls_ca or recorded[0], credentials or recorded[1]
     return tls_ca, credentials
+
+
+def key_value(text: str) -> tuple[str, str]:
+    """An argument type: `KEY=VALUE` (the value may hold more `=`)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def non_negative(text: str) -> int:
+    """An argument type: an integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def positive(text: str) -> int:
+    """An argument type: an integer >= 1."""
+    value = non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not true or false")
+
+
+# The parser of each NodeConfig field's type, by the type's name (`serve`'s options, `--set`).
+FIELD_TYPES: dict[str, Callable[[str], Any]] = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "int | None": int,
+    "bool": _bool,
+}
 
 
 def emit(args: argparse.Namespace, doc: Any, text: str) -> None:

@@ -413,6 +413,8 @@ class RaftNode:
 
     async def transfer_leadership(self, target: int, timeout_s: float) -> int:
         """Hand leadership to `target`; its id once it leads (TimeoutError)."""
+        if target == self.cfg.node_id and self.core.role is Role.LEADER:
+            return target  # it leads already (`dledger transfer-leader --to` the leader)
         self.core.transfer_leadership(target)
         self._kick()
         deadline = time.monotonic() + timeout_s

@@ -1,0 +1,346 @@
+"""A local cluster's directory: node specs, node configs, security files, cluster.json.
+
+`ClusterLayout` owns what lies in one directory D: `D/n{i}/node.toml` (node i's
+config, in NodeConfig's TOML layout, written by `node_toml` and read back by
+`load_config` to prove they agree), `D/cluster.json` (ids, pids, addresses, data
+dirs, settings: what the CLI and `Client.from_cluster_file` read), the peers'
+secret `D/cluster.secret`, and with TLS or an ACL `D/pki/`, `D/acl.toml` and
+`D/admin.credentials`. It starts no process: `launcher.LocalCluster` adds that.
+Invariants: a directory keeps its ports and settings once cluster.json exists
+(a stopped cluster restarts from its data); ports are chosen outside the kernel's
+ephemeral range; per-node settings never come from `extra_config`; the security
+files are made once and then kept.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import secrets
+import socket
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dledger_commitlog.node.acl import Account, write_acl
+from dledger_commitlog.node.config import _SECTIONS, ConfigError, NodeConfig, Peer, load_config
+from dledger_commitlog.node.security import write_secret
+from store.fileio import write_atomically
+
+_PER_NODE = frozenset({"node_id", "data_dir", "peers", "listen_client", "listen_raft"})
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be brought to the requested state; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    id: int
+    client: str
+    raft: str
+    metrics: str
+    data_dir: str
+    home: Path  # D/n{id}
+
+    @property
+    def config_path(self) -> Path:
+        return self.home / "node.toml"
+
+    @property
+    def log_path(self) -> Path:
+        return self.home / "node.log"
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct ports free right now, chosen outside the kernel's ephemeral range.
+
+    A port from the ephemeral range (what binding to port 0 returns) is one the
+    kernel may hand to any later bind(0) or outgoing connection: a fault proxy
+    listening on 127.0.0.1:0, or a client's local end while the node that owns the
+    port is down for a restart. The node then fails to bind. Ports outside that
+    range are only ever taken by someone asking for them by number.
+    """
+    low, high = _ephemeral_range()
+    every = range(_MIN_PORT, 65536)
+    candidates = [p for p in every if not low <= p <= high] or list(every)
+    start = random.SystemRandom().randrange(len(candidates))  # then onwards, wrapping
+    socks: list[socket.socket] = []
+    try:
+        for port in itertools.chain(candidates[start:], candidates[:start]):
+            if len(socks) == count:
+                break
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+        if len(socks) < count:
+            raise ClusterError(f"only {len(socks)} of {count} ports are free on {host}")
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+_MIN_PORT = 10_000  # below: well-known and commonly configured service ports
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux; the IANA range elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
+def node_toml(config: NodeConfig) -> str:
+    """`config` in the TOML layout `load_config` reads (defaults left out)."""
+    defaults = {k: v for k, v in NodeConfig.__dataclass_fields__.items()}
+    top = ["node_id", "cluster", "data_dir", "flush_mode"]
+    lines = [f"{k} = {_toml_value(getattr(config, k))}" for k in top]
+    for section, names in _SECTIONS.items():
+        body = []
+        for key, field in names.items():
+            value = getattr(config, field)
+            if value is not None and (section == "listen" or value != defaults[field].default):
+                body.append(f"{key} = {_toml_value(value)}")
+        if body:
+            lines += ["", f"[{section}]", *body]
+    for p in config.peers:
+        lines += ["", "[[peers]]", f"id = {p.id}", f"raft = {_toml_value(p.raft)}"]
+        lines.append(f"client = {_toml_value(p.client)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+class ClusterLayout:
+    """The files of a local cluster rooted at `directory` (see the module doc)."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        nodes: int = 3,
+        base_port: int | None = None,
+        flush_mode: str | None = None,
+        extra_config: dict[str, Any] | None = None,
+        cluster: str = "dledger",
+        *,
+        links: Mapping[tuple[int, int], str] | None = None,
+        hosts: Mapping[int, str] | None = None,
+        tls: bool | None = None,
+        acl: bool | None = None,
+    ) -> None:
+        """`links[(i, j)]` is the address node i dials for node j's Raft port (a fault
+        proxy, say; default: j's own address). `hosts[i]` is the IP node i listens on
+        (default 127.0.0.1).
+
+        Peers always authenticate with a cluster secret (`D/cluster.secret`, made at
+        the first start). `tls`: a development CA and one certificate per node under
+        `D/pki/` (TLS on both ports, mTLS between peers). `acl`: `D/acl.toml` with one
+        admin account whose keys are in `D/admin.credentials` (clients of this object
+        and the CLI's `--cluster D/cluster.json` use them). None: as saved, else off."""
+        self.directory = Path(directory).resolve()
+        self.cluster_file = self.directory / "cluster.json"
+        self._pids: dict[int, int] = {}  # from cluster.json: processes another process started
+        self._atexit = False
+        saved = self._load()
+        if saved is not None:
+            self.cluster = str(saved.get("cluster", cluster))
+            self.flush_mode = flush_mode or str(saved.get("flush_mode", "sync"))
+            self.extra_config = dict(extra_config or saved.get("extra_config") or {})
+            self.specs = {n["id"]: self._spec(n) for n in saved["nodes"]}
+            self._pids = {n["id"]: int(n["pid"]) for n in saved["nodes"] if n.get("pid")}
+            saved_links = {_link_key(k): str(v) for k, v in saved.get("links", {}).items()}
+            self.links = dict(links) if links is not None else saved_links
+            was = saved.get("security") or {}
+            self.tls = bool(was.get("tls")) if tls is None else tls
+            self.acl = bool(was.get("acl")) if acl is None else acl
+        else:
+            self.cluster = cluster
+            self.flush_mode = flush_mode or "sync"
+            self.extra_config = dict(extra_config or {})
+            self.specs = self._allocate(nodes, base_port, hosts or {})
+            self.links = {}
+            self.tls, self.acl = bool(tls), bool(acl)
+        bad = _PER_NODE & set(self.extra_config)
+        if bad:
+            raise ValueError(f"extra_config cannot set per-node settings: {sorted(bad)}")
+        self._refused: ConfigError | None = None
+        try:
+            self.configs = {i: self._config(i) for i in self.specs}  # validates early
+        except ConfigError as exc:
+            if saved is None or extra_config is not None:
+                raise
+            # Saved by a version that allowed these settings: the cluster can still be
+            # inspected and stopped; starting it raises this (with --set to fix it).
+            self.configs, self._refused = {}, exc
+        if links is not None:
+            self.set_links(links)
+
+    def set_links(self, links: Mapping[tuple[int, int], str]) -> None:
+        """Route node i's Raft traffic to node j through `links[(i, j)]` from the next start."""
+        for src, dst in links:
+            if src not in self.specs or dst not in self.specs or src == dst:
+                raise ValueError(f"links: ({src}, {dst}) is not a pair of distinct node ids")
+        self.links = dict(links)
+        self.configs = {i: self._config(i) for i in self.specs}
+        if self.directory.exists() and any(s.config_path.exists() for s in self.specs.values()):
+            self._write_layout()
+
+    # ------------------------------------------------------------ layout
+
+    def _load(self) -> dict[str, Any] | None:
+        if not self.cluster_file.exists():
+            return None
+        try:
+            doc: dict[str, Any] = json.loads(self.cluster_file.read_text())
+            for n in doc["nodes"]:
+                n["id"] = int(n["id"])
+            return doc
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ClusterError(f"{self.cluster_file}: unreadable ({exc})") from exc
+
+    def _spec(self, n: dict[str, Any]) -> NodeSpec:
+        home = self.directory / f"n{n['id']}"
+        return NodeSpec(n["id"], n["client"], n["raft"], n.get("metrics", ""), n["data_dir"], home)
+
+    def _allocate(
+        self, nodes: int, base_port: int | None, hosts: Mapping[int, str]
+    ) -> dict[int, NodeSpec]:
+        if nodes not in (1, 3, 5):
+            raise ValueError(f"a cluster has 1, 3 or 5 nodes, not {nodes}")
+        if base_port is None:
+            ports = free_ports(3 * nodes)
+        elif base_port > 0 and base_port + 200 + nodes < 65536:
+            ports = [base_port + k * 100 + i for k in range(3) for i in range(nodes)]
+        else:
+            raise ValueError(f"base_port {base_port}: need 0 < P and P + 200 + nodes < 65536")
+        specs = {}
+        for i in range(1, nodes + 1):
+            host = hosts.get(i, "127.0.0.1")
+            client, raft, metrics = (f"{host}:{ports[k * nodes + i - 1]}" for k in range(3))
+            home = self.directory / f"n{i}"
+            specs[i] = NodeSpec(i, client, raft, metrics, str(home / "data"), home)
+        return specs
+
+    def _config(self, node_id: int) -> NodeConfig:
+        spec = self.specs[node_id]
+        peers = tuple(
+            Peer(s.id, self.links.get((node_id, s.id), s.raft), s.client)
+            for s in self.specs.values()
+        )
+        values: dict[str, Any] = {"cluster": self.cluster, "flush_mode": self.flush_mode}
+        values["peer_secret_file"] = str(self.secret_path)
+        if self.tls:
+            values.update(tls_ca=str(self.pki_dir / "ca.pem"),
+                          tls_cert=str(self.pki_dir / f"node-{node_id}.pem"),
+                          tls_key=str(self.pki_dir / f"node-{node_id}.key"))  # fmt: skip
+        if self.acl:
+            values["acl_file"] = str(self.directory / "acl.toml")
+        values.update(self.extra_config)
+        values.update(node_id=node_id, data_dir=spec.data_dir, peers=peers)
+        values["listen_metrics"] = spec.metrics
+        return NodeConfig(**values)
+
+    def _check_usable(self) -> None:
+        if self._refused is not None:
+            raise ConfigError(f"{self.cluster_file}: {self._refused}")
+
+    @property
+    def secret_path(self) -> Path:
+        return self.directory / "cluster.secret"
+
+    @property
+    def pki_dir(self) -> Path:
+        return self.directory / "pki"
+
+    @property
+    def credentials_path(self) -> Path | None:
+        """The admin's access and secret key (a cluster with an ACL)."""
+        return self.directory / "admin.credentials" if self.acl else None
+
+    @property
+    def tls_ca(self) -> Path | None:
+        return self.pki_dir / "ca.pem" if self.tls else None
+
+    def _write_security(self) -> None:
+        """The files the nodes' security settings name, made once and then kept."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        write_secret(self.secret_path)
+        if self.tls and not (self.pki_dir / "ca.pem").exists():
+            from dledger_commitlog.cli.certs import make_dev_pki
+
+            hosts = sorted({a.rpartition(":")[0] for s in self.specs.values()
+                            for a in (s.client, s.raft)})  # fmt: skip
+            make_dev_pki(self.pki_dir, list(self.specs), hosts)
+        creds = self.credentials_path
+        if creds is not None and not creds.exists():
+            secret = secrets.token_hex(24)
+            write_acl(self.directory / "acl.toml", [Account("admin", secret, admin=True)])
+            text = f'access_key = "admin"\nsecret_key = "{secret}"\n'
+            write_atomically(creds, text.encode(), mode=0o600)
+
+    def _write_layout(self) -> None:
+        self._check_usable()
+        self._write_security()
+        for i, spec in self.specs.items():
+            spec.home.mkdir(parents=True, exist_ok=True)
+            spec.config_path.write_text(node_toml(self.configs[i]))
+            if load_config(spec.config_path) != self.configs[i]:  # the writer and reader agree
+                raise ClusterError(f"{spec.config_path}: does not read back as written")
+        self._save()
+
+    def _save(self) -> None:
+        doc = {
+            "cluster": self.cluster,
+            "flush_mode": self.flush_mode,
+            "extra_config": self.extra_config,
+            "links": {f"{src}->{dst}": addr for (src, dst), addr in sorted(self.links.items())},
+            "security": {
+                "tls": self.tls,
+                "acl": self.acl,
+                "tls_ca": str(self.tls_ca or ""),
+                "credentials": str(self.credentials_path or ""),
+            },
+            "nodes": [
+                {
+                    "id": s.id,
+                    "pid": self.pid(s.id),
+                    "client": s.client,
+                    "raft": s.raft,
+                    "metrics": s.metrics,
+                    "data_dir": s.data_dir,
+                }
+                for s in self.specs.values()
+            ],
+        }
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.cluster_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        os.replace(tmp, self.cluster_file)
+
+    def pid(self, node_id: int) -> int | None:
+        """The pid cluster.json records for node `node_id` (LocalCluster: only a live one)."""
+        return self._pids.get(node_id)
+
+    def __iter__(self) -> Iterator[NodeSpec]:
+        return iter(self.specs.values())
+
+
+def _link_key(text: str) -> tuple[int, int]:
+    src, _, dst = text.partition("->")
+    return int(src), int(dst)
