@@ -17,7 +17,8 @@ class AppendEntries:
     """Leader -> follower: entries following (prev_index, prev_term).
 
     `quiet`: an entry-less append that only carries the commit index to a
-    replicating follower; success is not answered (see RaftCore._send_appends).
+    replicating follower; success is not answered (see raft/replication.py,
+    `_send_appends`).
     """
 
     src: int

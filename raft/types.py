@@ -52,7 +52,7 @@ class SnapshotMeta:
 
 
 class Role(enum.Enum):
-    """The four roles of a node; transitions live in `RaftCore._become_*`."""
+    """The four roles of a node; transitions live in `CoreState._become_*` (raft/state.py)."""
 
     FOLLOWER = "follower"
     PRE_CANDIDATE = "pre-candidate"

@@ -6,7 +6,8 @@ that kill or stop nodes). Every cluster lives under pytest's tmp directories and
 is stopped when its scope ends, pass or fail. When a test that used a cluster
 fails, the tails of its nodes' logs are added to the failure report.
 `wait_until` replaces sleeping-and-hoping: it polls a condition up to a deadline
-and names what it waited for and the last value it saw.
+and names what it waited for and the last value it saw. `--rewrite` makes
+tests/test_raft_traces.py write the traces of tests/testdata/*.txt into the files.
 """
 
 from __future__ import annotations
@@ -208,6 +209,14 @@ def register(item: pytest.Item, cluster: LocalCluster) -> None:
     clusters = item.stash.setdefault(_CLUSTERS, [])
     if cluster not in clusters:
         clusters.append(cluster)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--rewrite",
+        action="store_true",
+        help="write the traces of tests/testdata/*.txt into the files (tests/test_raft_traces.py)",
+    )
 
 
 @pytest.hookimpl(wrapper=True)

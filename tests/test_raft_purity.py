@@ -11,15 +11,20 @@ CORE_MODULES = (
     "__init__",
     "config",
     "core",
+    "election",
     "errors",
+    "leadership",
     "log",
     "messages",
     "progress",
     "quorum",
     "readonly",
     "ready",
+    "replication",
+    "state",
     "storage",
     "types",
+    "validate",
 )
 FORBIDDEN = {"asyncio", "grpc", "time", "os", "random", "socket", "threading", "datetime"}
 

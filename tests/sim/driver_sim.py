@@ -85,7 +85,6 @@ from dledger_commitlog.log.entry_store import EntryStore
 from raft import (
     AppendEntries,
     AppendResponse,
-    Config,
     Entry,
     HardState,
     Message,
@@ -102,6 +101,7 @@ from raft.driver import ReadyDriver
 from raft.hard_state import RaftStateFile
 from store.entry_format import INDEX_UNIT_SIZE
 from tests.sim.checkers import Checker, InvariantViolation, LogView
+from tests.sim.config import random_config
 from tests.sim.disk import FakeDisk
 from tests.sim.simulation import SimFailure, run_seeds
 
@@ -737,20 +737,7 @@ class DriverSim:
         self.seed = seed
         self.args = (nodes, write_buffer)
         rng = self.rng = random.Random(seed)
-        n = nodes or rng.choice((3, 5))
-        append_bytes = rng.choice((64, 1 << 20))
-        self.config = Config(
-            id=1,
-            peers=tuple(range(1, n + 1)),
-            election_ticks=10,
-            heartbeat_ticks=rng.choice((1, 2, 3)),
-            max_append_entries=rng.choice((1, 4, 64)),
-            max_append_bytes=append_bytes,
-            max_inflight_msgs=rng.choice((1, 4, 16)),
-            max_inflight_bytes=append_bytes * rng.choice((1, 4)),
-            preferred_leader=rng.choice((None, None, 1)),
-            async_storage_writes=True,
-        )
+        self.config = random_config(rng, nodes, async_storage_writes=True)
         wb = rng.random() < 0.5 if write_buffer is None else write_buffer
         self.write_buffer_bytes = rng.choice((200, 1 << 16)) if wb else 0
         self.data_segment_bytes = rng.choice((1024, 4096))

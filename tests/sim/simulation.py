@@ -28,8 +28,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from raft import Config, Message, NotLeader, RaftCore, Ready, Role, Snapshot
+from raft import Message, NotLeader, RaftCore, Ready, Role, Snapshot
 from tests.sim.checkers import Checker, LogView
+from tests.sim.config import random_config
 from tests.sim.disk import FakeDisk
 from tests.sim.network import MAX_IN_FLIGHT, FakeNetwork, LinkProfile
 
@@ -94,19 +95,7 @@ class Simulation:
     def __init__(self, seed: int, nodes: int | None = None) -> None:
         self.seed = seed
         rng = self.rng = random.Random(seed)
-        n = nodes or rng.choice((3, 3, 5))
-        append_bytes = rng.choice((64, 1 << 20))
-        self.config = Config(
-            id=1,
-            peers=tuple(range(1, n + 1)),
-            election_ticks=10,
-            heartbeat_ticks=rng.choice((1, 2, 3)),
-            max_append_entries=rng.choice((1, 3, 64)),
-            max_append_bytes=append_bytes,
-            max_inflight_msgs=rng.choice((1, 2, 16)),
-            max_inflight_bytes=append_bytes * rng.choice((1, 4)),
-            preferred_leader=rng.choice((None, None, None, 1)),
-        )
+        self.config = random_config(rng, nodes, async_storage_writes=False)
         self.sync_disk_rate = rng.choice((1.0, 0.7, 0.0))  # else the disk takes 1-5 ms
         self.compaction = rng.choice(("none", "lazy", "eager", "eager"))
         self.net = FakeNetwork(rng, LinkProfile.random(rng))
