@@ -31,6 +31,7 @@ from chaos.disk import FlipReport, flip_byte, power_loss, read_trace
 from dledger_commitlog.cli import main as cli
 from dledger_commitlog.cli.launcher import LocalCluster, converged, node_toml
 from dledger_commitlog.client.client import NodeStatus
+from dledger_commitlog.log.entry_records import read_record
 from dledger_commitlog.log.entry_store import EntryStore
 from dledger_commitlog.log.verify import read_layout, verify_store, write_layout
 from dledger_commitlog.node.config import ConfigError, NodeConfig, Peer
@@ -442,7 +443,7 @@ def test_a_rollback_marker_cuts_the_log_below_its_checkpoint_and_dispatch_with_i
     kept = sum(1 for e in store.entries(1, keep + 1, 1 << 30) if e.kind is EntryKind.NORMAL)
     store.close()
     assert RaftStateFile(tmp_path / "raft.state").saved.commit == last
-    assert EntryStore._read_record(tmp_path / "commitlog" / "entries.checkpoint")[0] == last  # type: ignore[index]
+    assert read_record(tmp_path / "commitlog" / "entries.checkpoint")[0] == last  # type: ignore[index]
     (tmp_path / ROLLBACK_FILE).write_text(json.dumps({"roll_back_to": keep}))
     node = _single_node(tmp_path)
     try:
@@ -451,7 +452,7 @@ def test_a_rollback_marker_cuts_the_log_below_its_checkpoint_and_dispatch_with_i
         assert node.dispatcher.dispatched_pos == end_of_keep
         assert sum(node.dispatcher.max_offsets().values()) == kept < 60
         assert RaftStateFile(tmp_path / "raft.state").saved.commit == keep
-        assert EntryStore._read_record(tmp_path / "commitlog" / "entries.checkpoint")[0] == keep  # type: ignore[index]
+        assert read_record(tmp_path / "commitlog" / "entries.checkpoint")[0] == keep  # type: ignore[index]
         assert not (tmp_path / ROLLBACK_FILE).exists()
     finally:
         asyncio.run(node.close())
@@ -500,7 +501,7 @@ def _flip_in_message(data_dir: str | Path, offset: int, at: int | bytes) -> tupl
     seg = read_layout(root)["data_segment_bytes"]
     entry_pos = offset - HEADER_SIZE
     path = root / "commitlog" / "data" / f"{entry_pos - entry_pos % seg:020d}"
-    checkpoint = EntryStore._read_record(root / "commitlog" / "entries.checkpoint")
+    checkpoint = read_record(root / "commitlog" / "entries.checkpoint")
     fd = os.open(path, os.O_RDWR)
     try:
         head = os.pread(fd, HEADER_SIZE, entry_pos % seg)
@@ -753,7 +754,7 @@ def test_a_failed_flush_stops_the_node_and_its_close_writes_nothing(
 
     first_late = asyncio.run(main())
     assert (tmp_path / "abort").exists(), "the abort marker stays after a failure"
-    checkpoint = EntryStore._read_record(tmp_path / "commitlog" / "entries.checkpoint")
+    checkpoint = read_record(tmp_path / "commitlog" / "entries.checkpoint")
     assert checkpoint is not None and checkpoint[0] < first_late
     again = _single_node(tmp_path)
     try:

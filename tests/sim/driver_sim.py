@@ -71,16 +71,15 @@ import logging
 import os
 import random
 import shutil
-import struct
 import sys
 import tempfile
-import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from dledger_commitlog.log.entry_records import CHECKPOINT_FILE, read_record
 from dledger_commitlog.log.entry_store import EntryStore
 from raft import (
     AppendEntries,
@@ -101,6 +100,7 @@ from raft import (
 from raft.driver import ReadyDriver
 from raft.hard_state import RaftStateFile
 from store.entry_format import INDEX_UNIT_SIZE
+from store.errors import CorruptEntry
 from tests.sim.checkers import Checker, InvariantViolation, LogView
 from tests.sim.disk import FakeDisk
 from tests.sim.simulation import SimFailure, run_seeds
@@ -121,21 +121,15 @@ _SEGMENT_NAME = 20
 # restore's base (`crashes_after_base_filler`), retention beyond the checkpoint
 # (`compactions_beyond_checkpoint`), retention on a log whose first segment holds only
 # that filler (`compactions_after_filler`).
-_CHECKPOINT_RECORD = struct.Struct(">qqqII")  # entry_store's entries.checkpoint
 
 
 def read_checkpoint_index(log_dir: Path) -> int:
     """The index recorded in `entries.checkpoint` (0: none or invalid)."""
     try:
-        raw = (log_dir / "entries.checkpoint").read_bytes()
-    except FileNotFoundError:
+        record = read_record(log_dir / CHECKPOINT_FILE)
+    except CorruptEntry:
         return 0
-    if (
-        len(raw) != _CHECKPOINT_RECORD.size
-        or zlib.crc32(raw[:-4]) != _CHECKPOINT_RECORD.unpack(raw)[4]
-    ):
-        return 0
-    return int(_CHECKPOINT_RECORD.unpack(raw)[0])
+    return record[0] if record is not None else 0
 
 
 # --- the disk: durable images and power loss ---------------------------------
