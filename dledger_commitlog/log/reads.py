@@ -59,7 +59,7 @@ from store.message import STORE_TIMESTAMP_POS, decode_message, tags_hash_code
 
 if TYPE_CHECKING:
     from dispatch.dispatcher import Dispatcher
-    from dledger_commitlog.log.commitlog import DLedgerCommitLog
+    from dledger_commitlog.log.committed_view import CommittedView
     from store.mapped_file import MappedFileQueue
 
 MAX_SCAN: Final = 16_384  # units one Pull looks at (as dispatch's scan did)
@@ -97,7 +97,7 @@ class QueueView:
     files: tuple[int, ...]  # byte offsets (names) of its files, oldest first
 
 
-def log_view(log: DLedgerCommitLog) -> LogView:
+def log_view(log: CommittedView) -> LogView:
     """The committed log's bounds and files now (on the loop)."""
     data = log.store.data_queue
     committed = log.committed_pos
