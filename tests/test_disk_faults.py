@@ -31,6 +31,7 @@ from chaos.disk import FlipReport, flip_byte, power_loss, read_trace
 from dledger_commitlog.cli import main as cli
 from dledger_commitlog.cli.launcher import LocalCluster, converged, node_toml
 from dledger_commitlog.client.client import NodeStatus
+from dledger_commitlog.log import reads
 from dledger_commitlog.log.entry_records import read_record
 from dledger_commitlog.log.entry_store import EntryStore
 from dledger_commitlog.log.verify import read_layout, verify_store, write_layout
@@ -539,6 +540,12 @@ def _put_twenty_and_damage_k7(root: Path, at: int | bytes) -> tuple[str, int, in
     return file, entry_pos, index, offset
 
 
+def _pull_one(node: RaftNode, topic: str, queue_id: int, offset: int) -> reads.Found:
+    """A Pull of one message at a queue offset, as the node serves it."""
+    return reads.pull_scan(node.queue_view(topic, queue_id), node.log_view(), offset, 1, None,
+                           max_bytes=4 << 20)  # fmt: skip
+
+
 _DAMAGE: dict[str, int | bytes] = {
     "uniq_key": b"UNIQ_KEY\x01k7",  # what the idempotency window reads at start
     "body": b"k-7-k-7-",
@@ -575,13 +582,17 @@ def test_a_flip_below_the_checkpoint_is_one_warning_and_the_node_serves_the_rest
         served: dict[bytes, int] = {}
         for (topic, qid), cq in node.dispatcher.queues.items():
             for qoff, unit in enumerate(cq.get_range(cq.min_offset, cq.max_offset)):
+                at = cq.min_offset + qoff
                 if unit.commitlog_offset == offset:  # a Pull that reaches it fails
                     with pytest.raises(CorruptEntry, match=f"offset {entry_pos}: body CRC"):
-                        node.dispatcher.scan(topic, qid, cq.min_offset + qoff, 1, None)
+                        _pull_one(node, topic, qid, at)
                     continue
-                ((_, data),) = node.dispatcher.scan(topic, qid, cq.min_offset + qoff, 1, None)[0]
+                found = _pull_one(node, topic, qid, at)
+                (data,) = found.messages  # exactly the unit's message
+                assert found.sizes == [unit.size] and found.next_offset == at + 1
                 msg = decode_message(data)
-                assert msg.queue_offset == cq.min_offset + qoff
+                assert msg.queue_offset == at
+                assert msg.physical_offset == unit.commitlog_offset
                 served[msg.body] = unit.commitlog_offset
                 assert cl.get_by_offset(unit.commitlog_offset)[0].body == msg.body
         assert set(served) == {b"k-%d-" % i * 100 for i in range(20) if i != 7}
