@@ -432,10 +432,13 @@ class Life:
     # -- what the simulation asks --
 
     def idle(self) -> bool:
-        """Parked: on the wakeup with nothing to do, or on a future not yet completed."""
+        """Parked: on the wakeup with nothing to do, or on a future not yet completed;
+        and no answer of the flusher due on the loop."""
         if self.task.done():
             exc = None if self.task.cancelled() else self.task.exception()
             raise AssertionError(f"node {self.node.id}: the ready loop ended: {exc!r}") from exc
+        if self.flusher.answer_pending:
+            return False
         parked = self.parked
         if parked is not None:
             return not parked.done()
@@ -601,14 +604,15 @@ class InFlight:
 class SimFlusher:
     """driver.Flusher modelled on store.flush.GroupCommit, with simulated timing.
 
-    As GroupCommit: `request(pos)` is ignored if `pos` is already flushed (no
-    report follows); else it queues a request for the flusher "thread", which
-    serves every queued request with one fsync
-    covering all bytes written when that fsync starts, then reports the flushed
-    position (waiters whose position it covers are released, then the listeners
-    run) and takes the next queued request, if any. The store's flushed position
-    as GroupCommit sees it is the life's `durable_pos`: raised by completed
-    fsyncs and entry checkpoints, lowered by truncations.
+    As GroupCommit: `request(pos)` for a `pos` already flushed needs no fsync,
+    and the flushed position is reported on the loop's next pass (`answer_pending`
+    until then); else it queues a request for the flusher "thread", which serves
+    every queued request with one fsync covering all bytes written when that
+    fsync starts, then reports the flushed position (waiters whose position it
+    covers are released, then the listeners run) and takes the next queued
+    request, if any. The store's flushed position as GroupCommit sees it is the
+    life's `durable_pos`: raised by completed fsyncs and entry checkpoints,
+    lowered by truncations.
     """
 
     def __init__(self, life: Life) -> None:
@@ -619,6 +623,7 @@ class SimFlusher:
         self.queued = False  # a request waits for the thread
         self.start_pending = False  # the thread is about to start an fsync
         self.in_flight: InFlight | None = None
+        self.answer_pending = False  # a report for requests already covered is due
         self.history: list[tuple[int, int, int]] = []  # (started, completed, reported)
 
     def add_listener(self, on_durable: Callable[[int], None]) -> None:
@@ -627,7 +632,12 @@ class SimFlusher:
     def request(self, position: int) -> None:
         life = self._life
         if position <= life.durable_pos:
-            return  # as GroupCommit: flushed already (by anyone), so no report comes
+            # As GroupCommit: flushed already (by anyone), so no fsync; the answer
+            # comes on the loop's next pass, never from inside this call.
+            if not self.answer_pending:
+                self.answer_pending = True
+                life.sim.loop.call_soon(self._answer_covered)
+            return
         self.requested = position
         self.queued = True
         self._maybe_start()
@@ -641,6 +651,10 @@ class SimFlusher:
         self.request(pos)
         self._waiters.append((pos, fut))
         return await life.park(fut)
+
+    def _answer_covered(self) -> None:
+        self.answer_pending = False
+        self._report(self._life.durable_pos)
 
     def _maybe_start(self) -> None:
         if self.queued and self.in_flight is None and not self.start_pending:
@@ -679,6 +693,11 @@ class SimFlusher:
         self.history.append((fl.started, life.sim.now, flushed))
         if life.sim.record:
             life.sim.log(life, "fsync_done", life.durable_last())
+        self._report(flushed)
+        self._maybe_start()
+
+    def _report(self, flushed: int) -> None:
+        """Release the waiters `flushed` covers, then tell the listeners."""
         kept: list[tuple[int, asyncio.Future[int]]] = []
         for pos, fut in self._waiters:
             if pos <= flushed:
@@ -689,7 +708,6 @@ class SimFlusher:
         self._waiters = kept
         for listener in self._listeners:
             listener(flushed)
-        self._maybe_start()
 
 
 @dataclass(eq=False)
