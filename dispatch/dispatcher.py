@@ -51,8 +51,8 @@ from typing import Protocol
 import numpy as np
 
 from store.checkpoint import AbortMarker, StoreCheckpoint
-from store.consume_queue import UNIT_DTYPE, ConsumeQueue, CqUnit, discover_queues
-from store.errors import InvalidMessage, OffsetOutOfRange
+from store.consume_queue import UNIT_DTYPE, ConsumeQueue, discover_queues
+from store.errors import InvalidMessage
 from store.fileio import write_atomically
 from store.index_file import IndexService, topic_key_hashes
 from store.message import (
@@ -61,7 +61,6 @@ from store.message import (
     decode_message,
     peek_header,
     peek_headers,
-    tags_hash_code,
 )
 
 log = logging.getLogger(__name__)
@@ -422,61 +421,7 @@ class Dispatcher:
     def max_offsets(self) -> dict[tuple[str, int], int]:
         return {key: cq.max_offset for key, cq in self.queues.items()}
 
-    def scan(
-        self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_messages: int,
-        tags: frozenset[str] | None,
-        *,
-        max_bytes: int = 4 << 20,
-        end_offset: int = 0,
-        max_scan: int = 16_384,
-    ) -> tuple[list[tuple[CqUnit, bytes]], int]:
-        """Messages of one queue from `offset`: [(unit, encoded message)], next offset.
-
-        Units whose tag hash does not match are skipped without reading the message;
-        matches are then compared exactly. Raises OffsetOutOfRange outside [min, max].
-        """
-        cq = self.queues.get((topic, queue_id))
-        if cq is None:
-            if offset != 0:
-                raise OffsetOutOfRange(offset, 0, 0, f"offset of empty queue {topic}/{queue_id}")
-            return [], 0
-        if offset < cq.min_offset or offset > cq.max_offset:
-            raise OffsetOutOfRange(offset, cq.min_offset, cq.max_offset,
-                                   f"queue offset in {topic}/{queue_id}")  # fmt: skip
-        hi = cq.max_offset if end_offset <= 0 else min(cq.max_offset, end_offset)
-        codes = None if tags is None else {tags_hash_code(t) for t in tags}
-        found: list[tuple[CqUnit, bytes]] = []
-        size = 0
-        q = offset
-        committed = self.log.committed_pos
-        while q < hi and len(found) < max_messages and q - offset < max_scan:
-            units = cq.get_range(q, min(hi - q, max(max_messages - len(found), 256)))
-            for unit in units:
-                if len(found) >= max_messages or (found and size + unit.size > max_bytes):
-                    return found, q
-                q += 1
-                if codes is not None and unit.tags_code not in codes:
-                    continue
-                if unit.commitlog_offset + unit.size > committed:
-                    raise AssertionError(
-                        f"queue unit at {unit.commitlog_offset} is beyond committed {committed}"
-                    )
-                data = self.log.read_message(unit.commitlog_offset, unit.size)
-                if tags is not None and _tags_of(data) not in tags:
-                    continue
-                found.append((unit, data))
-                size += unit.size
-        return found, q
-
     def query_offsets(
         self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int
     ) -> list[int]:
         return self.index.query(topic, key, begin_ms, end_ms, max_count)
-
-
-def _tags_of(data: bytes) -> str | None:
-    return decode_message(data).tags

@@ -27,9 +27,9 @@ Invariants:
   append just replaced may be back in its place;
 - an acknowledgement leaves only once the entries it covers are durable;
 - the core hears `persisted` only for entries it has handed out and that were
-  advanced (no await between the flush request and `advance`); bytes another
-  flush (the entry checkpointer's) made durable before the request are reported
-  right after `advance`, as the flusher ignores a request for flushed bytes;
+  advanced (no await between the flush request and `advance`; the flusher
+  answers every request, one for bytes another flush already made durable
+  too, on a later pass of the loop, never from inside `request`);
 - an append that replaces a suffix, and a snapshot restore, first wait until
   nothing is in flight: no fsync may cover bytes a truncation rewrites;
 - one Ready at a time; inputs arriving meanwhile go into the next one.
@@ -66,7 +66,10 @@ class DriverStorage(Protocol):
 class Flusher(Protocol):
     """Durability of the storage's bytes (store.flush.GroupCommit)."""
 
-    def request(self, position: int) -> None: ...
+    def request(self, position: int) -> None:
+        """Have the listeners told, on a later pass of the loop, once the storage is
+        durable up to `position` (also when it already is: then without an fsync)."""
+        ...
 
     async def sync(self, position: int | None = None) -> int: ...
 
@@ -170,11 +173,6 @@ class ReadyDriver:
         if rd.read_states:
             self._read_states(rd.read_states)
         core.advance(rd)
-        if self._unflushed and storage.flushed_position >= self._unflushed[0][0]:
-            # Another flush (the entry checkpointer's) covered these bytes before our
-            # request: the flusher ignores a request for flushed bytes and no report
-            # would ever come for them.
-            self._on_durable(storage.flushed_position)
         self._after_ready()
 
     def _send_when_durable(self, messages: Sequence[Message]) -> None:

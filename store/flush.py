@@ -6,8 +6,10 @@ durability of their bytes with one fsync between them: a writer calls
 `target.flush()`, covering every byte appended before that flush started, then
 releases every waiter whose position it covers in one pass. Writers that arrive
 while an fsync runs are served by the next one. Invariants: a waiter is released
-only when `flushed_position >= its position`; at most one fsync is in flight per
-target; after a failed fsync nothing is reported durable again.
+only when `flushed_position >= its position`; every request is answered (one
+for bytes already flushed, by this or any other flush, on the loop's next pass);
+at most one fsync is in flight per target; after a failed fsync nothing is
+reported durable again.
 
 `PeriodicFlush` (FlushRealTimeService) flushes every `interval_ms`, or sooner
 once `min_bytes` are unflushed, for the async flush mode: puts are acknowledged
@@ -49,7 +51,8 @@ class GroupCommit:
     appending and stepping while the fsync runs, and sends what waited for
     durability from its listener). Writers that arrive while an fsync runs are
     served by the next one. Two ways in: `await sync(pos)`, or `request(pos)`
-    plus a listener (no future at all).
+    plus a listener (no future at all); a request for bytes already flushed is
+    answered without an fsync, on the loop's next pass.
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class GroupCommit:
         self._closed = False
         self._on_flush = on_flush  # (flushed position, seconds the fsync took)
         self._listeners: list[Callable[[int], None]] = []
+        self._answer_scheduled = False  # a report for requests already covered is due
         self.fsync_count = 0
         self.error: BaseException | None = None  # a failed fsync: never retried
 
@@ -78,13 +82,23 @@ class GroupCommit:
         self._listeners.append(on_durable)
 
     def request(self, position: int) -> None:
-        """Ask for an fsync covering `position` without waiting (see `add_listener`)."""
+        """Ask for an fsync covering `position` without waiting (see `add_listener`).
+
+        Bytes already flushed (by an earlier fsync, or by anyone else's flush of the
+        target) need none: the listeners hear the flushed position all the same, on
+        the loop's next pass, as they would from the flush thread (never from inside
+        this call, so a caller may request before it is ready to hear the answer).
+        """
         if self.error is not None:
             raise OSError(f"an earlier fsync failed ({self.error}); nothing is flushed since")
         if self._closed:
             raise ConnectionAbortedError("group commit closed")
         if position <= self._target.flushed_position:
-            return  # (a truncation may have moved the positions back: no other test)
+            # (A truncation may have moved the positions back: this is the only test.)
+            if not self._answer_scheduled:
+                self._answer_scheduled = True
+                asyncio.get_running_loop().call_soon(self._answer_covered)
+            return
         if self._thread is None:
             self._loop = asyncio.get_running_loop()
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
@@ -132,6 +146,15 @@ class GroupCommit:
         self.fsync_count += 1
         if self._on_flush is not None:
             self._on_flush(flushed, seconds)
+        self._report(flushed)
+
+    def _answer_covered(self) -> None:
+        """Requests that were covered when made: report what is flushed now (no fsync)."""
+        self._answer_scheduled = False
+        if self.error is None:
+            self._report(self._target.flushed_position)
+
+    def _report(self, flushed: int) -> None:
         self._release(flushed)
         for listener in self._listeners:
             listener(flushed)

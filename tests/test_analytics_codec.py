@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analytics.codec import ARROW_SCHEMA, COLUMNS, Expected, decode, walk
-from dledger_commitlog.log.commitlog import make_msg_id
+from dledger_commitlog.log.message_route import make_msg_id
 from store.errors import CorruptEntry
 from store.message import (
     PHYSICAL_OFFSET_POS,

@@ -19,7 +19,7 @@ import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client.client import Client, NodeStatus, WrongCluster
-from dledger_commitlog.log.commitlog import make_msg_id
+from dledger_commitlog.log.message_route import make_msg_id
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 from tests.conftest import (

@@ -31,6 +31,8 @@ from chaos.disk import FlipReport, flip_byte, power_loss, read_trace
 from dledger_commitlog.cli import main as cli
 from dledger_commitlog.cli.launcher import LocalCluster, converged, node_toml
 from dledger_commitlog.client.client import NodeStatus
+from dledger_commitlog.log import reads
+from dledger_commitlog.log.entry_records import read_record
 from dledger_commitlog.log.entry_store import EntryStore
 from dledger_commitlog.log.verify import read_layout, verify_store, write_layout
 from dledger_commitlog.node.config import ConfigError, NodeConfig, Peer
@@ -442,7 +444,7 @@ def test_a_rollback_marker_cuts_the_log_below_its_checkpoint_and_dispatch_with_i
     kept = sum(1 for e in store.entries(1, keep + 1, 1 << 30) if e.kind is EntryKind.NORMAL)
     store.close()
     assert RaftStateFile(tmp_path / "raft.state").saved.commit == last
-    assert EntryStore._read_record(tmp_path / "commitlog" / "entries.checkpoint")[0] == last  # type: ignore[index]
+    assert read_record(tmp_path / "commitlog" / "entries.checkpoint")[0] == last  # type: ignore[index]
     (tmp_path / ROLLBACK_FILE).write_text(json.dumps({"roll_back_to": keep}))
     node = _single_node(tmp_path)
     try:
@@ -451,7 +453,7 @@ def test_a_rollback_marker_cuts_the_log_below_its_checkpoint_and_dispatch_with_i
         assert node.dispatcher.dispatched_pos == end_of_keep
         assert sum(node.dispatcher.max_offsets().values()) == kept < 60
         assert RaftStateFile(tmp_path / "raft.state").saved.commit == keep
-        assert EntryStore._read_record(tmp_path / "commitlog" / "entries.checkpoint")[0] == keep  # type: ignore[index]
+        assert read_record(tmp_path / "commitlog" / "entries.checkpoint")[0] == keep  # type: ignore[index]
         assert not (tmp_path / ROLLBACK_FILE).exists()
     finally:
         asyncio.run(node.close())
@@ -500,7 +502,7 @@ def _flip_in_message(data_dir: str | Path, offset: int, at: int | bytes) -> tupl
     seg = read_layout(root)["data_segment_bytes"]
     entry_pos = offset - HEADER_SIZE
     path = root / "commitlog" / "data" / f"{entry_pos - entry_pos % seg:020d}"
-    checkpoint = EntryStore._read_record(root / "commitlog" / "entries.checkpoint")
+    checkpoint = read_record(root / "commitlog" / "entries.checkpoint")
     fd = os.open(path, os.O_RDWR)
     try:
         head = os.pread(fd, HEADER_SIZE, entry_pos % seg)
@@ -536,6 +538,12 @@ def _put_twenty_and_damage_k7(root: Path, at: int | bytes) -> tuple[str, int, in
     offset = _offset_of(root, "k7")
     file, entry_pos, index = _flip_in_message(root, offset, at)
     return file, entry_pos, index, offset
+
+
+def _pull_one(node: RaftNode, topic: str, queue_id: int, offset: int) -> reads.Found:
+    """A Pull of one message at a queue offset, as the node serves it."""
+    return reads.pull_scan(node.queue_view(topic, queue_id), node.log_view(), offset, 1, None,
+                           max_bytes=4 << 20)  # fmt: skip
 
 
 _DAMAGE: dict[str, int | bytes] = {
@@ -574,13 +582,17 @@ def test_a_flip_below_the_checkpoint_is_one_warning_and_the_node_serves_the_rest
         served: dict[bytes, int] = {}
         for (topic, qid), cq in node.dispatcher.queues.items():
             for qoff, unit in enumerate(cq.get_range(cq.min_offset, cq.max_offset)):
+                at = cq.min_offset + qoff
                 if unit.commitlog_offset == offset:  # a Pull that reaches it fails
                     with pytest.raises(CorruptEntry, match=f"offset {entry_pos}: body CRC"):
-                        node.dispatcher.scan(topic, qid, cq.min_offset + qoff, 1, None)
+                        _pull_one(node, topic, qid, at)
                     continue
-                ((_, data),) = node.dispatcher.scan(topic, qid, cq.min_offset + qoff, 1, None)[0]
+                found = _pull_one(node, topic, qid, at)
+                (data,) = found.messages  # exactly the unit's message
+                assert found.sizes == [unit.size] and found.next_offset == at + 1
                 msg = decode_message(data)
-                assert msg.queue_offset == cq.min_offset + qoff
+                assert msg.queue_offset == at
+                assert msg.physical_offset == unit.commitlog_offset
                 served[msg.body] = unit.commitlog_offset
                 assert cl.get_by_offset(unit.commitlog_offset)[0].body == msg.body
         assert set(served) == {b"k-%d-" % i * 100 for i in range(20) if i != 7}
@@ -753,7 +765,7 @@ def test_a_failed_flush_stops_the_node_and_its_close_writes_nothing(
 
     first_late = asyncio.run(main())
     assert (tmp_path / "abort").exists(), "the abort marker stays after a failure"
-    checkpoint = EntryStore._read_record(tmp_path / "commitlog" / "entries.checkpoint")
+    checkpoint = read_record(tmp_path / "commitlog" / "entries.checkpoint")
     assert checkpoint is not None and checkpoint[0] < first_late
     again = _single_node(tmp_path)
     try:

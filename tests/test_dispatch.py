@@ -27,6 +27,7 @@ from dispatch.dispatcher import (
 )
 from dledger_commitlog.cli.main import main as cli_main
 from dledger_commitlog.common.protocol import PutResult
+from dledger_commitlog.log import reads
 from dledger_commitlog.log.commitlog import DLedgerCommitLog, OutcomeUnknown, PutSpec
 from dledger_commitlog.log.entry_store import EntryStore
 from dledger_commitlog.log.verify import verify_store, write_layout
@@ -112,6 +113,23 @@ class LocalLog:
                           index_slots=LAYOUT["index_slots"],
                           index_entries=LAYOUT["index_entries"])  # fmt: skip
 
+    def pull(
+        self,
+        d: Dispatcher,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        tags: frozenset[str] | None,
+        *,
+        end_offset: int = 0,
+    ) -> reads.Found:
+        """A Pull's answer as a node serves it: `reads.pull_scan` over views of `d`
+        and of the commit log."""
+        queue = reads.queue_view(d, topic, queue_id, LAYOUT["cq_units_per_file"])
+        return reads.pull_scan(queue, reads.log_view(self.cl), offset, max_messages, tags,
+                               max_bytes=4 << 20, end_offset=end_offset)  # fmt: skip
+
     def close(self) -> None:
         self.store.close()
 
@@ -157,10 +175,13 @@ def test_dispatch_fills_queues_and_index_from_committed_messages(log: LocalLog) 
     for m, r in zip(messages(120, seed=1), results, strict=True):
         by_queue.setdefault((str(m["topic"]), r.queue_id), []).append(r)
     for (topic, qid), rs in by_queue.items():
-        found, nxt = d.scan(topic, qid, 0, 1000, None)
-        assert [u.commitlog_offset for u, _ in found] == [r.commitlog_offset for r in rs]
+        found = log.pull(d, topic, qid, 0, 1000, None)
+        got = [decode_message(m) for m in found.messages]
+        assert [m.physical_offset for m in got] == [r.commitlog_offset for r in rs]
+        assert [m.queue_offset for m in got] == [r.queue_offset for r in rs]
+        assert found.sizes == [len(m) for m in found.messages]
         assert [r.queue_offset for r in rs] == list(range(len(rs)))
-        assert nxt == len(rs)
+        assert found.next_offset == len(rs)
     checked = 0
     for topic in ("t0", "t1", "t2"):
         hits = d.query_offsets(topic, "user3", 0, 2**62, 100)
@@ -247,23 +268,25 @@ def test_tag_expressions() -> None:
             parse_tag_expression(bad)
 
 
-def test_scan_filters_by_tag_and_bounds_offsets(log: LocalLog) -> None:
+def test_pull_filters_by_tag_and_bounds_offsets(log: LocalLog) -> None:
     log.put([{"topic": "t", "body": b"x", "uniq_key": f"u{i}", "queue_id": 1,
               "tags": ("A", "B", None)[i % 3]} for i in range(9)])  # fmt: skip
     d = log.dispatcher()
     d.recover(log.cl.committed_pos)
     d.catch_up()
-    found, nxt = d.scan("t", 1, 0, 100, frozenset({"A"}))
-    assert [u for u, _ in found] and nxt == 9
-    assert all(decode_message(data).tags == "A" for _, data in found) and len(found) == 3
-    found, nxt = d.scan("t", 1, 2, 2, None)
-    assert len(found) == 2 and nxt == 4
-    found, nxt = d.scan("t", 1, 0, 100, None, end_offset=5)
-    assert len(found) == 5 and nxt == 5
+    found = log.pull(d, "t", 1, 0, 100, frozenset({"A"}))
+    assert found.messages and found.next_offset == 9
+    assert all(decode_message(m).tags == "A" for m in found.messages)
+    assert len(found.messages) == len(found.sizes) == 3
+    found = log.pull(d, "t", 1, 2, 2, None)
+    assert len(found.messages) == 2 and found.next_offset == 4
+    assert [decode_message(m).queue_offset for m in found.messages] == [2, 3]
+    found = log.pull(d, "t", 1, 0, 100, None, end_offset=5)
+    assert len(found.messages) == 5 and found.next_offset == 5
     with pytest.raises(OffsetOutOfRange):
-        d.scan("t", 1, 10, 1, None)
+        log.pull(d, "t", 1, 10, 1, None)
     with pytest.raises(OffsetOutOfRange):
-        d.scan("never", 0, 3, 1, None)
+        log.pull(d, "never", 0, 3, 1, None)
 
 
 @pytest.mark.parametrize("seed", [11, 12, 13])

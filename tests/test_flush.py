@@ -250,3 +250,36 @@ def test_group_commit_flushes_again_after_a_truncation_moved_positions_back(
     assert seen[0] == 100 and seen[-1] == 80
     assert q.flushed_position == 80
     q.close()
+
+
+def test_group_commit_answers_a_request_for_bytes_already_flushed(tmp_path: Path) -> None:
+    """Bytes another flush made durable (the entry checkpointer's) need no fsync, but a
+    request for them is answered all the same: the listeners hear the flushed position
+    on the loop's next pass, as from the flush thread, never from inside request()."""
+    q = CountingQueue(tmp_path)
+    q.append(b"c" * 40)
+    q.flush()  # someone else's flush, before the request
+
+    async def main() -> tuple[list[int], list[int], int]:
+        gc = GroupCommit(q)
+        seen: list[int] = []
+        heard = asyncio.Event()
+
+        def durable(flushed: int) -> None:
+            seen.append(flushed)
+            heard.set()
+
+        gc.add_listener(durable)
+        gc.request(40)
+        gc.request(10)  # covered too: the same answer serves both
+        during = list(seen)
+        async with asyncio.timeout(5):
+            await heard.wait()
+        await gc.close()
+        return during, seen, gc.fsync_count
+
+    during, seen, fsyncs = asyncio.run(main())
+    assert during == []  # not from inside request(): its caller may not be ready
+    assert seen == [40]
+    assert fsyncs == 0 and q.flushes == 1  # no fsync of its own
+    q.close()

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dledger_commitlog.log.commitlog import make_msg_id, offset_of_msg_id
 from dledger_commitlog.log.entry_store import EntryStore
+from dledger_commitlog.log.message_route import make_msg_id, offset_of_msg_id
 from dledger_commitlog.node.config import (
     SMALL_SEGMENTS,
     ConfigError,

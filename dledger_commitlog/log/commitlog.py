@@ -2,7 +2,10 @@
 
 Owns the put path above Raft: validation and encoding (once, at the request),
 queue assignment at proposal time, batching of concurrent puts into one
-proposal, idempotency by UNIQ_KEY, and the committed view that readers use.
+proposal, idempotency by UNIQ_KEY, and the tables these need (queue ends, recent
+UNIQ_KEYs), kept as committed entries are applied. It is a `CommittedView`
+(committed_view.py), which owns the committed position and the reads bounded by
+it; message_route.py reads and writes the fields the put path needs.
 
 Invariants:
 - Queue offsets are a function of log order: the leader assigns them from a
@@ -12,59 +15,44 @@ Invariants:
   that entry has the term it was proposed in, a definite failure if another
   entry took the index; if neither happens before the deadline the outcome is
   unknown (the client retries with the same UNIQ_KEY and gets the original).
-- Readers see entries up to `committed_index` / `committed_pos` only; these move
-  forward only, as committed entries are applied in order.
-- Every read serves bytes checked against their entry's body CRC: a damaged
-  entry (recovery does not rescan below the entry checkpoint) fails its read with
-  CorruptEntry and is never served; at start it is reported once, in one line,
-  and left out of the idempotency window (docs/disk-faults.md).
+- A committed entry found damaged at start (recovery does not rescan below the
+  entry checkpoint) is reported once, in one line, and left out of the
+  idempotency window (docs/disk-faults.md); its reads fail (committed_view.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
-import functools
 import logging
-import socket
-import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from dledger_commitlog.common.protocol import PutResult
+from dledger_commitlog.log.committed_view import REPAIR, CommittedView
 from dledger_commitlog.log.entry_store import EntryStore
+from dledger_commitlog.log.message_route import (
+    Route,
+    msg_id_of,
+    route_of,
+    stamp,
+    store_host_bytes,
+    uniq_of,
+)
 from raft import RaftCore
 from raft.errors import NotLeader
 from raft.types import Entry, EntryKind
 from store.entry_format import HEADER_SIZE
-from store.errors import CorruptEntry, InvalidMessage, OffsetOutOfRange
-from store.message import (
-    FIXED_PART_SIZE,
-    QUEUE_OFFSET_POS,
-    STORE_TIMESTAMP_POS,
-    Message,
-    decode_message,
-    encode_message,
-    make_properties,
-)
+from store.errors import CorruptEntry, InvalidMessage
+from store.message import Message, encode_message, make_properties
 
 log = logging.getLogger(__name__)
 
-_I32 = struct.Struct(">i")
-_I64 = struct.Struct(">q")
-_QUEUE_ID_POS = 12
-_STORE_HOST_POS = 64  # storeHost: IPv4 (4 bytes) and port (i32), after storeTimestamp
-_MSG_ID = struct.Struct(">4siq")
-_DISPATCH_BATCH = 4096  # entries per read_committed call
-_UNIQ_NAME = b"UNIQ_KEY\x01"  # properties (name \x01 value \x02 ...) end a message
 _ONE_BY_ONE = 64  # entries read singly after a batch read met a damaged one
 _NAMED_BAD = 3  # damaged entries named in the start-up warning
 _SYSTEM_PREFIX = "%SYS%"
 _SYSTEM_QUEUES = 65  # config.MAX_DELAY_LEVELS, plus the deliver-at queue
-_REPAIR = "restore this node's data from a replica (docs/disk-faults.md)"
 
 
 class PutFailed(Exception):
@@ -89,85 +77,11 @@ class PutSpec:
     queue_id: int | None
 
 
-def make_msg_id(store_host: tuple[str, int], commitlog_offset: int) -> str:
-    """RocketMQ's layout: store host (IPv4, port) and commit-log offset, hex upper."""
-    return (
-        _MSG_ID.pack(socket.inet_aton(store_host[0]), store_host[1], commitlog_offset).hex().upper()
-    )
-
-
-class Route(NamedTuple):
-    """What the put path's tables need of a committed message (see `route_of`)."""
-
-    topic: str
-    queue_id: int
-    queue_offset: int
-    store_timestamp_ms: int
-    uniq_key: str | None
-
-
-_ROUTE = struct.Struct(">12xi4xq")  # queueId at 12, queueOffset at 20
-_BODY_LEN_POS = FIXED_PART_SIZE - 4
-
-
-@functools.lru_cache(maxsize=4096)
-def _topic_text(raw: bytes) -> str:
-    return raw.decode("ascii")
-
-
-def route_of(data: bytes) -> Route:
-    """Topic, queue, offset, store time and UNIQ_KEY of an encoded message, read at their
-    fixed places without decoding the properties: for entries the log already checked
-    (a leader encoded them, a follower refused an append holding anything else)."""
-    queue_id, queue_offset = _ROUTE.unpack_from(data, 0)
-    (store_ms,) = _I64.unpack_from(data, STORE_TIMESTAMP_POS)
-    at = FIXED_PART_SIZE + _I32.unpack_from(data, _BODY_LEN_POS)[0]
-    topic = _topic_text(data[at + 1 : at + 1 + data[at]])
-    return Route(topic, queue_id, queue_offset, store_ms, _uniq_in(data, at + 3 + data[at]))
-
-
-def uniq_of(data: bytes) -> str | None:
-    """The UNIQ_KEY property of an encoded message, None if it has none (or is no message)."""
-    try:
-        at = FIXED_PART_SIZE + _I32.unpack_from(data, _BODY_LEN_POS)[0]
-        return _uniq_in(data, at + 3 + data[at])
-    except (struct.error, IndexError, UnicodeDecodeError):
-        return None
-
-
-def _uniq_in(data: bytes, props: int) -> str | None:
-    """UNIQ_KEY in the properties starting at `props` (name \x01 value \x02 ...)."""
-    found = data.find(_UNIQ_NAME, props)
-    while found > props and data[found - 1] != 2:  # inside another name ("XUNIQ_KEY")
-        found = data.find(_UNIQ_NAME, found + 1)
-    if found < 0:
-        return None
-    start = found + len(_UNIQ_NAME)
-    end = data.find(b"\x02", start)
-    return data[start : end if end >= 0 else len(data)].decode()
-
-
 def _fail(fut: asyncio.Future[PutResult], exc: Exception) -> None:
     """Fail a put's future, marked as seen: its caller may have stopped waiting (a
     timeout, a cancelled RPC), and a failure nobody awaits is no error to log."""
     fut.set_exception(exc)
     fut.exception()
-
-
-def msg_id_of(encoded: bytes, commitlog_offset: int) -> str:
-    """The id of an encoded message: its own store host and the offset it lies at."""
-    host = encoded[_STORE_HOST_POS : _STORE_HOST_POS + 8]
-    return (host + struct.pack(">q", commitlog_offset)).hex().upper()
-
-
-def offset_of_msg_id(msg_id: str) -> int:
-    try:
-        raw = bytes.fromhex(msg_id)
-    except ValueError as exc:
-        raise InvalidMessage(f"message id {msg_id!r} is not hex") from exc
-    if len(raw) != _MSG_ID.size:
-        raise InvalidMessage(f"message id {msg_id!r} must be {2 * _MSG_ID.size} hex digits")
-    return int(_MSG_ID.unpack(raw)[2])
 
 
 @dataclass(slots=True)
@@ -177,7 +91,7 @@ class _Waiter:
     duplicate: bool = False
 
 
-class DLedgerCommitLog:
+class DLedgerCommitLog(CommittedView):
     """The replicated commit log's put path and committed view on one node."""
 
     def __init__(
@@ -192,20 +106,17 @@ class DLedgerCommitLog:
         core: RaftCore | None = None,
         on_proposed: Callable[[int], None] = lambda count: None,
     ) -> None:
-        self.store = store
+        super().__init__(store)
         self._store_host = store_host
         self._queues = queues_per_topic
         self._max_body = max_message_bytes
         self._max_pending = max_pending
         self._core = core  # the Raft core puts are proposed to (None: an offline view)
         self._on_proposed = on_proposed  # a batch of `count` entries was proposed
-        # The committed view.
-        self.committed_index = 0
-        self.committed_pos = 0
+        # The committed tables.
         self._queue_next: dict[tuple[str, int], int] = {}
         self._recent: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._window = idempotency_window
-        self._commit_listeners: list[Callable[[], None]] = []
         # The leader's assignment state.
         self._lead_term = 0
         self._assign_next: dict[tuple[str, int], int] = {}
@@ -215,14 +126,9 @@ class DLedgerCommitLog:
         self._pending = 0
         self._queued: list[tuple[PutSpec, asyncio.Future[PutResult]]] = []
         self._flush_scheduled = False
-        self._read_cursor = (-1, 0)  # (pos, index) where the last read_committed stopped
         self.damaged: list[int] = []  # committed entries found damaged at start
 
-    # -- building the committed view at start --------------------------------------
-
-    def start_at(self, committed_index: int) -> None:
-        """The committed position at start, before dispatch recovery reads up to it."""
-        self._set_committed(committed_index, notify=False)
+    # -- building the committed tables at start --------------------------------------
 
     def load_committed(
         self, upto_index: int, queue_next: dict[tuple[str, int], int], batch_bytes: int = 8 << 20
@@ -273,7 +179,7 @@ class DLedgerCommitLog:
             "Serving the rest: a read of a damaged entry fails, it is never served, and its "
             "UNIQ_KEY is not in the idempotency window. The other replicas hold the data: %s",
             self.store.directory, len(bad), "entry" if len(bad) == 1 else "entries", named,
-            more, _REPAIR,
+            more, REPAIR,
         )  # fmt: skip
 
     def restart_at(self, index: int, queue_next: dict[tuple[str, int], int]) -> None:
@@ -282,24 +188,15 @@ class DLedgerCommitLog:
         Queue ends come with the snapshot; the idempotency window restarts empty
         (a retry of a put committed before the snapshot may be stored again).
         """
-        self.committed_index = 0
-        self._set_committed(index, notify=False)
+        self._restart_view(index)
         self._queue_next = dict(queue_next)
         self._recent.clear()
         self._tail_uniq.clear()
-        self._read_cursor = (-1, 0)
 
     @property
     def queue_next(self) -> dict[tuple[str, int], int]:
         """(topic, queue id) -> the queue offset of its next committed message."""
         return self._queue_next
-
-    def add_commit_listener(self, listener: Callable[[], None]) -> None:
-        self._commit_listeners.append(listener)
-
-    def remove_commit_listener(self, listener: Callable[[], None]) -> None:
-        with contextlib.suppress(ValueError):
-            self._commit_listeners.remove(listener)
 
     # -- put path --------------------------------------------------------------------
 
@@ -412,7 +309,7 @@ class DLedgerCommitLog:
         if not queued:
             return  # every one answered by an entry already in the log
         now_ms = int(time.time() * 1000)
-        host = socket.inet_aton(self._store_host[0]) + _I32.pack(self._store_host[1])
+        host = store_host_bytes(self._store_host)  # the leader stores it
         datas: list[bytes] = []
         assigned: dict[tuple[str, int], int] = {}  # queue ends after this batch
         for spec, _ in queued:
@@ -425,12 +322,7 @@ class DLedgerCommitLog:
             if qoff is None:
                 qoff = self._assign_next.get(key, 0)
             assigned[key] = qoff + 1
-            buf = bytearray(spec.encoded)
-            _I32.pack_into(buf, _QUEUE_ID_POS, qid)
-            _I64.pack_into(buf, QUEUE_OFFSET_POS, qoff)
-            _I64.pack_into(buf, STORE_TIMESTAMP_POS, now_ms)
-            buf[_STORE_HOST_POS : _STORE_HOST_POS + 8] = host  # the leader stores it
-            datas.append(bytes(buf))
+            datas.append(stamp(spec.encoded, qid, qoff, now_ms, host))
         try:
             if self._core is None:
                 raise NotLeader(None)  # an offline view leads nothing
@@ -513,113 +405,3 @@ class DLedgerCommitLog:
         offset = self.store.pos_of(index) + HEADER_SIZE
         return PutResult(msg_id_of(data, offset), offset, hdr.queue_id,
                          hdr.queue_offset, hdr.store_timestamp_ms, duplicate)  # fmt: skip
-
-    def _set_committed(self, index: int, notify: bool = True) -> None:
-        if index <= self.committed_index:
-            return
-        self.committed_index = index
-        pos, size = self.store.locate(index)
-        self.committed_pos = pos + size
-        if notify:
-            for listener in list(self._commit_listeners):
-                listener()
-
-    # -- committed reads ----------------------------------------------------------------
-
-    def get_by_offset(self, commitlog_offset: int) -> tuple[Message, int]:
-        """The committed message at a commit-log offset, and its encoded size."""
-        pos = commitlog_offset - HEADER_SIZE
-        if commitlog_offset < self.store.data_queue.min_offset + HEADER_SIZE:
-            raise OffsetOutOfRange(commitlog_offset, self.min_offset, self.committed_pos,
-                                   "commit-log offset")  # fmt: skip
-        if pos >= self.committed_pos:
-            raise OffsetOutOfRange(commitlog_offset, self.min_offset, self.committed_pos,
-                                   "commit-log offset (not committed)")  # fmt: skip
-        try:
-            entry = self.store.get_by_pos(pos)
-        except IndexError:
-            raise KeyError(f"no message starts at commit-log offset {commitlog_offset}") from None
-        if entry.channel != EntryKind.NORMAL or not entry.body:
-            raise KeyError(f"no message at commit-log offset {commitlog_offset}")
-        return decode_message(entry.body), len(entry.body)
-
-    @property
-    def min_offset(self) -> int:
-        return self.store.data_queue.min_offset + HEADER_SIZE
-
-    def read_range(
-        self, from_offset: int, max_messages: int, max_bytes: int
-    ) -> tuple[list[bytes], int]:
-        """Encoded committed messages from `from_offset` on, and the offset after them."""
-        store = self.store
-        if from_offset < self.min_offset:
-            index = store.first_index()
-        elif from_offset - HEADER_SIZE >= self.committed_pos:
-            return [], max(from_offset, self.committed_pos + HEADER_SIZE)
-        else:
-            pos = store.next_entry_pos(from_offset - HEADER_SIZE)
-            if pos >= self.committed_pos:
-                return [], pos + HEADER_SIZE
-            try:
-                index = store.get_by_pos(pos).index
-            except IndexError:
-                raise KeyError(f"no message starts at commit-log offset {from_offset}") from None
-        hi = min(self.committed_index + 1, index + max(1, max_messages))
-        if index >= hi:
-            return [], from_offset
-        batch = store.stored_entries(index, hi, max_bytes)
-        out = [e.body for e in batch if e.channel == EntryKind.NORMAL and e.body]
-        nxt = batch[-1].pos + batch[-1].size + HEADER_SIZE
-        return out, nxt
-
-    # -- the dispatcher's view (dispatch.CommittedLog) -------------------------------------
-
-    @property
-    def min_pos(self) -> int:
-        """Position of the first retained entry."""
-        store = self.store
-        if store.last_index() >= store.first_index():
-            return store.pos_of(store.first_index())
-        return store.end_pos
-
-    def read_committed(
-        self, from_pos: int, max_bytes: int
-    ) -> tuple[list[tuple[int, bytes]], int, int]:
-        """Committed messages from the entry at `from_pos` on (see dispatch.CommittedLog)."""
-        committed, store = self.committed_pos, self.store
-        if from_pos >= committed:
-            return [], from_pos, committed
-        pos = store.next_entry_pos(max(from_pos, self.min_pos))
-        if pos >= committed:
-            return [], from_pos, committed
-        cursor = self._read_cursor
-        try:
-            index = cursor[1] if cursor[0] == pos else store.get_by_pos(pos).index
-            hi = min(self.committed_index + 1, index + _DISPATCH_BATCH)
-            batch = store.stored_entries(index, hi, max_bytes)
-        except CorruptEntry as exc:  # dispatch goes in log order: it cannot skip one
-            why = f"{exc.reason}; the consume queues and the key index cannot be built past it"
-            raise CorruptEntry(exc.file, exc.offset, f"{why}: {_REPAIR}") from None
-        out = [
-            (e.pos + HEADER_SIZE, e.body) for e in batch if e.channel == EntryKind.NORMAL and e.body
-        ]
-        nxt = batch[-1].pos + batch[-1].size
-        self._read_cursor = (nxt, batch[-1].index + 1)
-        return out, nxt, committed
-
-    def read_message(self, commitlog_offset: int, size: int = 0) -> bytes:
-        """The first `size` bytes (0: all) of the committed message at `commitlog_offset`.
-
-        Checked against its entry's body CRC (CorruptEntry, never damaged bytes): a
-        byte flipped below the entry checkpoint is not found at start.
-        """
-        if commitlog_offset + max(size, 1) > self.committed_pos:
-            raise OffsetOutOfRange(commitlog_offset, self.min_offset, self.committed_pos,
-                                   "commit-log offset (not committed)")  # fmt: skip
-        body = self.store.body_at(commitlog_offset - HEADER_SIZE, size)
-        if not size:
-            return body
-        if size > len(body):
-            raise CorruptEntry(None, commitlog_offset, f"{size} bytes asked of a message of "
-                               f"{len(body)} at commit-log offset {commitlog_offset}")  # fmt: skip
-        return body if size == len(body) else body[:size]

@@ -59,10 +59,10 @@ from store.message import STORE_TIMESTAMP_POS, decode_message, tags_hash_code
 
 if TYPE_CHECKING:
     from dispatch.dispatcher import Dispatcher
-    from dledger_commitlog.log.commitlog import DLedgerCommitLog
+    from dledger_commitlog.log.committed_view import CommittedView
     from store.mapped_file import MappedFileQueue
 
-MAX_SCAN: Final = 16_384  # units one Pull looks at (as dispatch's scan did)
+MAX_SCAN: Final = 16_384  # units one Pull looks at
 MAX_UNITS_ANSWER: Final = 200_000  # units per ReadUnits answer (4 MB)
 _I64: Final = struct.Struct(">q")
 _HEAD = HEADER.unpack_from
@@ -97,7 +97,7 @@ class QueueView:
     files: tuple[int, ...]  # byte offsets (names) of its files, oldest first
 
 
-def log_view(log: DLedgerCommitLog) -> LogView:
+def log_view(log: CommittedView) -> LogView:
     """The committed log's bounds and files now (on the loop)."""
     data = log.store.data_queue
     committed = log.committed_pos
@@ -434,11 +434,10 @@ def pull_scan(
 ) -> Found:
     """Messages of one queue from `offset`, and the offset the next Pull starts at.
 
-    The semantics of the dispatcher's scan (which ran on the loop): units whose
-    tag hash does not match are skipped without reading the message, matches are
-    compared exactly; at most `max_messages`, about `max_bytes` (at least one),
-    at most `max_scan` units looked at, none at or beyond `end_offset` (when > 0).
-    OffsetOutOfRange outside [min, max] of the queue. Units are handled as numpy
+    Units whose tag hash does not match are skipped without reading the message,
+    matches are compared exactly; at most `max_messages`, about `max_bytes` (at
+    least one), at most `max_scan` units looked at, none at or beyond `end_offset`
+    (when > 0). OffsetOutOfRange outside [min, max] of the queue. Units are handled as numpy
     arrays, not an object each: a thread that allocates many objects sets off
     garbage collections, which hold the GIL, and so the loop, for tens of ms.
     """

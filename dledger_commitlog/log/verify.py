@@ -8,6 +8,11 @@ position the store's checkpoint records. It reports every mismatch and never
 writes to the store, except that opening the log cuts a torn tail (as a
 restart would).
 
+`open_dispatcher` is the one way to build consume queues and the index from an
+entry log outside a running node: a `CommittedView` of the log, committed up to
+an index, and a `Dispatcher` over it, recovered against that view (verify's
+rebuild, bench/dispatch.py).
+
 The store's layout parameters (segment sizes, units per queue file, index
 sizes) come from `layout.json`, which every node writes at start.
 """
@@ -26,7 +31,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dispatch.dispatcher import Dispatcher
-from dledger_commitlog.log.commitlog import DLedgerCommitLog
+from dledger_commitlog.log.committed_view import CommittedView
 from dledger_commitlog.log.entry_store import EntryStore
 from raft.hard_state import RaftStateFile
 from store.checkpoint import read_checkpoint
@@ -86,7 +91,7 @@ class VerifyReport:
         }
 
 
-def open_log(data_dir: Path, layout: dict[str, int]) -> tuple[EntryStore, DLedgerCommitLog]:
+def open_log(data_dir: Path, layout: dict[str, int]) -> tuple[EntryStore, CommittedView]:
     """The node's entry log and a read-only commit-log view committed up to its raft state."""
     commit = RaftStateFile(data_dir / "raft.state").saved.commit
     store = EntryStore(
@@ -98,12 +103,28 @@ def open_log(data_dir: Path, layout: dict[str, int]) -> tuple[EntryStore, DLedge
     return store, committed_view(store, min(commit, store.last_index()))
 
 
-def committed_view(store: EntryStore, committed_index: int) -> DLedgerCommitLog:
+def committed_view(store: EntryStore, committed_index: int) -> CommittedView:
     """A commit-log view of `store` that takes no puts, committed up to an index."""
-    cl = DLedgerCommitLog(store, store_host=("127.0.0.1", 0), queues_per_topic=1,
-                          max_message_bytes=1, max_pending=0, idempotency_window=0)  # fmt: skip
-    cl.start_at(committed_index)
-    return cl
+    view = CommittedView(store)
+    view.start_at(committed_index)
+    return view
+
+
+def open_dispatcher(
+    root: Path, store: EntryStore, committed_index: int, layout: dict[str, int]
+) -> Dispatcher:
+    """A dispatcher of `store` committed up to `committed_index`, its files under `root`
+    (sized by `layout`), recovered against that view: ready to `catch_up`."""
+    view = committed_view(store, committed_index)
+    d = Dispatcher(
+        root,
+        view,
+        units_per_file=layout["cq_units_per_file"],
+        index_slots=layout["index_slots"],
+        index_entries=layout["index_entries"],
+    )
+    d.recover(view.committed_pos)
+    return d
 
 
 def rebuild(
@@ -111,16 +132,10 @@ def rebuild(
 ) -> Dispatcher:
     """Consume queues, index and group offsets rebuilt from the log into `into`."""
     store, cl = open_log(data_dir, layout)
+    upto = cl.committed_index
     if upto_pos is not None and upto_pos < cl.committed_pos:
-        cl = committed_view(store, store.get_by_pos(store.next_entry_pos(upto_pos)).index - 1)
-    d = Dispatcher(
-        into,
-        cl,
-        units_per_file=layout["cq_units_per_file"],
-        index_slots=layout["index_slots"],
-        index_entries=layout["index_entries"],
-    )
-    d.recover(cl.committed_pos)
+        upto = store.get_by_pos(store.next_entry_pos(upto_pos)).index - 1
+    d = open_dispatcher(into, store, upto, layout)
     d.catch_up()
     d.persist(d.snapshot())
     store.close()

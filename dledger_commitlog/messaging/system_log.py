@@ -27,13 +27,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from dispatch.dispatcher import OFFSETS_TOPIC, encode_offset_commit
 from dledger_commitlog.common.protocol import PutResult
-from dledger_commitlog.log.commitlog import (
-    OutcomeUnknown,
-    Overloaded,
-    PutFailed,
-    PutSpec,
-    msg_id_of,
-)
+from dledger_commitlog.log.commitlog import OutcomeUnknown, Overloaded, PutFailed, PutSpec
+from dledger_commitlog.log.message_route import msg_id_of
 from dledger_commitlog.node.node import RaftNode
 from raft import NotLeader
 from store.consume_queue import CqUnit

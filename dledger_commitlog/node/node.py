@@ -52,7 +52,7 @@ from dispatch.dispatcher import GroupKey, RecoveryReport
 from dledger_commitlog.common.protocol import PutResult
 from dledger_commitlog.log import reads
 from dledger_commitlog.log.commitlog import PutSpec
-from dledger_commitlog.log.entry_store import BASE_SIZE
+from dledger_commitlog.log.entry_records import BASE_SIZE
 from dledger_commitlog.log.retention import Retention
 from dledger_commitlog.node.config import NodeConfig
 from dledger_commitlog.node.loops import NodeLoops, next_call

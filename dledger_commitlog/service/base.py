@@ -33,7 +33,7 @@ from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
 from dledger_commitlog.common.protocol import PutResult
 from dledger_commitlog.common.signing import metadata_value
 from dledger_commitlog.log import reads
-from dledger_commitlog.log.commitlog import make_msg_id
+from dledger_commitlog.log.message_route import make_msg_id
 from dledger_commitlog.messaging.services import LeaderServices
 from dledger_commitlog.node.acl import Account, AuthError
 from dledger_commitlog.node.config import NodeConfig

@@ -13,7 +13,7 @@ import grpc
 
 from dispatch.dispatcher import parse_tag_expression
 from dledger_commitlog.log import reads
-from dledger_commitlog.log.commitlog import offset_of_msg_id
+from dledger_commitlog.log.message_route import offset_of_msg_id
 from dledger_commitlog.node.acl import Perm, require_topics
 from dledger_commitlog.service.base import (
     Context,

@@ -71,16 +71,15 @@ import logging
 import os
 import random
 import shutil
-import struct
 import sys
 import tempfile
-import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from dledger_commitlog.log.entry_records import CHECKPOINT_FILE, read_record
 from dledger_commitlog.log.entry_store import EntryStore
 from raft import (
     AppendEntries,
@@ -100,6 +99,7 @@ from raft import (
 from raft.driver import ReadyDriver
 from raft.hard_state import RaftStateFile
 from store.entry_format import INDEX_UNIT_SIZE
+from store.errors import CorruptEntry
 from tests.sim.checkers import Checker, InvariantViolation, LogView
 from tests.sim.config import random_config
 from tests.sim.disk import FakeDisk
@@ -121,21 +121,15 @@ _SEGMENT_NAME = 20
 # restore's base (`crashes_after_base_filler`), retention beyond the checkpoint
 # (`compactions_beyond_checkpoint`), retention on a log whose first segment holds only
 # that filler (`compactions_after_filler`).
-_CHECKPOINT_RECORD = struct.Struct(">qqqII")  # entry_store's entries.checkpoint
 
 
 def read_checkpoint_index(log_dir: Path) -> int:
     """The index recorded in `entries.checkpoint` (0: none or invalid)."""
     try:
-        raw = (log_dir / "entries.checkpoint").read_bytes()
-    except FileNotFoundError:
+        record = read_record(log_dir / CHECKPOINT_FILE)
+    except CorruptEntry:
         return 0
-    if (
-        len(raw) != _CHECKPOINT_RECORD.size
-        or zlib.crc32(raw[:-4]) != _CHECKPOINT_RECORD.unpack(raw)[4]
-    ):
-        return 0
-    return int(_CHECKPOINT_RECORD.unpack(raw)[0])
+    return record[0] if record is not None else 0
 
 
 # --- the disk: durable images and power loss ---------------------------------
@@ -438,10 +432,13 @@ class Life:
     # -- what the simulation asks --
 
     def idle(self) -> bool:
-        """Parked: on the wakeup with nothing to do, or on a future not yet completed."""
+        """Parked: on the wakeup with nothing to do, or on a future not yet completed;
+        and no answer of the flusher due on the loop."""
         if self.task.done():
             exc = None if self.task.cancelled() else self.task.exception()
             raise AssertionError(f"node {self.node.id}: the ready loop ended: {exc!r}") from exc
+        if self.flusher.answer_pending:
+            return False
         parked = self.parked
         if parked is not None:
             return not parked.done()
@@ -607,14 +604,15 @@ class InFlight:
 class SimFlusher:
     """driver.Flusher modelled on store.flush.GroupCommit, with simulated timing.
 
-    As GroupCommit: `request(pos)` is ignored if `pos` is already flushed (no
-    report follows); else it queues a request for the flusher "thread", which
-    serves every queued request with one fsync
-    covering all bytes written when that fsync starts, then reports the flushed
-    position (waiters whose position it covers are released, then the listeners
-    run) and takes the next queued request, if any. The store's flushed position
-    as GroupCommit sees it is the life's `durable_pos`: raised by completed
-    fsyncs and entry checkpoints, lowered by truncations.
+    As GroupCommit: `request(pos)` for a `pos` already flushed needs no fsync,
+    and the flushed position is reported on the loop's next pass (`answer_pending`
+    until then); else it queues a request for the flusher "thread", which serves
+    every queued request with one fsync covering all bytes written when that
+    fsync starts, then reports the flushed position (waiters whose position it
+    covers are released, then the listeners run) and takes the next queued
+    request, if any. The store's flushed position as GroupCommit sees it is the
+    life's `durable_pos`: raised by completed fsyncs and entry checkpoints,
+    lowered by truncations.
     """
 
     def __init__(self, life: Life) -> None:
@@ -625,6 +623,7 @@ class SimFlusher:
         self.queued = False  # a request waits for the thread
         self.start_pending = False  # the thread is about to start an fsync
         self.in_flight: InFlight | None = None
+        self.answer_pending = False  # a report for requests already covered is due
         self.history: list[tuple[int, int, int]] = []  # (started, completed, reported)
 
     def add_listener(self, on_durable: Callable[[int], None]) -> None:
@@ -633,7 +632,12 @@ class SimFlusher:
     def request(self, position: int) -> None:
         life = self._life
         if position <= life.durable_pos:
-            return  # as GroupCommit: flushed already (by anyone), so no report comes
+            # As GroupCommit: flushed already (by anyone), so no fsync; the answer
+            # comes on the loop's next pass, never from inside this call.
+            if not self.answer_pending:
+                self.answer_pending = True
+                life.sim.loop.call_soon(self._answer_covered)
+            return
         self.requested = position
         self.queued = True
         self._maybe_start()
@@ -647,6 +651,10 @@ class SimFlusher:
         self.request(pos)
         self._waiters.append((pos, fut))
         return await life.park(fut)
+
+    def _answer_covered(self) -> None:
+        self.answer_pending = False
+        self._report(self._life.durable_pos)
 
     def _maybe_start(self) -> None:
         if self.queued and self.in_flight is None and not self.start_pending:
@@ -685,6 +693,11 @@ class SimFlusher:
         self.history.append((fl.started, life.sim.now, flushed))
         if life.sim.record:
             life.sim.log(life, "fsync_done", life.durable_last())
+        self._report(flushed)
+        self._maybe_start()
+
+    def _report(self, flushed: int) -> None:
+        """Release the waiters `flushed` covers, then tell the listeners."""
         kept: list[tuple[int, asyncio.Future[int]]] = []
         for pos, fut in self._waiters:
             if pos <= flushed:
@@ -695,7 +708,6 @@ class SimFlusher:
         self._waiters = kept
         for listener in self._listeners:
             listener(flushed)
-        self._maybe_start()
 
 
 @dataclass(eq=False)

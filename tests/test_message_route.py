@@ -7,7 +7,7 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dledger_commitlog.log.commitlog import route_of, uniq_of
+from dledger_commitlog.log.message_route import route_of, uniq_of
 from store.message import Message, encode_message, peek_header
 from tests.test_message import messages
 
