@@ -52,7 +52,9 @@ def test_the_tree_keeps_every_contract() -> None:
         # the client never imports the server side (type-only imports count)
         (
             "dledger_commitlog/client/put_pipe.py",
-            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import dledger_commitlog.node.node",
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n"
+            "    import dledger_commitlog.node.node",
             "The client never imports",
         ),
         # the Raft core stays pure
