@@ -205,14 +205,18 @@ def test_messages_at_the_limits_are_accepted(cluster: LocalCluster, stubs: dict[
 def _get_cases(canary: Canary) -> dict[str, tuple[pb.GetRequest, grpc.StatusCode, str]]:
     host = ("127.0.0.1", 1)
     beyond = canary.committed_pos + (1 << 20)
+    inside_id = make_msg_id(host, canary.offset + 1)
+    beyond_id = make_msg_id(host, beyond)
+    below_id = make_msg_id(host, 0)
     return {
         "id-not-hex": (pb.GetRequest(msg_id="Z" * 32), INVALID, "is not hex"),
         "id-too-short": (pb.GetRequest(msg_id="ABCD"), INVALID, "must be 32 hex digits"),
         "id-empty": (pb.GetRequest(msg_id=""), INVALID, "must be 32 hex digits"),
         "no-key": (pb.GetRequest(), INVALID, "give msg_id or commitlog_offset"),
         "unknown-id": (
-            pb.GetRequest(msg_id=make_msg_id(host, canary.offset + 1)),
+            pb.GetRequest(msg_id=inside_id),
             grpc.StatusCode.NOT_FOUND,
+            f"no message with id {inside_id}: "
             f"no message starts at commit-log offset {canary.offset + 1}",
         ),
         "offset-inside-a-message": (
@@ -225,10 +229,16 @@ def _get_cases(canary: Canary) -> dict[str, tuple[pb.GetRequest, grpc.StatusCode
             grpc.StatusCode.OUT_OF_RANGE,
             str(beyond),
         ),
+        # An id names a message: one that names none is NOT_FOUND, wherever it points.
         "id-beyond-committed": (
-            pb.GetRequest(msg_id=make_msg_id(host, beyond)),
-            grpc.StatusCode.OUT_OF_RANGE,
-            str(beyond),
+            pb.GetRequest(msg_id=beyond_id),
+            grpc.StatusCode.NOT_FOUND,
+            f"no message with id {beyond_id}: commit-log offset (not committed) {beyond}",
+        ),
+        "id-below-the-log": (
+            pb.GetRequest(msg_id=below_id),
+            grpc.StatusCode.NOT_FOUND,
+            f"no message with id {below_id}: commit-log offset 0",
         ),
         "negative-offset": (
             pb.GetRequest(commitlog_offset=-5),
@@ -249,6 +259,7 @@ def _get_cases(canary: Canary) -> dict[str, tuple[pb.GetRequest, grpc.StatusCode
         "offset-inside-a-message",
         "offset-beyond-committed",
         "id-beyond-committed",
+        "id-below-the-log",
         "negative-offset",
     ],
 )

@@ -34,6 +34,9 @@ _MAX_PULL_RAW = 65536  # raw pulls (analytics) are bounded by max_bytes instead
 
 class ReadRpcs(ServiceBase):
     async def Get(self, request: pb.GetRequest, context: Context) -> pb.GetResponse:
+        """A message by id or by commit-log offset. An id that names no message (past the
+        log, where none starts, deleted by retention) is NOT_FOUND; an offset given as
+        such outside the log is OUT_OF_RANGE."""
         which = request.WhichOneof("key")
         account = await self._caller(context, "Get")
         try:
@@ -45,7 +48,13 @@ class ReadRpcs(ServiceBase):
                 raise InvalidMessage("give msg_id or commitlog_offset")
             if request.linearizable:
                 await self._linearize(context)
-            msg, size = self.node.get_by_offset(offset)
+            try:
+                msg, size = self.node.get_by_offset(offset)
+            except (OffsetOutOfRange, KeyError) as exc:
+                if which != "msg_id":
+                    raise
+                why = exc.args[0] if isinstance(exc, KeyError) else str(exc)
+                raise KeyError(f"no message with id {request.msg_id}: {why}") from None
             await self._check(context, account, lambda a: require_topics(a, [msg.topic], Perm.SUB))
         except InvalidMessage as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
