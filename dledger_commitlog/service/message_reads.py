@@ -34,6 +34,8 @@ from store.message import check_name, decode_message
 _DEFAULT_PULL = 32
 _MAX_PULL = 1024  # messages per Pull or QueryByKey answer
 _MAX_PULL_RAW = 65536  # raw pulls (analytics) are bounded by max_bytes instead
+_DEFAULT_RANGE = 1024  # ReadRange: entries per answer unless asked
+_DEFAULT_RANGE_BYTES = 4 << 20
 
 
 class ReadRpcs(ServiceBase):
@@ -111,9 +113,10 @@ class ReadRpcs(ServiceBase):
         The key index is looked up here, on the loop: its files have one writer, the
         loop, which writes a slot before the entry the slot names and closes the map of
         a file retention deletes, so a lookup in a thread could end a chain early (a
-        short answer, silently) or read a closed map. A lookup reads one slot and one
-        20-byte entry per candidate. The messages are read, checked and decoded in the
-        read pool (`_query_reply`)."""
+        short answer, silently) or read a closed map. A lookup reads a slot and the
+        20-byte entries of its chain until it has the candidates it asks for (mapped
+        files, no decoding). The messages are read, checked and decoded in the read
+        pool (`_query_reply`)."""
         r = request
         await self._allow(context, "QueryByKey", lambda a: require_topics(a, [r.topic], Perm.SUB))
         try:
@@ -146,8 +149,8 @@ class ReadRpcs(ServiceBase):
         where it ends, in the read pool (`_range_reply`)."""
         await self._allow(context, "ReadRange", read_everything)
         r = request
-        max_entries = max(1, r.max_messages or _MAX_PULL)
-        max_bytes = r.max_bytes or (4 << 20)
+        max_entries = max(1, r.max_messages or _DEFAULT_RANGE)
+        max_bytes = r.max_bytes or _DEFAULT_RANGE_BYTES
         try:
             first, nxt = self.node.read_range(r.from_offset, 1, max_bytes)
         except KeyError as exc:
