@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client.client import Client, NodeStatus, WrongCluster
@@ -204,14 +205,18 @@ def test_messages_at_the_limits_are_accepted(cluster: LocalCluster, stubs: dict[
 def _get_cases(canary: Canary) -> dict[str, tuple[pb.GetRequest, grpc.StatusCode, str]]:
     host = ("127.0.0.1", 1)
     beyond = canary.committed_pos + (1 << 20)
+    inside_id = make_msg_id(host, canary.offset + 1)
+    beyond_id = make_msg_id(host, beyond)
+    below_id = make_msg_id(host, 0)
     return {
         "id-not-hex": (pb.GetRequest(msg_id="Z" * 32), INVALID, "is not hex"),
         "id-too-short": (pb.GetRequest(msg_id="ABCD"), INVALID, "must be 32 hex digits"),
         "id-empty": (pb.GetRequest(msg_id=""), INVALID, "must be 32 hex digits"),
         "no-key": (pb.GetRequest(), INVALID, "give msg_id or commitlog_offset"),
         "unknown-id": (
-            pb.GetRequest(msg_id=make_msg_id(host, canary.offset + 1)),
+            pb.GetRequest(msg_id=inside_id),
             grpc.StatusCode.NOT_FOUND,
+            f"no message with id {inside_id}: "
             f"no message starts at commit-log offset {canary.offset + 1}",
         ),
         "offset-inside-a-message": (
@@ -224,10 +229,16 @@ def _get_cases(canary: Canary) -> dict[str, tuple[pb.GetRequest, grpc.StatusCode
             grpc.StatusCode.OUT_OF_RANGE,
             str(beyond),
         ),
+        # An id names a message: one that names none is NOT_FOUND, wherever it points.
         "id-beyond-committed": (
-            pb.GetRequest(msg_id=make_msg_id(host, beyond)),
-            grpc.StatusCode.OUT_OF_RANGE,
-            str(beyond),
+            pb.GetRequest(msg_id=beyond_id),
+            grpc.StatusCode.NOT_FOUND,
+            f"no message with id {beyond_id}: commit-log offset (not committed) {beyond}",
+        ),
+        "id-below-the-log": (
+            pb.GetRequest(msg_id=below_id),
+            grpc.StatusCode.NOT_FOUND,
+            f"no message with id {below_id}: commit-log offset 0",
         ),
         "negative-offset": (
             pb.GetRequest(commitlog_offset=-5),
@@ -248,6 +259,7 @@ def _get_cases(canary: Canary) -> dict[str, tuple[pb.GetRequest, grpc.StatusCode
         "offset-inside-a-message",
         "offset-beyond-committed",
         "id-beyond-committed",
+        "id-below-the-log",
         "negative-offset",
     ],
 )
@@ -302,29 +314,34 @@ def test_wrong_cluster_is_refused(
 
 
 WIRE_GARBAGE = [
-    pytest.param(b"\xff\xff\xff\xff", id="not-protobuf"),
-    pytest.param(b"\x0a\x05\x0a\x03\xff\xfe\xfd", id="bad-utf8-topic"),
-    pytest.param(b"\x0a\x10\x0a", id="truncated"),
+    pytest.param(b"\xff\xff\xff\xff", "Wire format was corrupt", id="not-protobuf"),
+    pytest.param(
+        b"\x0a\x05\x0a\x03\xff\xfe\xfd",
+        "field message.topic is not valid UTF-8",
+        id="bad-utf8-topic",
+    ),
+    pytest.param(b"\x0a\x10\x0a", "Wire format was corrupt", id="truncated"),
 ]
 
 
-@pytest.mark.parametrize("payload", WIRE_GARBAGE)
+@pytest.mark.parametrize(("payload", "says"), WIRE_GARBAGE)
 def test_a_malformed_request_is_refused_and_the_node_serves_on(
-    cluster: LocalCluster, canary: Canary, target: int, payload: bytes
+    cluster: LocalCluster, canary: Canary, target: int, payload: bytes, says: str
 ) -> None:
     with grpc.insecure_channel(cluster.specs[target].client) as channel:
         put_bytes = channel.unary_unary(
             "/dledger.v1.DLedgerClient/Put", request_serializer=None, response_deserializer=None
         )
         stub = pb_grpc.DLedgerClientStub(channel)
-        expect_rejected(
+        err = expect_rejected(
             cluster,
             stub,
             canary,
             lambda _: put_bytes(payload, timeout=5.0),
-            {INVALID, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN},
+            INVALID,
             "pars",  # "Error parsing message ..."
         )
+        assert says in (err.details() or ""), err.details()
         # The same method on the same connection still takes a well-formed put.
         good = pb.PutRequest(message=message(topic="AfterGarbage", body=payload))
         put = stub.Put(good, timeout=10.0).result
@@ -334,6 +351,121 @@ def test_a_malformed_request_is_refused_and_the_node_serves_on(
             f"node {target} to serve the put after the garbage",
         )
         assert got.body == payload
+
+
+def not_utf8(request: Any, text: str) -> bytes:
+    """`request` on the wire with the UTF-8 bytes of `text` (in a string field) made
+    invalid: their first byte becomes 0xFF, which never occurs in UTF-8."""
+    raw: bytes = request.SerializeToString()
+    at = raw.index(text.encode())
+    assert raw.count(text.encode()) == 1
+    return raw[:at] + b"\xff" + raw[at + 1 :]
+
+
+def _utf8_cases(cluster: LocalCluster) -> dict[str, tuple[str, bytes, str]]:
+    """Per case: the method, the request's bytes, the field named in the answer."""
+    put = pb.PutRequest(message=message(topic="TopicZZ"), cluster=cluster.cluster)
+    keyed = pb.PutRequest(message=message(keys=["ok", "KeyZZ"]), cluster=cluster.cluster)
+    props = pb.PutRequest(message=message(properties={"name": "ValueZZ"}))
+    batch = pb.PutBatchRequest(messages=[message(), message(topic="TopicZZ")])
+    return {
+        "put-topic": ("Put", not_utf8(put, "TopicZZ"), "message.topic"),
+        "put-key": ("Put", not_utf8(keyed, "KeyZZ"), "message.keys[1]"),
+        "put-property": ("Put", not_utf8(props, "ValueZZ"), "message.properties[0].value"),
+        "put-cluster": ("Put", not_utf8(put, cluster.cluster), "cluster"),
+        "batch-topic": ("PutBatch", not_utf8(batch, "TopicZZ"), "messages[1].topic"),
+        "get-msg-id": ("Get", not_utf8(pb.GetRequest(msg_id="IdZZ"), "IdZZ"), "msg_id"),
+        "query-key": (
+            "QueryByKey",
+            not_utf8(pb.QueryByKeyRequest(topic="BadInput", key="KeyZZ"), "KeyZZ"),
+            "key",
+        ),
+        "pull-topic": ("Pull", not_utf8(pb.PullRequest(topic="TopicZZ"), "TopicZZ"), "topic"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "put-topic",
+        "put-key",
+        "put-property",
+        "put-cluster",
+        "batch-topic",
+        "get-msg-id",
+        "query-key",
+        "pull-topic",
+    ],
+)
+def test_a_string_that_is_not_utf8_is_invalid_argument_naming_the_field(
+    cluster: LocalCluster, stubs: dict[int, Any], canary: Canary, target: int, case: str
+) -> None:
+    """protobuf refuses such a request before any handler runs; the answer says which
+    field, and nothing is stored."""
+    method, raw, field = _utf8_cases(cluster)[case]
+    with grpc.insecure_channel(cluster.specs[target].client) as channel:
+        call = channel.unary_unary(
+            f"/dledger.v1.DLedgerClient/{method}",
+            request_serializer=None,
+            response_deserializer=None,
+        )
+        expect_rejected(
+            cluster,
+            stubs[target],
+            canary,
+            lambda _: call(raw, timeout=5.0),
+            INVALID,
+            f"field {field} is not valid UTF-8",
+        )
+
+
+def test_a_stream_ends_at_a_request_that_is_not_utf8(
+    cluster: LocalCluster, stubs: dict[int, Any], canary: Canary
+) -> None:
+    """PutStream: the puts before the bad request are answered (and stored), then the
+    call fails with INVALID_ARGUMENT naming the field; nothing after it is read."""
+    leader = cluster.wait_for_leader(timeout_s=10.0)
+    before = pb.PutRequest(message=message(body=b"before the bad one"))
+    bad = not_utf8(pb.PutRequest(message=message(topic="TopicZZ")), "TopicZZ")
+    after = pb.PutRequest(message=message(body=b"never read"))
+    wire = [before.SerializeToString(), bad, after.SerializeToString()]
+    logs = _logs(wait_converged(cluster, CONVERGE_S))
+    with grpc.insecure_channel(cluster.specs[leader].client) as channel:
+        stream = channel.stream_stream(
+            "/dledger.v1.DLedgerClient/PutStream",
+            request_serializer=None,
+            response_deserializer=pb.PutResponse.FromString,
+        )
+        answers: list[pb.PutResponse] = []
+        with pytest.raises(grpc.RpcError) as info:
+            for answer in stream(iter(wire), timeout=10.0):
+                answers.append(answer)
+    assert info.value.code() == INVALID, info.value.details()
+    assert "field message.topic is not valid UTF-8" in (info.value.details() or "")
+    assert len(answers) == 1
+    stored = get_at(stubs[leader], answers[0].result.commitlog_offset)
+    assert stored.body == b"before the bad one"
+    after_logs = _logs(wait_converged(cluster, CONVERGE_S))
+    grew = {i: after_logs[i][0] - logs[i][0] for i in logs}
+    assert grew == dict.fromkeys(logs, 1), f"one put stored, not {grew}"
+
+
+def test_a_health_check_that_is_not_utf8_is_invalid_argument(
+    cluster: LocalCluster, target: int
+) -> None:
+    """The client port's other service (gRPC health) decodes its requests the same way."""
+    raw = not_utf8(health_pb2.HealthCheckRequest(service="ServiceZZ"), "ServiceZZ")
+    with grpc.insecure_channel(cluster.specs[target].client) as channel:
+        check = channel.unary_unary(
+            "/grpc.health.v1.Health/Check", request_serializer=None, response_deserializer=None
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            check(raw, timeout=5.0)
+        assert info.value.code() == INVALID
+        assert "field service is not valid UTF-8" in (info.value.details() or "")
+        ok = health_pb2.HealthCheckRequest(service="dledger.v1.DLedgerClient")
+        served = health_pb2_grpc.HealthStub(channel).Check(ok, timeout=5.0)
+        assert served.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_transfer_to_an_unknown_node_is_rejected(

@@ -12,7 +12,10 @@ message saying what is wrong; the node keeps serving:
 - no leader is UNAVAILABLE (retryable); a follower forwards a write once to the
   leader (`_forward_to_leader`), marked so that it is never forwarded again;
 - reads serve committed data only: a position outside the log is OUT_OF_RANGE,
-  a damaged entry DATA_LOSS (`read_failure`).
+  a damaged entry DATA_LOSS (`read_failure`); a message id that names no message
+  (wherever it points) is NOT_FOUND;
+- a request that does not parse (a string field that is not UTF-8) is
+  INVALID_ARGUMENT before any handler runs (`decoding`).
 
 With an ACL every call is authenticated (`_caller`) and each RPC checks the
 caller's rights on what it touches before doing anything.

@@ -1,8 +1,11 @@
 """Reads of messages: by id or offset, a queue from an offset, by key, a raw range.
 
-Owns `ReadRpcs`. Pull reads and encodes in the read pool (`_pull_reply`), never on
-the event loop that also runs Raft, and long-polls for new messages; every read
-serves committed data only.
+Owns `ReadRpcs`. Pull, QueryByKey and ReadRange read, check, decode and encode in
+the read pool (`_pull_reply`, `_query_reply`, `_range_reply`), never on the event
+loop that also runs Raft; the loop takes the snapshot they read with
+(`node.log_view`, `node.queue_view`) and does what must stay there (QueryByKey's
+key-index lookup, ReadRange's first entry). Pull long-polls for new messages; every
+read serves committed data only.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import time
 import grpc
 
 from dispatch.dispatcher import parse_tag_expression
-from dledger_commitlog.log import reads
+from dledger_commitlog.log import entry_reads, reads
 from dledger_commitlog.log.message_route import offset_of_msg_id
 from dledger_commitlog.node.acl import Perm, require_topics
 from dledger_commitlog.service.base import (
@@ -24,16 +27,22 @@ from dledger_commitlog.service.base import (
     stored_message_pb,
 )
 from proto import dledger_pb2 as pb
+from store.entry_format import HEADER_SIZE
 from store.errors import CorruptEntry, InvalidMessage, OffsetOutOfRange
 from store.message import check_name, decode_message
 
 _DEFAULT_PULL = 32
 _MAX_PULL = 1024  # messages per Pull or QueryByKey answer
 _MAX_PULL_RAW = 65536  # raw pulls (analytics) are bounded by max_bytes instead
+_DEFAULT_RANGE = 1024  # ReadRange: entries per answer unless asked
+_DEFAULT_RANGE_BYTES = 4 << 20
 
 
 class ReadRpcs(ServiceBase):
     async def Get(self, request: pb.GetRequest, context: Context) -> pb.GetResponse:
+        """A message by id or by commit-log offset. An id that names no message (past the
+        log, where none starts, deleted by retention) is NOT_FOUND; an offset given as
+        such outside the log is OUT_OF_RANGE."""
         which = request.WhichOneof("key")
         account = await self._caller(context, "Get")
         try:
@@ -45,7 +54,13 @@ class ReadRpcs(ServiceBase):
                 raise InvalidMessage("give msg_id or commitlog_offset")
             if request.linearizable:
                 await self._linearize(context)
-            msg, size = self.node.get_by_offset(offset)
+            try:
+                msg, size = self.node.get_by_offset(offset)
+            except (OffsetOutOfRange, KeyError) as exc:
+                if which != "msg_id":
+                    raise
+                why = exc.args[0] if isinstance(exc, KeyError) else str(exc)
+                raise KeyError(f"no message with id {request.msg_id}: {why}") from None
             await self._check(context, account, lambda a: require_topics(a, [msg.topic], Perm.SUB))
         except InvalidMessage as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -93,7 +108,15 @@ class ReadRpcs(ServiceBase):
     async def QueryByKey(
         self, request: pb.QueryByKeyRequest, context: Context
     ) -> pb.QueryByKeyResponse:
-        """Messages whose KEYS (or UNIQ_KEY) hold `key`, newest first, in [begin, end]."""
+        """Messages whose KEYS (or UNIQ_KEY) hold `key`, newest first, in [begin, end].
+
+        The key index is looked up here, on the loop: its files have one writer, the
+        loop, which writes a slot before the entry the slot names and closes the map of
+        a file retention deletes, so a lookup in a thread could end a chain early (a
+        short answer, silently) or read a closed map. A lookup reads a slot and the
+        20-byte entries of its chain until it has the candidates it asks for (mapped
+        files, no decoding). The messages are read, checked and decoded in the read
+        pool (`_query_reply`)."""
         r = request
         await self._allow(context, "QueryByKey", lambda a: require_topics(a, [r.topic], Perm.SUB))
         try:
@@ -106,44 +129,89 @@ class ReadRpcs(ServiceBase):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         end = r.end_ms or int(time.time() * 1000)
         limit = min(r.max_messages or _DEFAULT_PULL, _MAX_PULL)
-        out: list[pb.StoredMessage] = []
         # Candidates include hash collisions: ask for more, keep the exact matches.
-        for offset in self.node.query_offsets(r.topic, r.key, r.begin_ms, end, 4 * limit):
-            try:
-                raw = self.node.read_message(offset)
-                msg, size = decode_message(raw), len(raw)
-            except OffsetOutOfRange:
-                continue  # deleted by retention since the index was read
-            except CorruptEntry as exc:
-                await context.abort(grpc.StatusCode.DATA_LOSS, damaged(exc))
-            if (
-                msg.topic == r.topic
-                and (r.key in msg.keys or msg.uniq_key == r.key)
-                and r.begin_ms <= msg.store_timestamp_ms <= end
-            ):
-                out.append(stored_message_pb(msg, size))
-                if len(out) >= limit:
-                    break
-        return pb.QueryByKeyResponse(messages=out)
+        candidates = self.node.query_offsets(r.topic, r.key, r.begin_ms, end, 4 * limit)
+        view = self.node.log_view()  # after the lookup: it covers every candidate
+        try:
+            return await self._in_thread(_query_reply, view, candidates, r, end, limit)
+        except CorruptEntry as exc:
+            await context.abort(grpc.StatusCode.DATA_LOSS, damaged(exc))
+        raise AssertionError("unreachable: abort raises")
 
     async def ReadRange(
         self, request: pb.ReadRangeRequest, context: Context
     ) -> pb.ReadRangeResponse:
+        """Encoded committed messages from a commit-log offset on (from the first retained
+        one if it lies below), at most `max_messages` entries, about `max_bytes`.
+
+        The first entry is read here, through the commit log, which knows where the
+        log starts and where messages start (NOT_FOUND inside one); the rest, from
+        where it ends, in the read pool (`_range_reply`)."""
         await self._allow(context, "ReadRange", read_everything)
-        cl = self.node
+        r = request
+        max_entries = max(1, r.max_messages or _DEFAULT_RANGE)
+        max_bytes = r.max_bytes or _DEFAULT_RANGE_BYTES
         try:
-            bodies, nxt = cl.read_range(request.from_offset, request.max_messages or 1024,
-                                        request.max_bytes or (4 << 20))  # fmt: skip
+            first, nxt = self.node.read_range(r.from_offset, 1, max_bytes)
         except KeyError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
         except CorruptEntry as exc:
             await context.abort(grpc.StatusCode.DATA_LOSS, damaged(exc))
-        return pb.ReadRangeResponse(
-            messages=b"".join(bodies),
-            next_offset=nxt,
-            committed_offset=cl.committed_pos,
-            min_offset=cl.min_offset,
-        )
+        view = self.node.log_view()  # the same moment: the same committed end
+        spent = HEADER_SIZE + sum(map(len, first))  # the first entry's size
+        pos = nxt - HEADER_SIZE
+        if max_entries > 1 and pos < view.committed and spent < max_bytes:
+            try:
+                return await self._in_thread(_range_reply, view, self.verified, first, pos,
+                                             max_entries - 1, max_bytes - spent)  # fmt: skip
+            except CorruptEntry as exc:
+                await context.abort(grpc.StatusCode.DATA_LOSS, damaged(exc))
+            except OffsetOutOfRange:
+                pass  # retention deleted a file after the first entry: that one is the answer
+        return _range_response(view, b"".join(first), pos)
+
+
+def _query_reply(
+    view: reads.LogView, candidates: list[int], r: pb.QueryByKeyRequest, end_ms: int, limit: int
+) -> pb.QueryByKeyResponse:
+    """QueryByKey's answer from the key index's candidates (newest first), in the read pool:
+    the first `limit` whose message is of the topic, holds the key and lies in the time
+    range (the index compares hashes and knows times to the second)."""
+    out: list[pb.StoredMessage] = []
+    for offset in candidates:
+        raw = entry_reads.message_at(view, offset)
+        if raw is None:
+            continue  # deleted by retention since the index was read
+        msg = decode_message(raw)
+        if (
+            msg.topic == r.topic
+            and (r.key in msg.keys or msg.uniq_key == r.key)
+            and r.begin_ms <= msg.store_timestamp_ms <= end_ms
+        ):
+            out.append(stored_message_pb(msg, len(raw)))
+            if len(out) >= limit:
+                break
+    return pb.QueryByKeyResponse(messages=out)
+
+
+def _range_reply(
+    view: reads.LogView,
+    verified: reads.VerifiedRanges,
+    first: list[bytes],
+    pos: int,
+    max_entries: int,
+    max_bytes: int,
+) -> pb.ReadRangeResponse:
+    """ReadRange's answer in the read pool: `first` (read on the loop), then the messages
+    among up to `max_entries` entries from `pos` within `max_bytes`."""
+    rest, pos = entry_reads.entries_from(view, verified, pos, max_entries, max_bytes)
+    return _range_response(view, b"".join(first + rest), pos)
+
+
+def _range_response(view: reads.LogView, messages: bytes, pos: int) -> pb.ReadRangeResponse:
+    return pb.ReadRangeResponse(messages=messages, next_offset=pos + HEADER_SIZE,
+                                committed_offset=view.committed,
+                                min_offset=view.min_pos + HEADER_SIZE)  # fmt: skip
 
 
 def _pull_reply(

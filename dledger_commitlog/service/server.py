@@ -2,8 +2,9 @@
 
 `run` is `dledger serve`'s entry point; `serve` builds the `RaftNode` from the
 config, binds the Raft peer port, the client port (the client service, gRPC
-health) and the metrics port, starts them, and on SIGTERM/SIGINT (or a fatal
-failure of the node) stops them in the reverse order. This is the one module
+health; a request there that does not parse is INVALID_ARGUMENT, see `decoding`)
+and the metrics port, starts them, and on SIGTERM/SIGINT (or a fatal failure of
+the node) stops them in the reverse order. This is the one module
 that builds the node (`node.RaftNode`), its leader-side services
 (`messaging.services.LeaderServices`) and the client service over them.
 
@@ -31,6 +32,7 @@ from dledger_commitlog.node.metrics import NodeMetrics, serve_metrics
 from dledger_commitlog.node.node import RaftNode
 from dledger_commitlog.node.security import NodeSecurity
 from dledger_commitlog.service.client_service import ClientService
+from dledger_commitlog.service.decoding import add_services
 from proto import dledger_pb2_grpc as pb_grpc
 from raft.transport import GRPC_OPTIONS, PeerService
 
@@ -74,9 +76,11 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
         _listen_grpc(client_server, "clients", cfg.client_address, client_creds)
         service = ClientService(cfg, node, services, metrics=metrics, security=security)
         service.start()
-        pb_grpc.add_DLedgerClientServicer_to_server(service, client_server)
         health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, client_server)
+        # Every request that does not parse is INVALID_ARGUMENT, naming the field.
+        add_services(client_server,
+                     (pb_grpc.add_DLedgerClientServicer_to_server, service),
+                     (health_pb2_grpc.add_HealthServicer_to_server, health_servicer))  # fmt: skip
         await raft_server.start()
         await node.start()
         services.start()
