@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._report import RESULTS, report
 from dispatch.dispatcher import Dispatcher
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import Client, ClientError, MessageSpec, NodeStatus
+from dledger_commitlog.client import Client, ClientError, MessageSpec, NodeStatus
 from dledger_commitlog.log.commitlog import DLedgerCommitLog
 from dledger_commitlog.log.entry_store import EntryStore
 from dledger_commitlog.log.verify import committed_view, read_layout, rebuild

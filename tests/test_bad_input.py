@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import Client, NodeStatus, WrongCluster
+from dledger_commitlog.client import Client, NodeStatus, WrongCluster
 from dledger_commitlog.log.commitlog import make_msg_id
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc

@@ -14,7 +14,7 @@ import pytest
 from dledger_commitlog.cli import launcher as cluster_module
 from dledger_commitlog.cli import main as cli
 from dledger_commitlog.cli.launcher import ClusterError
-from dledger_commitlog.client.client import (
+from dledger_commitlog.client import (
     NodeStatus,
     NotFound,
     PullResult,

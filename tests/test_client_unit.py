@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from dledger_commitlog.cli.launcher import free_ports
-from dledger_commitlog.client.client import (
+from dledger_commitlog.client import (
     AsyncClient,
     Client,
     InvalidArgument,
@@ -31,8 +31,8 @@ from dledger_commitlog.client.client import (
     StatusError,
     Unavailable,
     WrongCluster,
-    _Router,
 )
+from dledger_commitlog.client.retry import Router
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 
@@ -299,7 +299,7 @@ def test_async_client_follows_hints_and_retries(nodes: list[FakeNode]) -> None:
 
 
 def test_router_learns_the_highest_term_and_aliases() -> None:
-    router = _Router(["a:1", "b:2", "c:3"])
+    router = Router(["a:1", "b:2", "c:3"])
 
     def st(addr: str, node: int, role: str, term: int, leader: int, laddr: str) -> NodeStatus:
         zero = dict.fromkeys(("first_index", "last_index", "committed_index", "applied_index"), 0)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dledger_commitlog.cli import main as cli
-from dledger_commitlog.client.client import Client
+from dledger_commitlog.client import Client
 from dledger_commitlog.node.config import parse_address
 
 ROOT = Path(__file__).resolve().parent.parent

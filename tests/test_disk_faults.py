@@ -30,7 +30,7 @@ import pytest
 from chaos.disk import FlipReport, flip_byte, power_loss, read_trace
 from dledger_commitlog.cli import main as cli
 from dledger_commitlog.cli.launcher import LocalCluster, converged, node_toml
-from dledger_commitlog.client.client import NodeStatus
+from dledger_commitlog.client import NodeStatus
 from dledger_commitlog.log.entry_store import EntryStore
 from dledger_commitlog.log.verify import read_layout, verify_store, write_layout
 from dledger_commitlog.node.config import ConfigError, NodeConfig, Peer

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import AsyncClient, Client, PutResult
+from dledger_commitlog.client import AsyncClient, Client, PutResult
 from dledger_commitlog.common.signing import sign
 from proto import dledger_pb2 as pb
 
@@ -132,7 +132,7 @@ def test_clients_coalesce_concurrent_puts_and_survive_a_leader_change(
 
 
 def test_frames_check_each_messages_rights(make_cluster: Callable[..., LocalCluster]) -> None:
-    from dledger_commitlog.client.client import load_credentials
+    from dledger_commitlog.client import load_credentials
     from dledger_commitlog.node.acl import Account, Perm, write_acl
 
     cluster = make_cluster("frames-acl", acl=True, start=False)

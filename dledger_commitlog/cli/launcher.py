@@ -32,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from dledger_commitlog.client.client import (
+from dledger_commitlog.client import (
     Client,
     ClientError,
     NodeStatus,

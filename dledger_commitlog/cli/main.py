@@ -34,7 +34,7 @@ from dledger_commitlog.cli.commands import message_json as message_json
 from dledger_commitlog.cli.commands import messages_table as messages_table
 from dledger_commitlog.cli.commands import table as table
 from dledger_commitlog.cli.launcher import ClusterError
-from dledger_commitlog.client.client import (
+from dledger_commitlog.client import (
     ClientError,
     NodeStatus,
     PullResult,
