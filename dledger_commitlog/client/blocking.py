@@ -4,17 +4,24 @@ Owns how a blocking call performs the core's steps (`retry.Run`): a unary call
 on a blocking gRPC channel, `time.sleep` for a back-off, servers' Status asked one
 after another; and the event loop its framed puts run in (`_LoopThread`).
 
-Invariant: a client's pipes and asyncio channels are touched only in its loop.
+Invariants: every Client of a process runs its framed puts in one event loop, in
+one daemon thread, and that loop is never closed. (gRPC's poller hands a call's
+completion events to the loop the call was made in, also events that come after
+the call was cancelled and its client closed; one for a closed loop makes
+whichever loop passes it on log "Event loop is closed". A loop that is never
+closed is never handed one.) A client's pipes and asyncio channels are touched
+only in that loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 import grpc
 
@@ -28,30 +35,29 @@ R = TypeVar("R")
 
 
 class _LoopThread:
-    """An event loop in a daemon thread: the blocking client's framed puts run there."""
+    """The event loop, in a daemon thread, that every blocking client's framed puts
+    run in: one per process, started by the first framed put, never closed."""
+
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _shared: ClassVar[_LoopThread | None] = None
 
     def __init__(self) -> None:
+        self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="dledger-puts",
                                         daemon=True)  # fmt: skip
         self._thread.start()
 
+    @classmethod
+    def shared(cls) -> _LoopThread:
+        """The process's loop (a fresh one in a forked child, where the thread is gone)."""
+        with cls._lock:
+            if cls._shared is None or cls._shared.pid != os.getpid():
+                cls._shared = cls()
+            return cls._shared
+
     def run(self, coro: Coroutine[Any, Any, R]) -> R:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def close(self) -> None:
-        """Cancel what still runs there (gRPC's own call tasks too), as asyncio.run does."""
-        self.run(_cancel_others())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join()
-        self.loop.close()
-
-
-async def _cancel_others() -> None:
-    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-    for task in others:
-        task.cancel()
-    await asyncio.gather(*others, return_exceptions=True)
 
 
 class Client(ClientBase):
@@ -60,14 +66,6 @@ class Client(ClientBase):
     def __init__(self, servers: Sequence[str] | str, **kwargs: Any) -> None:
         super().__init__(servers, **kwargs)
         self._sync = Channels(lambda address: self.access.channel(address, CHANNEL_OPTIONS))
-        self._loop: _LoopThread | None = None  # the framed puts' event loop
-        self._loop_lock = threading.Lock()  # puts from several threads start one loop
-
-    def _framing_loop(self) -> _LoopThread:
-        with self._loop_lock:
-            if self._loop is None:
-                self._loop = _LoopThread()
-            return self._loop
 
     def _stub(self, address: str) -> Any:
         return self._sync.stub(address)
@@ -79,14 +77,14 @@ class Client(ClientBase):
         return run.result
 
     def _perform(self, step: retry.Step) -> Any:
-        """Do `step` (a framed put: in the client's put loop); what came of it."""
+        """Do `step` (a framed put: in the process's put loop); what came of it."""
         if isinstance(step, retry.Pause):
             time.sleep(step.seconds)
             return None
         if isinstance(step, retry.Discover):
             return self._statuses(step)
         if step.framed:
-            return self._framing_loop().run(self._framed_put(step))
+            return _LoopThread.shared().run(self._framed_put(step))
         try:
             return step.op.call(self._stub(step.address), step.timeout_s, self._metadata)
         except grpc.RpcError as exc:
@@ -121,11 +119,8 @@ class Client(ClientBase):
         """Close the channels and the put streams (a later call opens them again)."""
         for channel in self._sync.take():
             channel.close()
-        with self._loop_lock:
-            loop, self._loop = self._loop, None
-        if loop is not None:
-            loop.run(self._close_aio())
-            loop.close()
+        if self._pipes or self._aio:  # (read outside the loop: a put racing close reopens)
+            _LoopThread.shared().run(self._close_aio())
 
     def __enter__(self) -> Self:
         return self
