@@ -33,6 +33,7 @@ from dledger_commitlog.client import (
     WrongCluster,
 )
 from dledger_commitlog.client.retry import Router
+from dledger_commitlog.common.protocol import PUT_FRAMES_ACCEPTED
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 
@@ -85,8 +86,8 @@ class FakeNode(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
     def PutFrames(self, frames: Iterator[pb.PutFrame], context: Any) -> Iterator[pb.PutFrameResult]:
         """Single puts as a real server answers them in frames: the "Put" script per message."""
         if self.unframed:  # a server from before PutFrames
-            next(frames, None)  # (aborting before the client's first frame races its write)
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        context.send_initial_metadata(((PUT_FRAMES_ACCEPTED, "1"),))
         for frame in frames:
             self.frames += 1
             reply = pb.PutFrameResult(seq=frame.seq)
