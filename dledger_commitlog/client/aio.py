@@ -38,7 +38,7 @@ class AsyncClient(ClientBase):
     async def _perform(self, step: retry.Step) -> Any:
         """Do `step`, awaiting it; what came of it."""
         if isinstance(step, retry.Pause):
-            await asyncio.sleep(step.seconds)
+            await asyncio.sleep(step.delay_s)
             return None
         if isinstance(step, retry.Discover):
             return await self.status_all(timeout_s=step.budget_s())

@@ -79,7 +79,7 @@ class Client(ClientBase):
     def _perform(self, step: retry.Step) -> Any:
         """Do `step` (a framed put: in the process's put loop); what came of it."""
         if isinstance(step, retry.Pause):
-            time.sleep(step.seconds)
+            time.sleep(step.delay_s)
             return None
         if isinstance(step, retry.Discover):
             return self._statuses(step)

@@ -273,9 +273,9 @@ class Attempt:
 
 @dataclass(frozen=True, slots=True)
 class Pause:
-    """Back off for `seconds`; answer: None."""
+    """Back off for `delay_s`; answer: None."""
 
-    seconds: float
+    delay_s: float
 
 
 @dataclass(frozen=True, slots=True)
