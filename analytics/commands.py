@@ -24,7 +24,7 @@ from dledger_commitlog.cli.commands import (
     security_files,
     table,
 )
-from dledger_commitlog.client.client import Access
+from dledger_commitlog.client import Access
 from store.errors import StoreError
 
 Run = Callable[[argparse.Namespace], int]

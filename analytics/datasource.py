@@ -406,7 +406,7 @@ def _access(opts: ReadOptions) -> Any:
     """TLS and credentials from the options' files (read where the store opens)."""
     if opts.tls_ca is None and opts.credentials is None:
         return None
-    from dledger_commitlog.client.client import Access
+    from dledger_commitlog.client import Access
 
     try:
         return Access.load(opts.tls_ca, opts.credentials)

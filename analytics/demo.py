@@ -25,7 +25,7 @@ from typing import Protocol
 
 from analytics.session import local_session
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import Client, ClientError, NodeStatus
+from dledger_commitlog.client import Client, ClientError, NodeStatus
 from dledger_commitlog.common.protocol import PutResult
 from dledger_commitlog.node.config import SMALL_SEGMENTS
 

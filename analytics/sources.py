@@ -67,7 +67,7 @@ from store.errors import CorruptEntry
 from store.message import STORE_TIMESTAMP_POS
 
 if TYPE_CHECKING:
-    from dledger_commitlog.client.client import Access
+    from dledger_commitlog.client import Access
 
 SYSTEM_TOPIC_PREFIX = "%SYS%"  # dispatch's system topics (consumer offsets): not user data
 ENTRY_HEADER: Final = HEADER_SIZE  # an entry's header precedes its message in the commit log
@@ -645,7 +645,7 @@ class ServerStore:
     ) -> None:
         """`access`: TLS and credentials of a secured cluster (default: neither);
         `local_reads`: read a replica on this host from its files (default)."""
-        from dledger_commitlog.client.client import Access  # lazily: grpc only when reading servers
+        from dledger_commitlog.client import Access  # lazily: grpc only when reading servers
 
         self.access = access or Access()
         self.servers = [s.strip() for s in servers if s.strip()]

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._dispatch_log import BATCH, BODY, TAGS, TOPICS
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import Client, ClientError, MessageSpec, NodeStatus
+from dledger_commitlog.client import Client, ClientError, MessageSpec, NodeStatus
 
 _RECOVERED = re.compile(
     r"recovered in ([0-9.]+)s after a (crash|clean shutdown): dispatch resumed at (\d+), "

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._report import report
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import (
+from dledger_commitlog.client import (
     AsyncClient,
     Client,
     ClientError,

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._report import report
 from bench.cluster import async_client
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import AsyncClient
+from dledger_commitlog.client import AsyncClient
 
 BODY = b"m" * 1024
 CONFIG = {"data_segment_bytes": 64 << 20, "index_segment_bytes": 32 << 20,

@@ -41,7 +41,7 @@ import grpc
 
 from bench._report import report
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import Client, MessageSpec
+from dledger_commitlog.client import Client, MessageSpec
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 

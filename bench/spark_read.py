@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analytics.sources import ServerStore
 from bench._report import report
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import AsyncClient, ClientError, MessageSpec
+from dledger_commitlog.client import AsyncClient, ClientError, MessageSpec
 
 TOPICS = ("orders", "payments", "clicks", "audit")
 BODY = bytes(range(256))

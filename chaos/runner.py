@@ -37,7 +37,7 @@ from chaos.network import Network, ToxiproxyNetwork
 from chaos.scenarios import ASYNC_SCENARIOS, SCENARIOS, Nemesis, ScenarioError
 from chaos.workload import Workload
 from dledger_commitlog.cli.launcher import LocalCluster, converged
-from dledger_commitlog.client.client import Client, ClientError
+from dledger_commitlog.client import Client, ClientError
 from dledger_commitlog.log.verify import verify_store
 from dledger_commitlog.node.config import SMALL_SEGMENTS
 from store.entry_format import HEADER_SIZE

@@ -24,7 +24,7 @@ from pathlib import Path
 from chaos.history import History
 from chaos.network import Network, isolate, partition
 from dledger_commitlog.cli.launcher import LocalCluster, answered
-from dledger_commitlog.client.client import NodeStatus
+from dledger_commitlog.client import NodeStatus
 
 
 class ScenarioError(RuntimeError):

@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Sequence
 
 from chaos.history import FAIL, OK, UNKNOWN, History
-from dledger_commitlog.client.client import Client, ClientError, OutcomeUnknown
+from dledger_commitlog.client import Client, ClientError, OutcomeUnknown
 
 TOPIC = "chaos"
 

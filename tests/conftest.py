@@ -24,7 +24,7 @@ import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster, converged
 from dledger_commitlog.cli.launcher import answered as answered
-from dledger_commitlog.client.client import (
+from dledger_commitlog.client import (
     Client,
     ClientError,
     MessageSpec,

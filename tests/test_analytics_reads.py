@@ -22,7 +22,7 @@ import pytest
 
 from analytics.sources import LogPiece, ServerStore, Slice
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import Access, MessageSpec, NodeStatus
+from dledger_commitlog.client import Access, MessageSpec, NodeStatus
 from dledger_commitlog.common.signing import sign
 from dledger_commitlog.service.loop_probe import LoopLagProbe
 from proto import dledger_pb2 as pb

@@ -17,7 +17,7 @@ from analytics.errors import SourceError
 from analytics.sources import ServerStore
 from dledger_commitlog.cli import main as cli
 from dledger_commitlog.cli.launcher import LocalCluster, free_ports
-from dledger_commitlog.client.client import Client, MessageSpec
+from dledger_commitlog.client import Client, MessageSpec
 from store.message import decode_message
 from tests.conftest import wait_until
 

@@ -35,7 +35,7 @@ from chaos.netns import STATE_DIR, NetnsNetwork, available
 from chaos.network import isolate
 from chaos.runner import ChaosConfig, run
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import ClientError, NodeStatus
+from dledger_commitlog.client import ClientError, NodeStatus
 from tests.conftest import (
     CONVERGE_S,
     SHARED_CONFIG,

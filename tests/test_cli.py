@@ -15,7 +15,7 @@ import pytest
 from dledger_commitlog.cli import admin, cluster_layout, commands, messages
 from dledger_commitlog.cli import main as cli
 from dledger_commitlog.cli.launcher import ClusterError
-from dledger_commitlog.client.client import (
+from dledger_commitlog.client import (
     NodeStatus,
     NotFound,
     PullResult,

@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from dledger_commitlog.cli.launcher import free_ports
-from dledger_commitlog.client.client import (
+from dledger_commitlog.client import (
     AsyncClient,
     Client,
     InvalidArgument,
@@ -31,8 +31,9 @@ from dledger_commitlog.client.client import (
     StatusError,
     Unavailable,
     WrongCluster,
-    _Router,
 )
+from dledger_commitlog.client.retry import Router
+from dledger_commitlog.common.protocol import PUT_FRAMES_ACCEPTED
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 
@@ -85,8 +86,8 @@ class FakeNode(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
     def PutFrames(self, frames: Iterator[pb.PutFrame], context: Any) -> Iterator[pb.PutFrameResult]:
         """Single puts as a real server answers them in frames: the "Put" script per message."""
         if self.unframed:  # a server from before PutFrames
-            next(frames, None)  # (aborting before the client's first frame races its write)
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        context.send_initial_metadata(((PUT_FRAMES_ACCEPTED, "1"),))
         for frame in frames:
             self.frames += 1
             reply = pb.PutFrameResult(seq=frame.seq)
@@ -299,7 +300,7 @@ def test_async_client_follows_hints_and_retries(nodes: list[FakeNode]) -> None:
 
 
 def test_router_learns_the_highest_term_and_aliases() -> None:
-    router = _Router(["a:1", "b:2", "c:3"])
+    router = Router(["a:1", "b:2", "c:3"])
 
     def st(addr: str, node: int, role: str, term: int, leader: int, laddr: str) -> NodeStatus:
         zero = dict.fromkeys(("first_index", "last_index", "committed_index", "applied_index"), 0)

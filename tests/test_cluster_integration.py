@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import (
+from dledger_commitlog.client import (
     Client,
     ClientError,
     PutResult,

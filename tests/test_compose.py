@@ -17,7 +17,7 @@ from typing import Any
 
 from dledger_commitlog.cli import admin
 from dledger_commitlog.cli import main as cli
-from dledger_commitlog.client.client import Client
+from dledger_commitlog.client import Client
 from dledger_commitlog.node.config import parse_address
 
 ROOT = Path(__file__).resolve().parent.parent

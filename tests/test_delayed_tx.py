@@ -20,7 +20,7 @@ import pytest
 
 from dledger_commitlog.cli import main as cli
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import (
+from dledger_commitlog.client import (
     AsyncClient,
     Client,
     InvalidArgument,

@@ -30,7 +30,7 @@ import pytest
 from chaos.disk import FlipReport, flip_byte, power_loss, read_trace
 from dledger_commitlog.cli import main as cli
 from dledger_commitlog.cli.launcher import LocalCluster, converged, node_toml
-from dledger_commitlog.client.client import NodeStatus
+from dledger_commitlog.client import NodeStatus
 from dledger_commitlog.log import reads
 from dledger_commitlog.log.entry_records import read_record
 from dledger_commitlog.log.entry_store import EntryStore

@@ -24,7 +24,7 @@ import grpc
 import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import Client, NodeStatus, OffsetOutOfRange, StoredMessage
+from dledger_commitlog.client import Client, NodeStatus, OffsetOutOfRange, StoredMessage
 from dledger_commitlog.log.verify import verify_store
 from proto import dledger_pb2 as pb
 from tests.conftest import CONVERGE_S, node_stubs, wait_converged, wait_until

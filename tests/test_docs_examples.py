@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import Client, NodeStatus, StoredMessage
+from dledger_commitlog.client import Client, NodeStatus, StoredMessage
 from dledger_commitlog.node.config import NodeConfig, parse_levels
 
 ROOT = Path(__file__).resolve().parent.parent

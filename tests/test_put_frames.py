@@ -7,7 +7,9 @@ clients' side through `Client`/`AsyncClient`, whose single puts use it by defaul
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -16,7 +18,7 @@ import grpc
 import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import AsyncClient, Client, PutResult
+from dledger_commitlog.client import AsyncClient, Client, ClientError, PutResult
 from dledger_commitlog.common.signing import sign
 from proto import dledger_pb2 as pb
 
@@ -132,7 +134,7 @@ def test_clients_coalesce_concurrent_puts_and_survive_a_leader_change(
 
 
 def test_frames_check_each_messages_rights(make_cluster: Callable[..., LocalCluster]) -> None:
-    from dledger_commitlog.client.client import load_credentials
+    from dledger_commitlog.client import load_credentials
     from dledger_commitlog.node.acl import Account, Perm, write_acl
 
     cluster = make_cluster("frames-acl", acl=True, start=False)
@@ -151,3 +153,63 @@ def test_frames_check_each_messages_rights(make_cluster: Callable[..., LocalClus
         with pytest.raises(grpc.RpcError) as err:
             frames(stubs[leader], both)  # no signature at all: the stream is refused
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_refused_put_stream_says_why_every_time(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """Framed puts without credentials to a cluster with an ACL: every one is refused
+    as UNAUTHENTICATED, never INTERNAL. (The client wrote its first frame while the
+    server refused the stream; a write that lost that race made gRPC report
+    "Internal error from Core" instead of the server's status.)"""
+    cluster = make_cluster("frames-refused", acl=True)
+    seen: Counter[tuple[str, str]] = Counter()
+    with Client([s.client for s in cluster], cluster=cluster.cluster, timeout_s=5.0) as anonymous:
+        for i in range(300):  # before the fix, about one in a hundred came back INTERNAL
+            try:
+                anonymous.put("orders", b"%d" % i)
+            except ClientError as exc:
+                seen[type(exc).__name__, exc.message] += 1
+    no_credentials = "no credentials: this cluster needs an access key and a signature"
+    assert seen == {("Unauthenticated", no_credentials): 300}, seen
+
+
+def test_closing_clients_while_others_put_logs_nothing_about_event_loops(
+    cluster: LocalCluster, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Blocking clients, each put through by two threads, closed while other clients'
+    threads still put: nothing is logged or printed about an event loop. (gRPC hands
+    a cancelled call's last completion events to the loop the call was made in; when
+    that client's loop had been closed, another client's loop logged "Event loop is
+    closed" with a traceback.)"""
+    cluster.wait_for_leader()
+    servers = [s.client for s in cluster]
+    failed: list[BaseException] = []
+
+    def put(client: Client, count: int) -> None:
+        try:
+            for i in range(count):
+                client.put("closing", b"c%d" % i)
+        except BaseException as exc:  # surfaced below
+            failed.append(exc)
+
+    def one_client(count: int) -> None:
+        with Client(servers, timeout_s=20.0) as client:
+            threads = [threading.Thread(target=put, args=(client, count)) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+    caplog.set_level(logging.WARNING)
+    for _ in range(60):  # before the fix, every run of 60 rounds logged some
+        clients = [threading.Thread(target=one_client, args=(k + 1,)) for k in range(10)]
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join()
+    assert not failed, failed
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, caplog.text
+    err = capfd.readouterr().err
+    assert "Event loop" not in err and "Traceback" not in err, err

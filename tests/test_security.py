@@ -23,7 +23,7 @@ from analytics.sources import ServerStore
 from dledger_commitlog.cli import main as cli
 from dledger_commitlog.cli.certs import make_dev_pki
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import (
+from dledger_commitlog.client import (
     Access,
     Client,
     InvalidArgument,

@@ -23,7 +23,7 @@ import grpc
 import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import MessageSpec
+from dledger_commitlog.client import MessageSpec
 from proto import dledger_pb2 as pb
 from store.entry_format import FILLER_MAGIC, HEADER, HEADER_SIZE
 from tests.conftest import node_stubs, wait_until

@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import ClientError, MessageSpec, NodeStatus
+from dledger_commitlog.client import ClientError, MessageSpec, NodeStatus
 from store.message import Message
 from tests.conftest import leader_cut_off, wait_until
 from tests.test_analytics_codec import expected_row

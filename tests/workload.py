@@ -15,7 +15,7 @@ from typing import Any
 from chaos.checker import split_raw
 from chaos.workload import body_for
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import ClientError, PutResult
+from dledger_commitlog.client import ClientError, PutResult
 from proto import dledger_pb2 as pb
 from store.entry_format import HEADER_SIZE
 from store.message import Message, decode_message

@@ -27,7 +27,7 @@ from dledger_commitlog.cli.commands import (
     table,
 )
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client.client import ClientError, NodeStatus, StatusError
+from dledger_commitlog.client import ClientError, NodeStatus, StatusError
 from dledger_commitlog.log.verify import progress_bar, verify_store
 from dledger_commitlog.node.config import NodeConfig
 

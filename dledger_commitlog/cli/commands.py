@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dledger_commitlog.client.client import Access, Client, StoredMessage, cluster_security
+from dledger_commitlog.client import Access, Client, StoredMessage, cluster_security
 
 
 class UsageError(Exception):

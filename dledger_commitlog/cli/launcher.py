@@ -31,7 +31,7 @@ from dledger_commitlog.cli.cluster_layout import ClusterLayout
 from dledger_commitlog.cli.cluster_layout import NodeSpec as NodeSpec
 from dledger_commitlog.cli.cluster_layout import free_ports as free_ports
 from dledger_commitlog.cli.cluster_layout import node_toml as node_toml
-from dledger_commitlog.client.client import (
+from dledger_commitlog.client import (
     Client,
     ClientError,
     NodeStatus,

@@ -25,7 +25,7 @@ from dledger_commitlog.cli import admin as admin  # registers the operator's com
 from dledger_commitlog.cli import messages as messages  # registers the message commands
 from dledger_commitlog.cli.commands import _REGISTRY, FIELD_TYPES, UsageError, command, load_plugins
 from dledger_commitlog.cli.launcher import ClusterError
-from dledger_commitlog.client.client import ClientError
+from dledger_commitlog.client import ClientError
 from dledger_commitlog.node.config import (
     ConfigError,
     ListenError,

@@ -34,7 +34,7 @@ from dledger_commitlog.cli.commands import (
     preview,
     table,
 )
-from dledger_commitlog.client.client import PullResult, PutResult, StoredMessage
+from dledger_commitlog.client import PullResult, PutResult, StoredMessage
 from dledger_commitlog.node.config import parse_levels
 
 

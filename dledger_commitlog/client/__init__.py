@@ -1,0 +1,89 @@
+"""Python clients of a dledger cluster: `Client` (blocking) and `AsyncClient` (asyncio).
+
+    from dledger_commitlog.client import Client
+    with Client.from_cluster_file("/tmp/c1/cluster.json") as client:
+        result = client.put("orders", b"hello", keys=["o-1"])
+
+Both discover the leader, follow redirects and retry with back-off through one
+core (`retry.py`); every operation is written once (`api.py`); `blocking.py` and
+`aio.py` only perform its steps. Values in and out are in `values.py`, errors in
+`errors.py`, TLS and credentials in `access.py`, coalesced single puts in
+`put_pipe.py`, transaction check-backs in `tx_producer.py`. The client imports
+nothing of the server side.
+"""
+
+from dledger_commitlog.client.access import Access, cluster_security, load_credentials
+from dledger_commitlog.client.aio import AsyncClient
+from dledger_commitlog.client.blocking import Client
+from dledger_commitlog.client.errors import (
+    ClientError,
+    InvalidArgument,
+    NotFound,
+    OffsetOutOfRange,
+    OutcomeUnknown,
+    PermissionDenied,
+    ResourceExhausted,
+    TransactionConflict,
+    Unauthenticated,
+    Unavailable,
+    WrongCluster,
+)
+from dledger_commitlog.client.tx_producer import (
+    AsyncTransactionProducer,
+    TransactionCheck,
+    TransactionProducer,
+)
+from dledger_commitlog.client.values import (
+    CleanResult,
+    HalfResult,
+    MessageSpec,
+    NodeStatus,
+    PeerStatus,
+    PullResult,
+    PutResult,
+    QueueOffset,
+    ReadRangeResult,
+    StatusError,
+    StoredMessage,
+    TransactionEnd,
+    node_status,
+    put_result,
+    stored_message,
+)
+
+__all__ = [
+    "Access",
+    "AsyncClient",
+    "AsyncTransactionProducer",
+    "CleanResult",
+    "Client",
+    "ClientError",
+    "HalfResult",
+    "InvalidArgument",
+    "MessageSpec",
+    "NodeStatus",
+    "NotFound",
+    "OffsetOutOfRange",
+    "OutcomeUnknown",
+    "PeerStatus",
+    "PermissionDenied",
+    "PullResult",
+    "PutResult",
+    "QueueOffset",
+    "ReadRangeResult",
+    "ResourceExhausted",
+    "StatusError",
+    "StoredMessage",
+    "TransactionCheck",
+    "TransactionConflict",
+    "TransactionEnd",
+    "TransactionProducer",
+    "Unauthenticated",
+    "Unavailable",
+    "WrongCluster",
+    "cluster_security",
+    "load_credentials",
+    "node_status",
+    "put_result",
+    "stored_message",
+]

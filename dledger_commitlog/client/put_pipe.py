@@ -5,10 +5,12 @@ a message each (`put`); a sender task packs whatever is waiting into one frame
 (at most `max_messages` / `max_bytes`), lingering up to `linger_s` for more only
 while earlier frames are still unanswered (a lone sequential caller never waits);
 a reader task resolves each caller's future from the frame's per-message outcome.
-Invariants: a message is sent at most once per pipe (a retry is the caller's,
-through a new attempt with the same uniq_key); a broken stream fails every
-unanswered put with a retryable failure and the pipe is done (`broken`); a caller
-that gave up before its message left is never sent; nothing here blocks the loop.
+Invariants: no frame is written before the server said it accepted the stream
+(`PUT_FRAMES_ACCEPTED`), so a refused stream fails its puts with the server's own
+status; a message is sent at most once per pipe (a retry is the caller's, through
+a new attempt with the same uniq_key); a broken stream fails every unanswered put
+with a retryable failure and the pipe is done (`broken`); a caller that gave up
+before its message left is never sent; nothing here blocks the loop.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from dledger_commitlog.common.protocol import PUT_FRAMES_ACCEPTED
 from proto import dledger_pb2 as pb
 
 _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
@@ -84,6 +87,8 @@ class PutPipe:
         call = self._stub.PutFrames(metadata=self._metadata())
         reader = asyncio.get_running_loop().create_task(self._read(call), name="put-pipe-read")
         try:
+            if not await self._accepted(call):
+                return
             while True:
                 await self._wake.wait()
                 self._wake.clear()
@@ -107,6 +112,19 @@ class PutPipe:
             with contextlib.suppress(BaseException):
                 async with asyncio.timeout(1.0):
                     await call.code()
+
+    async def _accepted(self, call: Any) -> bool:
+        """Wait for the server's word that it accepted the stream. If it refused it
+        instead (no credentials, say, or UNIMPLEMENTED from a server without
+        PutFrames), every put fails with the status the server gave."""
+        if PUT_FRAMES_ACCEPTED in await call.initial_metadata():
+            return True
+        code = await call.code()
+        if code == grpc.StatusCode.OK:
+            self._fail(PipeFailure("UNAVAILABLE", "the server ended the put stream"))
+        else:
+            self._fail(PipeFailure(code.name, await call.details() or ""))
+        return False
 
     def _full(self) -> bool:
         return len(self._pending) >= self._max_messages

@@ -24,7 +24,9 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
-from dledger_commitlog.client.client import AsyncClient, Client, StoredMessage, stored_message
+from dledger_commitlog.client.aio import AsyncClient
+from dledger_commitlog.client.blocking import Client
+from dledger_commitlog.client.values import StoredMessage, stored_message
 from proto import dledger_pb2 as pb
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,8 @@
 Owns `PutResult` (what a put answers, on both sides of the wire: the node's
 commit log builds it, the clients convert the proto into it) and the limit on a
 message's size that both enforce: a put is one gRPC message (64 MiB limit on
-client and server) and one Raft entry.
+client and server) and one Raft entry. Also the initial metadata by which a
+server says it accepted a PutFrames stream (`PUT_FRAMES_ACCEPTED`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_MESSAGE_BYTES_LIMIT = 32 << 20
+
+# A server sends this initial metadata key once it has accepted a PutFrames stream
+# (authenticated its caller); a refusal is a status alone, without it. A client
+# writes no frame before it: a frame that races the refusal makes gRPC report the
+# lost write (INTERNAL "Internal error from Core") instead of the server's status.
+PUT_FRAMES_ACCEPTED = "dledger-put-frames-accepted"
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import grpc
 
 from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
-from dledger_commitlog.common.protocol import PutResult
+from dledger_commitlog.common.protocol import PUT_FRAMES_ACCEPTED, PutResult
 from dledger_commitlog.log.commitlog import OutcomeUnknown, Overloaded, PutFailed, PutSpec
 from dledger_commitlog.messaging.schedule import SCHEDULE_TOPIC, schedule, scheduled_properties
 from dledger_commitlog.messaging.transactions import HALF_KEY_PREFIX, HALF_TOPIC, half_properties
@@ -203,6 +203,7 @@ class WriteRpcs(ServiceBase):
         """Frames of puts (the clients' coalesced puts), many in flight; each message
         succeeds or fails on its own; frames are answered as they commit."""
         account = await self._caller(context, "PutFrames")  # once: a stream outlives it
+        await context.send_initial_metadata(((PUT_FRAMES_ACCEPTED, "1"),))  # before any frame
         answers: asyncio.Queue[pb.PutFrameResult | None] = asyncio.Queue()
         window = asyncio.Semaphore(_FRAMES_IN_FLIGHT)
         tasks: set[asyncio.Task[None]] = set()

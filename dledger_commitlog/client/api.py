@@ -1,0 +1,421 @@
+"""What a client can do, written once for `Client` and `AsyncClient`.
+
+Owns `ClientBase` (a client's settings, its `Router`, its PutFrames pipes) and
+every operation of the API as an `@operation`: a method that builds the call's
+`Op`; each client runs that Op with its own `_run`, so on a `Client` the method
+returns the result and on an `AsyncClient` a coroutine of it. What the clients
+cannot share (sleeping, making a call, asking every server's Status, closing)
+is theirs, in `blocking.py` and `aio.py`.
+
+Invariants: every message gets its uniq_key before the first attempt; a request
+is built once per call, so its retries send the same bytes; a framed put's pipe
+lives in the event loop its client runs them in, and only there is it touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import random
+import time
+import types
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
+
+from dledger_commitlog.client.access import (
+    CHANNEL_OPTIONS,
+    Access,
+    Channels,
+    cluster_security,
+    load_credentials,
+)
+from dledger_commitlog.client.errors import InvalidArgument, WrongCluster
+from dledger_commitlog.client.put_pipe import PipeFailure, PutPipe
+from dledger_commitlog.client.retry import Attempt, Failure, Op, Router
+from dledger_commitlog.client.values import (
+    CleanResult,
+    HalfResult,
+    MessageSpec,
+    NodeStatus,
+    PullResult,
+    PutResult,
+    QueueOffset,
+    ReadRangeResult,
+    StoredMessage,
+    TransactionEnd,
+    node_status,
+    put_result,
+    stored_message,
+)
+from proto import dledger_pb2 as pb
+
+if TYPE_CHECKING:
+    from dledger_commitlog.client.aio import AsyncClient
+    from dledger_commitlog.client.blocking import Client
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class operation(Generic[P, R]):
+    """A client method written once: the decorated function builds the call's `Op`,
+    and the client it is called on runs it (`Client`: the result; `AsyncClient`: a
+    coroutine of it). help() shows the builder's docstring and its signature, with
+    the result the caller gets for the Op it builds."""
+
+    def __init__(self, build: Callable[Concatenate[Any, P], Op[R]]) -> None:
+        self._build = build
+        self.__name__ = build.__name__
+        self.__qualname__ = build.__qualname__
+        self.__doc__ = build.__doc__
+        signature = inspect.signature(build)
+        result = str(signature.return_annotation).removeprefix("Op[").removesuffix("]")
+        self.__signature__ = signature.replace(return_annotation=result)
+
+    @overload
+    def __get__(self, client: None, owner: type[Any]) -> Self: ...
+    @overload
+    def __get__(self, client: Client, owner: type[Any]) -> Callable[P, R]: ...
+    @overload
+    def __get__(
+        self, client: AsyncClient, owner: type[Any]
+    ) -> Callable[P, Coroutine[Any, Any, R]]: ...
+    def __get__(self, client: Any, owner: type[Any]) -> Any:
+        return self if client is None else types.MethodType(self, client)
+
+    def __call__(self, client: Any, *args: Any, **kwargs: Any) -> Any:
+        return client._run(self._build(client, *args, **kwargs))
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def chunks(items: Iterable[MessageSpec], size: int) -> Iterator[list[MessageSpec]]:
+    """`items` in lists of `size` (the last may be shorter): put_stream's batches."""
+    chunk: list[MessageSpec] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+class ClientBase:
+    """Settings, routing and the operations both clients share."""
+
+    def __init__(
+        self,
+        servers: Sequence[str] | str,
+        *,
+        cluster: str | None = None,
+        timeout_s: float = 10.0,
+        max_retries: int = 32,
+        attempt_timeout_s: float | None = None,
+        backoff_base_s: float = 0.05,
+        backoff_max_s: float = 0.25,
+        seed: int | None = None,
+        tls_ca: str | bytes | None = None,
+        credentials: tuple[str, str] | None = None,
+        framed: bool = True,
+    ) -> None:
+        """`tls_ca`: the CA (PEM path or bytes) that signed the servers' certificates:
+        the client then speaks TLS. `credentials`: (access key, secret key) to sign
+        every call with, for a cluster with an ACL. `framed`: single puts travel over
+        one PutFrames stream per server, concurrent ones coalesced into frames (False:
+        one unary Put each, as servers before PutFrames need)."""
+        if isinstance(servers, str):
+            servers = servers.split(",")
+        if timeout_s <= 0 or max_retries < 0 or backoff_base_s < 0:
+            raise ValueError("need timeout_s > 0, max_retries >= 0 and backoff_base_s >= 0")
+        self._router = Router(servers, framed)
+        self.cluster = cluster or ""
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.attempt_timeout_s = attempt_timeout_s or min(max(1.0, timeout_s / 4), 5.0)
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = max(backoff_max_s, backoff_base_s)
+        self.rng = random.Random(seed)  # the back-off jitter
+        if isinstance(tls_ca, str):
+            tls_ca = Path(tls_ca).read_bytes()
+        self.access = Access(tls_ca, credentials)
+        self._metadata = self.access.metadata
+        # asyncio channels: the pipes' (and AsyncClient's calls'), opened in their loop
+        self._aio = Channels(lambda address: self.access.aio_channel(address, CHANNEL_OPTIONS))
+        self._pipes: dict[str, PutPipe] = {}
+
+    @classmethod
+    def from_cluster_file(cls, path: str | Path, **kwargs: Any) -> Self:
+        """A client of the cluster a `cluster.json` describes (see `cluster.py`)."""
+        try:
+            doc = json.loads(Path(path).read_text())
+            servers = [str(node["client"]) for node in doc["nodes"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a readable cluster file ({exc})") from exc
+        kwargs.setdefault("cluster", doc.get("cluster") or None)
+        tls_ca, credentials = cluster_security(doc)
+        if tls_ca:
+            kwargs.setdefault("tls_ca", tls_ca)
+        if credentials and kwargs.get("credentials") is None:
+            kwargs["credentials"] = load_credentials(credentials)
+        return cls(servers, **kwargs)
+
+    @property
+    def servers(self) -> list[str]:
+        return list(self._router.servers)
+
+    @property
+    def leader(self) -> str | None:
+        """The address this client currently believes is the leader's."""
+        return self._router.leader
+
+    @property
+    def framed(self) -> bool:
+        """Whether single puts go through PutFrames (False once a server lacked it)."""
+        return self._router.framed
+
+    # -- in the event loop of the client's pipes --------------------------------------
+
+    async def _framed_put(self, attempt: Attempt) -> pb.PutResponse | Failure:
+        """One put through `attempt.address`'s PutFrames stream (coalesced with
+        concurrent ones): the PutResponse, or the Failure of this attempt."""
+        address = attempt.address
+        pipe = self._pipes.get(address)
+        if pipe is None or pipe.broken is not None:
+            pipe = self._pipes[address] = PutPipe(
+                self._aio.stub(address), cluster=self.cluster,
+                metadata=lambda: self._metadata("PutFrames"),
+            )  # fmt: skip
+        try:
+            async with asyncio.timeout(attempt.timeout_s):
+                result = await pipe.put(attempt.op.request.message)
+        except PipeFailure as exc:
+            return Failure(exc.code, exc.details, exc.leader)
+        except TimeoutError:
+            return Failure("DEADLINE_EXCEEDED", "no answer in time")
+        return pb.PutResponse(result=result)
+
+    async def _close_aio(self) -> None:
+        """Close the put streams, then the asyncio channels."""
+        pipes, self._pipes = list(self._pipes.values()), {}
+        for pipe in pipes:
+            await pipe.close()
+        for channel in self._aio.take():
+            await channel.close()
+
+    def _accept(self, address: str, resp: pb.StatusResponse) -> NodeStatus:
+        st = node_status(address, resp)
+        if self.cluster and st.cluster and st.cluster != self.cluster:
+            raise WrongCluster(
+                f"{address} serves cluster {st.cluster!r}, not {self.cluster!r}", address=address
+            )
+        return st
+
+    # -- the operations --------------------------------------------------------------
+
+    @operation
+    def put(
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        keys: Sequence[str] = (),
+        tags: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        uniq_key: str | None = None,
+        queue_id: int | None = None,
+        delay_level: int = 0,
+        deliver_at_ms: int = 0,
+    ) -> Op[PutResult]:
+        """Put one message; with `delay_level` or `deliver_at_ms` it reaches its topic
+        later (docs/delayed-and-transactional.md) and the result is the stored copy's."""
+        spec = MessageSpec(topic, body, keys, tags, properties, uniq_key, queue_id,
+                           delay_level=delay_level, deliver_at_ms=deliver_at_ms)  # fmt: skip
+        msg = spec.to_pb(_now_ms())
+        request = pb.PutRequest(message=msg, cluster=self.cluster)
+        return Op("put", "Put", request, lambda r: put_result(r.result), True, (msg.uniq_key,),
+                  framed=True)  # fmt: skip
+
+    @operation
+    def put_half(
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        producer_group: str,
+        keys: Sequence[str] = (),
+        tags: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        uniq_key: str | None = None,
+        queue_id: int | None = None,
+    ) -> Op[HalfResult]:
+        """Store a transactional (half) message: no consumer sees it until
+        `end_transaction(..., commit=True)`; `uniq_key` is the transaction id."""
+        spec = MessageSpec(topic, body, keys, tags, properties, uniq_key, queue_id)
+        msg = spec.to_pb(_now_ms())
+        request = pb.PutHalfRequest(message=msg, producer_group=producer_group,
+                                    cluster=self.cluster)  # fmt: skip
+
+        def convert(r: pb.PutHalfResponse) -> HalfResult:
+            return HalfResult(r.transaction_id, r.result.commitlog_offset, put_result(r.result))
+
+        return Op("put_half", "PutHalf", request, convert, True, (msg.uniq_key,))
+
+    @operation
+    def end_transaction(
+        self, half: HalfResult | str, half_offset: int | None = None, *, commit: bool
+    ) -> Op[TransactionEnd]:
+        """Commit (the message becomes visible, once) or roll back (never visible).
+        Raises TransactionConflict if it was decided the other way, NotFound if no
+        such half message exists."""
+        if isinstance(half, HalfResult):
+            tx, offset = half.transaction_id, half.half_offset
+        elif half_offset is None:
+            raise InvalidArgument("give the half offset with a transaction id")
+        else:
+            tx, offset = half, half_offset
+        request = pb.EndTransactionRequest(transaction_id=tx, half_offset=offset, commit=commit,
+                                           cluster=self.cluster)  # fmt: skip
+
+        def convert(r: pb.EndTransactionResponse) -> TransactionEnd:
+            result = put_result(r.result) if r.HasField("result") else None
+            return TransactionEnd(r.committed, result, r.duplicate)
+
+        # Retried like a put: ending a transaction twice the same way changes nothing.
+        return Op("end_transaction", "EndTransaction", request, convert, True, (tx,))
+
+    @operation
+    def put_batch(self, messages: Sequence[MessageSpec]) -> Op[list[PutResult]]:
+        """Put messages atomically as one batch (one bad message fails all)."""
+        now = _now_ms()
+        msgs = [s.to_pb(now) for s in messages]
+        request = pb.PutBatchRequest(messages=msgs, cluster=self.cluster)
+        keys = tuple(m.uniq_key for m in msgs)
+        return Op("put_batch", "PutBatch", request, lambda r: [put_result(x) for x in r.results],
+                  True, keys)  # fmt: skip
+
+    @operation
+    def get(
+        self, msg_id: str | None = None, offset: int | None = None, linearizable: bool = False
+    ) -> Op[StoredMessage]:
+        """By message id or by commit-log offset (exactly one)."""
+        if (msg_id is None) == (offset is None):
+            raise ValueError("get: give exactly one of msg_id and offset")
+        if msg_id is not None:
+            request = pb.GetRequest(msg_id=msg_id, linearizable=linearizable)
+        else:
+            request = pb.GetRequest(commitlog_offset=offset, linearizable=linearizable)
+        return Op("get", "Get", request, lambda r: stored_message(r.message))
+
+    @operation
+    def pull(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int = 32,
+        tag_expression: str = "*",
+        wait_ms: int = 0,
+        linearizable: bool = False,
+    ) -> Op[PullResult]:
+        """One queue's messages from `offset`; waits up to `wait_ms` when there are none."""
+        request = pb.PullRequest(
+            topic=topic,
+            queue_id=queue_id,
+            queue_offset=offset,
+            max_messages=max_messages,
+            tag_expression=tag_expression,
+            wait_ms=wait_ms,
+            linearizable=linearizable,
+        )
+
+        def convert(r: pb.PullResponse) -> PullResult:
+            msgs = tuple(stored_message(m) for m in r.messages)
+            return PullResult(msgs, r.next_offset, r.min_offset, r.max_offset)
+
+        return Op("pull", "Pull", request, convert, floor_s=1 + wait_ms / 1000)
+
+    @operation
+    def queue_offsets(self, topic: str = "", linearizable: bool = False) -> Op[list[QueueOffset]]:
+        """Min and max offsets of the topic's queues (every user topic's when empty)."""
+        request = pb.QueueOffsetsRequest(topic=topic, linearizable=linearizable)
+
+        def convert(r: pb.QueueOffsetsResponse) -> list[QueueOffset]:
+            return [QueueOffset(q.topic, q.queue_id, q.min_offset, q.max_offset) for q in r.queues]
+
+        return Op("queue_offsets", "QueueOffsets", request, convert)
+
+    @operation
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> Op[None]:
+        """Record `offset` (the next to consume) for `group` through the Raft log."""
+        request = pb.CommitOffsetRequest(
+            group=group, topic=topic, queue_id=queue_id, offset=offset, cluster=self.cluster
+        )
+        # Setting an offset twice is harmless: a retry after an unknown outcome is safe.
+        return Op("commit_offset", "CommitOffset", request, lambda r: None)
+
+    @operation
+    def fetch_offset(
+        self, group: str, topic: str, queue_id: int = -1, linearizable: bool = False
+    ) -> Op[dict[int, int]]:
+        """Queue id -> the group's committed offset (-1: nothing committed)."""
+        request = pb.FetchOffsetRequest(
+            group=group, topic=topic, queue_id=queue_id, linearizable=linearizable
+        )
+        return Op("fetch_offset", "FetchOffset", request,
+                  lambda r: {o.queue_id: o.offset for o in r.offsets})  # fmt: skip
+
+    @operation
+    def query(
+        self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 0, max_messages: int = 32
+    ) -> Op[list[StoredMessage]]:
+        """Messages of `topic` with `key`, stored between `begin_ms` and `end_ms`."""
+        request = pb.QueryByKeyRequest(
+            topic=topic, key=key, begin_ms=begin_ms, end_ms=end_ms, max_messages=max_messages
+        )
+        return Op("query", "QueryByKey", request, lambda r: [stored_message(m) for m in r.messages])
+
+    @operation
+    def read_range(
+        self, from_offset: int, max_messages: int = 1024, max_bytes: int = 4 << 20
+    ) -> Op[ReadRangeResult]:
+        """Raw committed messages from `from_offset` on, for bulk readers (analytics)."""
+        request = pb.ReadRangeRequest(
+            from_offset=from_offset, max_messages=max_messages, max_bytes=max_bytes
+        )
+
+        def convert(r: pb.ReadRangeResponse) -> ReadRangeResult:
+            return ReadRangeResult(r.messages, r.next_offset, r.committed_offset, r.min_offset)
+
+        return Op("read_range", "ReadRange", request, convert)
+
+    @operation
+    def transfer_leadership(self, target_node_id: int, timeout_ms: int = 5000) -> Op[int]:
+        """Ask the leader to hand over to `target_node_id`; returns the new leader's id."""
+        request = pb.TransferLeadershipRequest(target_node_id=target_node_id,
+                                               timeout_ms=timeout_ms)  # fmt: skip
+        return Op("transfer_leadership", "TransferLeadership", request, lambda r: int(r.leader_id),
+                  floor_s=1 + timeout_ms / 1000, forgets_leader=True)  # fmt: skip
+
+    @operation
+    def clean_now(
+        self, server: str, force: bool = False, timeout_s: float = 30.0
+    ) -> Op[CleanResult]:
+        """Run retention now on the node at `server` (each node cleans its own store)."""
+
+        def convert(r: pb.CleanNowResponse) -> CleanResult:
+            return CleanResult(r.deleted_segments, r.min_offset, r.reason)
+
+        request = pb.CleanNowRequest(force=force)
+        return Op("clean_now", "CleanNow", request, convert, pinned=server, timeout_s=timeout_s)
+
+    @operation
+    def status(self, server: str | None = None, timeout_s: float | None = None) -> Op[NodeStatus]:
+        """Status of one server (default: the leader, else the first server); one attempt."""
+        address = server or self._router.leader or self._router.servers[0]
+        return Op("status", "Status", pb.StatusRequest(), lambda r: self._accept(address, r),
+                  pinned=address, timeout_s=timeout_s or 2.0)  # fmt: skip

@@ -1,0 +1,202 @@
+"""The values both clients take and give: `MessageSpec` in; results out.
+
+Owns the frozen dataclasses a caller sees (`StoredMessage`, `PullResult`,
+`NodeStatus`, ...) and their conversion from protobuf at the edge (`put_result`,
+`stored_message`, `node_status`), so no caller handles protobuf. Invariant: a
+`MessageSpec` that exists is valid as far as the client can tell (bad input is an
+`InvalidArgument` before anything is sent, and nothing is stored).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from dledger_commitlog.client.errors import ClientError, InvalidArgument
+from dledger_commitlog.common.protocol import MAX_MESSAGE_BYTES_LIMIT
+from dledger_commitlog.common.protocol import PutResult as PutResult
+from proto import dledger_pb2 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class MessageSpec:
+    """A message to put. `uniq_key` None: the client draws one before the first attempt."""
+
+    topic: str
+    body: bytes | str
+    keys: Sequence[str] = ()
+    tags: str | None = None
+    properties: Mapping[str, str] | None = None
+    uniq_key: str | None = None
+    queue_id: int | None = None
+    flag: int = 0
+    delay_level: int = 0  # 1..N of the cluster's delay levels (0: none)
+    deliver_at_ms: int = 0  # deliver at this time, ms since the epoch (0: none)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.topic, str) or not self.topic:
+            raise InvalidArgument(f"topic must be a non-empty string, not {self.topic!r}")
+        if not isinstance(self.body, bytes | bytearray | memoryview | str):
+            raise InvalidArgument(f"body must be bytes or str, not {type(self.body).__name__}")
+        if isinstance(self.keys, str) or not all(isinstance(k, str) for k in self.keys):
+            raise InvalidArgument(f"keys must be a sequence of strings, not {self.keys!r}")
+        props = self.properties or {}
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
+            raise InvalidArgument("properties must map strings to strings")
+        if self.queue_id is not None and (not isinstance(self.queue_id, int) or self.queue_id < 0):
+            raise InvalidArgument(f"queue_id must be a non-negative int, not {self.queue_id!r}")
+        for name in ("delay_level", "deliver_at_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidArgument(f"{name} must be a non-negative int, not {value!r}")
+        size = len(self.body.encode() if isinstance(self.body, str) else self.body)
+        if size > MAX_MESSAGE_BYTES_LIMIT:
+            raise InvalidArgument(
+                f"body of {size} bytes: no server takes more than {MAX_MESSAGE_BYTES_LIMIT}; "
+                "nothing was sent or stored"
+            )
+
+    def to_pb(self, now_ms: int) -> pb.MessageData:
+        body = self.body.encode() if isinstance(self.body, str) else bytes(self.body)
+        return pb.MessageData(
+            topic=self.topic,
+            body=body,
+            keys=list(self.keys),
+            tags=self.tags or "",
+            properties=dict(self.properties or {}),
+            uniq_key=self.uniq_key or uuid.uuid4().hex.upper(),
+            born_timestamp_ms=now_ms,
+            flag=self.flag,
+            queue_id=-1 if self.queue_id is None else self.queue_id,
+            has_queue_id=self.queue_id is not None,
+            delay_level=self.delay_level,
+            deliver_at_ms=self.deliver_at_ms,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    msg_id: str
+    body: bytes
+    keys: tuple[str, ...]
+    tags: str
+    properties: Mapping[str, str]
+    born_timestamp_ms: int
+    store_timestamp_ms: int
+    body_size: int
+    size: int
+    uniq_key: str
+    flag: int
+
+
+@dataclass(frozen=True, slots=True)
+class HalfResult:
+    """A stored half message: end it with `end_transaction`."""
+
+    transaction_id: str
+    half_offset: int
+    result: PutResult
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionEnd:
+    committed: bool
+    result: PutResult | None  # the real message's, on commit
+    duplicate: bool  # decided before: this call changed nothing
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    messages: tuple[StoredMessage, ...]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOffset:
+    topic: str
+    queue_id: int
+    min_offset: int
+    max_offset: int  # the next committed message's queue offset
+
+
+@dataclass(frozen=True, slots=True)
+class CleanResult:
+    deleted_segments: int
+    min_offset: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRangeResult:
+    messages: bytes  # concatenated encoded messages (store.message format), committed only
+    next_offset: int
+    committed_offset: int
+    min_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PeerStatus:
+    node_id: int
+    match_index: int
+    next_index: int
+    recent_active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    address: str  # the address this client asked
+    node_id: int
+    role: str
+    term: int
+    leader_id: int
+    leader_address: str
+    first_index: int
+    last_index: int
+    committed_index: int
+    committed_pos: int
+    flushed_pos: int
+    dispatched_pos: int
+    applied_index: int
+    cluster: str
+    peers: tuple[PeerStatus, ...]
+    last_chain_crc: int
+    flush_mode: str
+    loop_lag_max_ms: float = 0.0  # longest the node's event loop was late (see loop_probe)
+
+
+@dataclass(frozen=True, slots=True)
+class StatusError:
+    """`status_all`'s entry for a server that did not answer."""
+
+    address: str
+    error: ClientError
+
+
+def _convert(cls: Any, msg: Any, **given: Any) -> Any:
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in given]
+    return cls(**{name: getattr(msg, name) for name in names}, **given)
+
+
+def put_result(msg: pb.PutResult) -> PutResult:
+    return cast(PutResult, _convert(PutResult, msg))
+
+
+def stored_message(msg: pb.StoredMessage) -> StoredMessage:
+    return cast(
+        StoredMessage,
+        _convert(StoredMessage, msg, keys=tuple(msg.keys), properties=dict(msg.properties)),
+    )
+
+
+def node_status(address: str, msg: pb.StatusResponse) -> NodeStatus:
+    peers = tuple(cast(PeerStatus, _convert(PeerStatus, p)) for p in msg.peers)
+    return cast(NodeStatus, _convert(NodeStatus, msg, address=address, peers=peers))
