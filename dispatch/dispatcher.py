@@ -20,7 +20,7 @@ Invariants:
 
 A batch is dispatched as columns (numpy), not message by message: one pass decodes
 the fixed fields, topics, tag codes and key hashes of all its messages
-(`store.message.peek_headers`); the units of each queue are one structured array
+(`store.message_batch.peek_headers`); the units of each queue are one structured array
 written with one copy (`ConsumeQueue.append_units`); the keys go to the index in
 one call (`IndexService.put_batch`). Every message's layout and the committed
 bound are checked before anything of the batch is written. The files are byte for
@@ -50,19 +50,14 @@ from typing import Protocol
 
 import numpy as np
 
+from store.arrays import I64s
 from store.checkpoint import AbortMarker, StoreCheckpoint
 from store.consume_queue import UNIT_DTYPE, ConsumeQueue, CqUnit, discover_queues
 from store.errors import InvalidMessage, OffsetOutOfRange
 from store.fileio import write_atomically
 from store.index_file import IndexService, topic_key_hashes
-from store.message import (
-    HeaderBatch,
-    I64s,
-    decode_message,
-    peek_header,
-    peek_headers,
-    tags_hash_code,
-)
+from store.message import decode_message, peek_header, tags_hash_code
+from store.message_batch import HeaderBatch, peek_headers
 
 log = logging.getLogger(__name__)
 

@@ -53,7 +53,8 @@ import numpy.typing as npt
 
 from store.errors import CorruptEntry, StoreError
 from store.fileio import fsync_dir, mkdir_durably
-from store.message import POW31_U32, java_string_hash
+from store.message import java_string_hash
+from store.message_batch import POW31_U32
 
 __all__ = [
     "DEFAULT_ENTRY_COUNT",
