@@ -52,7 +52,18 @@ import numpy as np
 import numpy.typing as npt
 
 from store.consume_queue import UNIT_DTYPE, UNIT_SIZE
-from store.entry_format import ENTRY_MAGIC, FILLER_MAGIC, HEADER, HEADER_SIZE
+from store.entry_format import (
+    ENTRY_MAGIC,
+    FILLER,
+    FILLER_MIN,
+    HEADER_SIZE,
+    EntryHeader,
+    body_fault,
+    entry_headers,
+    header_fault,
+    header_faults,
+    is_filler,
+)
 from store.errors import CorruptEntry, InvalidMessage, OffsetOutOfRange
 from store.mapped_file import segment_name
 from store.message import STORE_TIMESTAMP_POS, decode_message, tags_hash_code
@@ -65,7 +76,6 @@ if TYPE_CHECKING:
 MAX_SCAN: Final = 16_384  # units one Pull looks at (as dispatch's scan did)
 MAX_UNITS_ANSWER: Final = 200_000  # units per ReadUnits answer (4 MB)
 _I64: Final = struct.Struct(">q")
-_HEAD = HEADER.unpack_from
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,32 +300,35 @@ def _check_entries(
             more = min(view.committed, at + HEADER_SIZE)
             if more - pos > len(buf):
                 buf += read_log(view, files, pos + len(buf), more)
-        if off + 8 > len(buf):
+        if off + FILLER_MIN > len(buf):
             raise CorruptEntry(view.where(at), at, "the committed log ends inside an entry")
-        magic, size = struct.unpack_from(">ii", buf, off)
-        if magic == FILLER_MAGIC and size == seg - at % seg:
+        magic, size = FILLER.unpack_from(buf, off)
+        if is_filler(magic, size, at, seg):
             if at + size > len(buf) + pos:  # the filler's zeros: no need to read them
                 buf += read_log(view, files, pos + len(buf), min(view.committed, at + size))
             at += size
             continue
-        if magic != ENTRY_MAGIC:
-            if at == pos and asked:
-                raise InvalidMessage(f"no entry starts at commit-log position {at}")
-            raise CorruptEntry(view.where(at), at, f"bad entry magic {magic:#x}")
+        # At the caller's position, no entry's magic or position there is their mistake.
+        theirs = at == pos and asked
         if off + HEADER_SIZE > len(buf):
-            raise CorruptEntry(view.where(at), at, "the committed log ends inside an entry")
-        _, size, index, _term, epos, _kind, _chain, body_crc, body_len = _HEAD(buf, off)
-        if epos != at:
-            if at == pos and asked:
+            if theirs and magic != ENTRY_MAGIC:
                 raise InvalidMessage(f"no entry starts at commit-log position {at}")
-            raise CorruptEntry(view.where(at), at, f"entry says it lies at {epos}")
-        if body_len < 0 or size != HEADER_SIZE + body_len or at + size > view.committed:
-            raise CorruptEntry(view.where(at), at, f"entry size {size} is implausible")
-        if off + size > len(buf):
-            buf += read_log(view, files, pos + len(buf), at + size)
-        if zlib.crc32(memoryview(buf)[off + HEADER_SIZE : off + size]) != body_crc:
-            raise CorruptEntry(view.where(at), at, f"body CRC mismatch in entry {index}")
-        at += size
+            raise CorruptEntry(view.where(at), at, "the committed log ends inside an entry")
+        head = EntryHeader.read(buf, off)
+        fault = header_fault(head, at)
+        if fault is not None:
+            if theirs and (head.magic != ENTRY_MAGIC or head.pos != at):
+                raise InvalidMessage(f"no entry starts at commit-log position {at}")
+            raise CorruptEntry(view.where(at), at, fault)
+        if at + head.size > view.committed:
+            raise CorruptEntry(view.where(at), at, f"entry of {head.size} bytes reaches past "
+                               f"the committed position {view.committed}")  # fmt: skip
+        if off + head.size > len(buf):
+            buf += read_log(view, files, pos + len(buf), at + head.size)
+        fault = body_fault(buf, off, head)
+        if fault is not None:
+            raise CorruptEntry(view.where(at), at, fault)
+        at += head.size
     return (buf if at - pos == len(buf) else buf[: at - pos]), at
 
 
@@ -394,22 +407,6 @@ def offset_for_time(q: QueueView, view: LogView, timestamp_ms: int) -> int:
 
 
 # ---------------------------------------------------------------- Pull
-
-
-_ENTRY_DTYPE: Final = np.dtype(
-    [
-        ("magic", ">i4"),
-        ("size", ">i4"),
-        ("index", ">i8"),
-        ("term", ">i8"),
-        ("pos", ">i8"),
-        ("channel", ">i4"),
-        ("chain_crc", ">u4"),
-        ("body_crc", ">u4"),
-        ("body_len", ">i4"),
-    ]
-)
-assert _ENTRY_DTYPE.itemsize == HEADER_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -536,13 +533,8 @@ def _read_messages(
             base = int(starts[a])
             data = read_log(view, files, base, int(ends[b - 1]))
         rel = starts[a:b] - base
-        head = _entry_headers(data, rel)
-        bad = (
-            (head["magic"] != ENTRY_MAGIC)
-            | (head["pos"] != starts[a:b])
-            | (head["body_len"] != sizes[a:b])
-            | (head["size"] != sizes[a:b] + HEADER_SIZE)
-        )
+        head = entry_headers(data, rel)
+        bad = header_faults(head, starts[a:b], sizes[a:b])
         if bad.any():
             i = int(np.argmax(bad))
             at = int(starts[a + i])
@@ -557,14 +549,3 @@ def _read_messages(
                 raise CorruptEntry(view.where(at), at, "body CRC mismatch")
             out.append(body)
     return out
-
-
-def _entry_headers(buf: bytes | mmap.mmap, rel: npt.NDArray[np.int64]) -> npt.NDArray[np.void]:
-    """The 48-byte entry headers at `rel` in `buf`, as one structured array (a copy: no
-    view of `buf` outlives the call)."""
-    if len(rel) and (int(rel.min()) < 0 or int(rel.max()) + HEADER_SIZE > len(buf)):
-        raise CorruptEntry(None, int(rel.max()), "an entry header lies outside the file")
-    arr = np.frombuffer(buf, np.uint8)
-    items = np.ndarray(shape=(len(arr) - HEADER_SIZE + 1,), dtype=np.dtype(f"V{HEADER_SIZE}"),
-                       buffer=arr, strides=(1,))  # fmt: skip
-    return items[rel].view(_ENTRY_DTYPE)
