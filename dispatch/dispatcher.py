@@ -55,7 +55,8 @@ from store.checkpoint import AbortMarker, StoreCheckpoint
 from store.consume_queue import UNIT_DTYPE, ConsumeQueue, CqUnit, discover_queues
 from store.errors import InvalidMessage, OffsetOutOfRange
 from store.fileio import write_atomically
-from store.index_file import IndexService, topic_key_hashes
+from store.index_format import topic_key_hashes
+from store.index_service import IndexService
 from store.message import decode_message, peek_header, tags_hash_code
 from store.message_batch import HeaderBatch, peek_headers
 

@@ -26,15 +26,9 @@ from dispatch.dispatcher import OFFSETS_TOPIC, Dispatcher, encode_offset_commit
 from store import consume_queue, index_file, message_batch
 from store.consume_queue import UNIT_DTYPE, ConsumeQueue, units_array
 from store.errors import ConflictingWrite, CorruptEntry, OffsetOutOfRange
-from store.index_file import (
-    HEADER_SIZE,
-    SLOT,
-    IndexFile,
-    IndexService,
-    build_key,
-    index_key_hash,
-    topic_key_hashes,
-)
+from store.index_file import IndexFile
+from store.index_format import HEADER_SIZE, SLOT, build_key, index_key_hash, topic_key_hashes
+from store.index_service import IndexService
 from store.message import Message, encode_message, java_string_hash, peek_header
 from store.message_batch import java_hashes, peek_headers
 from tests.test_dispatch import files_of

@@ -1,4 +1,5 @@
-"""IndexFile and IndexService: golden layout, model-based queries, rolling, recovery."""
+"""The key index (index_format, IndexFile, IndexService): golden layout, model-based
+queries, rolling, recovery."""
 
 from __future__ import annotations
 
@@ -12,14 +13,9 @@ from hypothesis import strategies as st
 
 from store import index_file
 from store.errors import CorruptEntry, StoreError
-from store.index_file import (
-    ENTRY_SIZE,
-    HEADER_SIZE,
-    IndexFile,
-    IndexService,
-    build_key,
-    index_key_hash,
-)
+from store.index_file import IndexFile
+from store.index_format import ENTRY_SIZE, HEADER_SIZE, build_key, index_key_hash
+from store.index_service import IndexService
 
 T0 = 1_700_000_000_000
 
