@@ -14,6 +14,8 @@ what `put` of each key writes.
 After a crash, `truncate` cuts a file in place back to exactly the bytes a fresh
 build of the kept messages writes, whatever a torn write left behind, and
 `repair_slots` rebuilds a slot table that names entries past the header.
+`flush` (fdatasync) may run in a worker thread beside the writer: it holds no
+lock and not the GIL while the disk works.
 """
 
 from __future__ import annotations
@@ -533,8 +535,24 @@ class IndexFile:
     # -- lifecycle -------------------------------------------------------------
 
     def flush(self) -> None:
-        """msync the whole mapping (blocking; call it off the event loop)."""
-        self._mm.flush()
+        """Make the file's bytes durable (blocking: call it off the event loop; any thread).
+
+        An fdatasync of the file, not an msync of the mapping: Python's
+        `mmap.flush` holds the GIL for as long as msync takes (a full file is
+        hundreds of MB), which would stall the event loop even from a worker
+        thread, while `os.fdatasync` lets it go. On Linux a shared mapping writes
+        straight into the file's page cache, so syncing the file covers it. The
+        descriptor is this call's own, so `close` or `destroy` on the writer's
+        thread meanwhile is harmless; a file already deleted needs no flush.
+        """
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         if not self._mm.closed:

@@ -14,14 +14,28 @@ Dispatch indexes a batch at once (`put_batch`): keys come as their hashes
 (`index_format.topic_key_hashes`, from the message batch's key columns) and the
 messages that fit the current file go into it with one `IndexFile.put_many`.
 The files are byte for byte those `put_message` of each message writes.
+
+Durability. A file that fills is sealed (it takes no more writes) and left for
+the next `flush` rather than flushed on the writer's thread (the event loop):
+`flush_plan()`, taken on the writer's thread, names the sealed files not
+flushed yet and the newest file, and `flush(plan)`, run in any thread (the
+node's checkpoint), fdatasyncs them, GIL released. The dispatcher takes the
+plan with the dispatched position it checkpoints and writes the checkpoint only
+after the flush, so every index entry below a checkpointed position is durable:
+after a crash only files written since the last checkpoint can be torn, and
+recovery (`truncate_to_commitlog_offset` to that position) deletes those that
+begin at or after it and cuts the one that straddles it, whatever a torn write
+left there.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,10 +45,17 @@ from store.fileio import fsync_dir, mkdir_durably
 from store.index_file import IndexFile
 from store.index_format import DEFAULT_ENTRY_COUNT, DEFAULT_SLOT_COUNT, build_key
 
-__all__ = ["IndexService"]
+__all__ = ["IndexFlush", "IndexService"]
 
 _NAME_LEN = 17  # yyyyMMddHHmmssSSS
 _MAX_NAME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: names keep 17 digits
+
+
+class IndexFlush(NamedTuple):
+    """What a `flush` must make durable for everything written before `flush_plan`."""
+
+    sealed: tuple[IndexFile, ...]  # full files not flushed since they filled
+    newest: IndexFile | None  # the file taking writes
 
 
 def _name_for(ms: int) -> str:
@@ -70,6 +91,9 @@ class IndexService:
         self.slot_count = slot_count
         self.entry_count = entry_count
         self.files: list[IndexFile] = []
+        # Sealed, not flushed yet: appended by the writer, removed by a flush (any thread).
+        self._sealed: list[IndexFile] = []
+        self._sealed_lock = threading.Lock()
         for path in sorted(self.directory.iterdir()):
             if len(path.name) == _NAME_LEN and path.name.isdigit():
                 self.files.append(IndexFile(path, slot_count, entry_count, create=False))
@@ -168,7 +192,8 @@ class IndexService:
         if last is not None and last.room >= needed:
             return last
         if last is not None:
-            last.flush()  # a full file is sealed durably before its successor takes writes
+            with self._sealed_lock:  # takes no more writes; the next flush makes it durable
+                self._sealed.append(last)
         return self._create(store_timestamp_ms)
 
     def _create(self, store_timestamp_ms: int) -> IndexFile:
@@ -224,7 +249,7 @@ class IndexService:
                 # Emptied by a torn first entry: the message it began with may have
                 # started in the previous file (more keys than a file holds).
                 phy_offset = begin
-            self.files.pop().destroy()
+            self._drop(self.files.pop())
         if changed and self.files:
             self.files[-1].flush()
         fsync_dir(self.directory)
@@ -236,7 +261,7 @@ class IndexService:
         while self.files and self.files[0].entries and self.files[0].end_phy_offset < phy_offset:
             if len(self.files) == 1:
                 break  # keep the newest file: it carries end_phy_offset for replay
-            self.files.pop(0).destroy()
+            self._drop(self.files.pop(0))
             gone += 1
         if gone:
             fsync_dir(self.directory)
@@ -244,10 +269,32 @@ class IndexService:
 
     # -- lifecycle -------------------------------------------------------------
 
-    def flush(self) -> None:
-        """msync the newest file (older ones were flushed when sealed); blocking."""
-        if self.files:
-            self.files[-1].flush()
+    def _drop(self, f: IndexFile) -> None:
+        with self._sealed_lock:
+            if f in self._sealed:
+                self._sealed.remove(f)
+        f.destroy()
+
+    # -- durability ------------------------------------------------------------
+
+    def flush_plan(self) -> IndexFlush:
+        """What to flush for everything written so far (on the writer's thread)."""
+        with self._sealed_lock:
+            sealed = tuple(self._sealed)
+        return IndexFlush(sealed, self.files[-1] if self.files else None)
+
+    def flush(self, plan: IndexFlush | None = None) -> None:
+        """Make durable what was written before `plan` was taken: its sealed files, then
+        its newest file (blocking, GIL released: any thread). Without a plan, one taken
+        now: call that on the writer's thread."""
+        plan = self.flush_plan() if plan is None else plan
+        for f in plan.sealed:
+            f.flush()
+        if plan.newest is not None:
+            plan.newest.flush()
+        if plan.sealed:  # a sealed file takes no more writes: flushed for good
+            with self._sealed_lock:
+                self._sealed = [f for f in self._sealed if f not in plan.sealed]
 
     def close(self) -> None:
         for f in self.files:
