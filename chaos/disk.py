@@ -38,9 +38,9 @@ from dledger_commitlog.log.verify import read_layout
 from store.entry_format import (
     FILLER,
     FILLER_MIN,
+    HEADER,
     HEADER_SIZE,
     INDEX_UNIT_SIZE,
-    EntryHeader,
     decode_record,
     header_fault,
     is_filler,
@@ -107,11 +107,11 @@ def _scan(
                 break
             if off + HEADER_SIZE > len(buf):
                 return out
-            head = EntryHeader.read(buf, off)
-            if header_fault(head, pos) is not None or head.size > seg_size - off:
+            _, size, index, _, epos, _, _, _, body_len = HEADER.unpack_from(buf, off)
+            if header_fault(magic, size, epos, body_len, pos) is not None or size > seg_size - off:
                 return out
-            out.append((pos, head.size, head.index))
-            off += head.size
+            out.append((pos, size, index))
+            off += size
         else:
             return out
     return out

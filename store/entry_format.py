@@ -54,7 +54,6 @@ __all__ = [
     "INDEX_UNIT",
     "INDEX_UNIT_SIZE",
     "RECORD",
-    "EntryHeader",
     "StoredEntry",
     "body_fault",
     "chain_crc",
@@ -100,26 +99,6 @@ Buffer = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True, slots=True)
-class EntryHeader:
-    """The 48-byte header as it lies on disk."""
-
-    magic: int
-    size: int
-    index: int
-    term: int
-    pos: int
-    channel: int
-    chain_crc: int
-    body_crc: int
-    body_len: int
-
-    @classmethod
-    def read(cls, buf: Buffer, offset: int) -> EntryHeader:
-        """The header at `buf[offset:]` (which must hold HEADER_SIZE bytes), unchecked."""
-        return cls(*HEADER.unpack_from(buf, offset))
-
-
-@dataclass(frozen=True, slots=True)
 class StoredEntry:
     """An entry as it lies on disk, header fields included."""
 
@@ -160,28 +139,24 @@ def is_filler(magic: int, size: int, pos: int, segment_size: int) -> bool:
     return magic == FILLER_MAGIC and size == segment_size - pos % segment_size
 
 
-def header_fault(head: EntryHeader, pos: int) -> str | None:
-    """Why `head` is not the header of an entry lying at log position `pos`: bad magic,
-    a size that disagrees with the body length, another position; None when it is."""
-    return _fault(head.magic, head.size, head.pos, head.body_len, pos)
-
-
-def _fault(magic: int, size: int, epos: int, body_len: int, pos: int) -> str | None:
+def header_fault(magic: int, size: int, entry_pos: int, body_len: int, pos: int) -> str | None:
+    """Why a header (these of its fields: `HEADER.unpack_from` gives them all) is not
+    the header of an entry lying at log position `pos`: bad magic, a size that
+    disagrees with the body length, another position; None when it is."""
     if magic != ENTRY_MAGIC:
         return f"bad magic {magic:#x}"
     if body_len < 0 or size != HEADER_SIZE + body_len:
         return f"size {size} disagrees with body length {body_len}"
-    if epos != pos:
-        return f"entry says it lies at {epos}"
+    if entry_pos != pos:
+        return f"entry says it lies at {entry_pos}"
     return None
 
 
-def body_fault(buf: Buffer, offset: int, head: EntryHeader) -> str | None:
-    """Why the body after the header `head` at `buf[offset:]` is not the one the header
-    vouches for (its CRC), without copying it; None when it is."""
-    body = memoryview(buf)[offset + HEADER_SIZE : offset + head.size]
-    if zlib.crc32(body) != head.body_crc:
-        return f"body CRC mismatch in entry {head.index}"
+def body_fault(body: Buffer, body_crc: int, index: int) -> str | None:
+    """Why `body` is not the body the header of entry `index` vouches for (`body_crc`,
+    its CRC32); None when it is. Pass a memoryview to check it without a copy."""
+    if zlib.crc32(body) != body_crc:
+        return f"body CRC mismatch in entry {index}"
     return None
 
 
@@ -214,15 +189,16 @@ def _decode(buf: bytes | memoryview, offset: int, pos: int, prev_chain: int | No
     magic, size, index, term, epos, channel, chain, body_crc, body_len = HEADER.unpack_from(
         buf, offset
     )
-    fault = _fault(magic, size, epos, body_len, pos)
+    fault = header_fault(magic, size, epos, body_len, pos)
     if fault is not None:
         raise _Bad(fault)
     end = offset + size
     if end > len(buf):
         raise _Bad("truncated body")
     body = bytes(buf[offset + HEADER_SIZE : end])
-    if zlib.crc32(body) != body_crc:
-        raise _Bad(f"body CRC mismatch in entry {index}")
+    fault = body_fault(body, body_crc, index)
+    if fault is not None:
+        raise _Bad(fault)
     if (
         prev_chain is not None
         and chain_crc(prev_chain, size, index, term, pos, channel, body_crc) != chain

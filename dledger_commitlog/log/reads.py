@@ -43,7 +43,6 @@ import mmap
 import os
 import struct
 import threading
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -56,8 +55,8 @@ from store.entry_format import (
     ENTRY_MAGIC,
     FILLER,
     FILLER_MIN,
+    HEADER,
     HEADER_SIZE,
-    EntryHeader,
     body_fault,
     entry_headers,
     header_fault,
@@ -314,21 +313,23 @@ def _check_entries(
             if theirs and magic != ENTRY_MAGIC:
                 raise InvalidMessage(f"no entry starts at commit-log position {at}")
             raise CorruptEntry(view.where(at), at, "the committed log ends inside an entry")
-        head = EntryHeader.read(buf, off)
-        fault = header_fault(head, at)
+        _, size, index, _term, epos, _kind, _chain, body_crc, body_len = HEADER.unpack_from(
+            buf, off
+        )
+        fault = header_fault(magic, size, epos, body_len, at)
         if fault is not None:
-            if theirs and (head.magic != ENTRY_MAGIC or head.pos != at):
+            if theirs and (magic != ENTRY_MAGIC or epos != at):
                 raise InvalidMessage(f"no entry starts at commit-log position {at}")
             raise CorruptEntry(view.where(at), at, fault)
-        if at + head.size > view.committed:
-            raise CorruptEntry(view.where(at), at, f"entry of {head.size} bytes reaches past "
+        if at + size > view.committed:
+            raise CorruptEntry(view.where(at), at, f"entry of {size} bytes reaches past "
                                f"the committed position {view.committed}")  # fmt: skip
-        if off + head.size > len(buf):
-            buf += read_log(view, files, pos + len(buf), at + head.size)
-        fault = body_fault(buf, off, head)
+        if off + size > len(buf):
+            buf += read_log(view, files, pos + len(buf), at + size)
+        fault = body_fault(memoryview(buf)[off + HEADER_SIZE : off + size], body_crc, index)
         if fault is not None:
             raise CorruptEntry(view.where(at), at, fault)
-        at += head.size
+        at += size
     return (buf if at - pos == len(buf) else buf[: at - pos]), at
 
 
@@ -520,7 +521,6 @@ def _read_messages(
     group = (starts - first) // view.segment_size
     group[ends > view.file_end] = -1  # not all in the files yet
     cuts = (np.flatnonzero(np.diff(group)) + 1).tolist()
-    crc32 = zlib.crc32
     for a, b in itertools.pairwise([0, *cuts, len(offsets)]):
         index = int(group[a])
         if index >= 0:
@@ -540,12 +540,13 @@ def _read_messages(
             at = int(starts[a + i])
             raise CorruptEntry(view.where(at), at, f"no entry of {int(sizes[a + i])} bytes "
                                "starts here, though a consume-queue unit points at it")  # fmt: skip
-        for o, n, want, at in zip(
+        for o, n, want, index, at in zip(
             (rel + HEADER_SIZE).tolist(), sizes[a:b].tolist(), head["body_crc"].tolist(),
-            starts[a:b].tolist(), strict=True,
+            head["index"].tolist(), starts[a:b].tolist(), strict=True,
         ):  # fmt: skip
             body = data[o : o + n]
-            if crc32(body) != want:
-                raise CorruptEntry(view.where(at), at, "body CRC mismatch")
+            fault = body_fault(body, want, index)
+            if fault is not None:
+                raise CorruptEntry(view.where(at), at, fault)
             out.append(body)
     return out
