@@ -22,12 +22,13 @@ the files (sync flush buffers appends until the flush thread writes them) are
 read through the entry store's `MappedFileQueue.read`, which is thread-safe,
 above the flushed position only.
 
-Checks. Every message Pull serves is checked against its entry (magic,
-position, size, body CRC), as the loop's reads did. ReadLog serves raw entries:
-each is checked once per process (magic, position, size, body CRC), and the
-ranges checked are remembered (`VerifiedRanges`): committed bytes never change,
-so a second read of them is served without a second CRC pass. A damaged entry
-raises `CorruptEntry` and is never served.
+Checks (`store.entry_format`'s, which every reader of entries runs). Every
+message Pull serves is checked against its entry (magic, position, size, body
+CRC). ReadLog serves raw entries: each is checked once per process (magic,
+position, size, body CRC), and the ranges checked are remembered
+(`VerifiedRanges`): committed bytes never change, so a second read of them is
+served without a second CRC pass. A damaged entry raises `CorruptEntry` and is
+never served.
 
 Allocation. Pull handles its units as numpy arrays rather than an object each:
 a thread that allocates many objects sets off garbage collections, which hold
