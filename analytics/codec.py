@@ -4,8 +4,10 @@
 Spark needs millions of rows per second from a Python worker, so this module
 decodes a whole buffer of messages at once with numpy and Arrow compute: the
 88-byte fixed part of every message is gathered in one numpy operation and read
-as a structured array, variable-length fields (body, topic, properties) become
-Arrow *view* arrays over the buffer that Arrow copies out in C++, and properties
+as a structured array (the store's one definition of the layout,
+`store.message.HEADER_DTYPE`, checked by the store's vectorized layout checks,
+`store.message_batch.Frames`), variable-length fields (body, topic, properties)
+become Arrow *view* arrays over the buffer that Arrow copies out in C++, and properties
 are split with Arrow's string kernels. Only `walk`, which finds the boundaries
 of concatenated messages, steps message by message, and only where sizes vary.
 
@@ -38,16 +40,17 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from store.arrays import windows
 from store.errors import CorruptEntry
 from store.message import (
     FIXED_PART_SIZE,
-    MESSAGE_MAGIC_CODE,
+    MIN_MESSAGE_SIZE,
     PHYSICAL_OFFSET_POS,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
-    QUEUE_OFFSET_POS,
-    STORE_TIMESTAMP_POS,
+    STORE_HOST_POS,
 )
+from store.message_batch import FAULTS, Frames
 
 __all__ = [
     "ARROW_SCHEMA",
@@ -82,38 +85,10 @@ SPARK_TYPES: Final = {name: t for name, _, t in FIELDS}
 ARROW_SCHEMA: Final = pa.schema([pa.field(name, t) for name, t, _ in FIELDS])
 SPARK_DDL: Final = ", ".join(f"{name} {t}" for name, _, t in FIELDS)
 
-_STORE_HOST_POS = 64
-_V6_FLAGS = (1 << 4) | (1 << 5)
-_MIN_SIZE = FIXED_PART_SIZE + 1 + 1 + 2
-_MAX_TOPIC = 127
 _I32 = struct.Struct(">i")
 _MIN_RUN = 8  # equal-size messages worth a vectorized stride in `walk`
 _MAX_RUN = 1 << 16
 _SCALAR_STEPS = 256
-# The fixed part of a message, up to and including bodyLength (88 bytes).
-_HEADER = np.dtype(
-    [
-        ("total", ">i4"),
-        ("magic", ">i4"),
-        ("body_crc", ">i4"),
-        ("queue_id", ">i4"),
-        ("flag", ">i4"),
-        ("queue_offset", ">i8"),
-        ("physical_offset", ">i8"),
-        ("sys_flag", ">i4"),
-        ("born", ">i8"),
-        ("born_host", "V8"),
-        ("stored", ">i8"),
-        ("store_host", "V8"),
-        ("reconsume", ">i4"),
-        ("prepared", ">i8"),
-        ("body_len", ">i4"),
-    ]
-)
-assert _HEADER.itemsize == FIXED_PART_SIZE
-assert _HEADER.fields is not None and _HEADER.fields["queue_offset"][1] == QUEUE_OFFSET_POS
-assert _HEADER.fields["physical_offset"][1] == PHYSICAL_OFFSET_POS
-assert _HEADER.fields["stored"][1] == STORE_TIMESTAMP_POS
 
 _AR12 = np.arange(12, dtype=np.int64)
 # Byte -> its two hex digits, as one uint16 whose memory holds them in order.
@@ -205,7 +180,7 @@ def walk(raw: bytes | memoryview, where: str = "message buffer") -> Int64s:
     try:
         while off < end:
             size = unpack(raw, off)[0]
-            if size < _MIN_SIZE:
+            if size < MIN_MESSAGE_SIZE:
                 raise CorruptEntry(where, off, f"message size {size} is impossible")
             k = _equal_run(arr, off, size, min((end - off) // size, _MAX_RUN))
             if k >= _MIN_RUN:
@@ -221,7 +196,7 @@ def walk(raw: bytes | memoryview, where: str = "message buffer") -> Int64s:
                 if off >= end:
                     break
                 size = unpack(raw, off)[0]
-                if size < _MIN_SIZE:
+                if size < MIN_MESSAGE_SIZE:
                     raise CorruptEntry(where, off, f"message size {size} is impossible")
     except struct.error:
         raise CorruptEntry(where, off, "truncated message header") from None
@@ -245,16 +220,9 @@ def _equal_run(arr: Bytes, off: int, size: int, limit: int) -> int:
     return k
 
 
-def _items(arr: Bytes, width: int) -> npt.NDArray[np.void]:
-    """`arr` seen as overlapping items of `width` bytes, one starting at every byte."""
-    return np.ndarray(
-        shape=(len(arr) - width + 1,), dtype=np.dtype(f"V{width}"), buffer=arr, strides=(1,)
-    )
-
-
 def _i32_at(arr: Bytes, pos: Int64s) -> Ints:
     """Big-endian i32 at each position (all within `arr`)."""
-    out: Ints = _items(arr, 4)[pos].view(">i4")
+    out: Ints = windows(arr, 4)[pos].view(">i4")
     return out
 
 
@@ -296,29 +264,19 @@ class _Decoder:
             return
         if len(arr) >= 2**31:
             raise ValueError("decode buffers are limited to 2 GiB")
-        self._fail((s < 0) | (s > len(arr) - _MIN_SIZE), "does not fit in the buffer")
-        # One gather of every fixed part, then fields are views into it.
-        gathered = _items(arr, FIXED_PART_SIZE)[s]
-        self.head_bytes = gathered.view(np.uint8).reshape(self.n, FIXED_PART_SIZE)
-        head = self.head = gathered.view(_HEADER)
-        total = head["total"].astype(np.int64)
+        # One gather of every fixed part, then fields are views into it; the layout
+        # checks are the store's (in its order, the expected size after the first).
+        frames = Frames.in_buffer(arr, s)
+        self._fail(frames.checks[0], FAULTS[0])
+        head = self.head = frames.head
+        self.head_bytes = head.view(np.uint8).reshape(self.n, FIXED_PART_SIZE)
         if exp.sizes is not None:
-            self._fail(total != exp.sizes, "totalSize differs from the expected size")
-        self._fail((total < _MIN_SIZE) | (s + total > len(arr)), "totalSize overruns the buffer")
-        self._fail(head["magic"] != MESSAGE_MAGIC_CODE, "bad magic code")
-        self._fail(head["sys_flag"] & _V6_FLAGS != 0, "IPv6 sysFlag")
-        body_len = head["body_len"].astype(np.int64)
-        end = s + total
-        body_end = s + FIXED_PART_SIZE + body_len
-        self._fail((body_len < 0) | (body_end + 3 > end), "body length overruns totalSize")
-        topic_len = arr[body_end].astype(np.int64)
-        topic_end = body_end + 1 + topic_len
-        self._fail(
-            (topic_len == 0) | (topic_len > _MAX_TOPIC) | (topic_end + 2 > end), "bad topic length"
-        )
-        props_len = (arr[topic_end].astype(np.int64) << 8) | arr[topic_end + 1]
-        props_len = np.where(props_len >= 1 << 15, props_len - (1 << 16), props_len)
-        self._fail((props_len < 0) | (topic_end + 2 + props_len != end), "bad properties length")
+            self._fail(frames.total_size != exp.sizes, "totalSize differs from the expected size")
+        for check, reason in zip(frames.checks[1:], FAULTS[1:], strict=True):
+            self._fail(check, reason)
+        body_len, topic_len, props_len = (frames.body_length, frames.topic_length,
+                                          frames.properties_length)  # fmt: skip
+        body_end, topic_end, end = frames.body_end, frames.topic_end, frames.end
         self.body_len, self.topic_len, self.props_len = body_len, topic_len, props_len
         self.body_end, self.topic_end = body_end, topic_end
         if exp.queue_id is not None:
@@ -338,7 +296,7 @@ class _Decoder:
         if exp.topic is not None:
             raw = exp.topic.encode()
             self._fail(topic_len != len(raw), f"topic is not {exp.topic!r}")
-            got = _items(arr, len(raw))[body_end + 1]
+            got = windows(arr, len(raw))[body_end + 1]
             self._fail(got != np.frombuffer(raw, f"V{len(raw)}")[0], "topic differs")
         if exp.topics is not None and exp.topic_codes is not None:
             self._check_topics(exp.topics, exp.topic_codes)
@@ -355,7 +313,7 @@ class _Decoder:
             at = self.body_end + 1 if rows is None else self.body_end[rows] + 1
             if len(at) == 0:
                 continue
-            got = _items(arr, len(raw))[at]
+            got = windows(arr, len(raw))[at]
             bad = got != np.frombuffer(raw, f"V{len(raw)}")[0]
             if bad.any():
                 row = int(np.argmax(bad)) if rows is None else int(rows[np.argmax(bad)])
@@ -407,7 +365,7 @@ class _Decoder:
     def _col_msg_id(self) -> pa.Array:
         """RocketMQ's id: store host (IPv4, port) and commit-log offset, 32 hex digits."""
         raw = np.empty((self.n, 16), np.uint8)
-        raw[:, :8] = self.head_bytes[:, _STORE_HOST_POS : _STORE_HOST_POS + 8]
+        raw[:, :8] = self.head_bytes[:, STORE_HOST_POS : STORE_HOST_POS + 8]
         raw[:, 8:] = self.head_bytes[:, PHYSICAL_OFFSET_POS : PHYSICAL_OFFSET_POS + 8]
         text = _HEX2[raw]  # (n, 16) uint16: 32 characters a row
         offsets = np.arange(self.n + 1, dtype=np.int32) * 32
@@ -419,10 +377,10 @@ class _Decoder:
         return pa.array(self.head[field].astype(np.int64) * 1000, TIMESTAMP)
 
     def _col_born_timestamp(self) -> pa.Array:
-        return self._timestamp("born")
+        return self._timestamp("born_timestamp_ms")
 
     def _col_store_timestamp(self) -> pa.Array:
-        return self._timestamp("stored")
+        return self._timestamp("store_timestamp_ms")
 
     def _col_body(self) -> pa.Array:
         return self._binary(self.starts + FIXED_PART_SIZE, self.body_len)

@@ -61,7 +61,7 @@ import pyarrow as pa
 
 from analytics.codec import COLUMNS, Expected, Int64s, Ints, decode, empty_batch, walk
 from analytics.errors import SourceError
-from store.consume_queue import UNIT_SIZE
+from store.consume_queue import UNIT_DTYPE, UNIT_SIZE
 from store.entry_format import HEADER_SIZE
 from store.errors import CorruptEntry
 from store.message import STORE_TIMESTAMP_POS
@@ -70,8 +70,6 @@ if TYPE_CHECKING:
     from dledger_commitlog.client import Access
 
 SYSTEM_TOPIC_PREFIX = "%SYS%"  # dispatch's system topics (consumer offsets): not user data
-ENTRY_HEADER: Final = HEADER_SIZE  # an entry's header precedes its message in the commit log
-_UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 _UNITS_PER_READ = 1 << 18
 _PULL_BYTES = 8 << 20
 _PULL_MESSAGES = 65_536
@@ -86,7 +84,7 @@ _CHANNEL_OPTIONS = [
 ]
 _RETRIED_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "RESOURCE_EXHAUSTED"})
 _FLUSH_WAIT_S = 3.0  # a local replica's files lag its committed end by about a flush interval
-npt_units = np.ndarray[Any, Any]  # a structured array of _UNIT_DTYPE
+npt_units = np.ndarray[Any, Any]  # a structured array of store.consume_queue.UNIT_DTYPE
 npt_ints = np.ndarray[Any, Any]
 
 
@@ -226,7 +224,7 @@ class _Units:
         if not self._parts:
             z64, z32 = np.zeros(0, np.int64), np.zeros(0, np.int32)
             return z64, z32, z32, z32, z64
-        offsets = np.concatenate([u["offset"] for *_, u in self._parts]).astype(np.int64)
+        offsets = np.concatenate([u["commitlog_offset"] for *_, u in self._parts]).astype(np.int64)
         sizes = np.concatenate([u["size"] for *_, u in self._parts]).astype(np.int32)
         codes = np.concatenate([np.full(len(u), c, np.int32) for c, _, _, u in self._parts])
         qids = np.concatenate([np.full(len(u), q, np.int32) for _, q, _, u in self._parts])
@@ -375,7 +373,7 @@ class OfflineStore:
             # Units whose messages retention deleted do not count.
             floor = int(self._starts[0])
             first_units = self._units(topic, queue_id, lo, min(end, files[0][0] + files[0][2]))
-            lo += int(np.searchsorted(first_units["offset"].astype(np.int64), floor))
+            lo += int(np.searchsorted(first_units["commitlog_offset"].astype(np.int64), floor))
         return QueueInfo(topic, queue_id, min(lo, end), end)
 
     def _units(self, topic: str, queue_id: int, start: int, end: int) -> npt_units:
@@ -388,7 +386,7 @@ class OfflineStore:
             if lo < hi:
                 parts.append(_read_units(path, lo - first, hi - lo))
         if not parts:
-            units = np.zeros(0, _UNIT_DTYPE)
+            units = np.zeros(0, UNIT_DTYPE)
         else:
             units = parts[0] if len(parts) == 1 else np.concatenate(parts)
         if len(units) != end - start:
@@ -425,7 +423,8 @@ class OfflineStore:
                 raw = os.pread(fd, 8, (q - first) * UNIT_SIZE)
                 if len(raw) == 8:
                     return int.from_bytes(raw, "big", signed=True)
-        return int(self._units(topic, queue_id, q, q + 1)["offset"][0])  # a queue that grew
+        units = self._units(topic, queue_id, q, q + 1)  # a queue that grew
+        return int(units["commitlog_offset"][0])
 
     def _first_at(self, topic: str, queue_id: int, lo: int, hi: int, phy: int) -> int:
         """The first queue offset in [lo, hi) whose message lies at >= phy (hi if none)."""
@@ -495,7 +494,7 @@ class OfflineStore:
         if self.live is not None and start < end:
             self._check_live(topic, queue_id, end)
             last = self._units(topic, queue_id, end - 1, end)
-            self._check_file_end(last["offset"].astype(np.int64) + last["size"])
+            self._check_file_end(last["commitlog_offset"].astype(np.int64) + last["size"])
         return self._read(topic, queue_id, start, end, columns)
 
     def _read(
@@ -605,12 +604,12 @@ def _read_units(path: Path, first: int, count: int) -> npt_units:
     with path.open("rb") as f:
         f.seek(first * UNIT_SIZE)
         data = f.read(count * UNIT_SIZE)
-    return np.frombuffer(data[: len(data) - len(data) % UNIT_SIZE], _UNIT_DTYPE)
+    return np.frombuffer(data[: len(data) - len(data) % UNIT_SIZE], UNIT_DTYPE)
 
 
 def _count_valid(units: npt_units) -> int:
     """Units before the first that ends the data (size <= 0, or a negative offset)."""
-    bad = (units["size"] <= 0) | (units["offset"] < 0)
+    bad = (units["size"] <= 0) | (units["commitlog_offset"] < 0)
     return int(np.argmax(bad)) if bad.any() else len(units)
 
 
@@ -618,11 +617,11 @@ def _span(ends: Any) -> tuple[int, int, int] | None:
     """(lowest offset, highest end, estimated bytes) over (slice, first unit, last unit)."""
     lo, hi, size = None, None, 0
     for s, first, last in ends:
-        a = int(first["offset"][0])
-        b = int(last["offset"][0]) + int(last["size"][0])
+        a = int(first["commitlog_offset"][0])
+        b = int(last["commitlog_offset"][0]) + int(last["size"][0])
         lo = a if lo is None else min(lo, a)
         hi = b if hi is None else max(hi, b)
-        mean = (int(first["size"][0]) + int(last["size"][0])) / 2 + ENTRY_HEADER
+        mean = (int(first["size"][0]) + int(last["size"][0])) / 2 + HEADER_SIZE
         size += int((s.end - s.start) * mean)
     return None if lo is None or hi is None else (lo, hi, size)
 
@@ -861,7 +860,7 @@ class ServerStore:
                         "deleted by retention before this query read them"
                     )
                 units.add(a.topic, a.queue_id, a.first_offset,
-                          np.frombuffer(a.units, _UNIT_DTYPE))  # fmt: skip
+                          np.frombuffer(a.units, UNIT_DTYPE))  # fmt: skip
             if behind is None:
                 return _Rows.of(units, order="log")
             if time.monotonic() > deadline:
@@ -874,12 +873,12 @@ class ServerStore:
         """Rows in log order, their bytes streamed by ReadLog into one buffer per batch."""
         if not len(rows):
             return
-        stream = _LogStream(self, int(rows.offsets[0]) - ENTRY_HEADER,
+        stream = _LogStream(self, int(rows.offsets[0]) - HEADER_SIZE,
                             int(rows.offsets[-1] + rows.sizes[-1]))  # fmt: skip
         try:
             for part in _batches(len(rows)):
                 offsets = rows.offsets[part]
-                first = int(offsets[0]) - ENTRY_HEADER
+                first = int(offsets[0]) - HEADER_SIZE
                 end = int(offsets[-1] + rows.sizes[part][-1])
                 data = stream.fill(first, end)
                 exp = rows.expected if part == slice(0, len(rows)) else rows.expected.take(part)
@@ -1032,7 +1031,7 @@ class ServerStore:
             "ReadUnits (planning)",
             attempt_s=30.0,
         )
-        got = [np.frombuffer(a.units, _UNIT_DTYPE) for a in answers if a.units]
+        got = [np.frombuffer(a.units, UNIT_DTYPE) for a in answers if a.units]
         if len(got) != len(ranges):  # a replica behind the planner, or retention
             return None
         return _span((s, got[2 * k], got[2 * k + 1]) for k, s in enumerate(wanted))

@@ -31,24 +31,23 @@ from __future__ import annotations
 
 import os
 import random
-import struct
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from dledger_commitlog.log.verify import read_layout
 from store.entry_format import (
-    ENTRY_MAGIC,
     FILLER,
-    FILLER_MAGIC,
     FILLER_MIN,
     HEADER,
     HEADER_SIZE,
     INDEX_UNIT_SIZE,
+    decode_record,
+    header_fault,
+    is_filler,
 )
+from store.errors import CorruptEntry
 
 TRACE_FILE = "flush.trace"
-_CHECKPOINT = struct.Struct(">qqqII")  # index, term, pos, chainCrc, crc (entry_store)
 _SCAN_SEGMENTS = 3
 _ZERO_CHUNK = 1 << 20
 
@@ -84,19 +83,17 @@ def _segments(directory: Path) -> list[tuple[int, Path]]:
 def _checkpoint(log_dir: Path) -> tuple[int, int] | None:
     """(index, pos) of the entry checkpoint, if there is a valid one."""
     try:
-        raw = (log_dir / "entries.checkpoint").read_bytes()
-    except FileNotFoundError:
+        index, _, pos, _ = decode_record((log_dir / "entries.checkpoint").read_bytes())
+    except (FileNotFoundError, CorruptEntry):
         return None
-    if len(raw) != _CHECKPOINT.size or zlib.crc32(raw[:-4]) != _CHECKPOINT.unpack(raw)[4]:
-        return None
-    index, _, pos, _, _ = _CHECKPOINT.unpack(raw)
     return index, pos
 
 
 def _scan(
     segments: list[tuple[int, Path]], seg_size: int, start: int
 ) -> list[tuple[int, int, int]]:
-    """(pos, size, index) of the entries from `start` on, by headers (no CRC check)."""
+    """(pos, size, index) of the entries from `start` on, by headers (no CRC check),
+    up to the first bytes that are no entry's header."""
     out: list[tuple[int, int, int]] = []
     for seg_start, path in segments:
         if seg_start + seg_size <= start:
@@ -104,13 +101,16 @@ def _scan(
         buf = path.read_bytes()
         off = max(0, start - seg_start)
         while off + FILLER_MIN <= len(buf):
+            pos = seg_start + off
             magic, size = FILLER.unpack_from(buf, off)
-            if magic == FILLER_MAGIC and size == seg_size - off:
+            if is_filler(magic, size, pos, seg_size):
                 break
-            if magic != ENTRY_MAGIC or not HEADER_SIZE <= size <= seg_size - off:
+            if off + HEADER_SIZE > len(buf):
                 return out
-            index = HEADER.unpack_from(buf, off)[2]
-            out.append((seg_start + off, size, index))
+            _, size, index, _, epos, _, _, _, body_len = HEADER.unpack_from(buf, off)
+            if header_fault(magic, size, epos, body_len, pos) is not None or size > seg_size - off:
+                return out
+            out.append((pos, size, index))
             off += size
         else:
             return out

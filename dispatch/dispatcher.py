@@ -16,11 +16,14 @@ Invariants:
   skips offsets it holds), so recovery may start a little early.
 - `snapshot()` (on the writer's thread) then `persist()` (any thread) records a
   dispatched position that everything flushed covers: queues and index are
-  flushed before the checkpoint that names the position is written.
+  flushed before the checkpoint that names the position is written. The index
+  files that filled since the last persist are flushed there too, not when they
+  fill (`IndexService.flush_plan`): a full file is hundreds of MB, and the writer
+  is the event loop.
 
 A batch is dispatched as columns (numpy), not message by message: one pass decodes
 the fixed fields, topics, tag codes and key hashes of all its messages
-(`store.message.peek_headers`); the units of each queue are one structured array
+(`store.message_batch.peek_headers`); the units of each queue are one structured array
 written with one copy (`ConsumeQueue.append_units`); the keys go to the index in
 one call (`IndexService.put_batch`). Every message's layout and the committed
 bound are checked before anything of the batch is written. The files are byte for
@@ -50,18 +53,15 @@ from typing import Protocol
 
 import numpy as np
 
+from store.arrays import I64s
 from store.checkpoint import AbortMarker, StoreCheckpoint
 from store.consume_queue import UNIT_DTYPE, ConsumeQueue, discover_queues
 from store.errors import InvalidMessage
 from store.fileio import write_atomically
-from store.index_file import IndexService, topic_key_hashes
-from store.message import (
-    HeaderBatch,
-    I64s,
-    decode_message,
-    peek_header,
-    peek_headers,
-)
+from store.index_format import topic_key_hashes
+from store.index_service import IndexFlush, IndexService
+from store.message import decode_message, peek_header
+from store.message_batch import HeaderBatch, peek_headers
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,7 @@ class DispatchSnapshot:
     offsets: dict[GroupKey, int]
     last_store_timestamp_ms: int
     queues: tuple[ConsumeQueue, ...]
+    index: IndexFlush  # the index files written below dispatched_pos and not yet flushed
 
 
 @dataclass(slots=True)
@@ -369,13 +370,13 @@ class Dispatcher:
         """The state to persist, taken on the writer's thread."""
         return DispatchSnapshot(self.dispatched_pos, dict(self.offsets),
                                 self.last_store_timestamp_ms,
-                                tuple(self.queues.values()))  # fmt: skip
+                                tuple(self.queues.values()), self.index.flush_plan())  # fmt: skip
 
     def persist(self, snap: DispatchSnapshot) -> None:
         """Flush queues and index, then record `snap` durably (blocking; any thread)."""
         for cq in snap.queues:
             cq.flush()
-        self.index.flush()
+        self.index.flush(snap.index)
         doc = {
             "position": snap.dispatched_pos,
             "offsets": [[g, t, q, o] for (g, t, q), o in sorted(snap.offsets.items())],

@@ -1,119 +1,61 @@
-"""IndexFile and IndexService: RocketMQ's on-disk hash index from `topic#key` to offsets.
-
-An index file is a big-endian, memory-mapped, sparse file:
-
-    header (40 bytes): beginTimestamp i64 | endTimestamp i64 | beginPhyOffset i64
-                       | endPhyOffset i64 | hashSlotCount i32 | indexCount i32
-    slot_count slots (4 bytes): the newest entry number whose key hashes there
-    entry_count entries (20 bytes): keyHash i32 | phyOffset i64
-                       | timeDiff i32 (seconds since beginTimestamp) | prevIndex i32
-
-Entry numbers start at 1 (entry 0 is never used, 0 means "none"), so, as in
-RocketMQ, a file of `entry_count` entries holds `entry_count - 1` keys; `indexCount`
-is one more than the number of entries, `hashSlotCount` counts used slots. A key
-hashes as `abs(java hashCode("topic#key"))` and lives in slot `hash % slot_count`;
-each entry links to the previous entry of its slot, so a chain is newest first.
+"""IndexFile: one memory-mapped index file (layout: `store.index_format`).
 
 Invariants: entries are appended in commit-log order, so `phyOffset` grows along
-entry numbers and `endPhyOffset` is the last message indexed; all keys of one
-message go to one file (the service rolls before a message that does not fit),
-so a file's `endPhyOffset` covers whole messages. `endTimestamp` is the largest
-store timestamp seen (RocketMQ keeps the last; under clock skew the max is what
-makes the per-file time filter safe). Queries compare hashes only: callers check
-the keys (and exact timestamps) of the messages they read back.
+entry numbers and `endPhyOffset` is the last message indexed. `endTimestamp` is
+the largest store timestamp seen (RocketMQ keeps the last; under clock skew the
+max is what makes the per-file time filter safe). Queries compare hashes only:
+callers check the keys (and exact timestamps) of the messages they read back.
 
-The index is a pure function of the committed log: IndexService names a file by
-the store timestamp of the first message put into it (`yyyyMMddHHmmssSSS` in UTC,
-at least one millisecond after the previous file's name, so names strictly
-increase even when store timestamps do not), and truncation cuts a file in place
-back to exactly the bytes a fresh build of the kept messages writes. Deleting the
-index and rebuilding it from the same log prefix gives the same names and bytes.
-The newest file takes the writes.
+Dispatch indexes a batch at once (`IndexFile.put_many`): keys come as their
+hashes, slots and chains are worked out for the whole run of entries, the
+entries are written with one copy and the header once; the file is byte for byte
+what `put` of each key writes.
 
-Dispatch indexes a batch at once (`IndexService.put_batch`, `IndexFile.put_many`):
-keys come as their hashes (`topic_key_hashes`, from the message batch's key
-columns), slots and chains are worked out for the whole run of entries that goes
-to one file, the entries are written with one copy and the header once. The
-files are byte for byte those `put_message` of each message writes.
+After a crash, `truncate` cuts a file in place back to exactly the bytes a fresh
+build of the kept messages writes, whatever a torn write left behind, and
+`repair_slots` rebuilds a slot table that names entries past the header.
+`flush` (fdatasync) may run in a worker thread beside the writer: it holds no
+lock and not the GIL while the disk works.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
-import struct
-import sys
 from array import array
-from collections.abc import Callable, Iterator, Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 
+from store.arrays import I64s
 from store.errors import CorruptEntry, StoreError
-from store.fileio import fsync_dir, mkdir_durably
-from store.message import POW31_U32, java_string_hash
+from store.index_format import (
+    ENTRY,
+    ENTRY_DTYPE,
+    ENTRY_SIZE,
+    HEADER,
+    HEADER_SIZE,
+    I32_MAX,
+    INVALID_INDEX,
+    SLOT,
+    SLOT_SIZE,
+    SWAP,
+    entry_column,
+    first_zero_entry,
+    index_key_hash,
+    time_diff_s,
+    time_diffs_s,
+)
 
-__all__ = [
-    "DEFAULT_ENTRY_COUNT",
-    "DEFAULT_SLOT_COUNT",
-    "ENTRY_SIZE",
-    "HEADER_SIZE",
-    "IndexFile",
-    "IndexService",
-    "build_key",
-    "index_key_hash",
-    "topic_key_hashes",
-]
+__all__ = ["IndexFile"]
 
-HEADER = struct.Struct(">qqqqii")
-SLOT = struct.Struct(">i")
-ENTRY = struct.Struct(">iqii")
-ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"),
-                        ("prev_index", ">i4")])  # fmt: skip
-I64s = npt.NDArray[np.int64]
-HEADER_SIZE = HEADER.size
-SLOT_SIZE = SLOT.size
-ENTRY_SIZE = ENTRY.size
-assert (HEADER_SIZE, SLOT_SIZE, ENTRY_SIZE) == (40, 4, 20) == (40, 4, ENTRY_DTYPE.itemsize)
-
-DEFAULT_SLOT_COUNT = 5_000_000
-DEFAULT_ENTRY_COUNT = 20_000_000
-_INVALID_INDEX = 0
-_I32_MAX = 0x7FFFFFFF
-_NAME_LEN = 17  # yyyyMMddHHmmssSSS
-_MAX_NAME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: names keep 17 digits
-_SWAP = sys.byteorder == "little"  # array() is host order, the file big-endian
 _CHUNK_ENTRIES = 1 << 16  # entries per read when scanning a column
 _VALIDATE_ENTRIES = 1 << 18  # a crash loses at most the entries written since a flush
 _FEW_ENTRIES = 24  # fewer keys than this are put in Python (numpy costs per call)
 _UNDO_COST = 4  # undoing one put costs about as much as re-putting this many slots
 _ZERO_CHUNK = 1 << 20
 _ZERO_WINDOW = 16 << 20  # past this many bytes beyond the header's count, stop at zeros
-
-
-def build_key(topic: str, key: str) -> str:
-    return f"{topic}#{key}"
-
-
-def index_key_hash(key: str) -> int:
-    """RocketMQ's indexKeyHashMethod: `Math.abs(key.hashCode())`, 0 for Integer.MIN_VALUE."""
-    h = java_string_hash(key)
-    return 0 if h == -0x80000000 else abs(h)
-
-
-def topic_key_hashes(
-    topics: Sequence[str], topic_index: I64s, key_hash: I64s, key_units: I64s
-) -> I64s:
-    """`index_key_hash(build_key(topics[t], key))` for keys given by the topic they go
-    with, their Java hashCode (unsigned 32-bit) and their length in UTF-16 units:
-    hashCode(a + b) = hashCode(a) * 31^len(b) + hashCode(b), mod 2^32."""
-    prefix = np.array([java_string_hash(build_key(t, "")) & 0xFFFFFFFF for t in topics], np.uint32)
-    whole = prefix[topic_index] * POW31_U32[key_units] + key_hash.astype(np.uint32)
-    signed = whole.view(np.int32).astype(np.int64)
-    hashes: I64s = np.where(signed == -(1 << 31), 0, np.abs(signed))
-    return hashes
 
 
 class IndexFile:
@@ -196,17 +138,17 @@ class IndexFile:
         key_hash = index_key_hash(key)
         slot_at = HEADER_SIZE + (key_hash % self.slot_count) * SLOT_SIZE
         (head,) = SLOT.unpack_from(mm, slot_at)
-        if head <= _INVALID_INDEX or head >= count:
-            head = _INVALID_INDEX
+        if head <= INVALID_INDEX or head >= count:
+            head = INVALID_INDEX
         if count == 1:
             self.begin_timestamp_ms = store_timestamp_ms
             self.begin_phy_offset = phy_offset
-        diff_s = _time_diff_s(store_timestamp_ms, self.begin_timestamp_ms)
+        diff_s = time_diff_s(store_timestamp_ms, self.begin_timestamp_ms)
         ENTRY.pack_into(
             mm, self._entries_at + count * ENTRY_SIZE, key_hash, phy_offset, diff_s, head
         )
         SLOT.pack_into(mm, slot_at, count)
-        if head == _INVALID_INDEX:
+        if head == INVALID_INDEX:
             self.hash_slot_count += 1
         self.index_count = count + 1
         self.end_phy_offset = phy_offset
@@ -248,10 +190,10 @@ class IndexFile:
         for key_hash, phy, ts in zip(hashes, phys, times, strict=True):
             slot_at = HEADER_SIZE + (key_hash % slot_count) * SLOT_SIZE
             (head,) = SLOT.unpack_from(mm, slot_at)
-            if head <= _INVALID_INDEX or head >= count:
-                head = _INVALID_INDEX
+            if head <= INVALID_INDEX or head >= count:
+                head = INVALID_INDEX
                 self.hash_slot_count += 1
-            ENTRY.pack_into(mm, at, key_hash, phy, _time_diff_s(ts, begin), head)
+            ENTRY.pack_into(mm, at, key_hash, phy, time_diff_s(ts, begin), head)
             SLOT.pack_into(mm, slot_at, count)
             count += 1
             at += ENTRY_SIZE
@@ -274,7 +216,7 @@ class IndexFile:
         slots = np.frombuffer(self._mm, ">i4", self.slot_count, HEADER_SIZE)
         try:
             head = slots[slot[first_at]].astype(np.int64)
-            head[(head <= _INVALID_INDEX) | (head >= numbers[first_at])] = _INVALID_INDEX
+            head[(head <= INVALID_INDEX) | (head >= numbers[first_at])] = INVALID_INDEX
             prev[first_at] = head
             slots[slot[last_at]] = numbers[last_at]
         finally:
@@ -282,11 +224,11 @@ class IndexFile:
         entries = np.empty(m, ENTRY_DTYPE)
         entries["key_hash"] = hashes
         entries["phy_offset"] = phys
-        entries["time_diff"] = _time_diffs_s(times, self.begin_timestamp_ms)
+        entries["time_diff"] = time_diffs_s(times, self.begin_timestamp_ms)
         entries["prev_index"] = prev
         at = self._entries_at + count * ENTRY_SIZE
         self._mm[at : at + m * ENTRY_SIZE] = entries.tobytes()
-        self.hash_slot_count += int(np.count_nonzero(prev == _INVALID_INDEX))
+        self.hash_slot_count += int(np.count_nonzero(prev == INVALID_INDEX))
 
     def repair_slots(self) -> bool:
         """After a crash: rebuild the slot table from the entries if it points past them.
@@ -364,16 +306,16 @@ class IndexFile:
 
     def _column(self, first: int, end: int, at: int, code: str = "i") -> array[int]:
         """The field at byte `at` of entries [first, end), as host-order ints."""
-        return _column(self._mm[self._at(first) : self._at(end)], at, code)
+        return entry_column(self._mm[self._at(first) : self._at(end)], at, code)
 
     def _read_slots(self) -> array[int]:
         slots = array("i", self._mm[HEADER_SIZE : self._entries_at])
-        if _SWAP:
+        if SWAP:
             slots.byteswap()
         return slots
 
     def _write_slots(self, slots: array[int]) -> None:
-        if _SWAP:
+        if SWAP:
             slots = array("i", slots)
             slots.byteswap()
         self._mm[HEADER_SIZE : self._entries_at] = slots.tobytes()
@@ -408,8 +350,8 @@ class IndexFile:
         for n in range(first, end, _CHUNK_ENTRIES):
             stop = min(end, n + _CHUNK_ENTRIES)
             raw = self._mm[self._at(n) : self._at(stop)]
-            zero = _first_zero_entry(raw)
-            phys = _column(raw, 4, "q")[:zero].tolist()
+            zero = first_zero_entry(raw)
+            phys = entry_column(raw, 4, "q")[:zero].tolist()
             if phys and (phys[0] < previous or phys != sorted(phys)):
                 return n + next(
                     i for i, phy in enumerate(phys) if phy < (phys[i - 1] if i else previous)
@@ -456,7 +398,7 @@ class IndexFile:
         for slot in changed:
             SLOT.pack_into(self._mm, HEADER_SIZE + slot * SLOT_SIZE, slots[slot])
         if used < 0:
-            used = len(slots) - slots.count(_INVALID_INDEX)
+            used = len(slots) - slots.count(INVALID_INDEX)
         moved = bool(changed) or used != self.hash_slot_count
         self.hash_slot_count = used
         return moved
@@ -485,7 +427,7 @@ class IndexFile:
             for number, key_hash in enumerate(hashes, start=first):
                 slots[key_hash % slot_count] = number
         self._write_slots(slots)
-        self.hash_slot_count = len(slots) - slots.count(_INVALID_INDEX)
+        self.hash_slot_count = len(slots) - slots.count(INVALID_INDEX)
 
     def _zero_entries(self, keep: int, count: int) -> bool:
         """Zero entries from `keep` on: all up to `count`, and whatever a torn write left
@@ -519,13 +461,13 @@ class IndexFile:
         begin = self.begin_timestamp_ms
         ranges = [(n, min(keep, n + _CHUNK_ENTRIES)) for n in range(1, keep, _CHUNK_ENTRIES)]
         ranges.reverse()
-        bound = _time_diff_s(self.end_timestamp_ms, begin)
+        bound = time_diff_s(self.end_timestamp_ms, begin)
         if any(bound in self._column(n, end, 12) for n, end in self._holding(bound, ranges)):
             max_diff = bound
         else:
             max_diff = max(max(self._column(n, end, 12)) for n, end in ranges)
         certain = {self.end_timestamp_ms}  # the max over a superset of the kept entries
-        if max_diff < _I32_MAX:
+        if max_diff < I32_MAX:
             certain.add(begin + max_diff * 1000 + 999)
         best = -(1 << 63)
         seen: set[int] = set()
@@ -539,7 +481,7 @@ class IndexFile:
                     continue
                 seen.add(phy)
                 ts = store_timestamp_of(phy)
-                if _time_diff_s(ts, begin) != max_diff:
+                if time_diff_s(ts, begin) != max_diff:
                     raise CorruptEntry(
                         str(self.path),
                         n + i,
@@ -575,7 +517,7 @@ class IndexFile:
         (number,) = SLOT.unpack_from(mm, HEADER_SIZE + (key_hash % self.slot_count) * SLOT_SIZE)
         begin_ts = self.begin_timestamp_ms
         seen = 0
-        while _INVALID_INDEX < number < count and seen < count:
+        while INVALID_INDEX < number < count and seen < count:
             seen += 1  # a corrupt chain can loop; it cannot be longer than the file
             read_hash, phy, diff_s, prev = ENTRY.unpack_from(
                 mm, self._entries_at + number * ENTRY_SIZE
@@ -593,8 +535,24 @@ class IndexFile:
     # -- lifecycle -------------------------------------------------------------
 
     def flush(self) -> None:
-        """msync the whole mapping (blocking; call it off the event loop)."""
-        self._mm.flush()
+        """Make the file's bytes durable (blocking: call it off the event loop; any thread).
+
+        An fdatasync of the file, not an msync of the mapping: Python's
+        `mmap.flush` holds the GIL for as long as msync takes (a full file is
+        hundreds of MB), which would stall the event loop even from a worker
+        thread, while `os.fdatasync` lets it go. On Linux a shared mapping writes
+        straight into the file's page cache, so syncing the file covers it. The
+        descriptor is this call's own, so `close` or `destroy` on the writer's
+        thread meanwhile is harmless; a file already deleted needs no flush.
+        """
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         if not self._mm.closed:
@@ -603,262 +561,3 @@ class IndexFile:
     def destroy(self) -> None:
         self.close()
         self.path.unlink(missing_ok=True)
-
-
-def _time_diff_s(store_timestamp_ms: int, begin_timestamp_ms: int) -> int:
-    """An entry's timeDiff: whole seconds after the file's begin, clamped to [0, i32 max]."""
-    return min(max((store_timestamp_ms - begin_timestamp_ms) // 1000, 0), _I32_MAX)
-
-
-def _time_diffs_s(store_timestamps_ms: I64s, begin_timestamp_ms: int) -> I64s:
-    """`_time_diff_s` of each timestamp (in Python ints where int64 could overflow)."""
-    limit = 1 << 61
-    low, high = int(store_timestamps_ms.min()), int(store_timestamps_ms.max())
-    if max(abs(begin_timestamp_ms), abs(low), abs(high)) >= limit:
-        return np.array([_time_diff_s(t, begin_timestamp_ms)
-                         for t in store_timestamps_ms.tolist()], np.int64)  # fmt: skip
-    diffs: I64s = np.minimum(np.maximum((store_timestamps_ms - begin_timestamp_ms) // 1000, 0),
-                             _I32_MAX)  # fmt: skip
-    return diffs
-
-
-def _column(raw: bytes, at: int, code: str = "i") -> array[int]:
-    """The big-endian field at byte `at` of every 20-byte entry in `raw`, in host order:
-    `code` "i" for an i32, "q" for an i64."""
-    n = len(raw) // ENTRY_SIZE
-    width = 8 if code == "q" else 4
-    col = bytearray(width * n)
-    for j in range(width):
-        col[j::width] = raw[at + j :: ENTRY_SIZE][:n]
-    values = array(code, col)
-    if _SWAP:
-        values.byteswap()
-    return values
-
-
-def _first_zero_entry(raw: bytes) -> int:
-    """Index of the first all-zero entry in `raw` (lost in a crash), else the count."""
-    zero = bytes(ENTRY_SIZE)
-    at = raw.find(zero)
-    while at >= 0:
-        if at % ENTRY_SIZE == 0:
-            return at // ENTRY_SIZE
-        at = raw.find(zero, at + ENTRY_SIZE - at % ENTRY_SIZE)
-    return len(raw) // ENTRY_SIZE
-
-
-def _name_for(ms: int) -> str:
-    stamp = datetime.fromtimestamp(ms / 1000, UTC)
-    return stamp.strftime("%Y%m%d%H%M%S") + f"{ms % 1000:03d}"
-
-
-def _ms_of(name: str) -> int:
-    stamp = datetime.strptime(name[:14], "%Y%m%d%H%M%S").replace(tzinfo=UTC)
-    return int(stamp.timestamp()) * 1000 + int(name[14:])
-
-
-def _no_timestamps(phy_offset: int) -> int:
-    raise StoreError(f"cutting an index file needs the store timestamp of {phy_offset}")
-
-
-class IndexService:
-    """The index files under `<root>/index/`, oldest first; the last one takes writes."""
-
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        *,
-        slot_count: int = DEFAULT_SLOT_COUNT,
-        entry_count: int = DEFAULT_ENTRY_COUNT,
-        clock_ms: Callable[[], int] | None = None,
-    ) -> None:
-        """`clock_ms` is accepted for compatibility and unused: file names come from
-        store timestamps, which keeps the index a pure function of the log."""
-        del clock_ms
-        self.directory = Path(root) / "index"
-        mkdir_durably(self.directory)
-        self.slot_count = slot_count
-        self.entry_count = entry_count
-        self.files: list[IndexFile] = []
-        for path in sorted(self.directory.iterdir()):
-            if len(path.name) == _NAME_LEN and path.name.isdigit():
-                self.files.append(IndexFile(path, slot_count, entry_count, create=False))
-
-    # -- state -----------------------------------------------------------------
-
-    @property
-    def end_phy_offset(self) -> int:
-        """The physical offset of the last message indexed, -1 when nothing is."""
-        for f in reversed(self.files):
-            if f.entries:
-                return f.end_phy_offset
-        return -1
-
-    @property
-    def end_timestamp_ms(self) -> int:
-        for f in reversed(self.files):
-            if f.entries:
-                return f.end_timestamp_ms
-        return 0
-
-    # -- writing ---------------------------------------------------------------
-
-    def put_message(
-        self, topic: str, keys: Sequence[str], phy_offset: int, store_timestamp_ms: int
-    ) -> bool:
-        """Index every key of one message; False if the message was indexed already.
-
-        A message at or below `end_phy_offset` is skipped, which makes replay after
-        recovery idempotent. Keys go to one file unless there are more than a file holds.
-        """
-        keys = [k for k in keys if k]
-        if not keys or phy_offset <= self.end_phy_offset:
-            return False
-        current = self._writable(len(keys), store_timestamp_ms)
-        for key in keys:
-            if not current.put(build_key(topic, key), phy_offset, store_timestamp_ms):
-                current = self._writable(1, store_timestamp_ms)
-                current.put(build_key(topic, key), phy_offset, store_timestamp_ms)
-        return True
-
-    def put_batch(
-        self, phy_offsets: I64s, store_timestamps_ms: I64s, key_counts: I64s, key_hashes: I64s
-    ) -> int:
-        """`put_message` of each message of a batch, in log order: message i has
-        `key_counts[i]` keys, the next ones of `key_hashes` (their `index_key_hash`,
-        see `topic_key_hashes`); returns how many messages were indexed.
-
-        The same files, byte for byte: a message is skipped when it has no keys or its
-        offset is not above the last one indexed, and the messages that fit the
-        current file go into it with one `IndexFile.put_many`.
-        """
-        n = len(phy_offsets)
-        if not n or not len(key_hashes):
-            return 0
-        has = key_counts > 0
-        # The last offset indexed before each message: put_message's replay check.
-        seen = np.maximum.accumulate(np.where(has, phy_offsets, -1))
-        before = np.empty(n, np.int64)
-        before[0] = -1
-        before[1:] = seen[:-1]
-        keep = has & (phy_offsets > np.maximum(before, self.end_phy_offset))
-        if not keep.any():
-            return 0
-        owner = np.repeat(np.arange(n, dtype=np.int64), key_counts)
-        kept = keep[owner]
-        hashes, owner = key_hashes[kept], owner[kept]
-        phys, times = phy_offsets[owner], store_timestamps_ms[owner]
-        counts = key_counts[keep]
-        ends = np.cumsum(counts)
-        i = pos = 0
-        while i < len(counts):
-            need, ts = int(counts[i]), int(times[pos])
-            current = self._writable(need, ts)
-            if need <= current.room:  # the messages that fit go in together
-                j = int(np.searchsorted(ends, pos + current.room, "right"))
-                end = int(ends[j - 1])
-                current.put_many(hashes[pos:end], phys[pos:end], times[pos:end])
-                i, pos = j, end
-                continue
-            end = pos + need  # more keys than a file holds: they spill over, as put_message
-            pos += current.put_many(hashes[pos:end], phys[pos:end], times[pos:end])
-            while pos < end:
-                current = self._writable(1, ts)
-                pos += current.put_many(hashes[pos:end], phys[pos:end], times[pos:end])
-            i += 1
-        return len(counts)
-
-    def _writable(self, needed: int, store_timestamp_ms: int) -> IndexFile:
-        last = self.files[-1] if self.files else None
-        if last is not None and last.entries == 0:
-            # Created but never written (a crash in between): its name may come from a
-            # message that is gone, so it is made again for this one.
-            self.files.pop().destroy()
-            last = self.files[-1] if self.files else None
-        if last is not None and last.room >= needed:
-            return last
-        if last is not None:
-            last.flush()  # a full file is sealed durably before its successor takes writes
-        return self._create(store_timestamp_ms)
-
-    def _create(self, store_timestamp_ms: int) -> IndexFile:
-        """A new file named by the store timestamp of its first message."""
-        ms = min(max(store_timestamp_ms, 0), _MAX_NAME_MS)
-        if self.files:
-            ms = max(ms, _ms_of(self.files[-1].path.name) + 1)
-        f = IndexFile(
-            self.directory / _name_for(ms), self.slot_count, self.entry_count, create=True
-        )
-        self.files.append(f)
-        fsync_dir(self.directory)
-        return f
-
-    # -- reading ---------------------------------------------------------------
-
-    def query(self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int) -> list[int]:
-        """Candidate physical offsets for `topic#key` in [begin_ms, end_ms], newest first."""
-        full_key = build_key(topic, key)
-        found: list[int] = []
-        for f in reversed(self.files):
-            if len(found) >= max_count:
-                break
-            if f.is_time_matched(begin_ms, end_ms):
-                found.extend(f.query(full_key, begin_ms, end_ms, max_count - len(found)))
-        return found
-
-    # -- recovery and retention --------------------------------------------------
-
-    def truncate_to_commitlog_offset(
-        self, phy_offset: int, store_timestamp_of: Callable[[int], int] | None = None
-    ) -> int:
-        """Drop index data for messages at or after `phy_offset`; returns where to re-index from.
-
-        Files that begin at or after `phy_offset` (and files a crash left empty) are
-        deleted; the file that straddles it is cut in place (`IndexFile.truncate`),
-        which also repairs a file torn by the crash. `store_timestamp_of(phy)` gives
-        the store timestamp of the message at `phy` (the caller reads it from the
-        commit log); without it a straddling file is deleted whole, as before. Returns
-        the smallest physical offset whose messages must be put again (`end_phy_offset
-        + 1` of what is kept, 0 if nothing); `put_message` skips messages already
-        indexed, so replaying from an earlier offset is harmless.
-        """
-        changed = False
-        while self.files:
-            last = self.files[-1]
-            cut = store_timestamp_of is not None or last.end_phy_offset < phy_offset
-            if last.entries and last.begin_phy_offset < phy_offset and cut:
-                begin = last.begin_phy_offset
-                changed |= last.truncate(phy_offset, store_timestamp_of or _no_timestamps)
-                if last.entries:
-                    break
-                # Emptied by a torn first entry: the message it began with may have
-                # started in the previous file (more keys than a file holds).
-                phy_offset = begin
-            self.files.pop().destroy()
-        if changed and self.files:
-            self.files[-1].flush()
-        fsync_dir(self.directory)
-        return self.end_phy_offset + 1
-
-    def delete_below_commitlog_offset(self, phy_offset: int) -> int:
-        """Delete files holding only messages below `phy_offset`; returns how many went."""
-        gone = 0
-        while self.files and self.files[0].entries and self.files[0].end_phy_offset < phy_offset:
-            if len(self.files) == 1:
-                break  # keep the newest file: it carries end_phy_offset for replay
-            self.files.pop(0).destroy()
-            gone += 1
-        if gone:
-            fsync_dir(self.directory)
-        return gone
-
-    # -- lifecycle -------------------------------------------------------------
-
-    def flush(self) -> None:
-        """msync the newest file (older ones were flushed when sealed); blocking."""
-        if self.files:
-            self.files[-1].flush()
-
-    def close(self) -> None:
-        for f in self.files:
-            f.close()

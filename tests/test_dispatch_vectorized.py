@@ -23,26 +23,14 @@ import numpy as np
 import pytest
 
 from dispatch.dispatcher import OFFSETS_TOPIC, Dispatcher, encode_offset_commit
-from store import consume_queue, index_file, message
+from store import consume_queue, index_file, message_batch
 from store.consume_queue import UNIT_DTYPE, ConsumeQueue, units_array
 from store.errors import ConflictingWrite, CorruptEntry, OffsetOutOfRange
-from store.index_file import (
-    HEADER_SIZE,
-    SLOT,
-    IndexFile,
-    IndexService,
-    build_key,
-    index_key_hash,
-    topic_key_hashes,
-)
-from store.message import (
-    Message,
-    encode_message,
-    java_hashes,
-    java_string_hash,
-    peek_header,
-    peek_headers,
-)
+from store.index_file import IndexFile
+from store.index_format import HEADER_SIZE, SLOT, build_key, index_key_hash, topic_key_hashes
+from store.index_service import IndexService
+from store.message import Message, encode_message, java_string_hash, peek_header
+from store.message_batch import java_hashes, peek_headers
 from tests.test_dispatch import files_of
 
 T0 = 1_700_000_000_000
@@ -54,7 +42,7 @@ def small_or_large(monkeypatch: pytest.MonkeyPatch, seed: int) -> str:
     how = ("numpy", "per item", "shipped")[seed % 3]
     if how != "shipped":
         few = 0 if how == "numpy" else 10**9
-        monkeypatch.setattr(message, "VECTOR_MIN_MESSAGES", few)
+        monkeypatch.setattr(message_batch, "VECTOR_MIN_MESSAGES", few)
         monkeypatch.setattr(consume_queue, "_FEW_UNITS", few)
         monkeypatch.setattr(index_file, "_FEW_ENTRIES", few)
     return how

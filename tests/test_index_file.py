@@ -1,7 +1,9 @@
-"""IndexFile and IndexService: golden layout, model-based queries, rolling, recovery."""
+"""The key index (index_format, IndexFile, IndexService): golden layout, model-based
+queries, rolling, recovery."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 from unittest import mock
@@ -12,14 +14,9 @@ from hypothesis import strategies as st
 
 from store import index_file
 from store.errors import CorruptEntry, StoreError
-from store.index_file import (
-    ENTRY_SIZE,
-    HEADER_SIZE,
-    IndexFile,
-    IndexService,
-    build_key,
-    index_key_hash,
-)
+from store.index_file import IndexFile
+from store.index_format import ENTRY_SIZE, HEADER_SIZE, build_key, index_key_hash
+from store.index_service import IndexService
 
 T0 = 1_700_000_000_000
 
@@ -124,6 +121,46 @@ def test_service_rolls_names_and_queries_across_files(tmp_path: Path) -> None:
     assert [f.path.name for f in again.files] == names
     assert again.query("T", "a", 0, T0 * 2, 100) == [100 * i for i in reversed(range(10))]
     again.close()
+
+
+def test_a_full_file_is_sealed_unflushed_and_the_next_flush_makes_it_durable(
+    tmp_path: Path,
+) -> None:
+    """The writer never flushes (a full file is hundreds of MB; the writer is the
+    event loop): a flush does, covering what was written before its plan was taken."""
+    with mock.patch.object(IndexFile, "flush", autospec=True, side_effect=IndexFile.flush) as m:
+        idx = service(tmp_path, entries=4)  # three keys a file
+        for i in range(4):
+            idx.put_message("T", [f"k{i}"], 100 * i, T0 + 1000 * i)
+        a, b = (f.path.name for f in idx.files)
+        plan = idx.flush_plan()
+        assert [f.path.name for f in plan.sealed] == [a]
+        assert plan.newest is not None and plan.newest.path.name == b
+        for i in range(4, 7):  # b fills, c takes the writes
+            idx.put_message("T", [f"k{i}"], 100 * i, T0 + 1000 * i)
+        c = idx.files[-1].path.name
+        assert m.call_count == 0
+        idx.flush(plan)
+        assert [f.path.name for f in idx.flush_plan().sealed] == [b]  # sealed after the plan
+        idx.flush()
+        assert idx.flush_plan().sealed == ()
+        assert [call.args[0].path.name for call in m.call_args_list] == [a, b, b, c]
+    idx.close()
+
+
+def test_a_flush_is_an_fdatasync_of_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not mmap.flush, which holds the GIL for the whole msync (the event loop would
+    stall even with the flush in a worker thread); a deleted file needs none."""
+    f = IndexFile(tmp_path / "idx", slot_count=3, entry_count=4, create=True)
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fdatasync", lambda fd: synced.append(os.fstat(fd).st_ino))
+    f.flush()
+    assert synced == [f.path.stat().st_ino]
+    f.destroy()
+    f.flush()
+    assert len(synced) == 1
 
 
 def test_names_increase_when_store_timestamps_do_not(tmp_path: Path) -> None:

@@ -22,12 +22,13 @@ the files (sync flush buffers appends until the flush thread writes them) are
 read through the entry store's `MappedFileQueue.read`, which is thread-safe,
 above the flushed position only.
 
-Checks. Every message Pull serves is checked against its entry (magic,
-position, size, body CRC), as the loop's reads did. ReadLog serves raw entries:
-each is checked once per process (magic, position, size, body CRC), and the
-ranges checked are remembered (`VerifiedRanges`): committed bytes never change,
-so a second read of them is served without a second CRC pass. A damaged entry
-raises `CorruptEntry` and is never served.
+Checks (`store.entry_format`'s, which every reader of entries runs). Every
+message Pull serves is checked against its entry (magic, position, size, body
+CRC). ReadLog serves raw entries: each is checked once per process (magic,
+position, size, body CRC), and the ranges checked are remembered
+(`VerifiedRanges`): committed bytes never change, so a second read of them is
+served without a second CRC pass. A damaged entry raises `CorruptEntry` and is
+never served.
 
 Allocation. Pull handles its units as numpy arrays rather than an object each:
 a thread that allocates many objects sets off garbage collections, which hold
@@ -43,7 +44,6 @@ import mmap
 import os
 import struct
 import threading
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -52,7 +52,18 @@ import numpy as np
 import numpy.typing as npt
 
 from store.consume_queue import UNIT_DTYPE, UNIT_SIZE
-from store.entry_format import ENTRY_MAGIC, FILLER_MAGIC, HEADER, HEADER_SIZE
+from store.entry_format import (
+    ENTRY_MAGIC,
+    FILLER,
+    FILLER_MIN,
+    HEADER,
+    HEADER_SIZE,
+    body_fault,
+    entry_headers,
+    header_fault,
+    header_faults,
+    is_filler,
+)
 from store.errors import CorruptEntry, InvalidMessage, OffsetOutOfRange
 from store.mapped_file import segment_name
 from store.message import STORE_TIMESTAMP_POS, decode_message, tags_hash_code
@@ -65,7 +76,6 @@ if TYPE_CHECKING:
 MAX_SCAN: Final = 16_384  # units one Pull looks at
 MAX_UNITS_ANSWER: Final = 200_000  # units per ReadUnits answer (4 MB)
 _I64: Final = struct.Struct(">q")
-_HEAD = HEADER.unpack_from
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,31 +300,36 @@ def _check_entries(
             more = min(view.committed, at + HEADER_SIZE)
             if more - pos > len(buf):
                 buf += read_log(view, files, pos + len(buf), more)
-        if off + 8 > len(buf):
+        if off + FILLER_MIN > len(buf):
             raise CorruptEntry(view.where(at), at, "the committed log ends inside an entry")
-        magic, size = struct.unpack_from(">ii", buf, off)
-        if magic == FILLER_MAGIC and size == seg - at % seg:
+        magic, size = FILLER.unpack_from(buf, off)
+        if is_filler(magic, size, at, seg):
             if at + size > len(buf) + pos:  # the filler's zeros: no need to read them
                 buf += read_log(view, files, pos + len(buf), min(view.committed, at + size))
             at += size
             continue
-        if magic != ENTRY_MAGIC:
-            if at == pos and asked:
-                raise InvalidMessage(f"no entry starts at commit-log position {at}")
-            raise CorruptEntry(view.where(at), at, f"bad entry magic {magic:#x}")
+        # At the caller's position, no entry's magic or position there is their mistake.
+        theirs = at == pos and asked
         if off + HEADER_SIZE > len(buf):
-            raise CorruptEntry(view.where(at), at, "the committed log ends inside an entry")
-        _, size, index, _term, epos, _kind, _chain, body_crc, body_len = _HEAD(buf, off)
-        if epos != at:
-            if at == pos and asked:
+            if theirs and magic != ENTRY_MAGIC:
                 raise InvalidMessage(f"no entry starts at commit-log position {at}")
-            raise CorruptEntry(view.where(at), at, f"entry says it lies at {epos}")
-        if body_len < 0 or size != HEADER_SIZE + body_len or at + size > view.committed:
-            raise CorruptEntry(view.where(at), at, f"entry size {size} is implausible")
+            raise CorruptEntry(view.where(at), at, "the committed log ends inside an entry")
+        _, size, index, _term, epos, _kind, _chain, body_crc, body_len = HEADER.unpack_from(
+            buf, off
+        )
+        fault = header_fault(magic, size, epos, body_len, at)
+        if fault is not None:
+            if theirs and (magic != ENTRY_MAGIC or epos != at):
+                raise InvalidMessage(f"no entry starts at commit-log position {at}")
+            raise CorruptEntry(view.where(at), at, fault)
+        if at + size > view.committed:
+            raise CorruptEntry(view.where(at), at, f"entry of {size} bytes reaches past "
+                               f"the committed position {view.committed}")  # fmt: skip
         if off + size > len(buf):
             buf += read_log(view, files, pos + len(buf), at + size)
-        if zlib.crc32(memoryview(buf)[off + HEADER_SIZE : off + size]) != body_crc:
-            raise CorruptEntry(view.where(at), at, f"body CRC mismatch in entry {index}")
+        fault = body_fault(memoryview(buf)[off + HEADER_SIZE : off + size], body_crc, index)
+        if fault is not None:
+            raise CorruptEntry(view.where(at), at, fault)
         at += size
     return (buf if at - pos == len(buf) else buf[: at - pos]), at
 
@@ -394,22 +409,6 @@ def offset_for_time(q: QueueView, view: LogView, timestamp_ms: int) -> int:
 
 
 # ---------------------------------------------------------------- Pull
-
-
-_ENTRY_DTYPE: Final = np.dtype(
-    [
-        ("magic", ">i4"),
-        ("size", ">i4"),
-        ("index", ">i8"),
-        ("term", ">i8"),
-        ("pos", ">i8"),
-        ("channel", ">i4"),
-        ("chain_crc", ">u4"),
-        ("body_crc", ">u4"),
-        ("body_len", ">i4"),
-    ]
-)
-assert _ENTRY_DTYPE.itemsize == HEADER_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -522,7 +521,6 @@ def _read_messages(
     group = (starts - first) // view.segment_size
     group[ends > view.file_end] = -1  # not all in the files yet
     cuts = (np.flatnonzero(np.diff(group)) + 1).tolist()
-    crc32 = zlib.crc32
     for a, b in itertools.pairwise([0, *cuts, len(offsets)]):
         index = int(group[a])
         if index >= 0:
@@ -535,35 +533,20 @@ def _read_messages(
             base = int(starts[a])
             data = read_log(view, files, base, int(ends[b - 1]))
         rel = starts[a:b] - base
-        head = _entry_headers(data, rel)
-        bad = (
-            (head["magic"] != ENTRY_MAGIC)
-            | (head["pos"] != starts[a:b])
-            | (head["body_len"] != sizes[a:b])
-            | (head["size"] != sizes[a:b] + HEADER_SIZE)
-        )
+        head = entry_headers(data, rel)
+        bad = header_faults(head, starts[a:b], sizes[a:b])
         if bad.any():
             i = int(np.argmax(bad))
             at = int(starts[a + i])
             raise CorruptEntry(view.where(at), at, f"no entry of {int(sizes[a + i])} bytes "
                                "starts here, though a consume-queue unit points at it")  # fmt: skip
-        for o, n, want, at in zip(
+        for o, n, want, index, at in zip(
             (rel + HEADER_SIZE).tolist(), sizes[a:b].tolist(), head["body_crc"].tolist(),
-            starts[a:b].tolist(), strict=True,
+            head["index"].tolist(), starts[a:b].tolist(), strict=True,
         ):  # fmt: skip
             body = data[o : o + n]
-            if crc32(body) != want:
-                raise CorruptEntry(view.where(at), at, "body CRC mismatch")
+            fault = body_fault(body, want, index)
+            if fault is not None:
+                raise CorruptEntry(view.where(at), at, fault)
             out.append(body)
     return out
-
-
-def _entry_headers(buf: bytes | mmap.mmap, rel: npt.NDArray[np.int64]) -> npt.NDArray[np.void]:
-    """The 48-byte entry headers at `rel` in `buf`, as one structured array (a copy: no
-    view of `buf` outlives the call)."""
-    if len(rel) and (int(rel.min()) < 0 or int(rel.max()) + HEADER_SIZE > len(buf)):
-        raise CorruptEntry(None, int(rel.max()), "an entry header lies outside the file")
-    arr = np.frombuffer(buf, np.uint8)
-    items = np.ndarray(shape=(len(arr) - HEADER_SIZE + 1,), dtype=np.dtype(f"V{HEADER_SIZE}"),
-                       buffer=arr, strides=(1,))  # fmt: skip
-    return items[rel].view(_ENTRY_DTYPE)
