@@ -133,6 +133,7 @@ def _position(name: str) -> int:
     return int(fields[name][1])
 
 
+QUEUE_ID_POS = _position("queue_id")  # 12
 QUEUE_OFFSET_POS = _position("queue_offset")  # 20
 PHYSICAL_OFFSET_POS = _position("physical_offset")  # 28
 STORE_TIMESTAMP_POS = _position("store_timestamp_ms")  # 56

@@ -1,7 +1,8 @@
 """The entry store's small records, and where its log starts.
 
 Owns the format of `entries.checkpoint` and `entries.base`: one record each,
-(index, term, pos, chainCrc) then a CRC32 of those 28 bytes, written atomically
+(index, term, pos, chainCrc) then a CRC32 of those 28 bytes (the codec is
+`store.entry_format`'s `encode_record`/`decode_record`), written atomically
 (`write_record`). The checkpoint names a committed, flushed entry (pos: where it
 starts) from which recovery scans; the base names the entry before the first of a
 log that retention or a restore cut (pos: where it ends). A snapshot carries the
@@ -16,20 +17,23 @@ Invariant: a record that does not pass its CRC is never taken for one
 
 from __future__ import annotations
 
-import struct
-import zlib
 from pathlib import Path
 
-from store.entry_format import ENTRY_MAGIC, INDEX_UNIT, INDEX_UNIT_SIZE
-from store.errors import CorruptEntry
+from store.entry_format import (
+    ENTRY_MAGIC,
+    INDEX_UNIT,
+    INDEX_UNIT_SIZE,
+    RECORD,
+    decode_record,
+    encode_record,
+)
 from store.fileio import write_atomically
 from store.mapped_file import MappedFileQueue, segment_name
 
 # (index, term, pos, chainCrc) of one entry.
 Record = tuple[int, int, int, int]
 
-_RECORD = struct.Struct(">qqqII")  # index, term, pos, chainCrc, crc of the rest
-BASE_SIZE = _RECORD.size - 4
+BASE_SIZE = RECORD.size - 4  # the record without its CRC
 CHECKPOINT_FILE = "entries.checkpoint"
 BASE_FILE = "entries.base"
 
@@ -40,30 +44,24 @@ def read_record(path: Path) -> Record | None:
         raw = path.read_bytes()
     except FileNotFoundError:
         return None
-    if len(raw) != _RECORD.size:
-        raise CorruptEntry(str(path), 0, f"record of {len(raw)} bytes")
-    index, term, pos, chain, crc = _RECORD.unpack(raw)
-    if zlib.crc32(raw[:-4]) != crc:
-        raise CorruptEntry(str(path), 0, "record CRC mismatch")
-    return index, term, pos, chain
+    return decode_record(raw, str(path))
 
 
 def write_record(path: Path, record: Record) -> None:
     """Write a checkpoint or base record atomically (fsynced)."""
-    body = pack_base(record)
-    write_atomically(path, body + struct.pack(">I", zlib.crc32(body)))
+    write_atomically(path, encode_record(*record))
 
 
 def pack_base(record: Record) -> bytes:
     """The record's fields without their CRC: how a snapshot carries the base."""
-    return _RECORD.pack(*record, 0)[:BASE_SIZE]
+    return RECORD.pack(*record, 0)[:BASE_SIZE]
 
 
 def unpack_base(data: bytes) -> Record:
     """The base at the start of a snapshot's data (ValueError if it is too short)."""
     if len(data) < BASE_SIZE:
         raise ValueError(f"snapshot data of {len(data)} bytes, expected >= {BASE_SIZE}")
-    index, term, pos, chain, _ = _RECORD.unpack(data[:BASE_SIZE] + bytes(4))
+    index, term, pos, chain, _ = RECORD.unpack(data[:BASE_SIZE] + bytes(4))
     return index, term, pos, chain
 
 

@@ -17,16 +17,20 @@ import struct
 from typing import NamedTuple
 
 from store.errors import InvalidMessage
-from store.message import FIXED_PART_SIZE, QUEUE_OFFSET_POS, STORE_TIMESTAMP_POS
+from store.message import (
+    BODY_LENGTH_POS,
+    FIXED_PART_SIZE,
+    QUEUE_ID_POS,
+    QUEUE_OFFSET_POS,
+    STORE_HOST_POS,
+    STORE_TIMESTAMP_POS,
+)
 
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
-QUEUE_ID_POS = 12
-STORE_HOST_POS = 64  # storeHost: IPv4 (4 bytes) and port (i32), after storeTimestamp
 _MSG_ID = struct.Struct(">4siq")
 _UNIQ_NAME = b"UNIQ_KEY\x01"  # properties (name \x01 value \x02 ...) end a message
-_ROUTE = struct.Struct(">12xi4xq")  # queueId at 12, queueOffset at 20
-_BODY_LEN_POS = FIXED_PART_SIZE - 4
+_ROUTE = struct.Struct(f">{QUEUE_ID_POS}xi{QUEUE_OFFSET_POS - QUEUE_ID_POS - 4}xq")
 
 
 class Route(NamedTuple):
@@ -50,7 +54,7 @@ def route_of(data: bytes) -> Route:
     (a leader encoded them, a follower refused an append holding anything else)."""
     queue_id, queue_offset = _ROUTE.unpack_from(data, 0)
     (store_ms,) = _I64.unpack_from(data, STORE_TIMESTAMP_POS)
-    at = FIXED_PART_SIZE + _I32.unpack_from(data, _BODY_LEN_POS)[0]
+    at = FIXED_PART_SIZE + _I32.unpack_from(data, BODY_LENGTH_POS)[0]
     topic = _topic_text(data[at + 1 : at + 1 + data[at]])
     return Route(topic, queue_id, queue_offset, store_ms, _uniq_in(data, at + 3 + data[at]))
 
@@ -58,7 +62,7 @@ def route_of(data: bytes) -> Route:
 def uniq_of(data: bytes) -> str | None:
     """The UNIQ_KEY property of an encoded message, None if it has none (or is no message)."""
     try:
-        at = FIXED_PART_SIZE + _I32.unpack_from(data, _BODY_LEN_POS)[0]
+        at = FIXED_PART_SIZE + _I32.unpack_from(data, BODY_LENGTH_POS)[0]
         return _uniq_in(data, at + 3 + data[at])
     except (struct.error, IndexError, UnicodeDecodeError):
         return None
