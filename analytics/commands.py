@@ -221,7 +221,7 @@ def _lag_args(p: argparse.ArgumentParser) -> None:
 @_errors
 def _lag(args: argparse.Namespace) -> int:
     from analytics.jobs import lag
-    from analytics.sources import ServerStore
+    from analytics.server_store import ServerStore
 
     if args.chart and not str(args.chart).lower().endswith(".png"):
         raise UsageError(f"--chart {args.chart}: the chart is a PNG file (name it *.png)")

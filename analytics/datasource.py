@@ -67,17 +67,10 @@ from pyspark.sql.types import StructType
 from analytics import plan
 from analytics.codec import COLUMNS, SPARK_DDL, SPARK_TYPES
 from analytics.errors import OptionError
+from analytics.file_store import LocalFiles, OfflineStore
 from analytics.plan import Narrowing, Offsets, ReadOptions
-from analytics.sources import (
-    SYSTEM_TOPIC_PREFIX,
-    LocalFiles,
-    LogPiece,
-    OfflineStore,
-    QueueInfo,
-    ServerStore,
-    Slice,
-    open_store,
-)
+from analytics.server_store import ServerStore
+from analytics.sources import SYSTEM_TOPIC_PREFIX, LogPiece, QueueInfo, Slice, open_store
 
 FORMAT = "dledger"
 _PUSHDOWN_PLANNER = "pyspark.sql.worker.data_source_pushdown_filters"
