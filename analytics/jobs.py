@@ -190,10 +190,10 @@ def lag(
     in `notes["now"]`) minus the store timestamp of the message at the group's offset;
     `oldest_unconsumed_at` is that timestamp (UTC).
     """
-    from analytics import plan
+    from analytics.offsets import select
 
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-    queues = plan.select(store.queues(), tuple(topics) if topics else None)
+    queues = select(store.queues(), tuple(topics) if topics else None)
     committed: dict[tuple[str, int], int] = {}
     for topic in sorted({q.topic for q in queues}):
         for g in store.group_offsets(group, topic):
