@@ -171,7 +171,7 @@ def _run_job(args: argparse.Namespace, job: Callable[[Any], Any]) -> int:
 
 
 def _print_table(args: argparse.Namespace, result: Any) -> int:
-    from analytics.jobs import write_chart
+    from analytics.charts import write_chart
 
     doc: dict[str, Any] = {"title": result.title, "rows": result.records()}
     text = f"{result.title}\n{table(result.headers, result.rows)}"
