@@ -11,7 +11,7 @@ A *live* node on the same host is read the same way, but only below the bounds
 that node reported (`LiveBounds`, from its QueueOffsets answer: dispatched queue
 ends, and the commit-log position below which its data files hold everything),
 so nothing uncommitted or half-written is ever read; a read beyond them raises
-`NotHere` before it reads anything (the caller reads through the servers
+`NotHere` before it reads any message (the caller reads through the servers
 instead). `LocalFiles` is such a replica's offer: where its files are (boot id,
 directory by device and inode) and its bounds; `LocalFiles.open` gives their
 store only on that host.
@@ -75,7 +75,7 @@ class LocalFiles:
 
     def open(self, need: Sequence[Slice]) -> OfflineStore | None:
         """The store of these files if they are on this host and hold `need`; else None."""
-        if self.boot_id != boot_id():
+        if self.boot_id != this_boot_id():
             return None
         try:
             st = os.stat(self.data_dir)
@@ -427,7 +427,8 @@ def _count_valid(units: npt_units) -> int:
     return int(np.argmax(bad)) if bad.any() else len(units)
 
 
-def boot_id() -> str | None:
+def this_boot_id() -> str | None:
+    """This host's boot id (None where the kernel gives none): what `LocalFiles` match."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()

@@ -6,7 +6,9 @@ commit-log offset and size with what the message there must be (topic, queue id,
 queue offset; `analytics.codec.Expected`), in log order (one pass over the
 bytes) or in queue order. Rows are decoded in record batches of about
 `BATCH_ROWS` (`batch_slices`). Both stores use these, whether the units came
-from the files (`file_store`) or from ReadUnits (`server_store`).
+from the files (`file_store`) or from ReadUnits (`server_store`), and both
+estimate the commit-log range of queue slices from the units at their ends
+(`span_from_ends`, for cutting the log into pieces).
 
 Invariant: the arrays of `Rows` are aligned, row k of each describing the same
 message, and reordering (log order) permutes them together.

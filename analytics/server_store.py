@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from analytics.codec import COLUMNS, Expected, Int64s, decode, walk
 from analytics.errors import RETRIED_CODES, RpcFailed, SourceError
-from analytics.file_store import LocalFiles, NotHere, OfflineStore, boot_id
+from analytics.file_store import LocalFiles, NotHere, OfflineStore, this_boot_id
 from analytics.log_stream import LogStream
 from analytics.rows import BATCH_ROWS, Rows, Units, batch_slices, span_from_ends
 from analytics.sources import GroupOffset, LogPiece, QueueInfo, Slice
@@ -189,7 +189,7 @@ class ServerStore:
         """The files of a replica on this host that has dispatched `need`, if the caller
         may read them (see the module doc); None: read through the RPCs. `hint`: the
         files the planner was offered (tried first, without asking any server)."""
-        if not self.local_reads or boot_id() is None:
+        if not self.local_reads or this_boot_id() is None:
             return None
         if hint is not None:
             local = hint.open(need)

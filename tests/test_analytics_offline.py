@@ -279,7 +279,7 @@ def test_batches_are_arrow_record_batches_with_the_asked_columns(node: Synthetic
 def test_a_live_replicas_files_are_read_only_below_what_it_reported(node: SyntheticNode) -> None:
     """What a replica said in QueueOffsets bounds a read of its files: queue ends, and the
     commit-log position below which its files hold every byte; beyond: `NotHere`."""
-    from analytics.file_store import LiveBounds, LocalFiles, NotHere, boot_id
+    from analytics.file_store import LiveBounds, LocalFiles, NotHere, this_boot_id
     from analytics.sources import LogPiece, Slice
 
     full = {(q.topic, q.queue_id): q for q in OfflineStore(node.root).queues()}
@@ -305,11 +305,11 @@ def test_a_live_replicas_files_are_read_only_below_what_it_reported(node: Synthe
         behind.piece_rows(LogPiece(span[0], span[1], slices))
     # Offered files open only on the same host, in the very directory.
     st = os.stat(node.root)
-    here = LocalFiles(str(node.root), boot_id() or "", st.st_dev, st.st_ino,
+    here = LocalFiles(str(node.root), this_boot_id() or "", st.st_dev, st.st_ino,
                       LiveBounds(reported, file_end))  # fmt: skip
     assert here.open(slices) is not None
     assert LocalFiles(str(node.root), "another-host", st.st_dev, st.st_ino,
                       LiveBounds(reported, file_end)).open(slices) is None  # fmt: skip
-    assert LocalFiles(str(node.root), boot_id() or "", st.st_dev, st.st_ino + 1,
+    assert LocalFiles(str(node.root), this_boot_id() or "", st.st_dev, st.st_ino + 1,
                       LiveBounds(reported, file_end)).open(slices) is None  # fmt: skip
     assert here.open([Slice("pay", 1, 0, 101)]) is None  # more than the replica reported
