@@ -171,7 +171,7 @@ def _run_job(args: argparse.Namespace, job: Callable[[Any], Any]) -> int:
 
 
 def _print_table(args: argparse.Namespace, result: Any) -> int:
-    from analytics.jobs import write_chart
+    from analytics.charts import write_chart
 
     doc: dict[str, Any] = {"title": result.title, "rows": result.records()}
     text = f"{result.title}\n{table(result.headers, result.rows)}"
@@ -221,7 +221,7 @@ def _lag_args(p: argparse.ArgumentParser) -> None:
 @_errors
 def _lag(args: argparse.Namespace) -> int:
     from analytics.jobs import lag
-    from analytics.sources import ServerStore
+    from analytics.server_store import ServerStore
 
     if args.chart and not str(args.chart).lower().endswith(".png"):
         raise UsageError(f"--chart {args.chart}: the chart is a PNG file (name it *.png)")

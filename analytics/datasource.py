@@ -7,9 +7,10 @@
           .option("startingOffsets", "earliest").option("endingOffsets", "latest")
           .load())
 
-Options and offsets: see `analytics.plan`. Schema: `analytics.codec.FIELDS`. The
-Python Data Source API prunes no columns by itself, so a query that needs few
-columns names them: a user schema that is a subset of the source's
+Options: see `analytics.options`; offsets: `analytics.offsets`; partitions:
+`analytics.partitions`. Schema: `analytics.codec.FIELDS`. The Python Data Source
+API prunes no columns by itself, so a query that needs few columns names them: a
+user schema that is a subset of the source's
 (`.schema("topic string, body_size int")`) or the `columns` option
 (`.option("columns", "topic,body_size")`); only those columns are decoded.
 
@@ -64,20 +65,14 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from analytics import plan
+from analytics import offsets, partitions
 from analytics.codec import COLUMNS, SPARK_DDL, SPARK_TYPES
 from analytics.errors import OptionError
-from analytics.plan import Narrowing, Offsets, ReadOptions
-from analytics.sources import (
-    SYSTEM_TOPIC_PREFIX,
-    LocalFiles,
-    LogPiece,
-    OfflineStore,
-    QueueInfo,
-    ServerStore,
-    Slice,
-    open_store,
-)
+from analytics.file_store import LocalFiles, OfflineStore
+from analytics.offsets import Narrowing, Offsets
+from analytics.options import ReadOptions, columns_option, parse_options
+from analytics.server_store import ServerStore
+from analytics.sources import SYSTEM_TOPIC_PREFIX, LogPiece, QueueInfo, Slice, open_store
 
 FORMAT = "dledger"
 _PUSHDOWN_PLANNER = "pyspark.sql.worker.data_source_pushdown_filters"
@@ -108,19 +103,19 @@ class DLedgerDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> str:
-        columns = plan.columns_option(self.options)
+        columns = columns_option(self.options)
         if columns is None:
             return SPARK_DDL
         return ", ".join(f"{c} {SPARK_TYPES[c]}" for c in columns)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        options = plan.parse_options(self.options, streaming=False)
+        options = parse_options(self.options, streaming=False)
         if _called_by(_PUSHDOWN_PLANNER):
             return DLedgerFilteringBatchReader(options, schema)
         return DLedgerBatchReader(options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return DLedgerStreamReader(plan.parse_options(self.options, streaming=True), schema)
+        return DLedgerStreamReader(parse_options(self.options, streaming=True), schema)
 
 
 def _called_by(module: str) -> bool:
@@ -168,10 +163,10 @@ class _Base:
     def _queues(self, store: ServerStore | OfflineStore) -> list[QueueInfo]:
         opts = self.options
         found = store.queues()  # user topics
-        for topic in plan.named_topics(opts):
+        for topic in offsets.named_topics(opts):
             if topic.startswith(SYSTEM_TOPIC_PREFIX):  # only when asked for by name
                 found += store.queues(topic)
-        return self.narrowing.queues(plan.choose(found, opts))
+        return self.narrowing.queues(offsets.choose(found, opts))
 
     def _partitions(
         self, store: ServerStore | OfflineStore, slices: list[Slice]
@@ -181,12 +176,13 @@ class _Base:
         files = isinstance(store, OfflineStore)
         local = store.offered if isinstance(store, ServerStore) and opts.local_reads else None
         span = store.unit_span(slices) if slices and opts.partitioning != "queue" else None
-        if span is not None and plan.use_log_ranges(opts.partitioning, files, span):
+        if span is not None and partitions.use_log_ranges(opts.partitioning, files, span):
             segment = store.segment_bytes if isinstance(store, OfflineStore) else None
-            pieces = plan.log_pieces(slices, span, plan.default_partitions(opts), segment,
-                                     exact=opts.min_partitions_given)  # fmt: skip
+            count = partitions.default_partitions(opts)
+            pieces = partitions.log_pieces(slices, span, count, segment,
+                                           exact=opts.min_partitions_given)  # fmt: skip
             return [DLedgerLogPartition(p, k, local) for k, p in enumerate(pieces)]
-        cut = plan.split(slices, opts.messages_per_partition, opts.min_partitions)
+        cut = partitions.split(slices, opts.messages_per_partition, opts.min_partitions)
         return [DLedgerPartition(p, k, local) for k, p in enumerate(cut)]
 
     def _read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -222,11 +218,11 @@ class DLedgerBatchReader(_Base, DataSourceReader):
         try:
             queues = self._queues(store)
             lookup = store.offsets_for_times
-            start = plan.resolve_start(opts, queues, lookup)
-            end = plan.resolve_end(opts, queues, lookup)
+            start = offsets.resolve_start(opts, queues, lookup)
+            end = offsets.resolve_end(opts, queues, lookup)
             start, end = self.narrowing.offsets(start, end)
             start, end = self.narrowing.times(start, end, lookup, opts.timestamp_slack_ms)
-            return self._partitions(store, plan.ranges(start, end))
+            return self._partitions(store, offsets.ranges(start, end))
         finally:
             store.close()
 
@@ -285,9 +281,9 @@ class DLedgerFilteringBatchReader(DLedgerBatchReader):
         if column == "store_timestamp":
             lo = hi = None
             if isinstance(f, GreaterThan | GreaterThanOrEqual) or equal:
-                lo = plan.to_ms(value, up=False)
+                lo = offsets.to_ms(value, up=False)
             if isinstance(f, LessThan | LessThanOrEqual) or equal:
-                up = plan.to_ms(value, up=True)
+                up = offsets.to_ms(value, up=True)
                 hi = None if up is None else up + 1
             if lo is not None or hi is not None:
                 self.narrowing = n.bounded("time_range", lo, hi, what)
@@ -323,10 +319,10 @@ class DLedgerStreamReader(_Base, DataSourceStreamReader, SupportsTriggerAvailabl
         store = self._store()
         try:
             queues = self._queues(store)
-            start = plan.resolve_start(opts, queues, store.offsets_for_times)
+            start = offsets.resolve_start(opts, queues, store.offsets_for_times)
         finally:
             store.close()
-        return plan.to_json(start)
+        return offsets.to_json(start)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self.options.max_offsets_per_trigger
@@ -341,7 +337,7 @@ class DLedgerStreamReader(_Base, DataSourceStreamReader, SupportsTriggerAvailabl
             store.close()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        begin = plan.from_json(start)
+        begin = offsets.from_json(start)
         latest: Offsets = dict(begin)  # a queue the store no longer lists stays where it was
         floor: Offsets = {}
         store = self._store()
@@ -362,7 +358,7 @@ class DLedgerStreamReader(_Base, DataSourceStreamReader, SupportsTriggerAvailabl
         if not self._enough(origin, latest):
             return start
         cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return plan.to_json(plan.cap(origin, latest, cap))
+        return offsets.to_json(offsets.cap(origin, latest, cap))
 
     def _enough(self, origin: Offsets, latest: Offsets) -> bool:
         """minOffsetsPerTrigger: hold the batch back until that many messages wait, or
@@ -383,12 +379,12 @@ class DLedgerStreamReader(_Base, DataSourceStreamReader, SupportsTriggerAvailabl
         return False
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        begin, finish = plan.from_json(start), plan.from_json(end)
+        begin, finish = offsets.from_json(start), offsets.from_json(end)
         if begin == finish:
             return []
         store = self._store()
         try:
-            slices = plan.stream_ranges(
+            slices = offsets.stream_ranges(
                 begin, finish, self._queues(store), self.options.fail_on_data_loss
             )
             return self._partitions(store, slices)

@@ -13,3 +13,15 @@ class OptionError(AnalyticsError, ValueError):
 
 class SourceError(AnalyticsError):
     """The servers or the data directory could not give what was asked for."""
+
+
+# gRPC status codes (by name) worth another server; any other refusal is `RpcFailed`.
+RETRIED_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "RESOURCE_EXHAUSTED"})
+
+
+class RpcFailed(SourceError):
+    """A server refused a call (not a failure worth another server)."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code

@@ -38,9 +38,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analytics import plan
 from analytics.codec import ARROW_TYPES, COLUMNS
 from analytics.errors import SourceError
+from analytics.offsets import Offsets, from_json, select, to_json
 from analytics.sources import MessageStore
 from store.fileio import fsync_dir, write_atomically
 
@@ -79,7 +79,7 @@ class ExportResult:
 
 @dataclass(slots=True)
 class Manifest:
-    offsets: plan.Offsets = field(default_factory=dict)
+    offsets: Offsets = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
 
@@ -92,14 +92,14 @@ class Manifest:
             doc = json.loads(path.read_text())
             if doc.get("format") != FORMAT:
                 raise ValueError(f"format {doc.get('format')!r} is not {FORMAT!r}")
-            return cls(plan.from_json(doc["offsets"]), list(doc["files"]), list(doc["runs"]))
+            return cls(from_json(doc["offsets"]), list(doc["files"]), list(doc["runs"]))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise SourceError(f"{path}: unreadable export manifest ({exc})") from None
 
     def save(self, directory: Path) -> None:
         doc = {
             "format": FORMAT,
-            "offsets": plan.to_json(self.offsets),
+            "offsets": to_json(self.offsets),
             "files": sorted(self.files),
             "runs": self.runs,
         }
@@ -131,7 +131,7 @@ def export(
     with _locked(root):
         manifest = Manifest.load(root)
         result = ExportResult(root, removed_orphans=_remove_orphans(root, manifest))
-        queues = plan.select(store.queues(), tuple(topics) if topics else None)
+        queues = select(store.queues(), tuple(topics) if topics else None)
         staging = root / STAGING
         staging.mkdir()
         staged: list[tuple[Path, str]] = []

@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analytics.sources import ServerStore
+from analytics.server_store import ServerStore
 from bench._report import report
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import AsyncClient, ClientError, MessageSpec
@@ -127,7 +127,7 @@ def floor_source(n: int) -> type:
     import pyarrow as pa
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-    from analytics.sources import BATCH_ROWS
+    from analytics.rows import BATCH_ROWS
 
     class FloorReader(DataSourceReader):
         def partitions(self) -> list[InputPartition]:

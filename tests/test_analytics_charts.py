@@ -24,7 +24,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from pyspark.sql import SparkSession
 
-from analytics import jobs
+from analytics import charts, jobs
 from analytics.codec import TIMESTAMP
 from analytics.sources import GroupOffset, QueueInfo
 from tests.test_spark import spark
@@ -119,7 +119,7 @@ def test_rate_buckets_a_gap_as_zero_and_draws_rates_from_zero(
     assert series.empty == [False, False, True, False, False]
     assert series.per_s(series.messages["orders"]) == [2 / 60, 1 / 60, 0, 1 / 60, 0]
 
-    fig = jobs.chart_figure(table)
+    fig = charts.chart_figure(table)
     ax_m, ax_b = fig.axes
     assert ax_m.get_ylabel() == "messages/s" and ax_b.get_ylabel() == "body B/s"
     assert "UTC" in ax_b.get_xlabel() and "1-minute bucket" in titled(fig)
@@ -169,7 +169,7 @@ def test_rate_buckets_a_gap_as_zero_and_draws_rates_from_zero(
     for k in range(3):
         assert styles[0][k] != styles[1][k]
 
-    png = jobs.write_chart(table, tmp_path / "charts" / "rate.png")
+    png = charts.write_chart(table, tmp_path / "charts" / "rate.png")
     assert png == tmp_path / "charts" / "rate.png"
     assert_png(png, fig)
 
@@ -194,7 +194,7 @@ def test_a_long_span_is_drawn_in_coarser_buckets_that_keep_every_count() -> None
     assert series.messages["a"] == want
     assert series.body_bytes["a"] == size
     assert series.per_s(want)[0] == want[0] / 600
-    assert "10-minute bucket" in titled(jobs.chart_figure(table))
+    assert "10-minute bucket" in titled(charts.chart_figure(table))
     # A grid with fewer buckets allowed gets coarser still.
     assert jobs.rate_series(table, max_buckets=100).bucket_s == 3600
 
@@ -203,10 +203,10 @@ def test_rate_chart_of_one_minute_and_of_no_data(tmp_path: Path) -> None:
     one = rate_table([("2024-03-01 12:00", "a", 30, 3 * 1024 * 60)])
     series = jobs.rate_series(one)
     assert (series.starts, series.messages, series.empty) == ([T0], {"a": [30]}, [False])
-    fig = jobs.chart_figure(one)
+    fig = charts.chart_figure(one)
     assert fig.axes[1].get_ylabel() == "body KiB/s"  # 3 KiB/s
-    assert_png(jobs.write_chart(one, tmp_path / "one.png"), fig)
-    empty = jobs.chart_figure(rate_table([]))
+    assert_png(charts.write_chart(one, tmp_path / "one.png"), fig)
+    empty = charts.chart_figure(rate_table([]))
     assert texts(empty.axes[0]) == ["no data"]
 
 
@@ -227,7 +227,7 @@ def test_sizes_gives_exact_percentiles_and_draws_each_with_its_value(
         ("b", 2, 100, 150.0, 190.0, 199.0, 200),
         ("c", 1, 7, 7.0, 7.0, 7.0, 7),
     ]
-    fig = jobs.chart_figure(table)
+    fig = charts.chart_figure(table)
     (ax,) = fig.axes
     assert texts(ax) == [
         *("p50 500 B", "p50 150 B", "p50 7 B"),
@@ -246,7 +246,7 @@ def test_sizes_gives_exact_percentiles_and_draws_each_with_its_value(
     ]
     (legend,) = fig.legends
     assert [t.get_text() for t in legend.get_texts()] == ["p50", "p90", "p99", "max"]
-    assert_png(jobs.write_chart(table, tmp_path / "sizes.png"), fig)
+    assert_png(charts.write_chart(table, tmp_path / "sizes.png"), fig)
 
 
 def test_sizes_axis_is_logarithmic_for_a_wide_range_else_linear_from_zero() -> None:
@@ -256,13 +256,13 @@ def test_sizes_axis_is_logarithmic_for_a_wide_range_else_linear_from_zero() -> N
         [("a", 10, 1000, 1536.0, 2048.5, 4000.0, 5 * 1024 * 1024)],
         "bars",
     )
-    (ax,) = jobs.chart_figure(table).axes
+    (ax,) = charts.chart_figure(table).axes
     assert ax.get_xscale() == "log"  # 1.5 KiB to 5 MiB
     assert texts(ax) == ["p50 1.5 KiB", "p90 2.0 KiB", "p99 3.9 KiB", "max 5.0 MiB"]
     narrow = jobs.Table(
         table.title, table.headers, [("a", 3, 90, 100.0, 250.5, 299.5, 300)], "bars"
     )
-    (ax,) = jobs.chart_figure(narrow).axes
+    (ax,) = charts.chart_figure(narrow).axes
     assert ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0
     assert ax.get_xlabel() == "message body size (bytes)"
     assert texts(ax) == ["p50 100 B", "p90 250.5 B", "p99 299.5 B", "max 300 B"]
@@ -282,7 +282,7 @@ def test_top_keys_draws_one_panel_per_topic_with_counts(
     rows = [(topic, k, T0, 1) for topic, messages in keys.items() for k in messages]
     table = jobs.top_keys(spark.createDataFrame(rows, jobs.JOB_COLUMNS), limit=2)
     assert table.rows == [("a", 1, "k1", 3), ("a", 2, "k2", 2), ("b", 1, "x", 5), ("b", 2, "y", 1)]
-    fig = jobs.chart_figure(table)
+    fig = charts.chart_figure(table)
     panels = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
     assert [ax.get_title() for ax in panels] == ["topic a", "topic b"]
     assert [texts(ax) for ax in panels] == [["3", "2"], ["5", "1"]]
@@ -294,12 +294,13 @@ def test_top_keys_draws_one_panel_per_topic_with_counts(
         assert ax.get_xlabel() == "messages" and ax.get_xlim()[0] == 0
         assert ax.get_ylim() == (1.5, -0.5)  # rank 1 on top
     assert "top 2 keys per topic" in titled(fig)
-    assert_png(jobs.write_chart(table, tmp_path / "keys.png"), fig)
+    assert_png(charts.write_chart(table, tmp_path / "keys.png"), fig)
 
 
 def test_top_keys_panels_fill_a_grid_and_shorten_long_keys() -> None:
     rows = [(t, 1, f"{t}-" + "k" * 40, 9) for t in ("a", "b", "c")]
-    fig = jobs.chart_figure(jobs.Table("top 1", ("topic", "rank", "key", "messages"), rows, "bars"))
+    table = jobs.Table("top 1", ("topic", "rank", "key", "messages"), rows, "bars")
+    fig = charts.chart_figure(table)
     assert len(fig.axes) == 4  # 2 x 2, the last one blank
     assert [ax.axison for ax in fig.axes] == [True, True, True, False]
     label = fig.axes[0].get_yticklabels()[0].get_text()
@@ -389,7 +390,7 @@ def test_lag_gives_the_age_of_the_oldest_unconsumed_message(tmp_path: Path) -> N
     assert table.title == "consumer group 'billing': lag per queue at 2024-03-01T12:01:40.370Z"
     assert table.records()[1]["oldest_unconsumed_s"] == 95.4
 
-    fig = jobs.chart_figure(table)
+    fig = charts.chart_figure(table)
     ax_age, ax_lag = fig.axes
     title = titled(fig)
     assert "consumer group 'billing'" in title and "oldest unconsumed" in title
@@ -410,7 +411,7 @@ def test_lag_gives_the_age_of_the_oldest_unconsumed_message(tmp_path: Path) -> N
     assert texts(ax_lag) == ["0", "6", "3", "6"]
     assert ax_age.get_xlabel() == "age of the oldest unconsumed message (s)"
     assert ax_lag.get_xlabel() == "lag (committed messages not consumed)"
-    assert_png(jobs.write_chart(table, tmp_path / "lag.png"), fig)
+    assert_png(charts.write_chart(table, tmp_path / "lag.png"), fig)
 
 
 def test_lag_of_some_topics_measured_against_the_clock() -> None:
@@ -430,7 +431,7 @@ def test_lag_of_some_topics_measured_against_the_clock() -> None:
 def test_ages_of_hours_are_labeled_in_seconds_and_hours() -> None:
     store = lag_store()
     table = jobs.lag(store, "billing", ["orders"], now_ms=NOW_MS + 3 * 3600 * 1000)
-    ax_age = jobs.chart_figure(table).axes[0]
+    ax_age = charts.chart_figure(table).axes[0]
     assert table.rows[1][5] == 10_895.4
     assert texts(ax_age) == ["caught up", "10,895 s (3.0 h)"]
 
@@ -443,10 +444,10 @@ def test_tables_without_notes_still_draw(tmp_path: Path) -> None:
         [("a", 0, 9, None, 9, 1.5)],
         "bars",
     )
-    fig = jobs.chart_figure(lag)
+    fig = charts.chart_figure(lag)
     assert "now: not recorded" in titled(fig)
     assert texts(fig.axes[0]) == ["1.5 s"]
     other = jobs.Table("other", ("name", "count"), [("x", 3), ("y", 5)], "bars")
-    fig = jobs.chart_figure(other)
+    fig = charts.chart_figure(other)
     assert texts(fig.axes[0]) == ["3", "5"] and fig.axes[0].get_xlabel() == "count"
-    assert_png(jobs.write_chart(other, tmp_path / "other.png"), fig, min_bytes=5_000)
+    assert_png(charts.write_chart(other, tmp_path / "other.png"), fig, min_bytes=5_000)

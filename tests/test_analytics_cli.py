@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import analytics.commands  # registers `export` and `analytics ...` (as cli.build_parser does)
-from analytics import jobs
+from analytics import charts, jobs
 from dledger_commitlog.cli import main as cli
 from tests.test_analytics_export import exported_rows
 from tests.test_analytics_offline import SyntheticNode
@@ -90,5 +90,5 @@ def test_charts_of_every_job(tmp_path: Path) -> None:
                            "oldest_unconsumed_s"), [("a", 0, 9, None, 9, 1.5)], "bars"),
     ]  # fmt: skip
     for k, table in enumerate(tables):
-        png = jobs.write_chart(table, tmp_path / f"c{k}.png")
+        png = charts.write_chart(table, tmp_path / f"c{k}.png")
         assert png.read_bytes().startswith(b"\x89PNG") and png.stat().st_size > 5000

@@ -14,7 +14,7 @@ import pytest
 from analytics import export as export_module
 from analytics.errors import OptionError, SourceError
 from analytics.export import MANIFEST, Manifest, export
-from analytics.sources import OfflineStore
+from analytics.file_store import OfflineStore
 from tests.test_analytics_offline import SyntheticNode, key, plain
 
 

@@ -20,7 +20,8 @@ import pytest
 
 from analytics.codec import COLUMNS
 from analytics.errors import SourceError
-from analytics.sources import OfflineStore, QueueInfo
+from analytics.file_store import OfflineStore
+from analytics.sources import QueueInfo
 from dledger_commitlog.log.entry_store import EntryStore
 from raft.types import Entry
 from store.consume_queue import ConsumeQueue
@@ -277,8 +278,9 @@ def test_batches_are_arrow_record_batches_with_the_asked_columns(node: Synthetic
 
 def test_a_live_replicas_files_are_read_only_below_what_it_reported(node: SyntheticNode) -> None:
     """What a replica said in QueueOffsets bounds a read of its files: queue ends, and the
-    commit-log position below which its files hold every byte; beyond: `_NotHere`."""
-    from analytics.sources import LiveBounds, LocalFiles, LogPiece, Slice, _boot_id, _NotHere
+    commit-log position below which its files hold every byte; beyond: `NotHere`."""
+    from analytics.file_store import LiveBounds, LocalFiles, NotHere, this_boot_id
+    from analytics.sources import LogPiece, Slice
 
     full = {(q.topic, q.queue_id): q for q in OfflineStore(node.root).queues()}
     reported = {k: QueueInfo(q.topic, q.queue_id, q.min_offset, 100) for k, q in full.items()}
@@ -287,7 +289,7 @@ def test_a_live_replicas_files_are_read_only_below_what_it_reported(node: Synthe
     live = OfflineStore(node.root, LiveBounds(reported, file_end))
     assert [q.max_offset for q in live.queues()] == [100] * 4
     assert len(list(live.read("pay", 1, 0, 100))) >= 1
-    with pytest.raises(_NotHere):
+    with pytest.raises(NotHere):
         live.read("pay", 1, 0, 101)  # beyond the reported end: refused before reading
     slices = tuple(Slice(t, q, 0, 100) for t, q in sorted(reported))
     span = live.unit_span(slices)
@@ -299,15 +301,15 @@ def test_a_live_replicas_files_are_read_only_below_what_it_reported(node: Synthe
     )
     # The files do not hold every byte yet (a flush behind): refused, not read.
     behind = OfflineStore(node.root, LiveBounds(reported, rows[10]["commitlog_offset"]))
-    with pytest.raises(_NotHere):
+    with pytest.raises(NotHere):
         behind.piece_rows(LogPiece(span[0], span[1], slices))
     # Offered files open only on the same host, in the very directory.
     st = os.stat(node.root)
-    here = LocalFiles(str(node.root), _boot_id() or "", st.st_dev, st.st_ino,
+    here = LocalFiles(str(node.root), this_boot_id() or "", st.st_dev, st.st_ino,
                       LiveBounds(reported, file_end))  # fmt: skip
     assert here.open(slices) is not None
     assert LocalFiles(str(node.root), "another-host", st.st_dev, st.st_ino,
                       LiveBounds(reported, file_end)).open(slices) is None  # fmt: skip
-    assert LocalFiles(str(node.root), _boot_id() or "", st.st_dev, st.st_ino + 1,
+    assert LocalFiles(str(node.root), this_boot_id() or "", st.st_dev, st.st_ino + 1,
                       LiveBounds(reported, file_end)).open(slices) is None  # fmt: skip
     assert here.open([Slice("pay", 1, 0, 101)]) is None  # more than the replica reported

@@ -8,10 +8,24 @@ from typing import Any
 
 import pytest
 
-from analytics import plan
 from analytics.errors import OptionError, SourceError
-from analytics.plan import Slice
-from analytics.sources import QueueInfo
+from analytics.offsets import (
+    Narrowing,
+    cap,
+    choose,
+    from_json,
+    ranges,
+    resolve,
+    resolve_end,
+    resolve_start,
+    select,
+    stream_ranges,
+    to_json,
+    to_ms,
+)
+from analytics.options import parse_offsets, parse_options
+from analytics.partitions import log_pieces, split, use_log_ranges
+from analytics.sources import QueueInfo, Slice
 
 QUEUES = [
     QueueInfo("orders", 0, 0, 100),
@@ -23,7 +37,7 @@ SERVERS = {"servers": "127.0.0.1:7001,127.0.0.1:7002"}
 
 
 def test_defaults_for_batch_and_streaming() -> None:
-    batch = plan.parse_options(SERVERS, streaming=False)
+    batch = parse_options(SERVERS, streaming=False)
     assert batch.servers == ("127.0.0.1:7001", "127.0.0.1:7002")
     assert (batch.starting, batch.ending, batch.topics, batch.path) == (
         "earliest",
@@ -32,12 +46,12 @@ def test_defaults_for_batch_and_streaming() -> None:
         None,
     )
     assert batch.fail_on_data_loss and batch.max_offsets_per_trigger is None
-    stream = plan.parse_options({"path": "/d", "maxOffsetsPerTrigger": "5"}, streaming=True)
+    stream = parse_options({"path": "/d", "maxOffsetsPerTrigger": "5"}, streaming=True)
     assert (stream.starting, stream.path, stream.max_offsets_per_trigger) == ("latest", "/d", 5)
 
 
 def test_option_names_are_case_insensitive_and_values_parsed() -> None:
-    opts = plan.parse_options(
+    opts = parse_options(
         {
             "PATH": "/data",
             "Topics": " orders, pay ,orders",
@@ -82,42 +96,42 @@ def test_option_names_are_case_insensitive_and_values_parsed() -> None:
 )
 def test_bad_batch_options_are_refused_clearly(options: dict[str, str], message: str) -> None:
     with pytest.raises(OptionError, match=message):
-        plan.parse_options(options, streaming=False)
+        parse_options(options, streaming=False)
 
 
 def test_a_stream_takes_no_ending_offsets() -> None:
     with pytest.raises(OptionError, match="a stream has no end"):
-        plan.parse_options({**SERVERS, "endingOffsets": "latest"}, streaming=True)
+        parse_options({**SERVERS, "endingOffsets": "latest"}, streaming=True)
 
 
 def test_select_topics() -> None:
-    assert {q.topic for q in plan.select(QUEUES, None)} == {"orders", "pay"}  # no system topics
-    assert [q.queue_id for q in plan.select(QUEUES, ("orders",))] == [0, 1]
-    assert len(plan.select(QUEUES, ("%SYS%OFFSETS",))) == 1  # by name only
+    assert {q.topic for q in select(QUEUES, None)} == {"orders", "pay"}  # no system topics
+    assert [q.queue_id for q in select(QUEUES, ("orders",))] == [0, 1]
+    assert len(select(QUEUES, ("%SYS%OFFSETS",))) == 1  # by name only
     with pytest.raises(OptionError, match=r"unknown topic\(s\) 'nope'.*orders, pay"):
-        plan.select(QUEUES, ("orders", "nope"))
+        select(QUEUES, ("orders", "nope"))
 
 
 def test_resolve_earliest_latest_and_json() -> None:
-    queues = plan.select(QUEUES, None)
-    assert plan.resolve("earliest", queues, "startingOffsets") == {
+    queues = select(QUEUES, None)
+    assert resolve("earliest", queues, "startingOffsets") == {
         ("orders", 0): 0,
         ("orders", 1): 10,
         ("pay", 0): 0,
     }
-    assert plan.resolve("latest", queues, "endingOffsets") == {
+    assert resolve("latest", queues, "endingOffsets") == {
         ("orders", 0): 100,
         ("orders", 1): 50,
         ("pay", 0): 7,
     }
-    spec = plan.parse_offsets('{"orders": {"0": 40, "1": -1}}', "startingOffsets")
-    assert plan.resolve(spec, queues, "startingOffsets") == {
+    spec = parse_offsets('{"orders": {"0": 40, "1": -1}}', "startingOffsets")
+    assert resolve(spec, queues, "startingOffsets") == {
         ("orders", 0): 40,
         ("orders", 1): 50,
         ("pay", 0): 0,  # left out: earliest
     }
-    ending = plan.parse_offsets('{"orders": {"0": 60}}', "endingOffsets")
-    assert plan.resolve(ending, queues, "endingOffsets")[("orders", 1)] == 50  # left out: latest
+    ending = parse_offsets('{"orders": {"0": 60}}', "endingOffsets")
+    assert resolve(ending, queues, "endingOffsets")[("orders", 1)] == 50  # left out: latest
 
 
 @pytest.mark.parametrize(
@@ -130,31 +144,31 @@ def test_resolve_earliest_latest_and_json() -> None:
     ],
 )
 def test_resolve_refuses_offsets_the_queues_cannot_serve(json: str, message: str) -> None:
-    spec = plan.parse_offsets(json, "startingOffsets")
+    spec = parse_offsets(json, "startingOffsets")
     with pytest.raises(OptionError, match=message):
-        plan.resolve(spec, plan.select(QUEUES, None), "startingOffsets")
+        resolve(spec, select(QUEUES, None), "startingOffsets")
 
 
 def test_data_loss_can_be_tolerated() -> None:
-    spec = plan.parse_offsets('{"orders": {"1": 3}}', "startingOffsets")
-    got = plan.resolve(spec, plan.select(QUEUES, None), "startingOffsets", False)
+    spec = parse_offsets('{"orders": {"1": 3}}', "startingOffsets")
+    got = resolve(spec, select(QUEUES, None), "startingOffsets", False)
     assert got[("orders", 1)] == 10
 
 
 def test_ranges_and_split() -> None:
     start = {("a", 0): 0, ("a", 1): 5, ("b", 0): 3}
     end = {("a", 0): 10, ("a", 1): 5, ("b", 0): 4}
-    slices = plan.ranges(start, end)
+    slices = ranges(start, end)
     assert slices == [Slice("a", 0, 0, 10), Slice("b", 0, 3, 4)]  # empty ranges dropped
-    assert plan.split(slices, 4) == [
+    assert split(slices, 4) == [
         Slice("a", 0, 0, 4),
         Slice("a", 0, 4, 8),
         Slice("a", 0, 8, 10),
         Slice("b", 0, 3, 4),
     ]
-    assert len(plan.split(slices, 1000, min_partitions=6)) == 6  # 11 messages, pieces of 2
+    assert len(split(slices, 1000, min_partitions=6)) == 6  # 11 messages, pieces of 2
     with pytest.raises(OptionError, match="after the ending offset"):
-        plan.ranges({("a", 0): 9}, {("a", 0): 4})
+        ranges({("a", 0): 9}, {("a", 0): 4})
 
 
 def test_stream_ranges_start_new_queues_early_and_notice_lost_ones() -> None:
@@ -162,8 +176,8 @@ def test_stream_ranges_start_new_queues_early_and_notice_lost_ones() -> None:
     end = {("orders", 0): 60, ("orders", 1): 40, ("pay", 0): 7}
     # pay/0 is new: from its earliest; orders/1's start (3) is below its minimum (10).
     with pytest.raises(SourceError, match=r"orders/1: offsets 3\.\.9 were deleted by retention"):
-        plan.stream_ranges(start, end, QUEUES)
-    assert plan.stream_ranges(start, end, QUEUES, fail_on_data_loss=False) == [
+        stream_ranges(start, end, QUEUES)
+    assert stream_ranges(start, end, QUEUES, fail_on_data_loss=False) == [
         Slice("orders", 0, 5, 60),
         Slice("orders", 1, 10, 40),
         Slice("pay", 0, 0, 7),
@@ -173,27 +187,27 @@ def test_stream_ranges_start_new_queues_early_and_notice_lost_ones() -> None:
 def test_cap_shares_the_budget_in_proportion() -> None:
     start = {("a", 0): 0, ("a", 1): 0, ("b", 0): 100}
     latest = {("a", 0): 900, ("a", 1): 90, ("b", 0): 110}
-    assert plan.cap(start, latest, None) == latest
-    assert plan.cap(start, latest, 10_000) == latest
-    capped = plan.cap(start, latest, 100)
+    assert cap(start, latest, None) == latest
+    assert cap(start, latest, 10_000) == latest
+    capped = cap(start, latest, 100)
     assert capped == {("a", 0): 90, ("a", 1): 9, ("b", 0): 101}
     assert sum(capped[k] - start[k] for k in start) <= 100
 
 
 def test_offsets_round_trip_through_their_json_form() -> None:
     offsets = {("orders", 0): 5, ("orders", 12): 7, ("pay", 3): 0}
-    doc = plan.to_json(offsets)
+    doc = to_json(offsets)
     assert doc == {"orders": {"0": 5, "12": 7}, "pay": {"3": 0}}
-    assert plan.from_json(doc) == offsets
+    assert from_json(doc) == offsets
     with pytest.raises(OptionError, match="not a dledger offset"):
-        plan.from_json({"orders": 5})
+        from_json({"orders": 5})
 
 
 # ---------------------------------------------------------------- Kafka parity, log ranges, filters
 
 
 def test_kafka_style_options_parse() -> None:
-    opts = plan.parse_options(
+    opts = parse_options(
         {
             **SERVERS,
             "subscribePattern": "ord.*",
@@ -213,16 +227,16 @@ def test_kafka_style_options_parse() -> None:
     assert (opts.ts_strategy, opts.partitioning, opts.local_reads) == ("latest", "log", False)
     assert opts.columns == ("topic", "body_size") and opts.timestamp_slack_ms == 0
     # A timestamp start is no "start at latest" for a batch query.
-    assert plan.parse_options({**SERVERS, "startingTimestamp": "5"}, streaming=False)
-    stream = plan.parse_options(
+    assert parse_options({**SERVERS, "startingTimestamp": "5"}, streaming=False)
+    stream = parse_options(
         {**SERVERS, "subscribe": "a,b", "minOffsetsPerTrigger": "100", "maxTriggerDelay": "30s"},
         streaming=True,
     )
     assert (stream.topics, stream.min_offsets_per_trigger) == (("a", "b"), 100)
     assert stream.max_trigger_delay_ms == 30_000
-    assert plan.parse_options(SERVERS, streaming=True).max_trigger_delay_ms == 15 * 60_000
+    assert parse_options(SERVERS, streaming=True).max_trigger_delay_ms == 15 * 60_000
     for text, ms in (("500ms", 500), ("2m", 120_000), ("1.5h", 5_400_000), ("250", 250)):
-        got = plan.parse_options({**SERVERS, "maxTriggerDelay": text}, streaming=True)
+        got = parse_options({**SERVERS, "maxTriggerDelay": text}, streaming=True)
         assert got.max_trigger_delay_ms == ms
 
 
@@ -246,93 +260,93 @@ def test_kafka_style_options_parse() -> None:
 )
 def test_bad_kafka_style_options_name_the_option(options: dict[str, str], message: str) -> None:
     with pytest.raises(OptionError, match=message):
-        plan.parse_options({**SERVERS, **options}, streaming=False)
+        parse_options({**SERVERS, **options}, streaming=False)
 
 
 def test_bad_streaming_options_name_the_option() -> None:
     with pytest.raises(OptionError, match="maxTriggerDelay: 'soon' is not a duration"):
-        plan.parse_options({**SERVERS, "maxTriggerDelay": "soon"}, streaming=True)
+        parse_options({**SERVERS, "maxTriggerDelay": "soon"}, streaming=True)
     with pytest.raises(OptionError, match="endingTimestamp and endingOffsetsByTimestamp"):
-        plan.parse_options({**SERVERS, "endingTimestamp": "5"}, streaming=True)
+        parse_options({**SERVERS, "endingTimestamp": "5"}, streaming=True)
 
 
 def test_a_pattern_or_an_assignment_chooses_queues() -> None:
-    def choose(**options: str) -> list[tuple[str, int]]:
-        opts = plan.parse_options({**SERVERS, **options}, streaming=False)
-        return [(q.topic, q.queue_id) for q in plan.choose(QUEUES, opts)]
+    def chosen(**options: str) -> list[tuple[str, int]]:
+        opts = parse_options({**SERVERS, **options}, streaming=False)
+        return [(q.topic, q.queue_id) for q in choose(QUEUES, opts)]
 
-    assert choose(subscribePattern="p.y|ord") == [("pay", 0)]  # the whole name must match
-    assert choose(subscribePattern=".*") == [("orders", 0), ("orders", 1), ("pay", 0)]
-    assert choose(assign='{"orders": [1]}') == [("orders", 1)]
+    assert chosen(subscribePattern="p.y|ord") == [("pay", 0)]  # the whole name must match
+    assert chosen(subscribePattern=".*") == [("orders", 0), ("orders", 1), ("pay", 0)]
+    assert chosen(assign='{"orders": [1]}') == [("orders", 1)]
     with pytest.raises(OptionError, match=r"assign: orders has no queue\(s\) \[3\]"):
-        choose(assign='{"orders": [1, 3]}')
+        chosen(assign='{"orders": [1, 3]}')
     with pytest.raises(OptionError, match="unknown topic"):
-        choose(assign='{"nope": [0]}')
+        chosen(assign='{"nope": [0]}')
 
 
 def test_timestamps_resolve_through_the_lookup() -> None:
-    queues = plan.select(QUEUES, None)  # orders/0 [0, 100), orders/1 [10, 50), pay/0 [0, 7)
+    queues = select(QUEUES, None)  # orders/0 [0, 100), orders/1 [10, 50), pay/0 [0, 7)
     asked: list[tuple[str, int, int]] = []
 
     def lookup(queries: Any) -> list[int]:  # the store's binary search, faked
         asked.extend(queries)
         return [{"orders": 30, "pay": 7}[t] for t, _, _ in queries]
 
-    opts = plan.parse_options({**SERVERS, "startingTimestamp": "77"}, streaming=False)
+    opts = parse_options({**SERVERS, "startingTimestamp": "77"}, streaming=False)
     with pytest.raises(OptionError, match="no message of pay/0 was stored at or after 77"):
-        plan.resolve_start(opts, queues, lookup)
+        resolve_start(opts, queues, lookup)
     assert asked == [("orders", 0, 77), ("orders", 1, 77), ("pay", 0, 77)]
     opts = replace(opts, ts_strategy="latest")
-    assert plan.resolve_start(opts, queues, lookup) == {
+    assert resolve_start(opts, queues, lookup) == {
         ("orders", 0): 30,
         ("orders", 1): 30,
         ("pay", 0): 7,
     }
-    ending = plan.parse_options(
+    ending = parse_options(
         {**SERVERS, "endingOffsetsByTimestamp": '{"orders": {"0": 9}}'}, streaming=False
     )
-    assert plan.resolve_end(ending, queues, lookup) == {
+    assert resolve_end(ending, queues, lookup) == {
         ("orders", 0): 30,
         ("orders", 1): 50,  # left out: latest
         ("pay", 0): 7,
     }
-    bad = plan.parse_options(
+    bad = parse_options(
         {**SERVERS, "endingOffsetsByTimestamp": '{"orders": {"4": 9}}'}, streaming=False
     )
     with pytest.raises(OptionError, match="endingOffsetsByTimestamp: orders has no queue 4"):
-        plan.resolve_end(bad, queues, lookup)
+        resolve_end(bad, queues, lookup)
 
 
 def test_log_pieces_cut_the_range_evenly_and_on_segment_ends() -> None:
     slices = [Slice("a", 0, 0, 10), Slice("b", 0, 5, 5)]
     mib = 1 << 20
-    one = plan.log_pieces(slices, (0, 3 * mib, 0), 4, None)
+    one = log_pieces(slices, (0, 3 * mib, 0), 4, None)
     assert [(p.start, p.end) for p in one] == [(0, 3 * mib)]  # too small to cut
     assert one[0].queues == (Slice("a", 0, 0, 10),)  # empty ranges left out
-    four = plan.log_pieces(slices, (100, 400 * mib, 0), 4, None)
+    four = log_pieces(slices, (100, 400 * mib, 0), 4, None)
     assert len(four) == 4 and four[0].start == 100 and four[-1].end == 400 * mib
     sizes = {p.end - p.start for p in four}
     assert max(sizes) - min(sizes) <= 1
     # A cut near a segment end (here 100 MiB segments) moves onto it.
-    snapped = plan.log_pieces(slices, (0, 410 * mib, 0), 4, 100 * mib)
+    snapped = log_pieces(slices, (0, 410 * mib, 0), 4, 100 * mib)
     assert [p.end for p in snapped[:3]] == [100 * mib, 200 * mib, 300 * mib]
-    exact = plan.log_pieces(slices, (0, 1000, 0), 3, None, exact=True)  # minPartitions given
+    exact = log_pieces(slices, (0, 1000, 0), 3, None, exact=True)  # minPartitions given
     assert [(p.start, p.end) for p in exact] == [(0, 333), (333, 667), (667, 1000)]
-    big = plan.log_pieces(slices, (0, 5 << 30, 0), 2, None)
+    big = log_pieces(slices, (0, 5 << 30, 0), 2, None)
     assert len(big) == 5  # never more than MAX_PIECE_BYTES a piece
 
 
 def test_the_log_is_cut_by_range_when_the_messages_fill_it() -> None:
-    assert plan.use_log_ranges("auto", False, (0, 1000, 900))
-    assert not plan.use_log_ranges("auto", False, (0, 1000, 250))  # a topic of four
-    assert plan.use_log_ranges("auto", True, (0, 1000, 10))  # files: always
-    assert plan.use_log_ranges("log", False, (0, 1000, 10))
-    assert not plan.use_log_ranges("queue", True, (0, 1000, 1000))
-    assert not plan.use_log_ranges("log", True, None)
+    assert use_log_ranges("auto", False, (0, 1000, 900))
+    assert not use_log_ranges("auto", False, (0, 1000, 250))  # a topic of four
+    assert use_log_ranges("auto", True, (0, 1000, 10))  # files: always
+    assert use_log_ranges("log", False, (0, 1000, 10))
+    assert not use_log_ranges("queue", True, (0, 1000, 1000))
+    assert not use_log_ranges("log", True, None)
 
 
 def test_narrowing_by_filters() -> None:
-    n = plan.Narrowing().with_topics(["orders", "pay"], "in").with_topics(["orders"], "eq")
+    n = Narrowing().with_topics(["orders", "pay"], "in").with_topics(["orders"], "eq")
     n = n.bounded("queue_id_range", 1, None, "gt").bounded("offset_range", 20, 30, "range")
     n = n.bounded("offset_range", None, 25, "lt")
     assert [(q.topic, q.queue_id) for q in n.queues(QUEUES)] == [("orders", 1)]
@@ -341,7 +355,7 @@ def test_narrowing_by_filters() -> None:
     # An empty window stays empty (no start after its end).
     start, end = n.offsets({("orders", 1): 40}, {("orders", 1): 50})
     assert start[("orders", 1)] == 40 and end[("orders", 1)] == 40
-    timed = plan.Narrowing().bounded("time_range", 1000, 2000, "ts")
+    timed = Narrowing().bounded("time_range", 1000, 2000, "ts")
     seen: list[tuple[str, int, int]] = []
 
     def lookup(queries: Any) -> list[int]:
@@ -351,8 +365,8 @@ def test_narrowing_by_filters() -> None:
     start, end = timed.times({("a", 0): 10}, {("a", 0): 50}, lookup, slack_ms=100)
     assert (start, end) == ({("a", 0): 15}, {("a", 0): 35})
     assert seen == [("a", 0, 900), ("a", 0, 2100)]  # widened by the slack
-    assert plan.to_ms(dt.datetime(2024, 1, 1, 0, 0, 0, 500, tzinfo=dt.UTC), up=True) == (
+    assert to_ms(dt.datetime(2024, 1, 1, 0, 0, 0, 500, tzinfo=dt.UTC), up=True) == (
         1_704_067_200_001
     )
-    assert plan.to_ms(dt.datetime(2024, 1, 1, 0, 0, 0, 500), up=False) == 1_704_067_200_000
-    assert plan.to_ms("2024", up=False) is None
+    assert to_ms(dt.datetime(2024, 1, 1, 0, 0, 0, 500), up=False) == 1_704_067_200_000
+    assert to_ms("2024", up=False) is None

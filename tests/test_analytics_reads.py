@@ -20,7 +20,8 @@ from typing import Any
 import grpc
 import pytest
 
-from analytics.sources import LogPiece, ServerStore, Slice
+from analytics.server_store import ServerStore
+from analytics.sources import LogPiece, Slice
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import Access, MessageSpec, NodeStatus
 from dledger_commitlog.common.signing import sign

@@ -14,7 +14,7 @@ import pytest
 import analytics.commands  # registers `dledger analytics ...`
 from analytics import jobs
 from analytics.errors import SourceError
-from analytics.sources import ServerStore
+from analytics.server_store import ServerStore
 from dledger_commitlog.cli import main as cli
 from dledger_commitlog.cli.launcher import LocalCluster, free_ports
 from dledger_commitlog.client import Client, MessageSpec

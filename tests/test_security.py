@@ -19,7 +19,7 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from analytics.sources import ServerStore
+from analytics.server_store import ServerStore
 from dledger_commitlog.cli import main as cli
 from dledger_commitlog.cli.certs import make_dev_pki
 from dledger_commitlog.cli.launcher import LocalCluster

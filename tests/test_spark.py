@@ -21,8 +21,8 @@ from pyspark.sql.streaming.query import StreamingQuery
 import analytics.commands  # registers `dledger analytics ...`
 from analytics import jobs
 from analytics.export import export
+from analytics.file_store import OfflineStore
 from analytics.session import PUSHDOWN_CONF, local_session
-from analytics.sources import OfflineStore
 from dledger_commitlog.cli import main as cli
 from tests.conftest import wait_until
 from tests.test_analytics_offline import SyntheticNode, key, plain
