@@ -30,8 +30,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Independent tests run on PYTEST_WORKERS processes (pytest-xdist; tests that share a
+# module's cluster or the Spark session stay on one worker); the few that measure
+# the event loop's timing run alone afterwards, on a quiet machine.
+PYTEST_WORKERS ?= 3
 pytest: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not serial"
+	$(BIN)/python -m pytest -m serial
 
 test: lint typecheck pytest
 

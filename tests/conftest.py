@@ -12,6 +12,7 @@ tests/test_raft_traces.py write the traces of tests/testdata/*.txt into the file
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Collection, Generator, Iterator, Mapping, Sequence
@@ -22,6 +23,7 @@ from typing import Any, Final, TypeVar
 import grpc
 import pytest
 
+from dledger_commitlog.cli.cluster_layout import PORTS_ENV, ephemeral_range
 from dledger_commitlog.cli.launcher import LocalCluster, converged
 from dledger_commitlog.cli.launcher import answered as answered
 from dledger_commitlog.client import (
@@ -209,6 +211,32 @@ def register(item: pytest.Item, cluster: LocalCluster) -> None:
     clusters = item.stash.setdefault(_CLUSTERS, [])
     if cluster not in clusters:
         clusters.append(cluster)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist each worker's clusters take ports from a range of their own
+    (DLEDGER_PORTS, read by `free_ports`): workers never race for a port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if worker.startswith("gw") and count > 0 and PORTS_ENV not in os.environ:
+        low, _ = ephemeral_range()  # the ports below it, 10000 up, are split
+        share = (min(low, 32768) - 10_000) // count
+        first = 10_000 + int(worker[2:]) * share
+        os.environ[PORTS_ENV] = f"{first}-{first + share - 1}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`--dist loadgroup`), tests that share one of our fixtures
+    wider than a test (a module's cluster, a PKI, the Spark session) run on one
+    worker, so the fixture is built once; every other test goes where there is room."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        if any(d[-1].scope != "function" and d[-1].baseid for d in defs):
+            module = getattr(item, "module", None)
+            item.add_marker(pytest.mark.xdist_group(getattr(module, "__name__", "shared")))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -278,6 +278,7 @@ PULL = 16_384
 BIG_CONFIG = {"data_segment_bytes": 64 << 20, "index_segment_bytes": 32 * 65536}
 
 
+@pytest.mark.serial  # timing: measured alone, after the parallel run
 def test_a_16k_message_pull_does_not_block_the_nodes_loop(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:

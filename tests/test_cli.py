@@ -320,7 +320,7 @@ def test_cluster_set_values_and_registry(capsys: pytest.CaptureFixture[str]) -> 
 def test_free_ports_avoid_the_ephemeral_range() -> None:
     """A cluster's ports must not be ones the kernel hands to bind(0) or to outgoing
     connections (a fault proxy on 127.0.0.1:0 once took a node's metrics port)."""
-    low, high = cluster_layout._ephemeral_range()
+    low, high = cluster_layout.ephemeral_range()
     if low <= 10_000 and high >= 65_535:
         pytest.skip(f"the ephemeral range {low}-{high} leaves no other port")
     with socket.create_server(("127.0.0.1", 0)) as s:  # the premise: bind(0) draws from it
@@ -333,8 +333,9 @@ def test_free_ports_avoid_the_ephemeral_range() -> None:
 def test_free_ports_skip_ports_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
     """Among 30 candidate ports of which 20 are held, exactly the other 10 are free."""
     block = _free_block(30)
+    monkeypatch.delenv(cluster_layout.PORTS_ENV, raising=False)  # parallel workers set it
     monkeypatch.setattr(cluster_layout, "_MIN_PORT", block[0])
-    monkeypatch.setattr(cluster_layout, "_ephemeral_range", lambda: (block[-1] + 1, 65_535))
+    monkeypatch.setattr(cluster_layout, "ephemeral_range", lambda: (block[-1] + 1, 65_535))
     held = [socket.create_server(("127.0.0.1", p)) for p in block[::3] + block[1::3]]
     try:
         assert sorted(cluster_layout.free_ports(10)) == block[2::3]
@@ -345,9 +346,24 @@ def test_free_ports_skip_ports_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
             s.close()
 
 
+def test_dledger_ports_narrows_the_choice_and_a_bad_value_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    block = _free_block(30)
+    monkeypatch.setenv(cluster_layout.PORTS_ENV, f"{block[0]}-{block[-1]}")
+    ports = cluster_layout.free_ports(30)
+    assert sorted(ports) == block
+    with pytest.raises(ClusterError, match="only 30 of 31 ports are free"):
+        cluster_layout.free_ports(31)
+    for bad in ("20000", "x-y", "30000-20000", "80-90"):
+        monkeypatch.setenv(cluster_layout.PORTS_ENV, bad)
+        with pytest.raises(ClusterError, match="DLEDGER_PORTS"):
+            cluster_layout.free_ports(1)
+
+
 def _free_block(size: int) -> list[int]:
     """`size` consecutive ports below the ephemeral range, all free right now."""
-    low, _ = cluster_layout._ephemeral_range()
+    low, _ = cluster_layout.ephemeral_range()
     for base in range(20_000, max(20_001, low - size), 97):
         block = list(range(base, base + size))
         try:

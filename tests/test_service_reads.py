@@ -193,6 +193,7 @@ MESSAGES = 16_384
 BIG_CONFIG = {"data_segment_bytes": 64 << 20, "index_segment_bytes": 32 * 65536}
 
 
+@pytest.mark.serial  # timing: measured alone, after the parallel run
 def test_big_reads_do_not_block_the_nodes_loop(make_cluster: Callable[..., LocalCluster]) -> None:
     """ReadRange of 16,384 messages and QueryByKey of 1,024 (of 16,384 under one key)
     from a follower: its event loop (which runs Raft) is never late by 20 ms. As for

@@ -63,9 +63,14 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     listening on 127.0.0.1:0, or a client's local end while the node that owns the
     port is down for a restart. The node then fails to bind. Ports outside that
     range are only ever taken by someone asking for them by number.
+
+    `DLEDGER_PORTS=LO-HI` in the environment narrows the choice to [LO, HI], so that
+    launchers running side by side (parallel test workers, two operators on one
+    host) never race for the same port.
     """
-    low, high = _ephemeral_range()
-    every = range(_MIN_PORT, 65536)
+    low, high = ephemeral_range()
+    first, last = port_range()
+    every = range(first, last + 1)
     candidates = [p for p in every if not low <= p <= high] or list(every)
     start = random.SystemRandom().randrange(len(candidates))  # then onwards, wrapping
     socks: list[socket.socket] = []
@@ -89,9 +94,24 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
 
 _MIN_PORT = 10_000  # below: well-known and commonly configured service ports
+PORTS_ENV = "DLEDGER_PORTS"
 
 
-def _ephemeral_range() -> tuple[int, int]:
+def port_range() -> tuple[int, int]:
+    """The ports `free_ports` chooses from: DLEDGER_PORTS (LO-HI), else 10000-65535."""
+    text = os.environ.get(PORTS_ENV, "")
+    if not text:
+        return _MIN_PORT, 65535
+    try:
+        lo, hi = (int(part) for part in text.split("-"))
+    except ValueError:
+        raise ClusterError(f"{PORTS_ENV}={text!r}: expected LO-HI, e.g. 20000-24999") from None
+    if not 1024 <= lo <= hi <= 65535:
+        raise ClusterError(f"{PORTS_ENV}={text!r}: need 1024 <= LO <= HI <= 65535")
+    return lo, hi
+
+
+def ephemeral_range() -> tuple[int, int]:
     """The kernel's ephemeral port range (Linux; the IANA range elsewhere)."""
     try:
         low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
