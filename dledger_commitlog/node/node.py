@@ -59,10 +59,9 @@ from dledger_commitlog.node.loops import NodeLoops, next_call
 from dledger_commitlog.node.metrics import NodeMetrics
 from dledger_commitlog.node.recovery import (
     LOCK_FILE,
-    ROLLBACK_FILE,
     FlushTrace,
     open_log,
-    write_rollback_marker,
+    report_divergence,
 )
 from dledger_commitlog.node.security import NodeSecurity
 from raft import HardState, LogDiverged, Message, NotLeader, Role
@@ -320,27 +319,7 @@ class RaftNode:
         """The leader's log lacks entries we hold as committed: roll back (async) or stop."""
         self.diverged = exc
         self.driver.stopped = True
-        node = self.cfg.node_id
-        if self.sync_flush:
-            log.critical(
-                "node %d: INVARIANT VIOLATED in sync flush mode: %s. Nothing acknowledged "
-                "can be lost in sync mode; stopping. Restore this node's data from a "
-                "replica (or investigate the disks)", node, exc,
-            )  # fmt: skip
-        else:
-            path = Path(self.cfg.data_dir) / ROLLBACK_FILE
-            to = write_rollback_marker(path, {
-                "roll_back_to": exc.agree, "conflict_at": exc.index, "committed": exc.committed,
-                "leader": exc.leader, "term": exc.term,
-            })  # fmt: skip
-            log.error(
-                "node %d: LOST COMMITTED ENTRIES: leader %d (term %d) has other entries than "
-                "ours from entry %d, while we hold entries up to %d as committed (async "
-                "flush: a power loss of a majority lost entries %d..%d, which this node may "
-                "have served). Stopping; wrote %s: the next start rolls the log back to "
-                "entry %d and rejoins", node, exc.leader, exc.term, exc.index, exc.committed,
-                exc.index, exc.committed, path, to,
-            )  # fmt: skip
+        report_divergence(self.cfg, exc)
         if self._fatal is None:
             self._fatal = exc
         if self.on_fatal is not None:

@@ -47,7 +47,7 @@ from dledger_commitlog.log.commitlog import DLedgerCommitLog
 from dledger_commitlog.log.entry_store import EntryStore
 from dledger_commitlog.log.verify import LAYOUT_FILE, read_layout, write_layout
 from dledger_commitlog.node.config import ConfigError, NodeConfig, parse_address
-from raft import Config, HardState, RaftCore
+from raft import Config, HardState, LogDiverged, RaftCore
 from raft.hard_state import RaftStateFile
 from store.fileio import fsync_dir, write_atomically
 
@@ -243,6 +243,34 @@ def write_rollback_marker(path: Path, doc: dict[str, int]) -> int:
         doc = {**doc, "roll_back_to": min(doc["roll_back_to"], before)}
     write_atomically(path, json.dumps(doc).encode())
     return doc["roll_back_to"]
+
+
+def report_divergence(cfg: NodeConfig, exc: LogDiverged) -> None:
+    """A leader's log conflicts with entries this node holds as committed: in sync flush
+    mode an invariant violation (logged; the node stops), in async flush mode a lost
+    tail after a power loss of a majority (logged, and the rollback marker written so
+    that the next start rolls the log back and rejoins)."""
+    node = cfg.node_id
+    if cfg.flush_mode == "sync":
+        log.critical(
+            "node %d: INVARIANT VIOLATED in sync flush mode: %s. Nothing acknowledged "
+            "can be lost in sync mode; stopping. Restore this node's data from a "
+            "replica (or investigate the disks)", node, exc,
+        )  # fmt: skip
+        return
+    path = Path(cfg.data_dir) / ROLLBACK_FILE
+    to = write_rollback_marker(path, {
+        "roll_back_to": exc.agree, "conflict_at": exc.index, "committed": exc.committed,
+        "leader": exc.leader, "term": exc.term,
+    })  # fmt: skip
+    log.error(
+        "node %d: LOST COMMITTED ENTRIES: leader %d (term %d) has other entries than "
+        "ours from entry %d, while we hold entries up to %d as committed (async "
+        "flush: a power loss of a majority lost entries %d..%d, which this node may "
+        "have served). Stopping; wrote %s: the next start rolls the log back to "
+        "entry %d and rejoins", node, exc.leader, exc.term, exc.index, exc.committed,
+        exc.index, exc.committed, path, to,
+    )  # fmt: skip
 
 
 class FlushTrace:
