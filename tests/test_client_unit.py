@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -53,6 +54,8 @@ class FakeNode(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         self.puts: list[pb.PutRequest] = []
         self.frames = 0
         self.unframed = False
+        self.silent_after: int | None = None  # puts after this many get no answer...
+        self.released = threading.Event()  # ...until this is set
 
     def lead(self, term: int = 1) -> None:
         self.role, self.leader_id, self.leader_address = "leader", self.node_id, self.address
@@ -75,11 +78,16 @@ class FakeNode(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                 context.set_trailing_metadata((("dledger-leader", hint),))
             context.abort(code, details)
 
+    def _maybe_silent(self) -> None:
+        if self.silent_after is not None and len(self.puts) > self.silent_after:
+            self.released.wait(10)
+
     def _put_result(self) -> pb.PutResult:
         return pb.PutResult(msg_id=f"ID{len(self.puts)}", commitlog_offset=100, queue_id=1)
 
     def Put(self, request: pb.PutRequest, context: Any) -> pb.PutResponse:
         self.puts.append(request)
+        self._maybe_silent()
         self._fail("Put", context)
         return pb.PutResponse(result=self._put_result())
 
@@ -93,6 +101,7 @@ class FakeNode(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             reply = pb.PutFrameResult(seq=frame.seq)
             for m in frame.messages:
                 self.puts.append(pb.PutRequest(message=m))
+                self._maybe_silent()
                 failure = self._next("Put")
                 if failure is None:
                     reply.outcomes.add(result=self._put_result())
@@ -200,11 +209,31 @@ def test_a_put_that_always_times_out_has_an_unknown_outcome(nodes: list[FakeNode
     n1 = nodes[0]
     n1.lead()
     n1.errors["Put"] = [(grpc.StatusCode.DEADLINE_EXCEEDED, "not committed in time", None)]
-    with client([n1.address], timeout_s=0.3) as c, pytest.raises(OutcomeUnknown) as info:
+    with client([n1.address], timeout_s=1.0) as c, pytest.raises(OutcomeUnknown) as info:
         c.put("orders", b"x")
     assert info.value.uniq_keys == (n1.puts[0].message.uniq_key,)
     assert len({p.message.uniq_key for p in n1.puts}) == 1 and len(n1.puts) > 1
     assert "not committed in time" in info.value.message
+
+
+def test_a_put_cut_short_by_its_deadline_says_what_the_server_last_said(
+    nodes: list[FakeNode],
+) -> None:
+    """The last attempt ran out of time with no answer: the error names the server's
+    last answer (why the put may not be stored), not only the client's own deadline."""
+    n1 = nodes[0]
+    n1.lead()
+    n1.errors["Put"] = [(grpc.StatusCode.DEADLINE_EXCEEDED, "not committed in time", None)]
+    n1.silent_after = 1  # the first attempt is answered, the second never is
+    try:
+        with client([n1.address], timeout_s=1.0) as c, pytest.raises(OutcomeUnknown) as info:
+            c.put("orders", b"x")
+    finally:
+        n1.released.set()
+    message = info.value.message
+    assert f"last answer from {n1.address}: DEADLINE_EXCEEDED: not committed in time" in message
+    assert "the last attempt got no answer in time" in message
+    assert len(n1.puts) == 2
 
 
 @pytest.mark.parametrize(

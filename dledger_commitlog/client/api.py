@@ -33,7 +33,7 @@ from dledger_commitlog.client.access import (
 )
 from dledger_commitlog.client.errors import InvalidArgument, WrongCluster
 from dledger_commitlog.client.put_pipe import PipeFailure, PutPipe
-from dledger_commitlog.client.retry import Attempt, Failure, Op, Router
+from dledger_commitlog.client.retry import NO_ANSWER, Attempt, Failure, Op, Router
 from dledger_commitlog.client.values import (
     CleanResult,
     HalfResult,
@@ -196,7 +196,7 @@ class ClientBase:
         except PipeFailure as exc:
             return Failure(exc.code, exc.details, exc.leader)
         except TimeoutError:
-            return Failure("DEADLINE_EXCEEDED", "no answer in time")
+            return Failure("DEADLINE_EXCEEDED", NO_ANSWER)
         return pb.PutResponse(result=result)
 
     async def _close_aio(self) -> None:

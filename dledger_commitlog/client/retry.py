@@ -47,6 +47,9 @@ _AUTH: dict[str, type[errors.ClientError]] = {
 _DISCOVERY_TIMEOUT_S = 1.0  # Status is cheap: a node slower than this is not worth leading to
 _RETRIED = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED"})
 # gRPC's wording when the connection was never made: the request cannot have arrived.
+NO_ANSWER = "no answer in time"  # a framed put's attempt cut by the client's deadline
+# An attempt the client's own deadline ended (grpc's words for a unary call, ours above).
+_OWN_DEADLINE = frozenset({NO_ANSWER, "Deadline Exceeded"})
 _CONNECT_FAILURES = ("failed to connect", "connection refused", "dns resolution failed")
 
 
@@ -114,6 +117,11 @@ class Failure:
     def too_large(self) -> bool:
         """gRPC refused the request for its size (ours or the server's limit): not stored."""
         return self.code == "RESOURCE_EXHAUSTED" and "larger than max" in self.details
+
+    @property
+    def answered(self) -> bool:
+        """Whether a server said this (not the client's own deadline cutting the attempt)."""
+        return not (self.code == "DEADLINE_EXCEEDED" and self.details in _OWN_DEADLINE)
 
     @property
     def never_sent(self) -> bool:
@@ -190,6 +198,7 @@ class Attempts:
         self.attempts = 0
         self.maybe_applied = False
         self.last: tuple[str, Failure] | None = None
+        self.last_answer: tuple[str, Failure] | None = None  # the last a server said
         self._backoffs = 0
 
     def remaining(self) -> float:
@@ -211,6 +220,8 @@ class Attempts:
     def failed(self, address: str, failure: Failure) -> float:
         self.attempts += 1
         self.last = (address, failure)
+        if failure.answered:
+            self.last_answer = (address, failure)
         write = self.op.write
         delay: float
         if self.op.pinned is not None:
@@ -249,6 +260,11 @@ class Attempts:
             return errors.Unavailable(f"{what}: no attempt was made", code="DEADLINE_EXCEEDED")
         address, failure = self.last
         why = f"{what}; last error from {address}: {failure.code}: {failure.details}"
+        if not failure.answered and self.last_answer is not None:
+            # Time ran out in the last attempt: what the servers last said says more.
+            said_by, said = self.last_answer
+            why = (f"{what}; last answer from {said_by}: {said.code}: {said.details} (the "
+                   "last attempt got no answer in time)")  # fmt: skip
         if op.write and self.maybe_applied:
             keys = op.uniq_keys
             return errors.OutcomeUnknown(why, code=failure.code, address=address, uniq_keys=keys)
