@@ -96,7 +96,7 @@ def _servers(args: argparse.Namespace) -> tuple[list[str], Access]:
 
 
 def _store(args: argparse.Namespace) -> Any:
-    from analytics.sources import open_store
+    from analytics.stores import open_store
 
     if args.path:
         return open_store(path=args.path)

@@ -72,7 +72,8 @@ from analytics.file_store import LocalFiles, OfflineStore
 from analytics.offsets import Narrowing, Offsets
 from analytics.options import ReadOptions, columns_option, parse_options
 from analytics.server_store import ServerStore
-from analytics.sources import SYSTEM_TOPIC_PREFIX, LogPiece, QueueInfo, Slice, open_store
+from analytics.sources import SYSTEM_TOPIC_PREFIX, LogPiece, QueueInfo, Slice
+from analytics.stores import open_store
 
 FORMAT = "dledger"
 _PUSHDOWN_PLANNER = "pyspark.sql.worker.data_source_pushdown_filters"

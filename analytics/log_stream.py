@@ -17,17 +17,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from analytics.errors import RETRIED_CODES, RpcFailed, SourceError
-
-if TYPE_CHECKING:
-    from analytics.server_store import ServerStore
+from dledger_commitlog.client import Access
 
 _LOG_CHUNK = 4 << 20
+
+
+class Replicas(Protocol):
+    """What a stream needs of the store it reads for (`server_store.ServerStore`): the
+    replica it reads from now, a channel to it, and the next one when it fails."""
+
+    timeout_s: float
+    access: Access
+
+    @property
+    def current(self) -> str: ...
+
+    def channel(self, address: str) -> Any: ...
+
+    def fail_over(self) -> None: ...
 
 
 class LogStream:
@@ -41,7 +54,7 @@ class LogStream:
     another is tried.
     """
 
-    def __init__(self, store: ServerStore, start: int, end: int) -> None:
+    def __init__(self, store: Replicas, start: int, end: int) -> None:
         self.store = store
         self.end = end
         self._pos = start  # next byte the stream will deliver

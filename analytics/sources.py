@@ -21,7 +21,7 @@ row; anything else raises `CorruptEntry`.
 Two stores answer them: `analytics.file_store.OfflineStore` reads a node's data
 directory (a stopped node's, or a live replica's on this host below the bounds it
 reported) and `analytics.server_store.ServerStore` a cluster over gRPC (or a
-same-host replica's files, when it may); `open_store` picks one. The values here
+same-host replica's files, when it may); `stores.open_store` picks one. The values here
 are what planning and the Spark partitions pass around: queue offsets are
 half-open ranges [start, end), commit-log offsets are byte positions, and both
 are the same on every replica, so a read planned on one replica can be served by
@@ -39,9 +39,6 @@ from analytics.codec import COLUMNS
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from analytics.file_store import OfflineStore
-    from analytics.server_store import ServerStore
-    from dledger_commitlog.client import Access
 
 SYSTEM_TOPIC_PREFIX = "%SYS%"  # dispatch's system topics (consumer offsets): not user data
 
@@ -98,26 +95,6 @@ class MessageStore(Protocol):
     def close(self) -> None: ...
 
 
-def open_store(
-    servers: Sequence[str] = (),
-    path: str | None = None,
-    timeout_s: float = 30.0,
-    prefer: int = 0,
-    access: Access | None = None,
-    local_reads: bool = True,
-) -> ServerStore | OfflineStore:
-    """The files under `path` if given, else the cluster at `servers`."""
-    # Imported here: both stores import this module's values.
-    from analytics.file_store import OfflineStore
-    from analytics.server_store import ServerStore
-
-    if path:
-        return OfflineStore(path)
-    return ServerStore(
-        servers, timeout_s=timeout_s, prefer=prefer, access=access, local_reads=local_reads
-    )
-
-
 __all__ = [
     "SYSTEM_TOPIC_PREFIX",
     "GroupOffset",
@@ -125,5 +102,4 @@ __all__ = [
     "MessageStore",
     "QueueInfo",
     "Slice",
-    "open_store",
 ]

@@ -16,14 +16,14 @@ from typing import Any, Self, TypeVar
 import grpc
 
 from dledger_commitlog.client import retry
-from dledger_commitlog.client.api import ClientBase, chunks
+from dledger_commitlog.client.api import AsyncClientBase, chunks
 from dledger_commitlog.client.errors import ClientError
 from dledger_commitlog.client.values import MessageSpec, NodeStatus, PutResult, StatusError
 
 R = TypeVar("R")
 
 
-class AsyncClient(ClientBase):
+class AsyncClient(AsyncClientBase):
     """asyncio client, the same API as `Client` with coroutines."""
 
     def _stub(self, address: str) -> Any:

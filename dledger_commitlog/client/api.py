@@ -22,7 +22,7 @@ import time
 import types
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 from dledger_commitlog.client.access import (
     CHANNEL_OPTIONS,
@@ -51,10 +51,6 @@ from dledger_commitlog.client.values import (
 )
 from proto import dledger_pb2 as pb
 
-if TYPE_CHECKING:
-    from dledger_commitlog.client.aio import AsyncClient
-    from dledger_commitlog.client.blocking import Client
-
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -77,10 +73,10 @@ class operation(Generic[P, R]):
     @overload
     def __get__(self, client: None, owner: type[Any]) -> Self: ...
     @overload
-    def __get__(self, client: Client, owner: type[Any]) -> Callable[P, R]: ...
+    def __get__(self, client: BlockingClientBase, owner: type[Any]) -> Callable[P, R]: ...
     @overload
     def __get__(
-        self, client: AsyncClient, owner: type[Any]
+        self, client: AsyncClientBase, owner: type[Any]
     ) -> Callable[P, Coroutine[Any, Any, R]]: ...
     def __get__(self, client: Any, owner: type[Any]) -> Any:
         return self if client is None else types.MethodType(self, client)
@@ -419,3 +415,11 @@ class ClientBase:
         address = server or self._router.leader or self._router.servers[0]
         return Op("status", "Status", pb.StatusRequest(), lambda r: self._accept(address, r),
                   pinned=address, timeout_s=timeout_s or 2.0)  # fmt: skip
+
+
+class BlockingClientBase(ClientBase):
+    """A client whose operations return their results (`blocking.Client`)."""
+
+
+class AsyncClientBase(ClientBase):
+    """A client whose operations return coroutines of their results (`aio.AsyncClient`)."""
