@@ -233,8 +233,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("xdist_group") is not None:
             continue
         info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(d[-1].scope != "function" and d[-1].baseid for d in defs):
+        ours = [d[-1] for d in info.name2fixturedefs.values()] if info is not None else []
+        ours = [d for d in ours if d.baseid and d.scope != "function"]
+        wide = [d.argname for d in ours if d.scope == "session"]  # shared across modules
+        if wide:
+            item.add_marker(pytest.mark.xdist_group(wide[0]))
+        elif ours:
             module = getattr(item, "module", None)
             item.add_marker(pytest.mark.xdist_group(getattr(module, "__name__", "shared")))
 

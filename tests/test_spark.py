@@ -27,7 +27,7 @@ from dledger_commitlog.cli import main as cli
 from tests.conftest import wait_until
 from tests.test_analytics_offline import SyntheticNode, key, plain
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("spark")]  # one Spark session
+pytestmark = pytest.mark.slow
 BASE_MS = 1_700_000_000_000  # SyntheticNode's first store timestamp; one message a second
 assert analytics.commands
 

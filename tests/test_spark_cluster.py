@@ -33,7 +33,7 @@ from tests.test_analytics_offline import key, plain
 from tests.test_analytics_server import client_scan, dispatched_everywhere, fresh_topic
 from tests.test_spark import spark
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("spark")]  # one Spark session
+pytestmark = pytest.mark.slow
 assert spark
 
 
