@@ -294,8 +294,11 @@ def paused_leader(n: Nemesis) -> None:
 
 @scenario("rolling-restart", "restart every node in turn (SIGTERM, start, catch up)")
 def rolling_restart(n: Nemesis) -> None:
+    """Each round starts with the node that leads (every round fails the leader over,
+    however slowly the machine restarts nodes), then the others in order."""
     while n.running():
-        for node in n.nodes:
+        leader = n.leader()
+        for node in sorted(n.nodes, key=lambda node: node != leader):
             if not n.running():
                 return
             was_leader = n.leader() == node
