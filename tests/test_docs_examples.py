@@ -235,12 +235,15 @@ class DocRun:
         topic, group = option(args, "--topic"), option(args, "--group")
         expected = {p.printed["msg_id"]: p for p in self.puts if p.topic == topic and not p.later}
         assert expected, f"{line}: nothing put to {topic} before"
+        # stderr to a file: a pipe nobody reads while it runs could fill and block it
+        err_path = self.tmp / f"consume-{len(self.puts)}.stderr"
+        err_file = err_path.open("w")
         proc = subprocess.Popen(
             [*dledger_argv(), *args],
             cwd=self.tmp,
             env=_env(),
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=err_file,
             text=True,
         )
         lines: list[str] = []
@@ -261,10 +264,18 @@ class DocRun:
                 wait_for(f"{line} commits its offsets", lambda: committed_all(c))
         finally:
             proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=30)
-            reader.join(timeout=5)
-        assert proc.stderr is not None
-        err = proc.stderr.read()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise AssertionError(
+                    f"{line}: still running 30 s after SIGINT; stderr: {err_path.read_text()}"
+                ) from None
+            finally:
+                err_file.close()
+                reader.join(timeout=5)
+        err = err_path.read_text()
         assert proc.returncode == 130 and err == "dledger: interrupted\n", (proc.returncode, err)
         for msg_id, p in expected.items():
             (shown,) = [x for x in lines if msg_id in x]
