@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,7 @@ from dledger_commitlog.cli.commands import (
     preview,
     table,
 )
-from dledger_commitlog.client import PullResult, PutResult, StoredMessage
+from dledger_commitlog.client import Client, PullResult, PutResult, StoredMessage
 from dledger_commitlog.node.config import parse_levels
 
 
@@ -258,41 +260,59 @@ def _consume_args(p: argparse.ArgumentParser) -> None:
 @command("consume", "tail a topic from the group's committed offsets, committing as it goes",
          _consume_args)  # fmt: skip
 def _consume(args: argparse.Namespace) -> int:
-    """Pull every queue of the topic from the group's offset; commit after each batch."""
-    consumed = 0
-    idle_since = time.monotonic()
-    with make_client(args) as client:
-        positions: dict[int, int] = {}
-        wait_ms = 0
-        while not (args.max and consumed >= args.max):
-            for q in client.queue_offsets(args.topic):
-                if q.queue_id not in positions:
-                    committed = client.fetch_offset(args.group, args.topic, q.queue_id)
-                    start = committed.get(q.queue_id, -1)
-                    positions[q.queue_id] = start if start >= 0 else q.min_offset
-            got = 0
-            for queue_id, offset in sorted(positions.items()):
-                limit = args.batch if not args.max else min(args.batch, args.max - consumed)
-                if limit <= 0:
-                    break
-                r = client.pull(args.topic, queue_id, offset, limit, args.tag_expr,
-                                wait_ms=wait_ms)  # fmt: skip
-                for m in r.messages:
-                    _print_consumed(args, m)
-                got += len(r.messages)
-                consumed += len(r.messages)
-                if r.next_offset != offset:
-                    client.commit_offset(args.group, args.topic, queue_id, r.next_offset)
-                    positions[queue_id] = r.next_offset
-            if got:
-                idle_since, wait_ms = time.monotonic(), 0
-            else:
-                if args.idle_exit and time.monotonic() - idle_since >= args.idle_exit:
-                    break
-                wait_ms = max(50, 1000 // max(1, len(positions)))
+    """Pull every queue of the topic from the group's offset; commit after each batch.
+
+    Ctrl-C (SIGINT) stops it between calls, never inside one: the handler only
+    records it, and the loop ends after the call in flight (a long poll waits at
+    most a second). A KeyboardInterrupt raised inside a blocking gRPC call could
+    leave the call's cleanup waiting forever (seen: a consume still running 30 s
+    after SIGINT)."""
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.set())
+    try:
+        with make_client(args) as client:
+            consumed = _consume_until(args, client, interrupted)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupted.is_set():
+        raise KeyboardInterrupt  # here, outside any call: `main` says "interrupted"
     if not args.json:
         print(f"consumed {consumed} messages", file=sys.stderr)
     return 0
+
+
+def _consume_until(args: argparse.Namespace, client: Client, interrupted: threading.Event) -> int:
+    """The consume loop, until `--max`, `--idle-exit` or `interrupted`; how many it consumed."""
+    consumed = 0
+    idle_since = time.monotonic()
+    positions: dict[int, int] = {}
+    wait_ms = 0
+    while not (args.max and consumed >= args.max) and not interrupted.is_set():
+        for q in client.queue_offsets(args.topic):
+            if q.queue_id not in positions:
+                committed = client.fetch_offset(args.group, args.topic, q.queue_id)
+                start = committed.get(q.queue_id, -1)
+                positions[q.queue_id] = start if start >= 0 else q.min_offset
+        got = 0
+        for queue_id, offset in sorted(positions.items()):
+            limit = args.batch if not args.max else min(args.batch, args.max - consumed)
+            if limit <= 0 or interrupted.is_set():
+                break
+            r = client.pull(args.topic, queue_id, offset, limit, args.tag_expr, wait_ms=wait_ms)
+            for m in r.messages:
+                _print_consumed(args, m)
+            got += len(r.messages)
+            consumed += len(r.messages)
+            if r.next_offset != offset:
+                client.commit_offset(args.group, args.topic, queue_id, r.next_offset)
+                positions[queue_id] = r.next_offset
+        if got:
+            idle_since, wait_ms = time.monotonic(), 0
+        else:
+            if args.idle_exit and time.monotonic() - idle_since >= args.idle_exit:
+                break
+            wait_ms = max(50, 1000 // max(1, len(positions)))
+    return consumed
 
 
 def _print_consumed(args: argparse.Namespace, m: StoredMessage) -> None:
