@@ -176,6 +176,9 @@ class Dispatcher:
         self.last_store_timestamp_ms = 0
         self.messages_dispatched = 0
         self._listeners: list[Callable[[], None]] = []
+        # What the last `persist` recorded: an idle node does not rewrite (and fsync)
+        # the same offsets file and checkpoint once a second.
+        self._persisted: tuple[int, dict[GroupKey, int], int] | None = None
 
     # -- opening and recovery ------------------------------------------------------
 
@@ -249,6 +252,7 @@ class Dispatcher:
         return peek_header(self.log.read_message(commitlog_offset, size)).store_timestamp_ms
 
     def _wipe(self) -> None:
+        self._persisted = None
         for cq in self.queues.values():
             cq.close()
         self.queues.clear()
@@ -377,6 +381,9 @@ class Dispatcher:
         for cq in snap.queues:
             cq.flush()
         self.index.flush(snap.index)
+        record = (snap.dispatched_pos, snap.offsets, snap.last_store_timestamp_ms)
+        if record == self._persisted:
+            return
         doc = {
             "position": snap.dispatched_pos,
             "offsets": [[g, t, q, o] for (g, t, q), o in sorted(snap.offsets.items())],
@@ -389,6 +396,7 @@ class Dispatcher:
             index_msg_timestamp_ms=snap.last_store_timestamp_ms,
         )
         self.checkpoint.flush()
+        self._persisted = record
 
     def close(self, clean: bool) -> None:
         """Close the files; `clean` (after a final persist) removes the abort marker."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import random
 import shutil
 from collections.abc import Iterator
@@ -526,3 +527,26 @@ def test_a_cancelled_put_whose_entry_is_replaced_leaves_no_unretrieved_error(
         assert not errors, errors
     finally:
         log.close()
+
+
+def test_persist_rewrites_its_records_only_when_they_changed(log: LocalLog) -> None:
+    """An idle node persists every second: with nothing new it writes (and fsyncs)
+    nothing; the next message makes it write again."""
+    log.put(messages(5, seed=7))
+    d = log.dispatcher()
+    d.recover(log.cl.committed_pos)
+    d.catch_up()
+    d.persist(d.snapshot())
+    offsets, checkpoint = log.root / "consumer_offsets.json", log.root / "checkpoint"
+
+    def stamps() -> tuple[int, int]:
+        return offsets.stat().st_ino, checkpoint.stat().st_mtime_ns
+
+    first = stamps()
+    d.persist(d.snapshot())
+    assert stamps() == first
+    log.put(messages(1, seed=8))
+    d.catch_up()
+    d.persist(d.snapshot())
+    assert stamps()[0] != first[0]
+    assert json.loads(offsets.read_bytes())["position"] == d.dispatched_pos
