@@ -274,6 +274,38 @@ def test_the_probe_sees_a_blocked_loop() -> None:
     assert quiet < blocked
 
 
+def test_the_probe_wakes_the_loop_often_only_while_measured() -> None:
+    """Unwatched, the probe fires every 100 ms (an idle node's loop sleeps); after a
+    reset (how every measurement starts) every 10 ms, so a short block is seen whole."""
+
+    async def run() -> tuple[int, float]:
+        probe = LoopLagProbe()
+        fires: list[float] = []
+        ten_more = asyncio.Event()
+        fire = probe._fire
+
+        def counted() -> None:
+            fires.append(time.monotonic())
+            if len(fires) >= watched + 10:
+                ten_more.set()
+            fire()
+
+        watched = 1 << 30
+        probe._fire = counted  # type: ignore[method-assign]
+        probe.start()
+        await asyncio.sleep(0.35)
+        idle_fires, watched = len(fires), len(fires)
+        probe.max_ms(reset=True)
+        start = time.monotonic()
+        await asyncio.wait_for(ten_more.wait(), timeout=5)
+        await probe.stop()
+        return idle_fires, fires[watched + 9] - start
+
+    idle_fires, took_s = asyncio.run(run())
+    assert idle_fires <= 4, idle_fires  # timers never fire early: at most 3 in 350 ms
+    assert took_s < 0.6, took_s  # 10 fires: 0.1 s at the fine interval, 1 s at the idle one
+
+
 PULL = 16_384
 BIG_CONFIG = {"data_segment_bytes": 64 << 20, "index_segment_bytes": 32 * 65536}
 
