@@ -6,9 +6,10 @@ One run, on one store that grows:
     flush (as bench/append.py's case (a)), queue fields set as the leader sets
     them; then dispatch it (consume queues and index, default file sizes) and
     compare the rates; dispatch again with the commit index moving 64 entries at
-    a time (a leader dispatching each commit as it comes, not catching up) and
-    time the commit-log read alone (what dispatch costs beyond it is its own); a cProfile
-    of a dispatch run shows where the time goes;
+    a time (a leader dispatching each commit as it comes, not catching up) and 1
+    at a time (a sequential put), and time the commit-log read alone (what
+    dispatch costs beyond it is its own); a cProfile of a dispatch run shows
+    where the time goes;
 (2) start a real single-node cluster on that store, put load through the gRPC
     client, kill -9 the node mid-load and time its restart (process start to
     answering Status as leader with every acknowledged put committed);
@@ -92,6 +93,7 @@ def main() -> None:
             seal(store, data, term=1)
             dsp, _ = dispatch_all(data, store)
             small_n, small_cpu = dispatch_in_batches(store, root / "batches", 100_000, 64)
+            one_n, one_cpu = dispatch_in_batches(store, root / "ones", 20_000, 1)
             read_n, read_cpu = read_log(store)
             profile, profiled_rate = profile_dispatch(store, root / "profile", args.profile_entries)
             built_small = store.end_pos
@@ -112,6 +114,7 @@ def main() -> None:
                 "dispatch_to_append_cpu_ratio": disp_cpu / append_cpu,
                 "dispatch_persist_s": dsp.persist_s,
                 "dispatch_batch64_cpu_entries_per_s": small_n / small_cpu,
+                "dispatch_one_cpu_us_per_entry": one_cpu / one_n * 1e6,
                 "log_read_cpu_entries_per_s": read_n / read_cpu,
                 "dispatch_beyond_read_cpu_entries_per_s": rate_beyond(disp_cpu, read_n / read_cpu),
                 "profiled_dispatch_entries_per_s": profiled_rate,
@@ -131,6 +134,9 @@ def main() -> None:
                  f"CPU-time ratio {disp_cpu / append_cpu:.2f} (target >= 2)"),
                 ("dispatch, batches of 64", f"{small_n / small_cpu:,.0f} entries/s",
                  f"CPU-time rate over {small_n:,} entries, the commit index moving 64 at a time"),
+                ("dispatch, one at a time", f"{one_cpu / one_n * 1e6:,.1f} us CPU/entry",
+                 f"over {one_n:,} entries, the commit index moving 1 at a time "
+                 "(a sequential put; ONE_BY_ONE_MAX)"),
                 ("commit-log read alone", f"{read_n / read_cpu:,.0f} entries/s",
                  f"CPU-time rate of read_committed; dispatch beyond it "
                  f"{m['dispatch_beyond_read_cpu_entries_per_s']:,.0f}/s"),

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dispatch import dispatcher
 from dispatch.dispatcher import OFFSETS_TOPIC, Dispatcher, encode_offset_commit
 from store import consume_queue, index_file, message_batch
 from store.consume_queue import UNIT_DTYPE, ConsumeQueue, units_array
@@ -45,6 +46,7 @@ def small_or_large(monkeypatch: pytest.MonkeyPatch, seed: int) -> str:
         monkeypatch.setattr(message_batch, "VECTOR_MIN_MESSAGES", few)
         monkeypatch.setattr(consume_queue, "_FEW_UNITS", few)
         monkeypatch.setattr(index_file, "_FEW_ENTRIES", few)
+        monkeypatch.setattr(dispatcher, "ONE_BY_ONE_MAX", 0 if how == "numpy" else few)
     return how
 
 
