@@ -35,6 +35,13 @@ Invariants:
 - one Ready at a time; inputs arriving meanwhile go into the next one.
 Without a flusher (async flush mode) `advance` itself means "persisted" and
 `on_appended` pokes the periodic flush.
+
+Commit notices linger (with `defer`): a leader's `quiet` commit-only append to a
+follower is held until `defer` calls back (the node: 2 ms later), and dropped if
+an append or heartbeat carrying a commit index as high goes to that follower
+first. Under a sequential writer the next put's append carries the commit, so a
+put costs each follower one message fewer. A held notice that a later message does
+not cover leaves before it: what one peer receives keeps its order.
 """
 
 from __future__ import annotations
@@ -97,6 +104,7 @@ class ReadyDriver:
         after_ready: Callable[[], None] = lambda: None,
         flusher: Flusher | None = None,
         on_appended: Callable[[], None] = lambda: None,
+        defer: Callable[[Callable[[], None]], object] | None = None,
     ) -> None:
         self.core = core
         self._storage = storage
@@ -109,6 +117,9 @@ class ReadyDriver:
         self._after_ready = after_ready
         self._flusher = flusher
         self._on_appended = on_appended
+        self._defer = defer
+        # Quiet commit-only appends held per follower until `defer` calls back.
+        self._notices: dict[int, AppendEntries] = {}
         # Appended but not yet durable: (end position, last index, its term).
         self._unflushed: collections.deque[tuple[int, int, int]] = collections.deque()
         # Messages held until the storage is durable up to the position they follow.
@@ -164,7 +175,7 @@ class ReadyDriver:
             for m in rd.messages:
                 (early if isinstance(m, AppendEntries | Heartbeat) else late).append(m)
             if early:
-                self._send(early)
+                self._send(self._hold_notices(early) if self._defer is not None else early)
             self._send_when_durable(late)
         else:
             self._send_when_durable(rd.messages)
@@ -174,6 +185,31 @@ class ReadyDriver:
             self._read_states(rd.read_states)
         core.advance(rd)
         self._after_ready()
+
+    def _hold_notices(self, messages: list[Message]) -> list[Message]:
+        """`messages` less the commit notices to hold; a held one goes out first where
+        a message to its follower does not carry its commit index."""
+        notices, out = self._notices, list[Message]()
+        was_empty = not notices
+        for m in messages:
+            assert isinstance(m, AppendEntries | Heartbeat)
+            if isinstance(m, AppendEntries) and m.quiet and not m.entries:
+                notices[m.dst] = m  # a newer notice carries a commit at least as high
+                continue
+            held = notices.pop(m.dst, None)
+            if held is not None and m.commit < held.commit:
+                out.append(held)
+            out.append(m)
+        if notices and was_empty:
+            assert self._defer is not None
+            self._defer(self._send_notices)
+        return out
+
+    def _send_notices(self) -> None:
+        """The commit notices still held (`defer`'s callback)."""
+        notices, self._notices = list(self._notices.values()), {}
+        if notices and not self.stopped and self.core.role is Role.LEADER:
+            self._send(notices)
 
     def _send_when_durable(self, messages: Sequence[Message]) -> None:
         """Send now if nothing appended waits for its fsync, else after that fsync."""

@@ -19,6 +19,7 @@ import pytest
 
 from raft import Message, NotLeader
 from raft.driver import ReadyDriver
+from raft.messages import AppendEntries
 from tests.sim.driver_sim import (
     TEAR_MODES,
     DriverSim,
@@ -178,6 +179,46 @@ def test_acks_and_applies_wait_for_the_fsync_while_the_leader_keeps_appending() 
             and t < _first_at(events, node, "fsync_done", index)
         )
         assert early >= 10, f"seed {seed}: the leader waited for its own fsync ({early})"
+    finally:
+        sim.close()
+
+
+def test_a_commit_notice_lingers_and_the_next_append_carries_it() -> None:
+    """A leader holds each commit-only notice LINGER_MS: with proposals further apart
+    it leaves then (and every follower applies everything); with proposals closer
+    together the next append carries the commit and the notice is never sent."""
+    sim = _quiet(12, 3, fsync_ms=(1, 1), net=NetProfile(0.0, 1, 1), checkpoints=False)
+    try:
+        sim.run_until(lambda: sim.leader() is not None, 3000, "leader")
+        leader = sim.leader()
+        assert leader is not None
+        notices: list[tuple[int, int]] = []  # (time, commit) of each notice sent
+        send = leader.driver._send
+
+        def counted(messages: Sequence[Message]) -> None:
+            notices.extend((sim.now, m.commit) for m in messages
+                           if isinstance(m, AppendEntries) and m.quiet)  # fmt: skip
+            send(messages)
+
+        leader.driver._send = counted
+
+        def propose_every(gap_ms: int, count: int) -> int:
+            last = 0
+            for k in range(count):
+                last = sim.propose(b"p%d" % k)
+                start = sim.now
+                sim.run_until(lambda: sim.now >= start + gap_ms, 100, "time")  # noqa: B023
+            lives = [n.life for n in sim.nodes.values()]
+            sim.run_until(lambda: all(life is not None and life.applied >= last
+                                      for life in lives), 3000, "all applied")  # fmt: skip
+            return last
+
+        propose_every(10, 20)
+        apart = len(notices)
+        assert apart >= 2 * 15, f"seed 12: {apart} notices for 20 puts 10 ms apart"
+        notices.clear()
+        propose_every(2, 40)  # without the linger: 49 notices
+        assert len(notices) <= 20, f"seed 12: {len(notices)} notices for 40 puts 2 ms apart"
     finally:
         sim.close()
 

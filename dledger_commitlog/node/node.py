@@ -79,6 +79,9 @@ from store.message import is_message, max_encoded_size
 from store.retention_policy import RetentionPolicy
 
 log = logging.getLogger(__name__)
+# How long a leader holds a commit-only notice for a follower (raft/driver.py): a
+# sequential writer's next append, which carries the commit, usually comes sooner.
+COMMIT_LINGER_S = 0.002
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +174,7 @@ class RaftNode:
             restore=self._restore, read_states=self._answer_reads,
             after_ready=self._after_ready, flusher=self._group_commit,
             on_appended=self._periodic.poke if self._periodic is not None else lambda: None,
+            defer=lambda later: asyncio.get_running_loop().call_later(COMMIT_LINGER_S, later),
         )  # fmt: skip
         self._kick = self.driver.wakeup.set
         self.loops = NodeLoops(

@@ -109,6 +109,7 @@ T = TypeVar("T")
 
 TICK_MS = 10
 CONVERGE_MS = 30_000  # after healing, a new entry is applied everywhere within this
+LINGER_MS = 2  # how long a leader's driver holds a commit notice (the node: 2 ms)
 SETTLE_ROUNDS = 10_000  # loop iterations after one event before the drivers must be parked
 CHECK_LOGS_EVERY = 500
 _SECTOR = 512
@@ -425,6 +426,7 @@ class Life:
             restore=self._restore,
             read_states=self._read_states,
             flusher=self.flusher,
+            defer=lambda later: sim.schedule(LINGER_MS, "later", (self, later)),
         )
         self.driver.wakeup = self.wakeup  # before run() reads it
         self.task = sim.loop.create_task(self.driver.run(), name=f"ready-loop-{node.id}")
@@ -907,6 +909,10 @@ class DriverSim:
                             life.finish_hs_save()
                         case _:
                             life.finish_restore()
+            case "later":
+                life, later = arg
+                if life is life.node.life:  # else it died meanwhile
+                    later()
             case "client":
                 self.schedule(self.rng.randrange(1, 15), "client", None)
                 if self.clients:
