@@ -349,3 +349,61 @@ def test_a_pass_refused_as_overloaded_backs_off_without_resettling() -> None:
 
     asyncio.run(main())
     assert starts[1] - starts[0] >= 1.0 and settled == []
+
+
+def test_a_service_with_nothing_to_do_waits_for_a_commit_not_the_poll() -> None:
+    """Not busy, the loop waits for `quiet` (the next commit here), not every poll: an
+    idle node's loop does not wake for it. Once something commits, passes resume."""
+    passes: list[float] = []
+
+    async def main() -> tuple[int, float]:
+        committed, ran = asyncio.Event(), asyncio.Event()
+        work = False
+
+        async def pass_once() -> None:
+            passes.append(time.monotonic())
+            ran.set()
+
+        task = asyncio.ensure_future(run_passes(
+            "test", 1, pass_once, asyncio.Event(), 0.01, lambda: None,
+            busy=lambda: work, quiet=committed.wait,
+        ))  # fmt: skip
+        try:
+            await asyncio.sleep(0.3)  # 30 polls' worth
+            idle_passes = len(passes)
+            work = True
+            committed.set()
+            t = time.monotonic()
+            async with asyncio.timeout(5.0):
+                await ran.wait()
+            return idle_passes, passes[-1] - t
+        finally:
+            task.cancel()
+
+    idle_passes, resumed_s = asyncio.run(main())
+    assert idle_passes == 0
+    assert resumed_s < 0.5
+
+
+def test_the_services_are_busy_only_while_something_waits_for_them(tmp_path: Path) -> None:
+    async def body(node: RaftNode, services: LeaderServices) -> None:
+        clock = Clock()
+        sched = ScheduleService(services.system_log, parse_levels(LEVELS), clock_ms=clock)
+        assert sched.busy(), "a new leadership loads its state first"
+        await sched.pass_once()
+        assert not sched.busy()
+        stored = await put_delayed(node, "orders", b"later", "U9", level=1)
+        assert sched.busy(), "a stored delayed message waits"
+        clock.now = stored.store_timestamp_ms + HOUR_MS
+        assert await sched.pass_once() == 1
+        await settled(node)
+        await sched.pass_once()  # reads its own delivery's progress
+        assert not sched.busy()
+        tx = services.transactions
+        await tx.pass_once()
+        assert not tx.busy()
+        await put(node, HALF_TOPIC, b"half", HALF_KEY_PREFIX + "t9", queue_id=0,
+                  properties=half_properties({}, "orders", None, "pg"))  # fmt: skip
+        assert tx.busy(), "an undecided half waits"
+
+    run_node(tmp_path, body)

@@ -175,7 +175,21 @@ class ScheduleService:
 
     async def run(self) -> None:
         await run_passes("schedule", self._log.node_id, self.pass_once, self.wakeup, _POLL_S,
-                         self._resettle)  # fmt: skip
+                         self._resettle, self.busy, self._log.next_commit)  # fmt: skip
+
+    def busy(self) -> bool:
+        """Whether a pass may have work: this node leads and its state is not loaded
+        yet, or a stored delayed message is not delivered (or not read) yet."""
+        term = self._log.leading_term()
+        if term is None:
+            return False
+        if term != self._term or self._timer:
+            return True
+        end = self._log.queue_end
+        timer = self.timer_queue
+        if end(SCHEDULE_TOPIC, timer) > self._timer_scanned:
+            return True
+        return any(end(SCHEDULE_TOPIC, q) > self._next[q] for q in range(timer))
 
     def _resettle(self) -> None:
         self._term = None

@@ -20,6 +20,7 @@ leader continues from what the old one committed:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -45,6 +46,7 @@ from store.message import (
 _FOREVER_MS = 1 << 62
 _INTERRUPTIONS = (NotLeader, OutcomeUnknown, PutFailed, TimeoutError)
 _OVERLOAD_BACKOFF_S = 1.0
+QUIET_MAX_S = 1.0  # how long a service with nothing to do waits for a commit at most
 log = logging.getLogger(__name__)
 
 
@@ -55,15 +57,25 @@ async def run_passes(
     wakeup: asyncio.Event,
     poll_s: float,
     interrupted: Callable[[], None],
+    busy: Callable[[], bool] = lambda: True,
+    quiet: Callable[[], Awaitable[object]] | None = None,
 ) -> None:
     """A leader-side service's loop: `pass_once` every `poll_s` (or on `wakeup`).
 
-    A pass cut short by a lost leadership or a put whose outcome is unknown calls
-    `interrupted` (the service settles again before its next decision); a put refused
-    as Overloaded (nothing proposed) waits a second, no settling needed; anything
-    else (a bug, a damaged entry) is logged and retried after a second: a system
-    service never stops the node."""
+    While `busy()` says there is nothing to do (not the leader, or nothing stored
+    that waits for the service), the loop waits for `quiet()` (the next commit here:
+    a put, or this node's first entry as a leader), at most QUIET_MAX_S, instead of
+    polling: an idle node's loop does not wake for it. A pass cut short by a lost
+    leadership or a put whose outcome is unknown calls `interrupted` (the service
+    settles again before its next decision); a put refused as Overloaded (nothing
+    proposed) waits a second, no settling needed; anything else (a bug, a damaged
+    entry) is logged and retried after a second: a system service never stops the
+    node."""
     while True:
+        if quiet is not None and not busy():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(QUIET_MAX_S):
+                    await quiet()
         try:
             async with asyncio.timeout(poll_s):
                 await wakeup.wait()
@@ -105,6 +117,10 @@ class SystemLog:
         node = self._node
         await node.read_index(timeout_s)
         await node.wait_dispatched(node.committed_pos, timeout_s)
+
+    async def next_commit(self) -> None:
+        """Return at the next commit applied here (a put; a new leader's first entry)."""
+        await self._node.wait_for_commit()
 
     async def caught_up(self, timeout_s: float) -> None:
         """Wait until dispatch covers everything committed now (our own last puts too)."""

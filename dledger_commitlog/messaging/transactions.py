@@ -249,7 +249,16 @@ class TransactionService:
 
     async def run(self) -> None:
         await run_passes("transaction check", self._log.node_id, self.pass_once, self.wakeup,
-                         _POLL_S, self._resettle)  # fmt: skip
+                         _POLL_S, self._resettle, self.busy, self._log.next_commit)  # fmt: skip
+
+    def busy(self) -> bool:
+        """Whether a pass may have work: this node leads and has not settled yet, or a
+        stored half is undecided (or not read yet)."""
+        term = self._log.leading_term()
+        if term is None:
+            return False
+        return (term != self._term or self.pending > 0
+                or self._log.queue_end(HALF_TOPIC, 0) > self._next)  # fmt: skip
 
     def _resettle(self) -> None:
         self._term = None
