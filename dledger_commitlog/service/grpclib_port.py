@@ -208,6 +208,10 @@ def _call(handler: Any, served: _Served) -> Callable[[Stream[bytes, bytes]], Any
             await context.end()
         except _Aborted:
             pass
+        except asyncio.CancelledError:
+            if served.draining:  # the server stops: the client is told, as by grpc.aio
+                await context.end(grpc.StatusCode.UNAVAILABLE, "the node is shutting down")
+            raise
         except Exception as exc:
             log.exception("a client call failed: %s", exc)
             await context.end(grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc)}: {exc}")
