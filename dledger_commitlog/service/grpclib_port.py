@@ -150,7 +150,7 @@ class _Served:
         self.active = 0
         self.idle = asyncio.Event()
         self.idle.set()
-        self.draining = False
+        self._draining = False
         self._mapping: dict[str, Handler] = {}
         for service, handlers in checked_handlers(services):
             for name, handler in handlers.items():
@@ -164,6 +164,12 @@ class _Served:
 
     def __mapping__(self) -> dict[str, Handler]:
         return self._mapping
+
+    def drain(self) -> None:
+        self._draining = True
+
+    def draining(self) -> bool:
+        return self._draining
 
 
 def _call(handler: Any, served: _Served) -> Callable[[Stream[bytes, bytes]], Any]:
@@ -183,7 +189,7 @@ def _call(handler: Any, served: _Served) -> Callable[[Stream[bytes, bytes]], Any
     async def call(stream: Stream[bytes, bytes]) -> None:
         context = _Context(stream, serialize)
         handed: Context = context  # what handlers may use: mypy checks _Context provides it
-        if served.draining:
+        if served.draining():
             await context.end(grpc.StatusCode.UNAVAILABLE, "the node is shutting down")
             return
         served.active += 1
@@ -209,7 +215,7 @@ def _call(handler: Any, served: _Served) -> Callable[[Stream[bytes, bytes]], Any
         except _Aborted:
             pass
         except asyncio.CancelledError:
-            if served.draining:  # the server stops: the client is told, as by grpc.aio
+            if served.draining():  # the server stops: the client is told, as by grpc.aio
                 await context.end(grpc.StatusCode.UNAVAILABLE, "the node is shutting down")
             raise
         except Exception as exc:
@@ -246,7 +252,7 @@ class ClientServer:
         """Refuse new calls; calls in progress get `grace_s` to end, then are cancelled."""
         if not self._started:
             return
-        self._served.draining = True
+        self._served.drain()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._served.idle.wait(), grace_s)
         self._server.close()
