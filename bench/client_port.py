@@ -13,8 +13,11 @@ times per stack, the stacks taking turns (order alternating per round); medians:
 
 Every call goes to the leader; "CPU" is the leader process's user+system time
 (/proc) per call (per put, per Pull call, per MiB read), and for puts also all
-three nodes'. Run: `.venv/bin/python bench/client_port.py [--reps 3] [--seconds 3]`;
-writes bench/results/client_port.json.
+three nodes'. Then the port alone, no node behind it: a server process (uvloop)
+whose handlers answer at once, on each stack in turn: sequential unary calls, a
+PutFrames stream ping-pong and 32 frames of 1 KiB in flight, with the server's
+CPU per round trip. Run: `.venv/bin/python bench/client_port.py [--reps 3]
+[--seconds 3]`; writes bench/results/client_port.json.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ import argparse
 import asyncio
 import contextlib
 import os
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -38,6 +43,8 @@ from bench._report import report
 from bench.cluster import node_usage
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import AsyncClient, MessageSpec
+from dledger_commitlog.service import grpclib_port
+from dledger_commitlog.service.decoding import add_services
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 
@@ -190,13 +197,128 @@ async def run(seconds: float, reps: int) -> dict[str, dict[str, list[Sample]]]:
     return samples
 
 
+# ---------------------------------------------------------------- the port alone
+
+
+class _Echo(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
+    """Answers at once: what is left is the stack's own cost."""
+
+    async def Status(self, request: pb.StatusRequest, context: object) -> pb.StatusResponse:
+        return pb.StatusResponse(node_id=1)
+
+    async def PutFrames(
+        self, requests: AsyncIterator[pb.PutFrame], context: object
+    ) -> AsyncIterator[pb.PutFrameResult]:
+        async for frame in requests:
+            yield pb.PutFrameResult(seq=frame.seq)
+
+
+async def serve_alone(stack: str, address: str) -> None:
+    """`--serve-alone STACK ADDRESS`: the echo service on `stack` until killed."""
+    services = ((pb_grpc.add_DLedgerClientServicer_to_server, _Echo()),)
+    if stack == "grpclib":
+        await grpclib_port.ClientServer(services, None).start(address)
+    else:
+        server = grpc.aio.server()
+        add_services(server, *services)
+        server.add_insecure_port(address)
+        await server.start()
+    await asyncio.Event().wait()
+
+
+async def alone_unary(channel: grpc.aio.Channel, seconds: float) -> tuple[float, float]:
+    status = pb_grpc.DLedgerClientStub(channel).Status
+    count, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        await status(pb.StatusRequest(), timeout=10)
+        count += 1
+    return count, count / (time.perf_counter() - started)
+
+
+async def alone_frames(
+    channel: grpc.aio.Channel, seconds: float, inflight: int = 1
+) -> tuple[float, float]:
+    call = pb_grpc.DLedgerClientStub(channel).PutFrames(timeout=seconds + 30)
+    frame = pb.PutFrame(messages=[pb.MessageData(topic="t", body=BODY)])
+    window = asyncio.Semaphore(inflight)
+    count, started = 0, time.perf_counter()
+
+    async def write() -> None:
+        while time.perf_counter() - started < seconds:
+            await window.acquire()
+            await call.write(frame)
+        await call.done_writing()
+
+    writer = asyncio.ensure_future(write())
+    async for _ in call:
+        count += 1
+        window.release()
+    await writer
+    return count, count / (time.perf_counter() - started)
+
+
+ALONE: dict[
+    str, tuple[str, Callable[[grpc.aio.Channel, float], Awaitable[tuple[float, float]]]]
+] = {
+    "alone_unary": ("port alone: sequential unary calls", alone_unary),
+    "alone_stream": ("port alone: PutFrames ping-pong, 1 KiB", alone_frames),
+    "alone_stream32": (
+        "port alone: PutFrames 32 x 1 KiB in flight",
+        lambda channel, seconds: alone_frames(channel, seconds, 32),
+    ),
+}
+
+
+def port_alone(seconds: float, reps: int) -> dict[str, dict[str, list[Sample]]]:
+    """An echo server process per stack (uvloop), measured in turns."""
+    servers = {}
+    try:
+        for stack in STACKS:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                address = f"127.0.0.1:{s.getsockname()[1]}"
+            env = dict(os.environ, PYTHONPATH=str(UVLOOP_SITE))
+            cmd = [sys.executable, __file__, "--serve-alone", stack, address]
+            servers[stack] = (subprocess.Popen(cmd, env=env), address)
+        return asyncio.run(_alone_rounds(servers, seconds, reps))
+    finally:
+        for proc, _ in servers.values():
+            proc.kill()
+            proc.wait()
+
+
+async def _alone_rounds(
+    servers: dict[str, tuple[subprocess.Popen[bytes], str]], seconds: float, reps: int
+) -> dict[str, dict[str, list[Sample]]]:
+    samples: dict[str, dict[str, list[Sample]]] = {w: {s: [] for s in STACKS} for w in ALONE}
+    for rep in range(reps):
+        for name, (_, work) in ALONE.items():
+            for stack in STACKS if rep % 2 == 0 else STACKS[::-1]:
+                proc, address = servers[stack]
+                async with grpc.aio.insecure_channel(address) as channel:
+                    await asyncio.wait_for(channel.channel_ready(), 30)
+                    before = node_usage(proc.pid)[0]
+                    units, rate = await work(channel, seconds)
+                    cpu = (node_usage(proc.pid)[0] - before) / units * 1e6
+                samples[name][stack].append((rate, cpu, cpu))
+                print(f"round {rep + 1} {name:<14} {stack:<8} {rate:>10,.1f}/s "
+                      f"server {cpu:,.0f} us/round trip", flush=True)  # fmt: skip
+    return samples
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--serve-alone", nargs=2, metavar=("STACK", "ADDRESS"),
+                        help=argparse.SUPPRESS)  # fmt: skip
     args = parser.parse_args()
+    if args.serve_alone:
+        asyncio.run(serve_alone(*args.serve_alone))
+        return
     load = Path("/proc/loadavg").read_text().split()[:3]
     samples = asyncio.run(run(args.seconds, args.reps))
+    alone = port_alone(args.seconds, args.reps)
     rows: list[tuple[str, str, str]] = []
     metrics: dict[str, float] = {}
     for name, (label, unit, _) in WORKLOADS.items():
@@ -208,6 +330,16 @@ def main() -> None:
             metrics[f"{name}_{stack}_cluster_cpu_us_per_{UNIT[name].split()[-1].lower()}"] = every
             note = f"leader CPU {lead:,.0f} us/{UNIT[name]}, all nodes {every:,.0f}"
             rows.append((f"{label} [{stack}]", f"{rate:,.1f} {unit}", note))
+        ratio = metrics[f"{name}_grpclib_per_s"] / metrics[f"{name}_grpcio_per_s"]
+        metrics[f"{name}_grpclib_vs_grpcio"] = ratio
+        rows.append((f"{label}: grpclib / grpcio", f"{ratio:.2f}x", ""))
+    for name, (label, _) in ALONE.items():
+        for stack in STACKS:
+            runs = alone[name][stack]
+            rate, cpu = (statistics.median(r[i] for r in runs) for i in range(2))
+            metrics[f"{name}_{stack}_per_s"] = rate
+            metrics[f"{name}_{stack}_server_cpu_us_per_round_trip"] = cpu
+            rows.append((f"{label} [{stack}]", f"{rate:,.1f}/s", f"server CPU {cpu:,.0f} us"))
         ratio = metrics[f"{name}_grpclib_per_s"] / metrics[f"{name}_grpcio_per_s"]
         metrics[f"{name}_grpclib_vs_grpcio"] = ratio
         rows.append((f"{label}: grpclib / grpcio", f"{ratio:.2f}x", ""))
