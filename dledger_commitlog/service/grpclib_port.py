@@ -18,8 +18,9 @@ client service, grpc_health's servicer), so nothing is written twice:
 - an unexpected exception is UNKNOWN "Unexpected <type>: <text>", as on grpc.aio;
   a call the client cancels (or whose deadline passes) cancels its handler.
 
-Invariant: a call ends with exactly one status (trailers), sent once: by `abort`
-or, when the handler returns, OK.
+Invariant: a call ends with at most one status (trailers), sent once: by `abort`,
+OK when the handler returns, UNKNOWN when it raises, UNAVAILABLE when the server
+stops under it, or grpclib's DEADLINE_EXCEEDED; a call the client reset gets none.
 """
 
 from __future__ import annotations
