@@ -278,6 +278,27 @@ def test_serve_builds_the_config(
     assert code == 2 and err.startswith("dledger: error: missing setting 'peers'")
 
 
+def test_serve_chooses_the_client_port_stack(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dledger_commitlog.service import server
+
+    seen: list[NodeConfig] = []
+    monkeypatch.setattr(server, "run", seen.append)
+    toml = tmp_path / "node.toml"
+    toml.write_text('node_id = 1\ndata_dir = "d"\n[listen]\nclient_transport = "grpclib"\n')
+    argv = ["serve", "--config", str(toml), "--peer=1=127.0.0.1:7101/127.0.0.1:7001"]
+    assert run(argv, capsys)[0] == 0 and seen.pop().client_transport == "grpclib"
+    assert run([*argv, "--client-transport", "grpcio"], capsys)[0] == 0
+    assert seen.pop().client_transport == "grpcio"
+    with pytest.raises(SystemExit) as info:
+        run([*argv, "--client-transport", "grpc"], capsys)
+    assert info.value.code == 2 and "invalid choice: 'grpc'" in capsys.readouterr().err
+    toml.write_text('node_id = 1\ndata_dir = "d"\n[listen]\nclient_transport = "h3"\n')
+    code, _, err = run(argv, capsys)
+    assert code == 2 and "listen.client_transport must be one of ('grpcio', 'grpclib')" in err
+
+
 def test_serve_offers_every_node_setting() -> None:
     parser = cli.build_parser()
     args = parser.parse_args(["serve", "--refuse-ratio", "0.9", "--preferred-leader", "2",

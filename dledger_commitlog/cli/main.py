@@ -27,6 +27,7 @@ from dledger_commitlog.cli.commands import _REGISTRY, FIELD_TYPES, UsageError, c
 from dledger_commitlog.cli.launcher import ClusterError
 from dledger_commitlog.client import ClientError
 from dledger_commitlog.node.config import (
+    CLIENT_TRANSPORTS,
     ConfigError,
     ListenError,
     NodeConfig,
@@ -107,7 +108,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
             p.add_argument(opt, dest=f"cfg_{f.name}", action="store_const", const=True)
             continue
         kind = FIELD_TYPES[str(f.type)]
-        choices = ("sync", "async") if f.name == "flush_mode" else None
+        choices = {"flush_mode": ("sync", "async"), "client_transport": CLIENT_TRANSPORTS}.get(
+            f.name
+        )
         p.add_argument(opt, dest=f"cfg_{f.name}", type=kind, choices=choices, metavar="V")
 
 

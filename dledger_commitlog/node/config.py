@@ -10,6 +10,7 @@ The TOML layout (every key optional but `node_id`, `data_dir` and `peers`):
     client = "127.0.0.1:7001"      # defaults to this node's peer entry
     raft = "127.0.0.1:7101"
     metrics = "127.0.0.1:7201"     # empty string: no metrics endpoint
+    client_transport = "grpcio"    # the client port's gRPC stack: "grpcio" or "grpclib"
     [[peers]]
     id = 1
     raft = "127.0.0.1:7101"
@@ -48,6 +49,10 @@ from store.message import max_encoded_size
 SMALL_SEGMENTS: dict[str, Any] = {"data_segment_bytes": 8 << 20, "index_segment_bytes": 32 * 65536}
 
 
+# The client port's gRPC stacks (service/server.py): grpc.aio, or grpclib on the loop.
+CLIENT_TRANSPORTS = ("grpcio", "grpclib")
+
+
 class ConfigError(ValueError):
     """The configuration is unusable; the message says which setting and why."""
 
@@ -73,6 +78,7 @@ class NodeConfig:
     listen_client: str = ""
     listen_raft: str = ""
     listen_metrics: str = ""
+    client_transport: str = "grpcio"
     # raft
     tick_ms: int = 50
     election_ticks: int = 10
@@ -123,6 +129,9 @@ class NodeConfig:
             raise ConfigError(f"peers: a group of 1, 3 or 5 voters, not {len(ids)}")
         if self.flush_mode not in ("sync", "async"):
             raise ConfigError(f"flush_mode must be 'sync' or 'async', not {self.flush_mode!r}")
+        if self.client_transport not in CLIENT_TRANSPORTS:
+            raise ConfigError(f"listen.client_transport must be one of {CLIENT_TRANSPORTS}, "
+                              f"not {self.client_transport!r}")  # fmt: skip
         if (
             self.tick_ms <= 0
             or self.heartbeat_ticks < 1
@@ -220,7 +229,12 @@ def parse_peer(text: str) -> Peer:
 
 
 _SECTIONS = {
-    "listen": {"client": "listen_client", "raft": "listen_raft", "metrics": "listen_metrics"},
+    "listen": {
+        "client": "listen_client",
+        "raft": "listen_raft",
+        "metrics": "listen_metrics",
+        "client_transport": "client_transport",
+    },
     "raft": {
         "tick_ms": "tick_ms",
         "election_ticks": "election_ticks",

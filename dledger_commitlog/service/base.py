@@ -26,9 +26,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ParamSpec, TypeAlias, TypeVar
+from typing import Any, NoReturn, ParamSpec, Protocol, TypeAlias, TypeVar
 
 import grpc
 
@@ -62,9 +62,33 @@ _LEADER = "dledger-leader"
 _LEADER_ID = "dledger-leader-id"
 _DEFAULT_TIMEOUT_S = 10.0
 _READ_THREADS = 2  # the read pool: disk reads and per-message work off the loop
-Context: TypeAlias = Any  # grpc.aio.ServicerContext; grpcio ships no type hints
+Metadata: TypeAlias = Sequence[tuple[str, str | bytes]]
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
+
+
+class Context(Protocol):
+    """What a handler may do with its call: the part of grpc.aio.ServicerContext the
+    service uses. Both client ports provide it: grpc.aio's own context (grpcio ships no
+    type hints, so mypy checks the service against this alone) and `grpclib_port`'s
+    adapter (checked against it)."""
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
+        """End the call with `code` and `details` (and the trailing metadata set)."""
+
+    def invocation_metadata(self) -> Metadata | None: ...
+
+    def set_trailing_metadata(self, metadata: Metadata) -> None: ...
+
+    async def send_initial_metadata(self, metadata: Metadata) -> None: ...
+
+    async def write(self, message: Any) -> None:
+        """Send one answer of a server stream (grpc_health's Watch)."""
+
+    def time_remaining(self) -> float | None:
+        """Seconds to the call's deadline (None: none)."""
+
+    def peer(self) -> str: ...
 
 
 class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]

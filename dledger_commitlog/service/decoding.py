@@ -41,20 +41,30 @@ class Undecodable:
     why: str
 
 
+Services = tuple[tuple[Callable[[Any, Any], None], object], ...]
+
+
 def add_services(
     server: grpc.aio.Server, *services: tuple[Callable[[Any, Any], None], object]
 ) -> None:
     """Register each (generated `add_*Servicer_to_server`, servicer) with `server`, its
     requests decoded as the module doc says."""
+    for service, handlers in checked_handlers(services):
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+        server.add_registered_method_handlers(service, handlers)
+
+
+def checked_handlers(services: Services) -> list[tuple[str, dict[str, Any]]]:
+    """Per (generated `add_*Servicer_to_server`, servicer): the service's full name and
+    its grpc.RpcMethodHandlers by method name, requests decoded as the module doc says
+    (what `add_services` registers; `grpclib_port` serves the same handlers)."""
+    out = []
     for add, servicer in services:
         table = _Table()
         add(servicer, table)
         assert table.service, f"{add.__name__} registered no method handlers"
-        handlers = {name: _checked(h) for name, h in table.handlers.items()}
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(table.service, handlers),)
-        )
-        server.add_registered_method_handlers(table.service, handlers)
+        out.append((table.service, {name: _checked(h) for name, h in table.handlers.items()}))
+    return out
 
 
 class _Table:

@@ -31,9 +31,11 @@ from dledger_commitlog.node.config import ListenError, NodeConfig
 from dledger_commitlog.node.metrics import NodeMetrics, serve_metrics
 from dledger_commitlog.node.node import RaftNode
 from dledger_commitlog.node.security import NodeSecurity
+from dledger_commitlog.service import grpclib_port
 from dledger_commitlog.service.client_service import ClientService
-from dledger_commitlog.service.decoding import add_services
+from dledger_commitlog.service.decoding import Services, add_services
 from proto import dledger_pb2_grpc as pb_grpc
+from raft.peer_auth import TlsIdentity
 from raft.transport import GRPC_OPTIONS, PeerService
 
 log = logging.getLogger(__name__)
@@ -55,7 +57,7 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
     _TERM.node = node
     stop_metrics: Callable[[], None] | None = None
     raft_server: grpc.aio.Server | None = None
-    client_server: grpc.aio.Server | None = None
+    client_server: ClientPort | None = None
     service: ClientService | None = None
     health_servicer: health.aio.HealthServicer | None = None
     try:
@@ -71,16 +73,15 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
             security=security, on_reject=lambda why: metrics.peer_rejects.labels(why).inc(),
         )  # fmt: skip
         pb_grpc.add_RaftPeerServicer_to_server(peers, raft_server)
-        client_server = grpc.aio.server(options=GRPC_OPTIONS)
-        client_creds = tls.server_credentials(require_client_cert=False) if tls else None
-        _listen_grpc(client_server, "clients", cfg.client_address, client_creds)
         service = ClientService(cfg, node, services, metrics=metrics, security=security)
         service.start()
         health_servicer = health.aio.HealthServicer()
         # Every request that does not parse is INVALID_ARGUMENT, naming the field.
-        add_services(client_server,
-                     (pb_grpc.add_DLedgerClientServicer_to_server, service),
-                     (health_pb2_grpc.add_HealthServicer_to_server, health_servicer))  # fmt: skip
+        client_services = (
+            (pb_grpc.add_DLedgerClientServicer_to_server, service),
+            (health_pb2_grpc.add_HealthServicer_to_server, health_servicer),
+        )
+        client_server = ClientPort(cfg, client_services, tls)
         await raft_server.start()
         await node.start()
         services.start()
@@ -110,7 +111,7 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
         if health_servicer is not None:
             await health_servicer.enter_graceful_shutdown()
         if client_server is not None:
-            await client_server.stop(grace=1.0)
+            await client_server.stop(grace_s=1.0)
         if service is not None:
             await service.close()
         await services.close()
@@ -120,6 +121,46 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
         if stop_metrics is not None:
             stop_metrics()
     return node.fatal
+
+
+class ClientPort:
+    """The client port on the stack `cfg.client_transport` names: grpc.aio, or grpclib
+    with every message on the loop (`grpclib_port`); the same services either way."""
+
+    def __init__(self, cfg: NodeConfig, services: Services, tls: TlsIdentity | None) -> None:
+        self._address = cfg.client_address
+        self._grpclib: grpclib_port.ClientServer | None = None
+        self._grpc: grpc.aio.Server | None = None
+        if cfg.client_transport == "grpclib":
+            why = _bind_error(self._address)  # the cause, before the loop's own error
+            if why is not None:
+                raise ListenError(f"cannot listen for clients on {self._address}: {why}")
+            self._grpclib = grpclib_port.ClientServer(
+                services, grpclib_port.ssl_context(cfg) if tls else None
+            )
+        else:
+            self._grpc = grpc.aio.server(options=GRPC_OPTIONS)
+            creds = tls.server_credentials(require_client_cert=False) if tls else None
+            _listen_grpc(self._grpc, "clients", self._address, creds)
+            add_services(self._grpc, *services)
+
+    async def start(self) -> None:
+        if self._grpc is not None:
+            await self._grpc.start()
+            return
+        assert self._grpclib is not None
+        try:
+            await self._grpclib.start(self._address)
+        except OSError as exc:
+            raise ListenError(f"cannot listen for clients on {self._address}: "
+                              f"{exc.strerror or exc}") from None  # fmt: skip
+
+    async def stop(self, grace_s: float) -> None:
+        """Refuse new calls; calls in progress get `grace_s` to end, then are cancelled."""
+        if self._grpc is not None:
+            await self._grpc.stop(grace=grace_s)
+        elif self._grpclib is not None:
+            await self._grpclib.stop(grace_s)
 
 
 def _listen(what: str, address: str, bind: Callable[[], _T]) -> _T:

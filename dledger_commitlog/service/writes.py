@@ -85,7 +85,6 @@ class WriteRpcs(ServiceBase):
             return await self._forward(exc, context, forward(), account)
         except Refused as exc:
             await context.abort(exc.code, exc.message)
-        return None
 
     async def _commit(self, specs: Sequence[PutSpec], timeout_s: float) -> list[PutResult]:
         """Put as the leader: the results; NotLeader, or Refused with the status to say."""
@@ -142,7 +141,6 @@ class WriteRpcs(ServiceBase):
             return [self._spec(m) for m in messages]
         except InvalidMessage as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        return None
 
     # -- RPCs ----------------------------------------------------------------------
 
