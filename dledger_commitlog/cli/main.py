@@ -33,6 +33,7 @@ from dledger_commitlog.node.config import (
     load_config,
     parse_peer,
 )
+from raft.wire import TRANSPORTS
 from store.errors import CorruptEntry, DirectoryInUse
 
 
@@ -107,7 +108,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
             p.add_argument(opt, dest=f"cfg_{f.name}", action="store_const", const=True)
             continue
         kind = FIELD_TYPES[str(f.type)]
-        choices = ("sync", "async") if f.name == "flush_mode" else None
+        choices = {"flush_mode": ("sync", "async"), "raft_transport": TRANSPORTS}.get(f.name)
         p.add_argument(opt, dest=f"cfg_{f.name}", type=kind, choices=choices, metavar="V")
 
 

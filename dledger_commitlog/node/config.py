@@ -15,6 +15,7 @@ The TOML layout (every key optional but `node_id`, `data_dir` and `peers`):
     raft = "127.0.0.1:7101"
     client = "127.0.0.1:7001"
     [raft]    tick_ms, election_ticks, heartbeat_ticks, preferred_leader, ...
+              transport = "grpclib"  # the peer link's gRPC stack, or "grpcio" (for A/B runs)
     [store]   data_segment_bytes, index_segment_bytes, max_message_bytes, ...
     [retention] file_reserved_hours, delete_when_hour, force_clean_ratio, refuse_ratio
     [schedule]  delay_levels = "1s 5s 10s 30s 1m ... 2h", max_timer_delay_s
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from dledger_commitlog.common.protocol import MAX_MESSAGE_BYTES_LIMIT
+from raft.wire import TRANSPORTS
 from store.entry_format import FILLER_MIN, HEADER_SIZE, INDEX_UNIT_SIZE
 from store.message import max_encoded_size
 
@@ -81,6 +83,7 @@ class NodeConfig:
     max_append_entries: int = 1024
     max_append_bytes: int = 4 << 20
     max_inflight_msgs: int = 64
+    raft_transport: str = TRANSPORTS[0]
     # store
     data_segment_bytes: int = 1 << 30
     index_segment_bytes: int = 32 << 20
@@ -123,6 +126,9 @@ class NodeConfig:
             raise ConfigError(f"peers: a group of 1, 3 or 5 voters, not {len(ids)}")
         if self.flush_mode not in ("sync", "async"):
             raise ConfigError(f"flush_mode must be 'sync' or 'async', not {self.flush_mode!r}")
+        if self.raft_transport not in TRANSPORTS:
+            raise ConfigError(f"raft.transport must be one of {', '.join(TRANSPORTS)}, "
+                              f"not {self.raft_transport!r}")  # fmt: skip
         if (
             self.tick_ms <= 0
             or self.heartbeat_ticks < 1
@@ -229,6 +235,7 @@ _SECTIONS = {
         "max_append_entries": "max_append_entries",
         "max_append_bytes": "max_append_bytes",
         "max_inflight_msgs": "max_inflight_msgs",
+        "transport": "raft_transport",
     },
     "store": {
         name: name
