@@ -35,10 +35,10 @@ from raft.transport_grpcio import open_channel as open_channel  # isort: skip
 
 
 class PeerServer(Protocol):
-    """The Raft port: `bind` (raises OSError or RuntimeError naming no address: the
-    caller names it), `start` once the node can take messages, `stop` at the end."""
+    """The Raft port: `bind` (the port bound; OSError or RuntimeError naming no
+    address: the caller names it), `start` once the node can take messages, `stop`."""
 
-    def bind(self, address: str) -> None: ...
+    def bind(self, address: str) -> int: ...
 
     async def start(self) -> None: ...
 

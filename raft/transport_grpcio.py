@@ -94,14 +94,15 @@ class GrpcioPeerServer:
         )
         self._server.add_registered_method_handlers(SERVICE, handlers)
 
-    def bind(self, address: str) -> None:
-        """Listen on `address` (RuntimeError if gRPC cannot)."""
+    def bind(self, address: str) -> int:
+        """Listen on `address` (RuntimeError if gRPC cannot); the port bound."""
         tls = self._gate.security.tls
         if tls is None:
-            self._server.add_insecure_port(address)
+            port: int = self._server.add_insecure_port(address)
         else:
             creds = tls.server_credentials(require_client_cert=True)
-            self._server.add_secure_port(address, creds)
+            port = self._server.add_secure_port(address, creds)
+        return port
 
     async def start(self) -> None:
         await self._server.start()

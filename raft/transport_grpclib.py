@@ -166,12 +166,13 @@ class GrpclibPeerServer:
         self._sock: socket.socket | None = None
         self._started = False
 
-    def bind(self, address: str) -> None:
-        """Bind `address` now (OSError if it cannot be): the port is ours before start."""
-        host, _, port = address.rpartition(":")
+    def bind(self, address: str) -> int:
+        """Bind `address` now (OSError if it cannot be): the port bound, ours before start."""
+        host, _, port_text = address.rpartition(":")
         family, kind, proto, _, where = socket.getaddrinfo(
-            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
+            host.strip("[]") or None, int(port_text), type=socket.SOCK_STREAM,
+            flags=socket.AI_PASSIVE,
+        )[0]  # fmt: skip
         sock = socket.socket(family, kind, proto)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -180,6 +181,8 @@ class GrpclibPeerServer:
             sock.close()
             raise
         self._sock = sock
+        bound: int = sock.getsockname()[1]
+        return bound
 
     async def start(self) -> None:
         assert self._sock is not None, "bind before start"
