@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import contextlib
 import math
-import os
 import signal
 import statistics
 import sys
@@ -35,6 +34,7 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._proc import process_usage
 from bench._report import report
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import (
@@ -249,29 +249,15 @@ class Run(NamedTuple):
 Runs = dict[str, list[Run]]  # workload -> its runs
 
 
-def node_usage(pid: int) -> tuple[float, int]:
-    """CPU seconds (user + system) a node process used so far, and the context
-    switches (voluntary and not) of all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    switches = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            for line in (task / "status").read_text().splitlines():
-                if "ctxt_switches" in line:
-                    switches += int(line.split()[1])
-    return cpu, switches
-
-
 def measured(
     cl: LocalCluster, run: Callable[[], tuple[float, list[float]]], puts_per_call: int = 1
 ) -> Run:
     """`run`, and what its puts cost the nodes."""
     leader = cl.wait_for_leader()
     pids = {i: pid for i in cl.specs if (pid := cl.pid(i)) is not None}
-    before = {i: node_usage(pid) for i, pid in pids.items()}
+    before = {i: process_usage(pid) for i, pid in pids.items()}
     rate, lat = run()
-    after = {i: node_usage(pid) for i, pid in pids.items()}
+    after = {i: process_usage(pid) for i, pid in pids.items()}
     puts = len(lat) * puts_per_call
     moved = cl.wait_for_leader() != leader
     leader_cpu = math.nan if moved else (after[leader][0] - before[leader][0]) / puts * 1e6
