@@ -147,6 +147,8 @@ class PeerLink:
                 log.info("stream to peer %d broke: %s", self.peer_id, exc)
             except (TimeoutError, OSError):
                 pass  # not reachable (yet): try again soon, on a fresh connection
+            except Exception as exc:  # a stack's error no case above names: never end the link
+                log.warning("stream to peer %d failed: %r", self.peer_id, exc)
             finally:
                 self.connected = False
             if time.monotonic() - started > CONNECT_TIMEOUT_S:
