@@ -61,8 +61,11 @@ def encode(msgs: list[Message]) -> bytes:
 
 
 async def read_batches(reader: asyncio.StreamReader, deliver: Callable[[Message], None]) -> None:
-    while True:
-        head = await reader.readexactly(_LEN.size)
+    while not reader.at_eof():
+        try:
+            head = await reader.readexactly(_LEN.size)
+        except asyncio.IncompleteReadError:
+            return  # the other end closed: the run is over
         batch = pb.RaftBatch.FromString(await reader.readexactly(_LEN.unpack(head)[0]))
         for p in batch.messages:
             deliver(from_proto(p))
@@ -126,6 +129,7 @@ async def echo(stack: str) -> None:
     print(end.port, flush=True)
     driver_port = int(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
     sends.append(await end.connect(0 if stack == "streams" else driver_port))
+    print("ready", flush=True)  # answers can go out now
     await asyncio.Event().wait()
 
 
@@ -147,6 +151,7 @@ async def drive(stack: str, seconds: float) -> dict[str, float]:
         child.stdin.write(f"{end.port}\n".encode())
         await child.stdin.drain()
         send = await end.connect(echo_port)
+        assert await child.stdout.readline() == b"ready\n"
         out: dict[str, float] = {}
         await run(send, waiting, 1, 100, 1.0)  # warm-up: connections up
         for name, inflight, size in (("pingpong", 1, 100), ("inflight32", 32, 1024)):
