@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
 
+from bench._proc import process_usage as node_usage
 from bench._report import report
-from bench.cluster import node_usage
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import AsyncClient, MessageSpec
 from dledger_commitlog.service import grpclib_port

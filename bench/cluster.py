@@ -6,6 +6,14 @@
 time to the first successful put, over several trials; plus leader changes seen
 during a steady load. Run: `.venv/bin/python bench/cluster.py [--steady-s 60]`.
 
+`--transport grpclib,grpcio` runs the workloads on one fresh cluster per Raft
+link stack (`raft_transport`), up at once, their rounds interleaved (order
+alternating), and writes bench/results/cluster_transport.json alone: every figure
+per stack, suffixed `_<stack>`, and `<metric>_ratio` (first stack / second). Every
+run also reports what an idle cluster costs each node (CPU % of a core, context
+switches/s, over `--idle-s`). The Raft link alone, and its floor on plain asyncio
+streams, is bench/peer_link.py.
+
 `--tls` runs the same workloads on two fresh clusters, up at once: one plain (no
 TLS, no ACL) and one with TLS on both ports and signed client calls (tls=True,
 acl=True). The throughput workloads run `--reps` times (default 3 with --tls),
@@ -22,7 +30,6 @@ import argparse
 import asyncio
 import contextlib
 import math
-import os
 import signal
 import statistics
 import sys
@@ -35,6 +42,7 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._proc import loadavg, process_usage
 from bench._report import report
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import (
@@ -223,11 +231,13 @@ def spread(runs: list[Run]) -> str:
 
 
 @contextlib.contextmanager
-def fresh_cluster(*, secure: bool) -> Iterator[LocalCluster]:
-    """A new 3-node cluster, up; with TLS on both ports and an ACL if `secure`."""
+def fresh_cluster(*, secure: bool, transport: str | None = None) -> Iterator[LocalCluster]:
+    """A new 3-node cluster, up; with TLS on both ports and an ACL if `secure`; its Raft
+    link on `transport` (default: the node's)."""
+    config = CONFIG if transport is None else {**CONFIG, "raft_transport": transport}
     with (
         tempfile.TemporaryDirectory() as tmp,
-        LocalCluster(Path(tmp), extra_config=CONFIG, tls=secure, acl=secure) as cl,
+        LocalCluster(Path(tmp), extra_config=config, tls=secure, acl=secure) as cl,
     ):
         cl.up()
         yield cl
@@ -249,18 +259,17 @@ class Run(NamedTuple):
 Runs = dict[str, list[Run]]  # workload -> its runs
 
 
-def node_usage(pid: int) -> tuple[float, int]:
-    """CPU seconds (user + system) a node process used so far, and the context
-    switches (voluntary and not) of all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    switches = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            for line in (task / "status").read_text().splitlines():
-                if "ctxt_switches" in line:
-                    switches += int(line.split()[1])
-    return cpu, switches
+def idle_usage(cl: LocalCluster, seconds: float) -> tuple[list[float], list[float]]:
+    """Per node, while nothing is asked of the cluster for `seconds`: CPU % of a core,
+    and context switches per second (all threads)."""
+    pids = {i: pid for i in cl.specs if (pid := cl.pid(i)) is not None}
+    before = {i: process_usage(pid) for i, pid in pids.items()}
+    started = time.monotonic()
+    time.sleep(seconds)  # the measurement itself: an idle interval
+    wall = time.monotonic() - started
+    after = {i: process_usage(pid) for i, pid in pids.items()}
+    cpu = [(after[i][0] - before[i][0]) / wall * 100 for i in sorted(pids)]
+    return cpu, [(after[i][1] - before[i][1]) / wall for i in sorted(pids)]
 
 
 def measured(
@@ -269,9 +278,9 @@ def measured(
     """`run`, and what its puts cost the nodes."""
     leader = cl.wait_for_leader()
     pids = {i: pid for i in cl.specs if (pid := cl.pid(i)) is not None}
-    before = {i: node_usage(pid) for i, pid in pids.items()}
+    before = {i: process_usage(pid) for i, pid in pids.items()}
     rate, lat = run()
-    after = {i: node_usage(pid) for i, pid in pids.items()}
+    after = {i: process_usage(pid) for i, pid in pids.items()}
     puts = len(lat) * puts_per_call
     moved = cl.wait_for_leader() != leader
     leader_cpu = math.nan if moved else (after[leader][0] - before[leader][0]) / puts * 1e6
@@ -299,6 +308,12 @@ def results(
     load measured now on `cl`."""
     rows: list[Row] = []
     m: dict[str, float] = {}
+    cl.wait_for_leader()
+    cpu, switches = idle_usage(cl, args.idle_s)
+    m |= {"idle_cpu_pct_max_node": max(cpu), "idle_switches_per_s_max_node": max(switches)}
+    rows.append(("idle cluster, per node", f"{', '.join(f'{c:.2f}' for c in cpu)} % CPU",
+                 f"{', '.join(f'{w:,.0f}' for w in switches)} switches/s over {args.idle_s:.0f} s "
+                 "(target <= 0.5 % CPU)"))  # fmt: skip
     for name, label in THROUGHPUT.items():
         m |= throughput(name, runs[name])
         per = " per batch" if name == "batch256x4" else ""
@@ -373,6 +388,57 @@ def compare(plain: dict[str, float], tls: dict[str, float]) -> tuple[list[Row], 
     return rows, m
 
 
+# The figures the stacks are compared by: metric -> (label, format); a ratio of each
+# (first stack / second) too.
+COMPARED = {
+    "seq_msgs_per_s": ("(a) sequential, puts/s", ",.0f"),
+    "seq_p50_ms": ("    p50 latency, ms", ".2f"),
+    "seq_leader_cpu_us_per_put": ("    leader CPU us/put", ",.0f"),
+    "seq_context_switches_per_put": ("    context switches/put, all nodes", ".1f"),
+    "inflight32_msgs_per_s": ("(b) 32 in flight, puts/s", ",.0f"),
+    "inflight32_leader_cpu_us_per_put": ("    leader CPU us/put", ",.0f"),
+    "batch256x4_msgs_per_s": ("(c) batched, puts/s", ",.0f"),
+    "idle_cpu_pct_max_node": ("idle CPU %, busiest node", ".2f"),
+    "idle_switches_per_s_max_node": ("idle switches/s, busiest node", ",.0f"),
+    "failover_median_s": ("(d) failover median, s", ".2f"),
+    "failover_max_s": ("    failover max, s", ".2f"),
+    "spurious_leader_changes": ("    spurious leader changes", ".0f"),
+}
+
+
+def compare_stacks(per: dict[str, dict[str, float]]) -> tuple[list[Row], dict[str, float]]:
+    """Rows side by side and the metrics of cluster_transport.json: each stack's
+    figures suffixed with its name, and `<metric>_ratio` (first / second)."""
+    first, second = list(per)
+    m = {f"{k}_{stack}": v for stack, figures in per.items() for k, v in figures.items()}
+    rows: list[Row] = [("", f"{first} | {second}", f"{first}/{second}")]
+    for key, (label, fmt) in COMPARED.items():
+        a, b = per[first][key], per[second][key]
+        ratio = a / b if b else math.nan
+        m[f"{key}_ratio"] = ratio
+        rows.append((label, f"{a:{fmt}} | {b:{fmt}}", f"{ratio:.2f}x"))
+    return rows, m
+
+
+def transport_ab(args: argparse.Namespace, stacks: list[str], reps: int) -> None:
+    """The workloads on one cluster per stack, up at once, rounds interleaved."""
+    runs: dict[str, Runs] = {s: {} for s in stacks}
+    per: dict[str, dict[str, float]] = {}
+    rows: list[Row] = [("loadavg at start", loadavg(), "")]
+    with contextlib.ExitStack() as stack:
+        clusters = {s: stack.enter_context(fresh_cluster(secure=False, transport=s))
+                    for s in stacks}  # fmt: skip
+        for rep in range(reps):
+            for s in stacks if rep % 2 == 0 else stacks[::-1]:
+                throughput_round(clusters[s], args.seconds, runs[s])
+        for s in stacks:
+            stack_rows, per[s] = results(clusters[s], args, runs[s])
+            rows += [(f"raft_transport = {s}", f"median of {reps}", ""), *stack_rows, ("", "", "")]
+    both_rows, both = compare_stacks(per)
+    rows += [*both_rows, ("loadavg at end", loadavg(), "")]
+    report("cluster_transport", rows, both)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=5.0, help="per throughput phase")
@@ -389,10 +455,23 @@ def main() -> None:
         default=None,
         help="repetitions of each throughput workload, medians reported (default 1, 3 with --tls)",
     )
+    ap.add_argument("--idle-s", type=float, default=5.0, help="the idle cluster's interval")
+    ap.add_argument(
+        "--transport",
+        default=None,
+        help="two Raft link stacks, e.g. grpclib,grpcio: one cluster each, interleaved; "
+        "writes cluster_transport.json alone",
+    )
     args = ap.parse_args()
-    reps = args.reps if args.reps is not None else (3 if args.tls else 1)
+    reps = args.reps if args.reps is not None else (3 if args.tls or args.transport else 1)
     if reps < 1:
         ap.error("--reps must be at least 1")
+    if args.transport:
+        stacks = args.transport.split(",")
+        if len(stacks) != 2 or args.tls:
+            ap.error("--transport takes two stacks (e.g. grpclib,grpcio), without --tls")
+        transport_ab(args, stacks, reps)
+        return
     if not args.tls:
         runs: Runs = {}
         with fresh_cluster(secure=False) as cl:

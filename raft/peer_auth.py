@@ -2,12 +2,13 @@
 
 Owns the peer identity the transport checks (`raft.transport`): `TlsIdentity`
 (one certificate per node, read once at start; gRPC SSL credentials built from
-it), `PeerAuth` (the per-cluster shared secret: an HMAC token a node presents
-when it opens a Raft stream or forwards a client's call, and the check of one),
-the mapping between a node id and its certificate's common name
-(`node_common_name`, `node_id_of`, `certificate_node`), and `PeerSecurity`, what
-of it a node has configured. Loading it from the settings is the node's
-(`dledger_commitlog.node.security`).
+it, or an `ssl.SSLContext` for the link on asyncio), `PeerAuth` (the per-cluster
+shared secret: an HMAC token a node presents when it opens a Raft stream or
+forwards a client's call, and the check of one), the mapping between a node id
+and its certificate's common name (`node_common_name`, `node_id_of`, and
+`certificate_node` or `peercert_node` for a verified certificate), and
+`PeerSecurity`, what of it a node has configured. Loading it from the settings
+is the node's (`dledger_commitlog.node.security`).
 
 Invariants: the secret never travels, only HMAC-SHA256 tokens over the cluster
 name, the sender and receiver ids, a timestamp and a random nonce; a token is
@@ -22,11 +23,15 @@ from __future__ import annotations
 import collections
 import hashlib
 import hmac
+import os
 import re
 import secrets
+import ssl
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 import grpc
@@ -65,6 +70,23 @@ class TlsIdentity:
     def channel_credentials(self) -> Any:
         """For dialing a node: verifies it against the CA and presents our certificate."""
         return grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
+
+    def ssl_context(self, *, server: bool) -> ssl.SSLContext:
+        """The same identity for a link on asyncio (grpclib): as a server it requires a
+        certificate from the CA; as a client it verifies the peer against the CA and the
+        host it dials; both present ours, and speak HTTP/2 (ALPN), TLS 1.2 at least."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(cadata=self.ca.decode("ascii"))
+        ctx.set_alpn_protocols(["h2"])
+        with tempfile.TemporaryDirectory() as tmp:  # load_cert_chain reads files only
+            cert, key = Path(tmp, "cert.pem"), Path(tmp, "key.pem")
+            cert.write_bytes(self.cert)
+            with os.fdopen(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+                f.write(self.key)
+            ctx.load_cert_chain(cert, key)
+        return ctx
 
 
 class PeerAuth:
@@ -126,6 +148,13 @@ def certificate_node(auth_context: Mapping[str, Sequence[bytes]]) -> int | None:
         if node is not None:
             return node
     return None
+
+
+def peercert_node(cert: Mapping[str, Any] | None) -> int | None:
+    """`certificate_node` of a verified certificate as `ssl` gives it (`getpeercert()`)."""
+    names = [value.encode() for rdn in (cert or {}).get("subject", ())
+             for key, value in rdn if key == "commonName"]  # fmt: skip
+    return certificate_node({"x509_common_name": names})
 
 
 def node_common_name(node_id: int) -> str:

@@ -26,7 +26,18 @@ CORE_MODULES = (
     "types",
     "validate",
 )
-FORBIDDEN = {"asyncio", "grpc", "time", "os", "random", "socket", "threading", "datetime"}
+FORBIDDEN = {
+    "asyncio",
+    "grpc",
+    "grpclib",
+    "ssl",
+    "time",
+    "os",
+    "random",
+    "socket",
+    "threading",
+    "datetime",
+}
 
 
 def imported_roots(path: Path) -> set[str]:

@@ -41,7 +41,7 @@ from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 from raft import AppendEntries, Entry, Heartbeat, Message, RequestVote
 from raft.peer_auth import NODE_AUTH, PeerAuth
-from raft.transport import PEER_ID, to_proto
+from raft.wire import PEER_ID, to_proto
 
 from .conftest import get_at, node_stubs, wait_converged, wait_until
 

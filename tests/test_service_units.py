@@ -29,16 +29,16 @@ from raft.messages import (
     TimeoutNow,
     VoteResponse,
 )
-from raft.transport import (
+from raft.peer_link import PeerLink
+from raft.types import Entry, EntryKind, HardState
+from raft.wire import (
     MAX_BATCH_BYTES,
-    PeerLink,
     decode_entries,
     encode_entries,
     from_proto,
     to_proto,
     to_wire,
 )
-from raft.types import Entry, EntryKind, HardState
 from store.errors import CorruptEntry, InvalidMessage
 from store.message import max_encoded_size
 

@@ -27,13 +27,13 @@ from dledger_commitlog.cli.commands import _REGISTRY, FIELD_TYPES, UsageError, c
 from dledger_commitlog.cli.launcher import ClusterError
 from dledger_commitlog.client import ClientError
 from dledger_commitlog.node.config import (
-    CLIENT_TRANSPORTS,
     ConfigError,
     ListenError,
     NodeConfig,
     load_config,
     parse_peer,
 )
+from raft.wire import TRANSPORTS
 from store.errors import CorruptEntry, DirectoryInUse
 
 
@@ -108,9 +108,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
             p.add_argument(opt, dest=f"cfg_{f.name}", action="store_const", const=True)
             continue
         kind = FIELD_TYPES[str(f.type)]
-        choices = {"flush_mode": ("sync", "async"), "client_transport": CLIENT_TRANSPORTS}.get(
-            f.name
-        )
+        choices = {"flush_mode": ("sync", "async"), "raft_transport": TRANSPORTS,
+                   "client_transport": TRANSPORTS}.get(f.name)  # fmt: skip
         p.add_argument(opt, dest=f"cfg_{f.name}", type=kind, choices=choices, metavar="V")
 
 

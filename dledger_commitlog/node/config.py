@@ -16,6 +16,7 @@ The TOML layout (every key optional but `node_id`, `data_dir` and `peers`):
     raft = "127.0.0.1:7101"
     client = "127.0.0.1:7001"
     [raft]    tick_ms, election_ticks, heartbeat_ticks, preferred_leader, ...
+              transport = "grpclib"  # the peer link's gRPC stack, or "grpcio" (for A/B runs)
     [store]   data_segment_bytes, index_segment_bytes, max_message_bytes, ...
     [retention] file_reserved_hours, delete_when_hour, force_clean_ratio, refuse_ratio
     [schedule]  delay_levels = "1s 5s 10s 30s 1m ... 2h", max_timer_delay_s
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from dledger_commitlog.common.protocol import MAX_MESSAGE_BYTES_LIMIT
+from raft.wire import TRANSPORTS
 from store.entry_format import FILLER_MIN, HEADER_SIZE, INDEX_UNIT_SIZE
 from store.message import max_encoded_size
 
@@ -47,10 +49,6 @@ from store.message import max_encoded_size
 # starts a dozen clusters should not pay. 8 MiB still holds the largest message
 # the default store.max_message_bytes allows (see segment_bytes_for).
 SMALL_SEGMENTS: dict[str, Any] = {"data_segment_bytes": 8 << 20, "index_segment_bytes": 32 * 65536}
-
-
-# The client port's gRPC stacks (service/server.py): grpc.aio, or grpclib on the loop.
-CLIENT_TRANSPORTS = ("grpcio", "grpclib")
 
 
 class ConfigError(ValueError):
@@ -87,6 +85,7 @@ class NodeConfig:
     max_append_entries: int = 1024
     max_append_bytes: int = 4 << 20
     max_inflight_msgs: int = 64
+    raft_transport: str = TRANSPORTS[0]
     # store
     data_segment_bytes: int = 1 << 30
     index_segment_bytes: int = 32 << 20
@@ -129,9 +128,10 @@ class NodeConfig:
             raise ConfigError(f"peers: a group of 1, 3 or 5 voters, not {len(ids)}")
         if self.flush_mode not in ("sync", "async"):
             raise ConfigError(f"flush_mode must be 'sync' or 'async', not {self.flush_mode!r}")
-        if self.client_transport not in CLIENT_TRANSPORTS:
-            raise ConfigError(f"listen.client_transport must be one of {CLIENT_TRANSPORTS}, "
-                              f"not {self.client_transport!r}")  # fmt: skip
+        for key, value in (("listen.client_transport", self.client_transport),
+                           ("raft.transport", self.raft_transport)):  # fmt: skip
+            if value not in TRANSPORTS:
+                raise ConfigError(f"{key} must be one of {', '.join(TRANSPORTS)}, not {value!r}")
         if (
             self.tick_ms <= 0
             or self.heartbeat_ticks < 1
@@ -243,6 +243,7 @@ _SECTIONS = {
         "max_append_entries": "max_append_entries",
         "max_append_bytes": "max_append_bytes",
         "max_inflight_msgs": "max_inflight_msgs",
+        "transport": "raft_transport",
     },
     "store": {
         name: name

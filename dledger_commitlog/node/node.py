@@ -20,7 +20,7 @@ side services (`messaging/`) use only these:
 Inside: `recovery.open_log` opens and recovers the data directory; the Ready
 loop is `raft.driver.ReadyDriver` (the order the Ready contract demands,
 pipelined in sync flush mode); ticks, dispatch, checkpoints and retention are
-`loops.NodeLoops`; peers are reached through `raft.transport.PeerLink`s.
+`loops.NodeLoops`; peers are reached through `raft.transport.open_link`s.
 
 A leader whose log conflicts with entries this node holds as committed
 (`raft.LogDiverged`, raised by the core's `step`) means a majority lost entries
@@ -67,10 +67,12 @@ from dledger_commitlog.node.security import NodeSecurity
 from raft import HardState, LogDiverged, Message, NotLeader, Role
 from raft.driver import ReadyDriver
 from raft.messages import AppendEntries
+from raft.peer_link import PeerLink
 from raft.progress import PeerProgress
-from raft.transport import PeerLink, to_wire
+from raft.transport import open_link
 from raft.types import EntryKind, ReadState, SnapshotMeta
 from raft.validate import InvalidPeerMessage, check_peer_message
+from raft.wire import to_wire
 from store.consume_queue import CqUnit
 from store.fileio import DirectoryLock, mkdir_durably
 from store.flush import GroupCommit, PeriodicFlush
@@ -198,8 +200,8 @@ class RaftNode:
             self._periodic.start()
         for peer in self.cfg.peers:
             if peer.id != self.cfg.node_id:
-                link = PeerLink(self.cfg.cluster, peer.id, peer.raft, me=self.cfg.node_id,
-                                security=self.security)  # fmt: skip
+                link = open_link(self.cfg.raft_transport, self.cfg.cluster, peer.id, peer.raft,
+                                 me=self.cfg.node_id, security=self.security)  # fmt: skip
                 link.start()
                 self._links[peer.id] = link
         loop = asyncio.get_running_loop()

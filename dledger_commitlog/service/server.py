@@ -36,7 +36,7 @@ from dledger_commitlog.service.client_service import ClientService
 from dledger_commitlog.service.decoding import Services, add_services
 from proto import dledger_pb2_grpc as pb_grpc
 from raft.peer_auth import TlsIdentity
-from raft.transport import GRPC_OPTIONS, PeerService
+from raft.transport import GRPC_OPTIONS, PeerGate, PeerServer, open_peer_server
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
     services = LeaderServices(node, cfg, metrics)
     _TERM.node = node
     stop_metrics: Callable[[], None] | None = None
-    raft_server: grpc.aio.Server | None = None
+    raft_server: PeerServer | None = None
     client_server: ClientPort | None = None
     service: ClientService | None = None
     health_servicer: health.aio.HealthServicer | None = None
@@ -65,14 +65,11 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
             at = cfg.listen_metrics
             stop_metrics = _listen("metrics", at, lambda: serve_metrics(metrics, at))
         tls = security.tls
-        raft_server = grpc.aio.server(options=GRPC_OPTIONS)
-        _listen_grpc(raft_server, "Raft peers", cfg.raft_address,
-                     tls.server_credentials(require_client_cert=True) if tls else None)  # fmt: skip
-        peers = PeerService(
+        raft_server = open_peer_server(cfg.raft_transport, PeerGate(
             cfg.cluster, node.deliver, me=cfg.node_id, members=[p.id for p in cfg.peers],
             security=security, on_reject=lambda why: metrics.peer_rejects.labels(why).inc(),
-        )  # fmt: skip
-        pb_grpc.add_RaftPeerServicer_to_server(peers, raft_server)
+        ))  # fmt: skip
+        _listen_checked(raft_server.bind, "Raft peers", cfg.raft_address)
         service = ClientService(cfg, node, services, metrics=metrics, security=security)
         service.start()
         health_servicer = health.aio.HealthServicer()
@@ -117,7 +114,7 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
         await services.close()
         await node.close()
         if raft_server is not None:
-            await raft_server.stop(grace=0.5)
+            await raft_server.stop(grace_s=0.5)
         if stop_metrics is not None:
             stop_metrics()
     return node.fatal
@@ -175,7 +172,15 @@ def _listen(what: str, address: str, bind: Callable[[], _T]) -> _T:
 def _listen_grpc(
     server: grpc.aio.Server, what: str, address: str, credentials: Any | None = None
 ) -> None:
-    """Bind `server` to `address`, checked first with a plain socket.
+    """Bind `server` to `address`, checked first with a plain socket (`_listen_checked`)."""
+    if credentials is None:
+        _listen_checked(server.add_insecure_port, what, address)
+    else:
+        _listen_checked(lambda at: server.add_secure_port(at, credentials), what, address)
+
+
+def _listen_checked(bind: Callable[[str], object], what: str, address: str) -> None:
+    """`bind(address)`, checked first with a plain socket.
 
     The check gives the cause (gRPC logs its own error and raises without it), and
     it refuses a port another gRPC server holds: gRPC binds with SO_REUSEPORT and
@@ -184,10 +189,7 @@ def _listen_grpc(
     why = _bind_error(address)
     if why is not None:
         raise ListenError(f"cannot listen for {what} on {address}: {why}")
-    if credentials is None:
-        _listen(what, address, lambda: server.add_insecure_port(address))
-    else:
-        _listen(what, address, lambda: server.add_secure_port(address, credentials))
+    _listen(what, address, lambda: bind(address))
 
 
 def _bind_error(address: str) -> str | None:
@@ -220,6 +222,16 @@ class _TermFilter(logging.Filter):
 _TERM = _TermFilter()
 
 
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The node's event loop: uvloop's where it is installed (the Raft link's messages
+    are handled on it), asyncio's own elsewhere."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def run(cfg: NodeConfig) -> None:
     """Blocking entry point used by `dledger serve`: structured logs carry node and term."""
     handler = logging.StreamHandler()
@@ -230,5 +242,7 @@ def run(cfg: NodeConfig) -> None:
         )
     )
     logging.basicConfig(level=logging.INFO, handlers=[handler])
-    if asyncio.run(serve(cfg)) is not None:
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        fatal = runner.run(serve(cfg))
+    if fatal is not None:
         raise SystemExit(1)  # stopped by a failure: supervisors restart on a non-zero exit

@@ -1,0 +1,263 @@
+"""A Raft peer link, written once for both gRPC stacks: the outgoing queue and the
+gate every incoming stream passes.
+
+Owns `PeerLink`, the sending side of one ordered pair of nodes: a bounded queue of
+(message, size bound) pairs (`send` never blocks the loop; past MAX_QUEUED the
+oldest are dropped), cut into batches (`next_batch`: one RaftBatch of MAX_BATCH
+messages and MAX_BATCH_BYTES at most, one message at least), and the loop that
+keeps one stream open to the peer (`_stream_once` is the stack's), retrying an
+unreachable peer every 50 ms, backing off to 300 ms, so that a restarted peer is
+reached again well within an election timeout. And `PeerGate`, the receiving side:
+who a stream comes from (`sender`: certificate, peer token, claimed id,
+membership) and the parse, check and delivery of each batch (`receive`). A refusal
+is a `Refusal` naming a gRPC status; each stack (`transport_grpcio`,
+`transport_grpclib`) answers it in its own terms, so both refuse alike.
+
+Invariants: messages to one peer leave in the order they were queued; a broken
+stream loses what was queued for it (Raft retransmits), never reorders; nothing
+waits for a peer but the link's own task (a slow peer holds its sender in HTTP/2
+flow control, while `send` keeps dropping the oldest past MAX_QUEUED); nothing of a
+stream reaches the core before its sender is proven, nothing of a batch that does
+not decode whole, and nothing after the first message refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+
+from google.protobuf.message import DecodeError
+
+from proto import dledger_pb2 as pb
+from raft.messages import Message
+from raft.peer_auth import NODE_AUTH, PeerAuthError, PeerSecurity
+from raft.validate import InvalidPeerMessage
+from raft.wire import MAX_BATCH, MAX_BATCH_BYTES, MAX_QUEUED, PEER_ID, from_proto
+from store.flush import cancel_and_wait
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 0.2  # a peer that has not answered by then is tried again
+_RETRY_MIN_S = 0.05  # attempts to an unreachable peer: at most one per this, doubling...
+_RETRY_MAX_S = 0.3  # ...up to this
+_REFUSED_PAUSE_S = 1.0  # after a refusal (another cluster, a bad token): retrying can wait
+# Statuses that say the peer will not take our stream as it is (logged as errors).
+REFUSALS = frozenset(
+    {"FAILED_PRECONDITION", "UNAUTHENTICATED", "PERMISSION_DENIED", "INVALID_ARGUMENT"}
+)
+
+
+class LinkRefused(Exception):
+    """The peer ended our stream with one of REFUSALS."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(f"{code}: {details}")
+        self.code, self.details = code, details
+
+
+class LinkBroken(Exception):
+    """The stream, once open, broke (the peer stopped, the connection died)."""
+
+
+class PeerLink:
+    """The outgoing stream to one peer, reopened when it breaks.
+
+    With TLS the connection verifies the peer against the CA and presents this
+    node's certificate; with a cluster secret each stream opens with a fresh peer
+    token (`metadata`). A stack subclasses it with `_stream_once`.
+    """
+
+    def __init__(
+        self, cluster: str, peer_id: int, address: str, *, me: int = 0,
+        security: PeerSecurity | None = None,
+    ) -> None:  # fmt: skip
+        self.peer_id = peer_id
+        self.address = address
+        self._cluster = cluster
+        self._me = me
+        self._security = security or PeerSecurity()
+        self._queue: collections.deque[tuple[pb.RaftMessage, int]] = collections.deque()
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.connected = False
+        self.dropped = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"peer-{self.peer_id}"
+        )
+
+    def send(self, messages: Sequence[tuple[pb.RaftMessage, int]]) -> None:
+        """Queue (message, size bound) pairs (`wire.to_wire`) for the stream."""
+        self._queue.extend(messages)
+        while len(self._queue) > MAX_QUEUED:
+            self._queue.popleft()
+            self.dropped += 1
+        self._ready.set()
+
+    async def next_batch(self) -> pb.RaftBatch:
+        """The next batch to send, once a message is queued."""
+        while not self._queue:
+            self._ready.clear()
+            await self._ready.wait()
+        return pb.RaftBatch(cluster=self._cluster, messages=self._take_batch())
+
+    def _take_batch(self) -> list[pb.RaftMessage]:
+        """The next messages of the queue: MAX_BATCH, MAX_BATCH_BYTES at most (one at least)."""
+        msg, size = self._queue.popleft()
+        msgs = [msg]
+        while self._queue and len(msgs) < MAX_BATCH:
+            size += self._queue[0][1]
+            if size > MAX_BATCH_BYTES:
+                break
+            msgs.append(self._queue.popleft()[0])
+        return msgs
+
+    def metadata(self) -> list[tuple[str, str]]:
+        """What a new stream opens with: the id we claim and, with a cluster secret, a
+        fresh token proving it (a token is good for one stream only)."""
+        meta = [(PEER_ID, str(self._me))]
+        if self._security.peers is not None:
+            meta.append((NODE_AUTH, self._security.peers.token(self._me, self.peer_id)))
+        return meta
+
+    async def _stream_once(self) -> None:
+        """Open a stream, set `connected`, and send batches on it until it ends:
+        TimeoutError or OSError if the peer cannot be reached, LinkRefused or
+        LinkBroken once it was."""
+        raise NotImplementedError
+
+    async def _run(self) -> None:
+        delay_s = _RETRY_MIN_S
+        while True:
+            started = time.monotonic()
+            try:
+                await self._stream_once()
+            except asyncio.CancelledError:
+                raise
+            except LinkRefused as exc:
+                log.error("peer %d refused our stream: %s: %s", self.peer_id, exc.code,
+                          exc.details)  # fmt: skip
+                await asyncio.sleep(_REFUSED_PAUSE_S)
+                continue
+            except LinkBroken as exc:
+                log.info("stream to peer %d broke: %s", self.peer_id, exc)
+            except (TimeoutError, OSError):
+                pass  # not reachable (yet): try again soon, on a fresh connection
+            except Exception as exc:  # a stack's error no case above names: never end the link
+                log.warning("stream to peer %d failed: %r", self.peer_id, exc)
+            finally:
+                self.connected = False
+            if time.monotonic() - started > CONNECT_TIMEOUT_S:
+                delay_s = _RETRY_MIN_S  # it was up for a while: the peer may be back at once
+                continue
+            await asyncio.sleep(delay_s)
+            delay_s = min(2 * delay_s, _RETRY_MAX_S)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+
+
+class Refusal(Exception):
+    """A stream or a batch this node refuses. `code` names the gRPC status (the same
+    name in `grpc.StatusCode` and `grpclib.const.Status`); `why` is what the peer is told."""
+
+    def __init__(self, code: str, why: str) -> None:
+        super().__init__(why)
+        self.code, self.why = code, why
+
+
+class PeerGate:
+    """Checks peers' streams and hands each message of theirs to `deliver`.
+
+    A stream is accepted only from a member: the one its mTLS certificate names
+    (TLS on), the one its peer token proves (cluster secret), or any member in
+    open mode; every message on it must then come from that member.
+    `deliver` raises InvalidPeerMessage for a message it refuses: the stream
+    ends with INVALID_ARGUMENT (PERMISSION_DENIED for a membership violation),
+    logged and counted by `on_reject(reason)`, and nothing of its batch reaches
+    the core. A batch that does not parse is INVALID_ARGUMENT too ("malformed").
+    """
+
+    def __init__(
+        self,
+        cluster: str,
+        deliver: Callable[[Message], None],
+        *,
+        me: int = 0,
+        members: Collection[int] = (),
+        security: PeerSecurity | None = None,
+        on_reject: Callable[[str], None] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self._deliver = deliver
+        self._me = me
+        self._members = frozenset(members)
+        self.security = security or PeerSecurity()
+        self._on_reject = on_reject or (lambda reason: None)
+
+    def refuse(self, peer: str, code: str, reason: str, why: str) -> Refusal:
+        """Log and count a refusal (`reason`: the on_reject label); the Refusal to raise."""
+        log.warning("refused a raft stream from %s: %s", peer, why)
+        self._on_reject(reason)
+        return Refusal(code, why)
+
+    def sender(self, metadata: Mapping[str, str], cert_node: int | None, peer: str) -> int | None:
+        """The member a stream comes from (None in open mode: any member), given its
+        metadata and, with TLS, the node its verified certificate names."""
+        claimed_text = metadata.get(PEER_ID)
+        claimed = int(claimed_text) if claimed_text and claimed_text.isdigit() else None
+        sender: int | None = None
+        sec = self.security
+        if sec.tls is not None:
+            sender = cert_node
+            if sender is None:
+                raise self.refuse(peer, "UNAUTHENTICATED", "certificate",
+                                  "its certificate names no dledger node")  # fmt: skip
+        if sec.peers is not None:
+            try:
+                proven = sec.peers.check(metadata.get(NODE_AUTH), self._me, once=True)
+                if sender is not None and proven != sender:
+                    raise PeerAuthError(f"token for node {proven} on node {sender}'s certificate")
+            except PeerAuthError as exc:
+                raise self.refuse(peer, "UNAUTHENTICATED", "token", exc.message) from None
+            sender = proven
+        if sender is not None and claimed is not None and claimed != sender:
+            raise self.refuse(peer, "UNAUTHENTICATED", "identity",
+                              f"claims to be node {claimed} but is node {sender}")  # fmt: skip
+        if sender is not None and (sender not in self._members or sender == self._me):
+            raise self.refuse(peer, "PERMISSION_DENIED", "membership",
+                              f"node {sender} is not a peer of node {self._me}")  # fmt: skip
+        return sender
+
+    def receive(self, raw: bytes, sender: int | None, peer: str) -> None:
+        """Parse one RaftBatch, check it and deliver its messages: all or none of them."""
+        try:
+            batch = pb.RaftBatch.FromString(raw)
+        except DecodeError as exc:
+            raise self.refuse(peer, "INVALID_ARGUMENT", "malformed",
+                              f"malformed raft batch: {exc}") from None  # fmt: skip
+        if batch.cluster != self.cluster:
+            raise Refusal("FAILED_PRECONDITION", f"wrong cluster: this node belongs to "
+                          f"{self.cluster!r}, the stream to {batch.cluster!r}")  # fmt: skip
+        try:  # the whole batch decodes, or none of it is delivered
+            messages = [from_proto(p) for p in batch.messages]
+        except ValueError as exc:
+            raise self.refuse(peer, "INVALID_ARGUMENT", "malformed",
+                              f"malformed raft message: {exc}") from None  # fmt: skip
+        for msg in messages:
+            try:
+                if sender is not None and msg.src != sender:
+                    raise InvalidPeerMessage(
+                        f"message from node {msg.src} on node {sender}'s stream",
+                        membership=True,
+                    )
+                self._deliver(msg)
+            except InvalidPeerMessage as exc:
+                code = "PERMISSION_DENIED" if exc.membership else "INVALID_ARGUMENT"
+                reason = "membership" if exc.membership else "invalid"
+                raise self.refuse(peer, code, reason, exc.reason) from None

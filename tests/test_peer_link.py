@@ -1,0 +1,327 @@
+"""The Raft peer link on both gRPC stacks, in one process over real loopback sockets.
+
+grpclib (the default) and grpcio (`raft_transport = "grpcio"`) interoperate, with
+mTLS and peer tokens too; both refuse a bad stream alike (a batch that does not
+parse is INVALID_ARGUMENT, one past 64 MiB RESOURCE_EXHAUSTED); a stalled peer
+neither blocks the loop nor grows a queue; a restarted peer is reached again
+within an election timeout; a connection whose pings go unanswered is replaced.
+The last test runs a real cluster whose nodes use different stacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from dledger_commitlog.cli.certs import make_dev_pki
+from dledger_commitlog.cli.cluster_layout import node_toml
+from proto import dledger_pb2 as pb
+from raft import transport_grpclib
+from raft.messages import AppendEntries, Heartbeat, Message, RequestVote
+from raft.peer_auth import NODE_AUTH, PeerAuth, PeerSecurity, TlsIdentity
+from raft.peer_link import PeerGate, PeerLink
+from raft.transport import PeerServer, open_link, open_peer_server
+from raft.types import Entry
+from raft.wire import MAX_MESSAGE_BYTES, MAX_QUEUED, PEER_ID, TRANSPORTS, to_proto, to_wire
+from tests.conftest import wait_converged, wait_until
+
+CLUSTER = "c"
+ELECTION_TIMEOUT_S = 0.5  # the default: 10 ticks of 50 ms (randomized up to twice that)
+METHOD = "/dledger.v1.RaftPeer/Stream"
+
+
+def messages(count: int, src: int = 1, dst: int = 2) -> list[Message]:
+    """Heartbeats, appends with entries and votes, in one order."""
+    out: list[Message] = []
+    for i in range(count):
+        match i % 3:
+            case 0:
+                out.append(Heartbeat(src, dst, 3, i))
+            case 1:
+                entries = (Entry(i, 3, bytes([i % 251]) * (i % 700)), Entry(i + 1, 3, b"x"))
+                out.append(AppendEntries(src, dst, 3, i - 1, 3, entries, i - 2))
+            case _:
+                out.append(RequestVote(src, dst, 4, i, 3))
+    return out
+
+
+async def until(ok: Callable[[], object], timeout_s: float, what: str) -> None:
+    """Await `ok()` on the running loop, failing after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        await asyncio.sleep(0.005)
+
+
+@contextlib.asynccontextmanager
+async def peer_server(kind: str, gate: PeerGate, port: int = 0) -> AsyncIterator[int]:
+    """A Raft port of stack `kind` on 127.0.0.1, started; its port."""
+    server: PeerServer = open_peer_server(kind, gate)
+    bound = server.bind(f"127.0.0.1:{port}")
+    await server.start()
+    try:
+        yield bound
+    finally:
+        await server.stop(grace_s=0)
+
+
+@contextlib.asynccontextmanager
+async def started(link: PeerLink) -> AsyncIterator[PeerLink]:
+    link.start()
+    try:
+        yield link
+    finally:
+        await link.close()
+
+
+def security(tmp_path: Path, node_id: int, *, tls: bool) -> PeerSecurity:
+    """Node `node_id`'s identity: a peer token, and with `tls` its certificate."""
+    peers = PeerAuth(CLUSTER, b"s" * 32)
+    if not tls:
+        return PeerSecurity(peers=peers)
+    pki_dir = tmp_path / "pki"
+    if not pki_dir.exists():
+        make_dev_pki(pki_dir, [1, 2, 3], [])
+    pems = (pki_dir / "ca.pem", pki_dir / f"node-{node_id}.pem", pki_dir / f"node-{node_id}.key")
+    return PeerSecurity(tls=TlsIdentity(*(p.read_bytes() for p in pems)), peers=peers)
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["token", "mtls"])
+@pytest.mark.parametrize("server_kind", TRANSPORTS)
+@pytest.mark.parametrize("link_kind", TRANSPORTS)
+def test_either_stack_talks_to_either(
+    link_kind: str, server_kind: str, tls: bool, tmp_path: Path
+) -> None:
+    """Messages arrive whole and in order, whichever stack each end runs."""
+    sent = messages(3000)
+    got: list[Message] = []
+    rejects: list[str] = []
+
+    async def main() -> None:
+        mine = security(tmp_path, 2, tls=tls)
+        gate = PeerGate(CLUSTER, got.append, me=2, members=(1, 2, 3), security=mine,
+                        on_reject=rejects.append)  # fmt: skip
+        async with peer_server(server_kind, gate) as port:
+            link = open_link(link_kind, CLUSTER, 2, f"127.0.0.1:{port}", me=1,
+                             security=security(tmp_path, 1, tls=tls))  # fmt: skip
+            async with started(link):
+                for i in range(0, len(sent), 100):  # as Readies would, a few at a time
+                    link.send([to_wire(m) for m in sent[i : i + 100]])
+                    await asyncio.sleep(0)
+                await until(lambda: len(got) >= len(sent), 10, "every message delivered")
+
+    asyncio.run(main())
+    assert got == sent
+    assert rejects == []
+
+
+def raw_batches(*raws: bytes) -> Callable[[], AsyncIterator[bytes]]:
+    async def gen() -> AsyncIterator[bytes]:
+        for raw in raws:
+            yield raw
+
+    return gen
+
+
+def batch(cluster: str, msgs: Sequence[Message]) -> bytes:
+    return pb.RaftBatch(cluster=cluster, messages=[to_proto(m) for m in msgs]).SerializeToString()
+
+
+REFUSED = {
+    # case: (claimed sender, token of, request bytes) -> (status, on_reject label)
+    "unparsable": (1, 1, b"\x12\xff\xff\xff", "INVALID_ARGUMENT", "malformed"),
+    "bad message": (1, 1, b"\x0a\x01c\x12\x02\x08\x63", "INVALID_ARGUMENT", "malformed"),
+    "wrong cluster": (1, 1, batch("other", [Heartbeat(1, 2, 3, 0)]), "FAILED_PRECONDITION", None),
+    "no token": (1, None, batch(CLUSTER, [Heartbeat(1, 2, 3, 0)]), "UNAUTHENTICATED", "token"),
+    "not a member": (9, 9, batch(CLUSTER, [Heartbeat(9, 2, 3, 0)]), "PERMISSION_DENIED",
+                     "membership"),
+    "posing": (1, 1, batch(CLUSTER, [Heartbeat(3, 2, 3, 0)]), "PERMISSION_DENIED", "membership"),
+    "out of bounds": (1, 1, batch(CLUSTER, [Heartbeat(1, 2, (1 << 62) + 1, 0)]),
+                      "INVALID_ARGUMENT", "invalid"),
+}  # fmt: skip
+
+
+def checked_deliver(got: list[Message]) -> Callable[[Message], None]:
+    """What the node's `deliver` does with a term past its bound: refuse it."""
+    from raft.validate import InvalidPeerMessage
+
+    def deliver(m: Message) -> None:
+        if m.term > 1 << 62:
+            raise InvalidPeerMessage("term past 2^62")
+        got.append(m)
+
+    return deliver
+
+
+@pytest.mark.parametrize("case", REFUSED)
+@pytest.mark.parametrize("server_kind", TRANSPORTS)
+def test_both_stacks_refuse_alike(server_kind: str, case: str) -> None:
+    """A grpcio client (as an outsider would use) meets the same status on either stack;
+    the refusal is counted, and nothing of the stream reaches the core."""
+    claimed, token_of, raw, status, label = REFUSED[case]
+    auth = PeerAuth(CLUSTER, b"s" * 32)
+    got: list[Message] = []
+    rejects: list[str] = []
+
+    async def main() -> grpc.StatusCode:
+        gate = PeerGate(CLUSTER, checked_deliver(got), me=2, members=(1, 2, 3),
+                        security=PeerSecurity(peers=auth), on_reject=rejects.append)  # fmt: skip
+        async with (
+            peer_server(server_kind, gate) as port,
+            grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+        ):
+            meta = [(PEER_ID, str(claimed))]
+            if token_of is not None:
+                meta.append((NODE_AUTH, auth.token(token_of, 2)))
+            call = channel.stream_unary(METHOD, response_deserializer=pb.RaftAck.FromString)
+            try:
+                await call(raw_batches(raw)(), metadata=meta, timeout=5)
+            except grpc.aio.AioRpcError as exc:
+                return exc.code()
+            return grpc.StatusCode.OK
+
+    assert asyncio.run(main()).name == status
+    assert rejects == ([label] if label else [])
+    assert got == []
+
+
+@pytest.mark.parametrize("server_kind", TRANSPORTS)
+def test_a_batch_past_the_message_limit_is_refused(server_kind: str) -> None:
+    """RESOURCE_EXHAUSTED, as gRPC answers a message past its limit; grpclib's side
+    refuses it by its length prefix, before buffering it."""
+    got: list[Message] = []
+
+    async def main() -> grpc.StatusCode:
+        gate = PeerGate(CLUSTER, got.append, me=2, members=(1, 2))
+        async with (
+            peer_server(server_kind, gate) as port,
+            grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+        ):
+            call = channel.stream_unary(METHOD, response_deserializer=pb.RaftAck.FromString)
+            entry = Entry(1, 3, bytes(MAX_MESSAGE_BYTES))
+            big = batch(CLUSTER, [AppendEntries(1, 2, 3, 0, 3, (entry,), 0)])
+            try:
+                await call(raw_batches(big)(), timeout=20)
+            except grpc.aio.AioRpcError as exc:
+                return exc.code()
+            return grpc.StatusCode.OK
+
+    assert asyncio.run(main()) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert got == []
+
+
+@contextlib.asynccontextmanager
+async def stalled_peer() -> AsyncIterator[tuple[int, list[asyncio.StreamWriter]]]:
+    """A peer that accepts connections and never reads a byte (nor answers a ping)."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1], accepted
+    finally:
+        server.close()
+        for writer in accepted:
+            writer.close()
+
+
+def test_a_stalled_peer_holds_the_sender_and_bounds_the_queue() -> None:
+    """HTTP/2 flow control holds the link's sender; the node's loop never waits and
+    the link's queue stays at MAX_QUEUED, dropping the oldest."""
+
+    async def main() -> None:
+        async with stalled_peer() as (port, accepted):
+            link = open_link("grpclib", CLUSTER, 2, f"127.0.0.1:{port}", me=1)
+            async with started(link):
+                await until(lambda: link.connected, 5, "connected to the stalled peer")
+                entry = (Entry(1, 3, bytes(16 << 10)),)
+                slowest_s = 0.0
+                for i in range(200):
+                    t = time.perf_counter()
+                    link.send([to_wire(AppendEntries(1, 2, 3, i, 3, entry, 0))] * 100)
+                    await asyncio.sleep(0)
+                    slowest_s = max(slowest_s, time.perf_counter() - t)
+                assert len(link._queue) <= MAX_QUEUED
+                assert link.dropped >= 200 * 100 - MAX_QUEUED - 256 * 4
+                assert slowest_s < 0.5, f"the loop waited {slowest_s:.3f} s on a stalled peer"
+                assert link.connected and len(accepted) == 1
+
+    asyncio.run(main())
+
+
+def test_an_unanswered_ping_replaces_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer gone silent (no FIN: a partition, a frozen host) is found by keepalive
+    pings: the connection is closed and a new one opened."""
+    fast = dataclasses.replace(transport_grpclib._CONFIG, _keepalive_time=0.2,
+                               _keepalive_timeout=0.3,
+                               _http2_min_sent_ping_interval_without_data=0.1)  # fmt: skip
+    monkeypatch.setattr(transport_grpclib, "_CONFIG", fast)
+
+    async def main() -> None:
+        async with stalled_peer() as (port, accepted):
+            link = open_link("grpclib", CLUSTER, 2, f"127.0.0.1:{port}", me=1)
+            async with started(link):
+                await until(lambda: len(accepted) >= 2, 5, "a second connection")
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("link_kind", TRANSPORTS)
+def test_a_restarted_peer_is_reached_within_an_election_timeout(link_kind: str) -> None:
+    got: list[Message] = []
+    reached_s: list[float] = []
+
+    async def main() -> None:
+        gate = PeerGate(CLUSTER, got.append, me=2, members=(1, 2))
+        async with peer_server("grpclib", gate) as port:
+            link = open_link(link_kind, CLUSTER, 2, f"127.0.0.1:{port}", me=1)
+            async with started(link):
+                link.send([to_wire(Heartbeat(1, 2, 3, 0))])
+                await until(lambda: len(got) == 1, 5, "the first heartbeat")
+        await until(lambda: not link.connected, 5, "the link saw its peer stop")
+        await asyncio.sleep(0.2)  # down a while: the link is retrying
+        async with started(link), peer_server("grpclib", gate, port):
+            back = time.monotonic()
+            while len(got) == 1 and time.monotonic() - back < 5:
+                link.send([to_wire(Heartbeat(1, 2, 3, 1))])  # the leader's heartbeats
+                await asyncio.sleep(0.01)
+            reached_s.append(time.monotonic() - back)
+
+    asyncio.run(main())
+    assert reached_s[0] < 2 * ELECTION_TIMEOUT_S, f"reached again after {reached_s[0]:.2f} s"
+
+
+@pytest.mark.slow
+def test_a_cluster_of_mixed_stacks_replicates_and_fails_over(
+    make_cluster: Callable[..., Any],
+) -> None:
+    """Node 1 on grpcio, nodes 2 and 3 on grpclib: one cluster, whoever leads."""
+    cluster = make_cluster("mixed", start=False)
+    for node in (2, 3):
+        cluster.start(node)
+    mixed = dataclasses.replace(cluster.configs[1], raft_transport="grpcio")
+    cluster.specs[1].config_path.write_text(node_toml(mixed))
+    cluster.start(1)
+    wait_converged(cluster, 30)
+    first = cluster.leader_id()
+    with cluster.client() as client:
+        for i in range(20):
+            client.put("mixed", f"a-{i}".encode())
+        cluster.kill(first)
+        wait_until(cluster.leader_id, 10, "a new leader", ok=lambda new: new != first)
+        cluster.start(first)
+        for i in range(20):
+            client.put("mixed", f"b-{i}".encode())
+    wait_converged(cluster, 30, at_least=40)
+    assert "refused" not in cluster.log_tail(1, 200)
