@@ -30,7 +30,8 @@ class LogReadRpcs(ServiceBase):
         self, request: pb.ReadLogRequest, context: Context
     ) -> AsyncIterator[pb.ReadLogChunk]:
         """Raw committed commit-log bytes [from_pos, min(end_pos, committed)), in chunks read
-        (and CRC-checked, once per process) in the read pool."""
+        (and CRC-checked, once per process) in the read pool; with `message_offsets`,
+        those messages without their bodies (`_heads`)."""
         await self._allow(context, "ReadLog", read_everything)
         r = request
         if r.from_pos < 0 or r.end_pos < 0 or r.chunk_bytes < 0:
