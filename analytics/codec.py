@@ -44,6 +44,8 @@ from store.arrays import windows
 from store.errors import CorruptEntry
 from store.message import (
     FIXED_PART_SIZE,
+    HEADER_DTYPE,
+    MAX_TOPIC_BYTES,
     MIN_MESSAGE_SIZE,
     PHYSICAL_OFFSET_POS,
     PROPERTY_KEYS,
@@ -59,6 +61,7 @@ __all__ = [
     "SPARK_DDL",
     "Expected",
     "decode",
+    "decode_heads",
     "empty_batch",
     "walk",
 ]
@@ -94,6 +97,12 @@ _AR12 = np.arange(12, dtype=np.int64)
 # Byte -> its two hex digits, as one uint16 whose memory holds them in order.
 _HEX2 = np.frombuffer(b"".join(f"{b:02X}".encode() for b in range(256)), np.uint16)
 _PROPERTY_COLUMNS = frozenset({"keys", "tags", "properties"})
+# After tails laid end to end: the layout checks of a bad one may read this far past it.
+_TAIL_PAD = bytes(1 + MAX_TOPIC_BYTES + 2 + 8)
+# Arrow's binary view: a value of up to 12 bytes inline, a longer one by reference.
+_VIEW = np.dtype([("length", "<i4"), ("inline", "V12")])
+_LONG_VIEW = np.dtype([("length", "<i4"), ("prefix", "V4"), ("buffer", "<i4"), ("offset", "<i4")])
+_KEEP = np.tril(np.ones((13, 12), np.uint8), -1)  # row k: k ones, then zeros
 
 Int64s = npt.NDArray[np.int64]
 Ints = npt.NDArray[np.int32]
@@ -243,15 +252,69 @@ def decode(
     return _Decoder(buf, starts, expected or Expected(), where).batch(columns)
 
 
+def decode_heads(
+    heads: bytes,
+    tails: bytes,
+    tail_offsets: bytes,
+    offsets: Int64s,
+    columns: Sequence[str],
+    expected: Expected | None = None,
+    where: str = "message heads",
+) -> pa.RecordBatch:
+    """Messages sent without their bodies (ReadLog's heads: `heads`, each message's
+    88-byte fixed part; `tails`, what follows each body, end to end, cut at
+    `tail_offsets`, little-endian int32) as a record batch of `columns`, which must
+    not hold `body`. Checked as `decode` checks whole messages, the tail's length
+    against totalSize included; `offsets` (where each message lies) name a bad one."""
+    if "body" in columns:
+        raise ValueError("the body column needs whole messages (decode)")
+    n = len(offsets)
+    if len(heads) != n * FIXED_PART_SIZE or len(tail_offsets) != (n + 1) * 4:
+        raise CorruptEntry(where, int(offsets[0]) if n else 0,
+                           f"{len(heads)} bytes of heads for {n} messages")  # fmt: skip
+    ends = np.frombuffer(tail_offsets, "<i4").astype(np.int64)
+    if ends[0] != 0 or (np.diff(ends) < 0).any() or ends[-1] != len(tails):
+        raise CorruptEntry(where, int(offsets[0]) if n else 0, "tail offsets do not add up")
+    return _Decoder(tails + _TAIL_PAD, offsets, expected or Expected(), where,
+                    heads=(heads, ends)).batch(columns)  # fmt: skip
+
+
 class _Decoder:
-    def __init__(self, buf: bytes | pa.Buffer, starts: Int64s, exp: Expected, where: str) -> None:
+    """Whole messages at `starts` in `buf`; or, given `heads` (fixed parts, tail ends),
+    their tails laid end to end in `buf` and `starts` where they lie in the log."""
+
+    def __init__(
+        self,
+        buf: bytes | pa.Buffer,
+        starts: Int64s,
+        exp: Expected,
+        where: str,
+        heads: tuple[bytes, Int64s] | None = None,
+    ) -> None:
         self.data = buf if isinstance(buf, pa.Buffer) else pa.py_buffer(buf)
         self.arr: Bytes = np.frombuffer(self.data, dtype=np.uint8)
         self.starts = np.ascontiguousarray(starts, dtype=np.int64)
         self.n = len(self.starts)
         self.exp = exp
         self.where = where
+        self._heads = heads
         self._check_layout()
+
+    def _frames(self) -> Frames:
+        if self._heads is None:
+            return Frames.in_buffer(self.arr, self.starts)
+        raw, ends = self._heads
+        head = np.frombuffer(raw, HEADER_DTYPE)
+        tail_len = np.diff(ends)
+        body_len = head["body_length"].astype(np.int64)
+        # Room as if the body were there: a tail of another length than totalSize says
+        # fails as a totalSize overrunning the buffer would.
+        room = FIXED_PART_SIZE + np.maximum(body_len, 0) + tail_len
+        frames = Frames(head, room)
+        frames.checks[2] |= frames.total_size != room
+        frames.bad |= frames.checks[2]
+        frames.check_tail(self.arr, ends[:-1].copy(), ends[1:])
+        return frames
 
     def _fail(self, bad: npt.NDArray[np.bool_], reason: str) -> None:
         if bad.any():
@@ -259,14 +322,14 @@ class _Decoder:
             raise CorruptEntry(self.where, int(self.starts[i]), f"message {i}: {reason}")
 
     def _check_layout(self) -> None:
-        arr, s, exp = self.arr, self.starts, self.exp
+        arr, exp = self.arr, self.exp
         if self.n == 0:
             return
         if len(arr) >= 2**31:
             raise ValueError("decode buffers are limited to 2 GiB")
         # One gather of every fixed part, then fields are views into it; the layout
         # checks are the store's (in its order, the expected size after the first).
-        frames = Frames.in_buffer(arr, s)
+        frames = self._frames()
         self._fail(frames.checks[0], FAULTS[0])
         head = self.head = frames.head
         self.head_bytes = head.view(np.uint8).reshape(self.n, FIXED_PART_SIZE)
@@ -383,6 +446,7 @@ class _Decoder:
         return self._timestamp("store_timestamp_ms")
 
     def _col_body(self) -> pa.Array:
+        assert self._heads is None, "heads carry no bodies"
         return self._binary(self.starts + FIXED_PART_SIZE, self.body_len)
 
     def _col_body_size(self) -> pa.Array:
@@ -392,24 +456,9 @@ class _Decoder:
 
     def _binary(self, starts: Int64s, lengths: Int64s) -> pa.Array:
         """`buf[starts[i] : starts[i] + lengths[i]]` as a binary array, built in C++."""
-        n, arr = self.n, self.arr
-        views = np.zeros((n, 16), np.uint8)
-        views[:, 0:4] = lengths.astype("<i4").view(np.uint8).reshape(n, 4)
-        long = lengths > 12
-        if long.any():
-            ls = starts[long]
-            views[long, 4:8] = np.lib.stride_tricks.sliding_window_view(arr, 4)[ls]
-            views[long, 12:16] = ls.astype("<i4").view(np.uint8).reshape(-1, 4)
-        short = ~long
-        if short.any():
-            ss = starts[short]
-            if len(arr) >= 12 and ss.max() <= len(arr) - 12:
-                inline = np.lib.stride_tricks.sliding_window_view(arr, 12)[ss]
-            else:  # near the end of the buffer: byte by byte
-                inline = arr[np.minimum(ss[:, None] + _AR12, len(arr) - 1)]
-            inline[_AR12[None, :] >= lengths[short][:, None]] = 0
-            views[short, 4:16] = inline
-        view = pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(views), self.data])
+        views = _view_structs(self.arr, starts, lengths)
+        view = pa.Array.from_buffers(pa.binary_view(), self.n,
+                                     [None, pa.py_buffer(views), self.data])  # fmt: skip
         return view.cast(pa.binary())
 
     def _text(self, starts: Int64s, lengths: Int64s, what: str) -> pa.Array:
@@ -426,55 +475,114 @@ class _Decoder:
             raise
 
     def _properties(self) -> dict[str, pa.Array]:
+        """keys, tags and properties, from every message's `name\\x01value\\x02` pairs.
+
+        The properties of all messages are copied out once (checked as UTF-8) and lie
+        end to end, each message's ending with a separator. The separators are found
+        with numpy; well-formed, they alternate \\x01, \\x02 (checked), and one string
+        array over the copy, cut at them, holds every name, separator and value
+        (pieces of UTF-8 cut at ASCII bytes are UTF-8), from which the columns are
+        taken."""
         n = self.n
         # The properties end with a separator when there are any.
         has_props = self.props_len > 0
-        last = self.arr[np.where(has_props, self.end - 1, self.starts)]
+        last = self.arr[np.where(has_props, self.end - 1, self.body_end)]
         self._fail(has_props & (last != 2), "properties do not end with a separator")
         text = self._text(self.topic_end + 2, self.props_len, "properties")
-        parts = pc.split_pattern(text, "\x02")
-        offsets = np.asarray(parts.offsets, dtype=np.int64)
-        flat = parts.flatten()
-        # Every list ends with the empty string after the last separator: drop it.
-        keep = np.ones(len(flat), bool)
-        keep[offsets[1:] - 1] = False
-        items = flat.filter(pa.array(keep))
-        parent = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets) - 1)
-        pairs = pc.split_pattern(items, "\x01")
-        sizes = np.asarray(pc.list_value_length(pairs), dtype=np.int64)
-        bad_pair = np.zeros(n, bool)
-        bad_pair[parent[sizes != 2]] = True
-        self._fail(bad_pair, "a property is not one name\\x01value pair")
-        pair_values = pairs.flatten()
-        names = pair_values.take(pa.array(np.arange(0, 2 * len(items), 2)))
-        values = pair_values.take(pa.array(np.arange(1, 2 * len(items), 2)))
-        empty_name = np.zeros(n, bool)
-        empty_name[parent[np.asarray(pc.equal(pc.binary_length(names), 0))]] = True
-        self._fail(empty_name, "empty property name")
-        is_keys = np.asarray(pc.equal(names, PROPERTY_KEYS), dtype=bool)
-        is_tags = np.asarray(pc.equal(names, PROPERTY_TAGS), dtype=bool)
-        tags = values.take(_pick(n, parent, is_tags))
-        key_text = values.take(_pick(n, parent, is_keys))
-        split = pc.split_pattern(key_text, " ")
+        data = text.buffers()[2] or pa.py_buffer(b"")
+        raw: Bytes = np.frombuffer(data, np.uint8)
+        text_offsets = np.frombuffer(text.buffers()[1], np.int32, n + 1, text.offset * 4)
+        seps = np.flatnonzero((raw - np.uint8(1)) < 2)  # every \x01 and \x02
+        kinds = raw[seps]
+        if len(seps) % 2 or (kinds[0::2] != 1).any() or (kinds[1::2] != 2).any():
+            self._fail_pairs(raw, text_offsets)
+        mid, ends = seps[0::2], seps[1::2]  # each pair's \x01 and \x02
+        starts = np.empty(len(ends), np.int64)  # where each pair starts
+        starts[:1] = 0
+        starts[1:] = ends[:-1] + 1
+        per_row = np.diff(np.searchsorted(ends, text_offsets))
+        parent = np.repeat(np.arange(n, dtype=np.int64), per_row)
+        name_len = mid - starts
+        if (name_len == 0).any():
+            empty_name = np.zeros(n, bool)
+            empty_name[parent[name_len == 0]] = True
+            self._fail(empty_name, "empty property name")
+        # Pieces 4j..4j+3: name j, \x01, value j, \x02.
+        cuts = np.empty((len(ends), 4), np.int32)
+        cuts[:, 0], cuts[:, 1], cuts[:, 2], cuts[:, 3] = starts, mid, mid + 1, ends
+        cuts_flat = np.append(cuts.ravel(), np.int32(len(raw)))
+        pieces = pa.Array.from_buffers(pa.string(), len(cuts_flat) - 1,
+                                       [None, pa.py_buffer(cuts_flat), data])  # fmt: skip
+        is_keys, is_tags = (_is_name(raw, starts, name_len, name)
+                            for name in (PROPERTY_KEYS, PROPERTY_TAGS))  # fmt: skip
+
+        def value_of(hit: npt.NDArray[np.bool_]) -> pa.Array:
+            """Per row, the value of its (last) pair where `hit`, null where none."""
+            idx = np.full(n, -1, np.int64)
+            idx[parent[hit]] = np.flatnonzero(hit) * 4 + 2
+            return pieces.take(pa.array(idx, mask=idx < 0))
+
+        tags = value_of(is_tags)
+        split = pc.split_pattern(value_of(is_keys), " ")
         key_items = split.flatten()
         key_parent = np.asarray(pc.list_parent_indices(split), dtype=np.int64)
         nonempty = np.asarray(pc.not_equal(key_items, ""), dtype=bool)
         keys = pa.ListArray.from_arrays(
             _offsets(key_parent[nonempty], n), key_items.filter(pa.array(nonempty))
         )
-        other = ~(is_keys | is_tags)
-        mask = pa.array(other)
+        other = np.flatnonzero(~(is_keys | is_tags))
         properties = pa.MapArray.from_arrays(
-            _offsets(parent[other], n), names.filter(mask), values.filter(mask)
+            _offsets(parent[other], n), pieces.take(other * 4), pieces.take(other * 4 + 2)
         )
         return {"keys": keys, "tags": tags, "properties": properties}
 
+    def _fail_pairs(self, raw: Bytes, offsets: Ints) -> None:
+        """Raise for the first message with a property that is not one name\\x01value pair."""
+        bad = np.zeros(self.n, bool)
+        for row in range(self.n):
+            items = raw[offsets[row] : offsets[row + 1]].tobytes().split(b"\x02")[:-1]
+            bad[row] = any(item.count(b"\x01") != 1 for item in items)
+        self._fail(bad, "a property is not one name\\x01value pair")
+        raise AssertionError("separators out of order, yet every property is a pair")
 
-def _pick(n: int, parent: Int64s, hit: npt.NDArray[np.bool_]) -> pa.Array:
-    """Per row, the index of its (last) item where `hit`, null where none."""
-    idx = np.full(n, -1, np.int64)
-    idx[parent[hit]] = np.nonzero(hit)[0]
-    return pa.array(idx, mask=idx < 0)
+
+def _is_name(raw: Bytes, starts: Int64s, lengths: Int64s, name: str) -> npt.NDArray[np.bool_]:
+    """Which segments `raw[starts[i] : starts[i] + lengths[i]]` are `name` (ASCII)."""
+    want = name.encode()
+    hit: npt.NDArray[np.bool_] = lengths == len(want)
+    if hit.any():
+        at = np.flatnonzero(hit)
+        hit[at] = windows(raw, len(want))[starts[at]] == np.frombuffer(want, f"V{len(want)}")[0]
+    return hit
+
+
+def _view_structs(arr: Bytes, starts: Int64s, lengths: Int64s) -> npt.NDArray[np.void]:
+    """Arrow's 16-byte binary-view structs of `arr[starts[i] : starts[i] + lengths[i]]`
+    (data buffer 0 is the buffer `arr` views): the length, then the bytes inline up to
+    12, else a 4-byte prefix, buffer 0 and the offset."""
+    n = len(starts)
+    views = np.zeros(n, _VIEW)
+    if not n or not len(arr):  # (an empty buffer holds only empty values)
+        return views
+    views["length"] = lengths
+    room = len(arr) - 12
+    near = starts > room
+    if not near.any():
+        views["inline"] = windows(arr, 12)[starts]
+    else:  # the last few bytes of the buffer: those byte by byte
+        far = ~near
+        if room >= 0:
+            views["inline"][far] = windows(arr, 12)[starts[far]]
+        tail = arr[np.minimum(starts[near][:, None] + _AR12, len(arr) - 1)]
+        views["inline"][near] = tail.view("V12")[:, 0]
+    inline = views.view(np.uint8).reshape(n, 16)[:, 4:]
+    np.multiply(inline, _KEEP[np.minimum(lengths, 12)], out=inline)  # zero past the value
+    long = lengths > 12
+    if long.any():
+        as_long = views.view(_LONG_VIEW)
+        as_long["buffer"] = np.where(long, 0, as_long["buffer"])
+        as_long["offset"] = np.where(long, starts, as_long["offset"])
+    return views
 
 
 def _offsets(parent: Int64s, n: int) -> pa.Array:

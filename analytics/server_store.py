@@ -3,8 +3,10 @@
 It uses the DLedgerClient service directly (its own stubs: no leader discovery
 is needed, since every replica serves its committed prefix). Planning asks
 `QueueOffsets`. A piece is read with `ReadUnits` (the units of its queues within
-the piece's range) then `ReadLog` (the raw entries, streamed in 4 MiB chunks,
-decoded here: `analytics.log_stream`); a one-queue read uses `Pull(raw=True)`.
+the piece's range) then `ReadLog`: for a read without the `body` column, the
+heads of its messages (each without its body, a batch a call), else the raw
+entries (streamed in 4 MiB chunks, decoded here: `analytics.log_stream`); a
+one-queue read uses `Pull(raw=True)`.
 When a replica runs on this host and the caller may read its files (the answer
 to QueueOffsets says where they are, `LocalFiles`; same boot id, same directory
 by device and inode), its files are read directly instead
@@ -24,12 +26,13 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from analytics.codec import COLUMNS, Expected, Int64s, decode, walk
+from analytics.codec import COLUMNS, Expected, Int64s, decode, decode_heads, walk
 from analytics.errors import RETRIED_CODES, RpcFailed, SourceError
 from analytics.file_store import LocalFiles, NotHere, OfflineStore, this_boot_id
 from analytics.log_stream import LogStream
@@ -37,6 +40,7 @@ from analytics.rows import BATCH_ROWS, Rows, Units, batch_slices, span_from_ends
 from analytics.sources import GroupOffset, LogPiece, QueueInfo, Slice
 from store.consume_queue import UNIT_DTYPE
 from store.entry_format import HEADER_SIZE
+from store.message import FIXED_PART_SIZE
 
 if TYPE_CHECKING:
     from dledger_commitlog.client import Access
@@ -308,21 +312,81 @@ class ServerStore:
             time.sleep(0.1)
 
     def _read_rows(self, rows: Rows, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
-        """Rows in log order, their bytes streamed by ReadLog into one buffer per batch."""
+        """Rows in log order, a batch at a time: without a `body` column, their heads
+        (ReadLog's `message_offsets`: each message without its body; the next batch's
+        asked while one is decoded); else, or from a server that predates heads, their
+        bytes streamed by ReadLog into one buffer."""
         if not len(rows):
             return
-        stream = LogStream(self, int(rows.offsets[0]) - HEADER_SIZE,
-                           int(rows.offsets[-1] + rows.sizes[-1]))  # fmt: skip
+        parts = list(batch_slices(len(rows)))
+        ends = [int(rows.offsets[p][-1] + rows.sizes[p][-1]) for p in parts]
+        pool = ThreadPoolExecutor(1, "heads") if "body" not in columns else None
+        pending: Future[tuple[bytes, bytes, bytes] | None] | None = None
+        if pool is not None:
+            pending = pool.submit(self._heads, rows.offsets[parts[0]], ends[0])
+        stream: LogStream | None = None
         try:
-            for part in batch_slices(len(rows)):
+            for k, part in enumerate(parts):
                 offsets = rows.offsets[part]
-                first = int(offsets[0]) - HEADER_SIZE
-                end = int(offsets[-1] + rows.sizes[part][-1])
-                data = stream.fill(first, end)
                 exp = rows.expected if part == slice(0, len(rows)) else rows.expected.take(part)
+                if pending is not None:
+                    got = pending.result()
+                    pending = None
+                    if got is not None:
+                        if pool is not None and k + 1 < len(parts):
+                            nxt = rows.offsets[parts[k + 1]]
+                            pending = pool.submit(self._heads, nxt, ends[k + 1])
+                        where = f"ReadLog heads from {int(offsets[0])}"
+                        yield decode_heads(*got, offsets, columns, exp, where=where)
+                        continue
+                first = int(offsets[0]) - HEADER_SIZE
+                if stream is None:
+                    stream = LogStream(self, first, ends[-1])
+                data = stream.fill(first, ends[k])
                 yield decode(data, offsets - first, columns, exp, where=f"ReadLog from {first}")
         finally:
-            stream.close()
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+            if stream is not None:
+                stream.close()
+
+    def _heads(self, offsets: Int64s, end: int) -> tuple[bytes, bytes, bytes] | None:
+        """(heads, tails, tail offsets) of the messages at `offsets` (ending at `end`), from
+        a replica that has committed them; None from a server that predates heads (it
+        answers the span's raw bytes: the call is cancelled at its first chunk)."""
+        from proto import dledger_pb2 as pb
+
+        request = pb.ReadLogRequest(from_pos=int(offsets[0]) - HEADER_SIZE, end_pos=end,
+                                    message_offsets=offsets.astype("<i8").tobytes())  # fmt: skip
+
+        def collect(stub: Any, timeout: float) -> list[Any] | None:
+            call = stub.ReadLog(request, timeout=timeout, metadata=self.access.metadata("ReadLog"))
+            got = []
+            for answer in call:
+                if answer.data and not answer.heads:
+                    call.cancel()
+                    return None
+                got.append(answer)
+            return got
+
+        what = f"ReadLog heads from {int(offsets[0])}"
+        answers = self._attempts(collect, what, attempt_s=max(60.0, self.timeout_s))
+        if answers is None:
+            return None
+        ends, base, count = [np.zeros(1, "<i4")], 0, 0
+        for a in answers:
+            chunk = np.frombuffer(a.tail_offsets, "<i4")
+            n = len(a.heads) // FIXED_PART_SIZE
+            if count >= len(offsets) or a.pos != offsets[count] or len(chunk) != n + 1:
+                raise SourceError(f"{what}: an answer at {a.pos} is not the one due")
+            ends.append(chunk[1:] + np.int32(base))
+            base += len(a.tails)
+            count += n
+        if count != len(offsets):
+            raise SourceError(f"{what}: {count} heads answered for {len(offsets)} messages")
+        heads = b"".join(a.heads for a in answers)
+        tails = b"".join(a.tails for a in answers)
+        return heads, tails, np.concatenate(ends).astype("<i4").tobytes()
 
     def _pull_request(
         self, topic: str, queue_id: int, start: int, end: int, wait_ms: int = 0

@@ -13,13 +13,15 @@ how late the loop woke while the read was served:
 - ReadRange: the 16,384 messages from the first one's commit-log offset.
 
 An idle window comes first in every round: the noise floor of the machine.
-Target: no read holds the loop over 20 ms (a heartbeat every few 10 ms ticks,
-elections after 500 ms). Reported per read: the best, median and worst lag over
-the trials (a read that blocks the loop is late every time, scheduling noise on
-a loaded machine is not: the verdict goes by the median), and the median time
-the call took. With QueryByKey and ReadRange reading on the loop (c6fcc87), three
-runs' medians were 14-38 ms and 42-103 ms (ReadRange worst 224 ms); read in the
-read pool, 2-4 ms and 3-7 ms (worst 14 ms), as Pull's 6-7 ms. Run:
+Target (issue 21): no read holds the loop over 20 ms in any trial (a heartbeat
+every few 10 ms ticks, elections after 500 ms). Reported per read: the best,
+median and worst lag over the trials, and the median time the call took; the
+verdict goes by the worst, and says when only the worst is over (a read that
+blocks the loop is late every time, scheduling noise on a loaded machine is not:
+compare with the idle row's worst). With QueryByKey and ReadRange reading on
+the loop (c6fcc87), three runs' medians were 14-38 ms and 42-103 ms (ReadRange
+worst 224 ms); read in the read pool, 2-4 ms and 3-7 ms (worst 14 ms), as Pull's
+6-7 ms. Run:
 `.venv/bin/python bench/read_loop_lag.py [--trials 5]`; writes
 bench/results/read_loop_lag.json.
 """
@@ -153,7 +155,12 @@ def main() -> None:
         m[f"{name}_loop_lag_median_ms"] = median
         m[f"{name}_loop_lag_max_ms"] = worst
         m[f"{name}_call_ms"] = call_ms
-        verdict = "" if name == "idle" else ("  ok" if median < TARGET_MS else "  OVER 20 ms")
+        if name == "idle":
+            verdict = ""
+        elif worst < TARGET_MS:
+            verdict = "  ok"
+        else:
+            verdict = "  OVER 20 ms" + (" (the worst only)" if median < TARGET_MS else "")
         rows.append((label, f"{best:.1f} / {median:.1f} / {worst:.1f} ms",
                      f"call {call_ms:.0f} ms{verdict}"))  # fmt: skip
     report("read_loop_lag", rows, m)

@@ -430,26 +430,34 @@ class ReadRangeResponse(_message.Message):
     def __init__(self, messages: _Optional[bytes] = ..., next_offset: _Optional[int] = ..., committed_offset: _Optional[int] = ..., min_offset: _Optional[int] = ...) -> None: ...
 
 class ReadLogRequest(_message.Message):
-    __slots__ = ("from_pos", "end_pos", "chunk_bytes")
+    __slots__ = ("from_pos", "end_pos", "chunk_bytes", "message_offsets")
     FROM_POS_FIELD_NUMBER: _ClassVar[int]
     END_POS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     from_pos: int
     end_pos: int
     chunk_bytes: int
-    def __init__(self, from_pos: _Optional[int] = ..., end_pos: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+    message_offsets: bytes
+    def __init__(self, from_pos: _Optional[int] = ..., end_pos: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., message_offsets: _Optional[bytes] = ...) -> None: ...
 
 class ReadLogChunk(_message.Message):
-    __slots__ = ("pos", "data", "committed_pos", "min_pos")
+    __slots__ = ("pos", "data", "committed_pos", "min_pos", "heads", "tails", "tail_offsets")
     POS_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_POS_FIELD_NUMBER: _ClassVar[int]
     MIN_POS_FIELD_NUMBER: _ClassVar[int]
+    HEADS_FIELD_NUMBER: _ClassVar[int]
+    TAILS_FIELD_NUMBER: _ClassVar[int]
+    TAIL_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     pos: int
     data: bytes
     committed_pos: int
     min_pos: int
-    def __init__(self, pos: _Optional[int] = ..., data: _Optional[bytes] = ..., committed_pos: _Optional[int] = ..., min_pos: _Optional[int] = ...) -> None: ...
+    heads: bytes
+    tails: bytes
+    tail_offsets: bytes
+    def __init__(self, pos: _Optional[int] = ..., data: _Optional[bytes] = ..., committed_pos: _Optional[int] = ..., min_pos: _Optional[int] = ..., heads: _Optional[bytes] = ..., tails: _Optional[bytes] = ..., tail_offsets: _Optional[bytes] = ...) -> None: ...
 
 class QueueRange(_message.Message):
     __slots__ = ("topic", "queue_id", "start_offset", "end_offset")

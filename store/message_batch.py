@@ -158,8 +158,7 @@ class Frames:
         bad = bad | topic
         if bad.any():
             topic_end[bad] = body_end[bad]
-        props_len = (arr[topic_end].astype(np.int64) << 8) | arr[topic_end + 1]
-        props_len[props_len >= 1 << 15] -= 1 << 16
+        props_len = windows(arr, 2)[topic_end].view(">i2").astype(np.int64)  # one gather
         props = (props_len < 0) | (topic_end + 2 + props_len != end)
         self.checks += [topic, props]
         self.bad = bad | props

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analytics.codec import ARROW_SCHEMA, COLUMNS, Expected, decode, walk
+from analytics.codec import ARROW_SCHEMA, COLUMNS, Expected, decode, decode_heads, walk
 from dledger_commitlog.log.message_route import make_msg_id
 from store.errors import CorruptEntry
 from store.message import (
@@ -244,3 +244,50 @@ def test_decode_refuses_properties_that_are_not_pairs_or_not_utf8() -> None:
     no_separator = raw[:-1] + b"x"
     with pytest.raises(CorruptEntry, match="separator"):
         decode(no_separator, walk(no_separator), ["tags"])
+
+
+# ---------------------------------------------------------------- heads (no bodies)
+
+
+def heads_of(raw: bytes, starts: Sequence[int]) -> tuple[bytes, bytes, bytes]:
+    """What a server answers for messages asked without their bodies."""
+    heads, tails, ends = [], [], [0]
+    for s in starts:
+        total, body_len = (
+            struct.unpack_from(">i", raw, s)[0],
+            struct.unpack_from(">i", raw, s + 84)[0],
+        )
+        heads.append(raw[s : s + 88])
+        tails.append(raw[s + 88 + body_len : s + total])
+        ends.append(ends[-1] + len(tails[-1]))
+    return b"".join(heads), b"".join(tails), np.asarray(ends, "<i4").tobytes()
+
+
+NO_BODY = [c for c in COLUMNS if c != "body"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(messages, min_size=1, max_size=30))
+def test_heads_decode_as_the_whole_messages_do(msgs: list[Message]) -> None:
+    raw = concat(msgs)
+    starts = walk(raw)
+    offsets = np.asarray([m.physical_offset for m in msgs], np.int64)
+    got = decode_heads(*heads_of(raw, starts.tolist()), offsets, NO_BODY)
+    assert rows(got) == rows(decode(raw, starts, NO_BODY))
+
+
+def test_heads_refuse_a_tail_that_is_not_the_rest_of_the_message() -> None:
+    raw = concat([message(1, extra={"a": "b"}), message(2)])
+    starts = walk(raw).tolist()
+    heads, tails, ends = heads_of(raw, starts)
+    offsets = np.asarray([5000, 6000], np.int64)
+    cut = np.frombuffer(ends, "<i4").copy()
+    cut[1:] -= 1  # the first tail one byte short
+    with pytest.raises(CorruptEntry, match="message 0: totalSize"):
+        decode_heads(
+            heads, tails[: cut[1]] + tails[cut[1] + 1 :], cut.tobytes(), offsets, ["topic"]
+        )
+    with pytest.raises(CorruptEntry, match="tail offsets"):
+        decode_heads(heads, tails + b"x", ends, offsets, ["topic"])
+    with pytest.raises(ValueError, match="body"):
+        decode_heads(heads, tails, ends, offsets, ["topic", "body"])

@@ -101,6 +101,75 @@ def test_read_log_is_the_committed_log_byte_for_byte_in_any_chunks(cluster: Loca
         assert read_log(stubs[2], mid, stop) == raw[mid - first : stop - first]
 
 
+def read_heads(stub: Any, offsets: list[int]) -> tuple[bytes, bytes, list[int]]:
+    """ReadLog's heads of the messages at `offsets`: (fixed parts, tails, tail offsets)."""
+    packed = struct.pack(f"<{len(offsets)}q", *offsets)
+    request = pb.ReadLogRequest(from_pos=offsets[0] - HEADER_SIZE, end_pos=offsets[-1] + 1,
+                                message_offsets=packed)  # fmt: skip
+    heads, tails, ends = b"", b"", [0]
+    for c in stub.ReadLog(request, timeout=30):
+        assert not c.data and c.pos == offsets[len(heads) // 88]
+        chunk = struct.unpack(f"<{len(c.tail_offsets) // 4}i", c.tail_offsets)
+        ends += [len(tails) + e for e in chunk[1:]]
+        heads, tails = heads + c.heads, tails + c.tails
+    return heads, tails, ends
+
+
+def test_read_log_heads_are_the_messages_without_their_bodies(cluster: LocalCluster) -> None:
+    """ReadLog with message_offsets: each message's fixed part, and what follows its body;
+    the Spark reader uses them for reads without the body column, with the same rows."""
+    topic = fresh_topic("heads")
+    with cluster.client() as client:
+        acked = client.put_batch(specs(topic, 300))
+    dispatched_everywhere(cluster, topic, 300)
+    first = acked[0].commitlog_offset - HEADER_SIZE
+    offsets = [r.commitlog_offset for r in acked]
+    with node_stubs(cluster) as stubs:
+        raw = read_log(stubs[1], first)
+        for stub in stubs.values():
+            for asked in (offsets, offsets[1::3]):
+                heads, tails, ends = read_heads(stub, asked)
+                assert len(heads) == 88 * len(asked) and len(ends) == len(asked) + 1
+                for k, off in enumerate(asked):
+                    at = off - first
+                    (total,) = struct.unpack_from(">i", raw, at)
+                    (body_len,) = struct.unpack_from(">i", raw, at + 84)
+                    assert heads[88 * k : 88 * k + 88] == raw[at : at + 88]
+                    assert tails[ends[k] : ends[k + 1]] == raw[at + 88 + body_len : at + total]
+        stub = stubs[1]
+        for bad, code in (
+            ([offsets[2] + 1], grpc.StatusCode.INVALID_ARGUMENT),  # not where a message starts
+            ([offsets[3], offsets[2]], grpc.StatusCode.INVALID_ARGUMENT),  # falling
+            ([committed_pos(stub) + HEADER_SIZE], grpc.StatusCode.UNAVAILABLE),  # not committed
+        ):
+            with pytest.raises(grpc.RpcError) as err:
+                read_heads(stub, bad)
+            assert err.value.code() == code, (bad, err.value.details())
+    # The reader: without the body column, the same rows as with it, from the heads.
+    columns = ["topic", "queue_id", "queue_offset", "msg_id", "keys", "tags", "properties",
+               "store_timestamp", "body_size"]  # fmt: skip
+    store = ServerStore([s.client for s in cluster], local_reads=False)
+    asked_heads: list[int] = []
+    heads_of = store._heads
+
+    def counted(offsets: Any, end: int) -> Any:
+        asked_heads.append(len(offsets))
+        return heads_of(offsets, end)
+
+    store._heads = counted  # type: ignore[method-assign]
+    try:
+        queues = tuple(Slice(q.topic, q.queue_id, q.min_offset, q.max_offset)
+                       for q in store.queues(topic))  # fmt: skip
+        piece = LogPiece(first, offsets[-1] + 4096, queues)
+        got = [r for b in store.read_piece(piece, columns) for r in b.to_pylist()]
+        assert asked_heads == [300]
+        whole = [r for b in store.read_piece(piece, [*columns, "body"]) for r in b.to_pylist()]
+        assert asked_heads == [300]
+    finally:
+        store.close()
+    assert got == [{c: r[c] for c in columns} for r in whole] and len(got) == 300
+
+
 def test_read_log_refuses_bad_positions(cluster: LocalCluster) -> None:
     topic = fresh_topic("rlbad")
     with cluster.client() as client:
@@ -244,6 +313,10 @@ def test_a_damaged_entry_is_never_served_raw(make_cluster: Callable[..., LocalCl
         tail = read_log(stub, after, acked[-1].commitlog_offset)
         healthy = next(i for i in stubs if i != victim)
         assert tail == read_log(stubs[healthy], after, acked[-1].commitlog_offset)
+        # The heads of its messages (ReadLog's, without bodies) are refused as well.
+        with pytest.raises(grpc.RpcError) as err:
+            read_heads(stub, [r.commitlog_offset for r in acked[5:20]])
+        assert err.value.code() == grpc.StatusCode.DATA_LOSS
         # Pull, which reads the message with its entry, refuses it as well.
         with pytest.raises(grpc.RpcError) as err:
             stub.Pull(pb.PullRequest(topic=topic, queue_id=hit.queue_id,

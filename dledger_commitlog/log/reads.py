@@ -13,7 +13,7 @@ consume-queue read.
 
 Thread safety. The threads never call into the dispatcher or the consume
 queues, which have one writer (the loop). They read files through descriptors
-(and read-only maps) of their own, opened by name for one call (`_Files`): a
+(and read-only maps) of their own, opened by name for one call (`Files`): a
 segment that retention deletes meanwhile stays readable through an open
 descriptor or fails to open (reported as deleted), and a descriptor the loop
 closes can never be one a thread reads. Segment files are preallocated and never
@@ -139,7 +139,7 @@ def queue_view(
     )
 
 
-class _Files:
+class Files:
     """Descriptors (and read-only maps) of this call's own, opened by name, closed when
     the call ends. Segment files never shrink, so a map cannot fault past their end."""
 
@@ -147,7 +147,7 @@ class _Files:
         self._fds: dict[str, int] = {}
         self._maps: dict[str, mmap.mmap] = {}
 
-    def __enter__(self) -> _Files:
+    def __enter__(self) -> Files:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -198,7 +198,7 @@ class _Deleted(OffsetOutOfRange):
 # ---------------------------------------------------------------- commit log
 
 
-def read_log(view: LogView, files: _Files, pos: int, end: int) -> bytes:
+def read_log(view: LogView, files: Files, pos: int, end: int) -> bytes:
     """Bytes [pos, end) of the commit log (end <= committed), from the files and,
     above the flushed position, from the store's buffers."""
     if pos < view.min_pos:
@@ -268,7 +268,7 @@ def read_log_checked(
     where an entry ends, past `pos + want` (or `end`) if an entry reaches beyond,
     never past the committed position. Bytes checked before are cut anywhere.
     """
-    with _Files() as files:
+    with Files() as files:
         stop = min(pos + want, end)
         known = verified.covering(pos)  # [pos, known) was checked before
         if known >= stop:
@@ -283,7 +283,7 @@ def read_log_checked(
 
 
 def _check_entries(
-    view: LogView, files: _Files, pos: int, limit: int, asked: bool
+    view: LogView, files: Files, pos: int, limit: int, asked: bool
 ) -> tuple[bytes, int]:
     """Read and check whole entries from `pos` until one ends at or after `limit`.
 
@@ -337,7 +337,7 @@ def _check_entries(
 # ---------------------------------------------------------------- consume queues
 
 
-def read_units(q: QueueView, files: _Files, start: int, end: int) -> bytes:
+def read_units(q: QueueView, files: Files, start: int, end: int) -> bytes:
     """Raw units [start, end) of the queue (min_offset <= start <= end <= max_offset)."""
     if not q.min_offset <= start <= end <= q.max_offset:
         raise OffsetOutOfRange(start, q.min_offset, q.max_offset, "consume queue offset")
@@ -356,11 +356,11 @@ def read_units(q: QueueView, files: _Files, start: int, end: int) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def _unit_offset(q: QueueView, files: _Files, offset: int) -> int:
+def _unit_offset(q: QueueView, files: Files, offset: int) -> int:
     return int(_I64.unpack(read_units(q, files, offset, offset + 1)[:8])[0])
 
 
-def _first_unit_at(q: QueueView, files: _Files, lo: int, hi: int, phy: int) -> int:
+def _first_unit_at(q: QueueView, files: Files, lo: int, hi: int, phy: int) -> int:
     """The first queue offset in [lo, hi) whose message lies at >= `phy` (hi if none)."""
     while lo < hi:
         mid = (lo + hi) // 2
@@ -376,7 +376,7 @@ def units_between(
 ) -> tuple[int, int]:
     """The queue offsets [a, b) within [start, end) whose messages lie in [from_pos, to_pos)
     (to_pos 0: no bound); binary searches on the units (offsets rise along a queue)."""
-    with _Files() as files:
+    with Files() as files:
         a = _first_unit_at(q, files, start, end, from_pos) if from_pos > 0 else start
         b = _first_unit_at(q, files, a, end, to_pos) if to_pos > 0 else end
         return a, b
@@ -385,14 +385,14 @@ def units_between(
 def units_chunk(q: QueueView, start: int, end: int) -> bytes:
     """Units [start, end) of one answer (the caller keeps it to MAX_UNITS_ANSWER):
     an answer is read only when the one before it has gone out."""
-    with _Files() as files:
+    with Files() as files:
         return read_units(q, files, start, end)
 
 
 def offset_for_time(q: QueueView, view: LogView, timestamp_ms: int) -> int:
     """The first queue offset whose message's store timestamp is >= `timestamp_ms`, by
     binary search (the queue's end when none is)."""
-    with _Files() as files:
+    with Files() as files:
         lo, hi = q.min_offset, q.max_offset
         while lo < hi:
             mid = (lo + hi) // 2
@@ -451,7 +451,7 @@ def pull_scan(
     hi = min(hi, offset + max_scan)
     if hi <= offset or max_messages <= 0:
         return Found([], [], offset)
-    with _Files() as files:
+    with Files() as files:
         units = np.frombuffer(read_units(q, files, offset, hi), UNIT_DTYPE)
         offsets = units["commitlog_offset"].astype(np.int64)
         sizes = units["size"].astype(np.int64)
@@ -472,7 +472,7 @@ def pull_scan(
 
 def _by_tags(
     view: LogView,
-    files: _Files,
+    files: Files,
     offset: int,
     units: npt.NDArray[np.void],
     tags: frozenset[str],
@@ -502,7 +502,7 @@ def _by_tags(
 
 
 def _read_messages(
-    view: LogView, files: _Files, offsets: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
+    view: LogView, files: Files, offsets: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
 ) -> list[bytes]:
     """The messages at `offsets` (rising), each checked against its entry (magic,
     position, size, body CRC). Those in the data files come from one read-only map

@@ -4,7 +4,8 @@ offsets by time.
 Owns `LogReadRpcs` (ReadLog, ReadUnits, OffsetsForTimes; Spark's reads over the
 cluster, `analytics/`). The loop takes a snapshot of the committed bounds and the
 read pool does the disk reads and checks (`log.reads`); ReadLog reads the next
-chunk while the last one is sent.
+chunk while the last one is sent. ReadLog with `message_offsets` answers those
+messages' heads instead of raw bytes (`log.head_reads`: each without its body).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from dledger_commitlog.log import reads
+from dledger_commitlog.log import head_reads, reads
 from dledger_commitlog.node.acl import Perm, require_topics
 from dledger_commitlog.service.base import Context, ServiceBase, read_everything, read_failure
 from proto import dledger_pb2 as pb
@@ -29,12 +30,17 @@ class LogReadRpcs(ServiceBase):
         self, request: pb.ReadLogRequest, context: Context
     ) -> AsyncIterator[pb.ReadLogChunk]:
         """Raw committed commit-log bytes [from_pos, min(end_pos, committed)), in chunks read
-        (and CRC-checked, once per process) in the read pool."""
+        (and CRC-checked, once per process) in the read pool; with `message_offsets`,
+        those messages without their bodies (`_heads`)."""
         await self._allow(context, "ReadLog", read_everything)
         r = request
         if r.from_pos < 0 or r.end_pos < 0 or r.chunk_bytes < 0:
             why = "from_pos, end_pos and chunk_bytes must not be negative"
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
+        if r.message_offsets:
+            async for answer in self._heads(r.message_offsets, context):
+                yield answer
+            return
         chunk = min(r.chunk_bytes or _LOG_CHUNK, _MAX_LOG_CHUNK)
         view = self.node.log_view()
         end = view.committed if r.end_pos == 0 else min(r.end_pos, view.committed)
@@ -62,6 +68,52 @@ class LogReadRpcs(ServiceBase):
             # The next chunk is read while this one is sent (retention may move on: a
             # fresh snapshot of the files each time).
             pending = read(pos, self.node.log_view()) if pos < end else None
+            try:
+                yield answer
+            except BaseException:
+                if pending is not None:
+                    pending.cancel()
+                raise
+
+    async def _heads(self, raw: bytes, context: Context) -> AsyncIterator[pb.ReadLogChunk]:
+        """ReadLog with `message_offsets`: the heads of those messages, HEADS_PER_CHUNK a
+        chunk, the next read while one is sent; a replica that has not committed them
+        yet is UNAVAILABLE (the reader tries another)."""
+        try:
+            offsets = head_reads.parse_offsets(raw)
+        except InvalidMessage as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        view = self.node.log_view()
+        if int(offsets[-1]) >= view.committed:
+            why = f"offset {offsets[-1]} is not committed here yet (committed: {view.committed})"
+            await context.abort(grpc.StatusCode.UNAVAILABLE, why)
+        loop = asyncio.get_running_loop()
+
+        def read(lo: int, view: reads.LogView) -> asyncio.Future[pb.ReadLogChunk]:
+            part = offsets[lo : lo + head_reads.HEADS_PER_CHUNK]
+
+            def work() -> pb.ReadLogChunk:
+                heads, tails, ends = head_reads.message_heads(view, part)
+                return pb.ReadLogChunk(pos=int(part[0]), heads=heads, tails=tails,
+                                       tail_offsets=ends, committed_pos=view.committed,
+                                       min_pos=view.min_pos)  # fmt: skip
+
+            return loop.run_in_executor(self._reads, work)
+
+        try:
+            await self._in_thread(head_reads.check_span, view, self.verified, offsets)
+        except (InvalidMessage, OffsetOutOfRange, CorruptEntry) as exc:
+            await context.abort(*read_failure(exc))
+        lo = 0
+        pending: asyncio.Future[pb.ReadLogChunk] | None = read(lo, view)
+        while pending is not None:
+            try:
+                answer = await pending
+            except (InvalidMessage, OffsetOutOfRange, CorruptEntry) as exc:
+                await context.abort(*read_failure(exc))
+            lo += head_reads.HEADS_PER_CHUNK
+            more = lo < len(offsets)
+            pending = read(lo, self.node.log_view()) if more else None
             try:
                 yield answer
             except BaseException:
