@@ -1,6 +1,6 @@
 """The Raft peer link on both gRPC stacks, in one process over real loopback sockets.
 
-grpclib (the default) and grpcio (`raft_transport = "grpcio"`) interoperate, with
+grpcio (the default) and grpclib (`raft_transport = "grpclib"`) interoperate, with
 mTLS and peer tokens too; both refuse a bad stream alike (a batch that does not
 parse is INVALID_ARGUMENT, one past 64 MiB RESOURCE_EXHAUSTED); a stalled peer
 neither blocks the loop nor grows a queue; a restarted peer is reached again
@@ -306,11 +306,11 @@ def test_a_restarted_peer_is_reached_within_an_election_timeout(link_kind: str) 
 def test_a_cluster_of_mixed_stacks_replicates_and_fails_over(
     make_cluster: Callable[..., Any],
 ) -> None:
-    """Node 1 on grpcio, nodes 2 and 3 on grpclib: one cluster, whoever leads."""
+    """Node 1 on grpclib, nodes 2 and 3 on grpcio (the default): one cluster, whoever leads."""
     cluster = make_cluster("mixed", start=False)
     for node in (2, 3):
         cluster.start(node)
-    mixed = dataclasses.replace(cluster.configs[1], raft_transport="grpcio")
+    mixed = dataclasses.replace(cluster.configs[1], raft_transport="grpclib")
     cluster.specs[1].config_path.write_text(node_toml(mixed))
     cluster.start(1)
     wait_converged(cluster, 30)
