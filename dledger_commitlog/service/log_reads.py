@@ -11,7 +11,7 @@ messages' heads instead of raw bytes (`log.head_reads`: each without its body).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -58,22 +58,13 @@ class LogReadRpcs(ServiceBase):
 
             return loop.run_in_executor(self._reads, work)
 
-        pending = read(pos, view) if pos < end else None
-        while pending is not None:
-            try:
-                answer = await pending
-            except (InvalidMessage, OffsetOutOfRange, CorruptEntry) as exc:
-                await context.abort(*read_failure(exc))
-            pos = answer.pos + len(answer.data)
-            # The next chunk is read while this one is sent (retention may move on: a
-            # fresh snapshot of the files each time).
-            pending = read(pos, self.node.log_view()) if pos < end else None
-            try:
+        def after(answer: pb.ReadLogChunk) -> asyncio.Future[pb.ReadLogChunk] | None:
+            at = answer.pos + len(answer.data)
+            return read(at, self.node.log_view()) if at < end else None
+
+        if pos < end:
+            async for answer in _read_ahead(context, read(pos, view), after):
                 yield answer
-            except BaseException:
-                if pending is not None:
-                    pending.cancel()
-                raise
 
     async def _heads(self, raw: bytes, context: Context) -> AsyncIterator[pb.ReadLogChunk]:
         """ReadLog with `message_offsets`: the heads of those messages, HEADS_PER_CHUNK a
@@ -105,21 +96,14 @@ class LogReadRpcs(ServiceBase):
         except (InvalidMessage, OffsetOutOfRange, CorruptEntry) as exc:
             await context.abort(*read_failure(exc))
         lo = 0
-        pending: asyncio.Future[pb.ReadLogChunk] | None = read(lo, view)
-        while pending is not None:
-            try:
-                answer = await pending
-            except (InvalidMessage, OffsetOutOfRange, CorruptEntry) as exc:
-                await context.abort(*read_failure(exc))
+
+        def after(_answer: pb.ReadLogChunk) -> asyncio.Future[pb.ReadLogChunk] | None:
+            nonlocal lo
             lo += head_reads.HEADS_PER_CHUNK
-            more = lo < len(offsets)
-            pending = read(lo, self.node.log_view()) if more else None
-            try:
-                yield answer
-            except BaseException:
-                if pending is not None:
-                    pending.cancel()
-                raise
+            return read(lo, self.node.log_view()) if lo < len(offsets) else None
+
+        async for answer in _read_ahead(context, read(lo, view), after):
+            yield answer
 
     async def ReadUnits(
         self, request: pb.ReadUnitsRequest, context: Context
@@ -195,3 +179,26 @@ class LogReadRpcs(ServiceBase):
         except (OffsetOutOfRange, CorruptEntry) as exc:
             await context.abort(*read_failure(exc))
         return pb.OffsetsForTimesResponse(offsets=offsets)
+
+
+async def _read_ahead(
+    context: Context,
+    first: asyncio.Future[pb.ReadLogChunk],
+    after: Callable[[pb.ReadLogChunk], asyncio.Future[pb.ReadLogChunk] | None],
+) -> AsyncIterator[pb.ReadLogChunk]:
+    """The chunks of a read in order, the next one (`after` the one just read: None at
+    the end) read while this one is sent; each from a fresh snapshot of the files, as
+    retention may move on. A read that fails aborts the call with its status."""
+    pending: asyncio.Future[pb.ReadLogChunk] | None = first
+    while pending is not None:
+        try:
+            answer = await pending
+        except (InvalidMessage, OffsetOutOfRange, CorruptEntry) as exc:
+            await context.abort(*read_failure(exc))
+        pending = after(answer)
+        try:
+            yield answer
+        except BaseException:
+            if pending is not None:
+                pending.cancel()
+            raise
