@@ -38,6 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
+import uvloop
 
 from bench._proc import process_usage as node_usage
 from bench._report import report
@@ -52,8 +53,6 @@ STACKS = ("grpcio", "grpclib")
 BODY = b"m" * 1024
 PULL_MESSAGES = 16_384
 CONFIG = {"data_segment_bytes": 256 << 20, "index_segment_bytes": 32 << 20}
-# The nodes' loop is uvloop: a sitecustomize on their PYTHONPATH installs its policy.
-UVLOOP_SITE = Path(__file__).resolve().parent / "uvloop_site"
 Sample = tuple[float, float, float]  # rate, leader CPU us per unit, all nodes' CPU us per unit
 
 
@@ -64,7 +63,7 @@ def clusters(root: Path) -> Iterator[dict[str, LocalCluster]]:
         for name in STACKS:
             config = dict(CONFIG, client_transport=name)
             made[name] = stack.enter_context(
-                LocalCluster(root / name, extra_config=config, env={"PYTHONPATH": str(UVLOOP_SITE)})
+                LocalCluster(root / name, extra_config=config)  # nodes run on uvloop
             )
             made[name].up()
         yield made
@@ -277,9 +276,8 @@ def port_alone(seconds: float, reps: int) -> dict[str, dict[str, list[Sample]]]:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 address = f"127.0.0.1:{s.getsockname()[1]}"
-            env = dict(os.environ, PYTHONPATH=str(UVLOOP_SITE))
             cmd = [sys.executable, __file__, "--serve-alone", stack, address]
-            servers[stack] = (subprocess.Popen(cmd, env=env), address)
+            servers[stack] = (subprocess.Popen(cmd), address)
         return asyncio.run(_alone_rounds(servers, seconds, reps))
     finally:
         for proc, _ in servers.values():
@@ -314,7 +312,7 @@ def main() -> None:
                         help=argparse.SUPPRESS)  # fmt: skip
     args = parser.parse_args()
     if args.serve_alone:
-        asyncio.run(serve_alone(*args.serve_alone))
+        uvloop.run(serve_alone(*args.serve_alone))  # the loop a node runs on
         return
     load = Path("/proc/loadavg").read_text().split()[:3]
     samples = asyncio.run(run(args.seconds, args.reps))
