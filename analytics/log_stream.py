@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from analytics.errors import RETRIED_CODES, RpcFailed, SourceError
 from dledger_commitlog.client import Access
+from dledger_commitlog.common.protowire import read_varint
 
 _LOG_CHUNK = 4 << 20
 
@@ -149,29 +150,18 @@ class LogStream:
         return pa.py_buffer(buf[:size])
 
 
-def _varint(raw: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        b = raw[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, i
-        shift += 7
-
-
 def _chunk_fields(raw: bytes) -> tuple[int, memoryview]:
     """`pos` and `data` of a serialized ReadLogChunk, the bytes not copied."""
     pos, data, i = 0, memoryview(raw)[0:0], 0
     while i < len(raw):
-        key, i = _varint(raw, i)
+        key, i = read_varint(raw, i)
         field, wire = key >> 3, key & 7
         if wire == 0:
-            value, i = _varint(raw, i)
+            value, i = read_varint(raw, i)
             if field == 1:
                 pos = value
         elif wire == 2:
-            n, i = _varint(raw, i)
+            n, i = read_varint(raw, i)
             if field == 2:
                 data = memoryview(raw)[i : i + n]
             i += n

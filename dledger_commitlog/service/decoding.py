@@ -30,6 +30,8 @@ import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 
+from dledger_commitlog.common.protowire import read_varint
+
 _MAX_DEPTH: Final = 100  # protobuf's own nesting limit
 _BAD = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -173,14 +175,14 @@ def _bad_utf8(desc: Descriptor, data: bytes, path: str, depth: int) -> str | Non
     at = 0
     try:
         while at < len(data):
-            key, at = _varint(data, at)
+            key, at = read_varint(data, at)
             number, wire = key >> 3, key & 7
             if wire == 0:
-                _, at = _varint(data, at)
+                _, at = read_varint(data, at)
             elif wire in (1, 5):
                 at += 8 if wire == 1 else 4
             elif wire == 2:
-                size, at = _varint(data, at)
+                size, at = read_varint(data, at)
                 value, at = data[at : at + size], at + size
                 field = desc.fields_by_number.get(number)
                 if field is None:
@@ -203,14 +205,3 @@ def _bad_utf8(desc: Descriptor, data: bytes, path: str, depth: int) -> str | Non
     except IndexError:
         return None
     return None
-
-
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at
-        shift += 7
