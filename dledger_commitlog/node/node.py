@@ -39,7 +39,6 @@ commit log learns its uncommitted tail before any put of it is assigned.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -54,6 +53,7 @@ from dledger_commitlog.log import reads
 from dledger_commitlog.log.commitlog import PutSpec
 from dledger_commitlog.log.entry_records import BASE_SIZE
 from dledger_commitlog.log.retention import Retention
+from dledger_commitlog.log.snapshot_extra import decode_extra, encode_extra
 from dledger_commitlog.node.config import NodeConfig
 from dledger_commitlog.node.loops import NodeLoops, next_call
 from dledger_commitlog.node.metrics import NodeMetrics
@@ -547,22 +547,16 @@ class RaftNode:
 
     def _snapshot_extra(self) -> bytes:
         """What a follower restored from our log needs besides it (leader side)."""
-        doc = {
-            "queue_next": [[t, q, n] for (t, q), n in sorted(self.commitlog.queue_next.items())],
-            "offsets": [[g, t, q, o] for (g, t, q), o in sorted(self.dispatcher.offsets.items())],
-        }
-        return json.dumps(doc, separators=(",", ":")).encode()
+        return encode_extra(self.commitlog.queue_next, self.dispatcher.offsets)
 
     async def _restore(self, snap: SnapshotMeta) -> None:
         """Our log restarts after the leader's snapshot index: reset the store and dispatch."""
         loop = asyncio.get_running_loop()
+        extra = decode_extra(snap.data[BASE_SIZE:])  # checked by deliver: a failure is a fault
         await loop.run_in_executor(self._executor, self.store.restore, snap.index, snap.term,
                                    snap.data)  # fmt: skip
-        extra = json.loads(snap.data[BASE_SIZE:] or b"{}")
-        queue_next = {(t, int(q)): int(n) for t, q, n in extra.get("queue_next", [])}
-        offsets = {(g, t, int(q)): int(o) for g, t, q, o in extra.get("offsets", [])}
-        self.commitlog.restart_at(snap.index, queue_next)
-        self.dispatcher.reset(self.commitlog.committed_pos, offsets)
+        self.commitlog.restart_at(snap.index, extra.queue_next)
+        self.dispatcher.reset(self.commitlog.committed_pos, extra.offsets)
         await loop.run_in_executor(self._executor, self.loops.checkpoint_now,
                                    self.dispatcher.snapshot())  # fmt: skip
         log.warning("node %d was behind the leader's retained log: restarted after entry %d",
