@@ -53,6 +53,7 @@ from dledger_commitlog.log import reads
 from dledger_commitlog.log.commitlog import PutSpec
 from dledger_commitlog.log.entry_records import BASE_SIZE
 from dledger_commitlog.log.retention import Retention
+from dledger_commitlog.log.snapshot_check import check_snapshot
 from dledger_commitlog.log.snapshot_extra import decode_extra, encode_extra
 from dledger_commitlog.node.config import NodeConfig
 from dledger_commitlog.node.loops import NodeLoops, next_call
@@ -66,7 +67,7 @@ from dledger_commitlog.node.recovery import (
 from dledger_commitlog.node.security import NodeSecurity
 from raft import HardState, LogDiverged, Message, NotLeader, Role
 from raft.driver import ReadyDriver
-from raft.messages import AppendEntries
+from raft.messages import AppendEntries, Snapshot
 from raft.peer_link import PeerLink
 from raft.progress import PeerProgress
 from raft.transport import open_link
@@ -309,6 +310,8 @@ class RaftNode:
                 if e.kind is EntryKind.NORMAL and not is_message(e.data):
                     raise InvalidPeerMessage(f"append from node {msg.src}: entry {e.index} "
                                              "holds no well-formed message")  # fmt: skip
+        elif isinstance(msg, Snapshot):
+            check_snapshot(msg)  # its description, before it can reach the store
         try:
             self.core.step(msg)
         except LogDiverged as exc:
