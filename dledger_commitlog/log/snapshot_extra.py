@@ -65,17 +65,18 @@ def decode_extra(raw: bytes) -> SnapshotExtra:
         raise ValueError(f"extra is no JSON: {exc}") from None
     if not isinstance(doc, dict) or set(doc) != {"queue_next", "offsets"}:
         raise ValueError('extra is no object of exactly "queue_next" and "offsets"')
+    names: set[str] = set()  # those check_name passed: many items share one
     queue_next: dict[QueueKey, int] = {}
     for item in _items(doc["queue_next"], "queue_next", 3):
         topic, queue_id, n = item
-        _check_queue(item, topic, queue_id)
-        queue_next[_new_key(queue_next, (topic, queue_id), item)] = _offset(item, n)
+        key = (_name(item, topic, "topic", names), _queue_id(item, queue_id))
+        _add_new(queue_next, key, _offset(item, n), item)
     offsets: dict[GroupKey, int] = {}
     for item in _items(doc["offsets"], "offsets", 4):
         group, topic, queue_id, off = item
-        _check_name(item, group, "group")
-        _check_queue(item, topic, queue_id)
-        offsets[_new_key(offsets, (group, topic, queue_id), item)] = _offset(item, off)
+        group_key = (_name(item, group, "group", names), _name(item, topic, "topic", names),
+                     _queue_id(item, queue_id))  # fmt: skip
+        _add_new(offsets, group_key, _offset(item, off), item)
     return SnapshotExtra(queue_next, offsets)
 
 
@@ -88,17 +89,21 @@ def _items(value: Any, name: str, width: int) -> list[list[Any]]:
     return value
 
 
-def _check_name(item: list[Any], name: Any, what: str) -> None:
+def _name(item: list[Any], name: Any, what: str, names: set[str]) -> str:
+    if isinstance(name, str) and name in names:
+        return name
     try:
         check_name(name, what)
     except InvalidMessage as exc:
         raise ValueError(f"extra item {_show(item)}: {exc}") from None
+    names.add(name)
+    return str(name)
 
 
-def _check_queue(item: list[Any], topic: Any, queue_id: Any) -> None:
-    _check_name(item, topic, "topic")
-    if not _is_int(queue_id) or not 0 <= queue_id < MAX_QUEUE_ID:
+def _queue_id(item: list[Any], value: Any) -> int:
+    if not _is_int(value) or not 0 <= value < MAX_QUEUE_ID:
         raise ValueError(f"extra item {_show(item)}: queue id not in [0, {MAX_QUEUE_ID})")
+    return int(value)
 
 
 def _offset(item: list[Any], value: Any) -> int:
@@ -107,10 +112,10 @@ def _offset(item: list[Any], value: Any) -> int:
     return int(value)
 
 
-def _new_key(seen: Mapping[K, int], key: K, item: list[Any]) -> K:
-    if key in seen:
+def _add_new(into: dict[K, int], key: K, value: int, item: list[Any]) -> None:
+    if key in into:
         raise ValueError(f"extra item {_show(item)}: its key appears twice")
-    return key
+    into[key] = value
 
 
 def _is_int(value: Any) -> bool:
