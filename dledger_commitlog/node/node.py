@@ -41,7 +41,6 @@ commit log learns its uncommitted tail before any put of it is assigned.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -55,6 +54,8 @@ from dledger_commitlog.log import reads
 from dledger_commitlog.log.commitlog import PutSpec
 from dledger_commitlog.log.entry_records import BASE_SIZE
 from dledger_commitlog.log.retention import Retention
+from dledger_commitlog.log.snapshot_check import check_snapshot
+from dledger_commitlog.log.snapshot_extra import decode_extra, encode_extra
 from dledger_commitlog.node.config import NodeConfig
 from dledger_commitlog.node.loops import NodeLoops, next_call
 from dledger_commitlog.node.members import NodeMembers
@@ -71,7 +72,7 @@ from dledger_commitlog.node.views import MemberStatus, NodeState
 from raft import HardState, LogDiverged, Message, NotLeader, Role
 from raft.driver import ReadyDriver
 from raft.membership import Member
-from raft.messages import AppendEntries
+from raft.messages import AppendEntries, Snapshot
 from raft.types import EntryKind, ReadState, SnapshotMeta
 from raft.validate import InvalidPeerMessage, check_peer_message
 from raft.wire import to_wire
@@ -288,6 +289,8 @@ class RaftNode:
                 if e.kind is EntryKind.NORMAL and not is_message(e.data):
                     raise InvalidPeerMessage(f"append from node {msg.src}: entry {e.index} "
                                              "holds no well-formed message")  # fmt: skip
+        elif isinstance(msg, Snapshot):
+            check_snapshot(msg)  # its description, before it can reach the store
         try:
             self.core.step(msg)
         except LogDiverged as exc:
@@ -548,22 +551,16 @@ class RaftNode:
 
     def _snapshot_extra(self) -> bytes:
         """What a follower restored from our log needs besides it (leader side)."""
-        doc = {
-            "queue_next": [[t, q, n] for (t, q), n in sorted(self.commitlog.queue_next.items())],
-            "offsets": [[g, t, q, o] for (g, t, q), o in sorted(self.dispatcher.offsets.items())],
-        }
-        return json.dumps(doc, separators=(",", ":")).encode()
+        return encode_extra(self.commitlog.queue_next, self.dispatcher.offsets)
 
     async def _restore(self, snap: SnapshotMeta) -> None:
         """Our log restarts after the leader's snapshot index: reset the store and dispatch."""
         loop = asyncio.get_running_loop()
+        extra = decode_extra(snap.data[BASE_SIZE:])  # checked by deliver: a failure is a fault
         await loop.run_in_executor(self._executor, self.store.restore, snap.index, snap.term,
                                    snap.data)  # fmt: skip
-        extra = json.loads(snap.data[BASE_SIZE:] or b"{}")
-        queue_next = {(t, int(q)): int(n) for t, q, n in extra.get("queue_next", [])}
-        offsets = {(g, t, int(q)): int(o) for g, t, q, o in extra.get("offsets", [])}
-        self.commitlog.restart_at(snap.index, queue_next)
-        self.dispatcher.reset(self.commitlog.committed_pos, offsets)
+        self.commitlog.restart_at(snap.index, extra.queue_next)
+        self.dispatcher.reset(self.commitlog.committed_pos, extra.offsets)
         await loop.run_in_executor(self._executor, self.loops.checkpoint_now,
                                    self.dispatcher.snapshot())  # fmt: skip
         log.warning("node %d was behind the leader's retained log: restarted after entry %d",
