@@ -76,7 +76,7 @@ class NodeMembers:
         if m is None:
             return None
         static = self._static.get(node_id)
-        if static is not None and not m.raft:
+        if static is not None:  # this node's own settings say how to reach it (a proxy, NAT)
             return dataclasses.replace(static, learner=m.learner)
         return m
 
