@@ -6,6 +6,7 @@ from raft.core import RaftCore
 from raft.errors import (
     Compacted,
     LogDiverged,
+    MembershipError,
     NotLeader,
     ProposalDropped,
     RaftError,
@@ -41,6 +42,7 @@ __all__ = [
     "HeartbeatResponse",
     "LogDiverged",
     "LogStorage",
+    "MembershipError",
     "MemoryStorage",
     "Message",
     "NotLeader",
