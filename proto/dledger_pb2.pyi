@@ -407,6 +407,72 @@ class TransferLeadershipResponse(_message.Message):
     leader_id: int
     def __init__(self, leader_id: _Optional[int] = ...) -> None: ...
 
+class Member(_message.Message):
+    __slots__ = ("id", "raft", "client", "role", "match_index", "lag")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RAFT_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    MATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    raft: str
+    client: str
+    role: str
+    match_index: int
+    lag: int
+    def __init__(self, id: _Optional[int] = ..., raft: _Optional[str] = ..., client: _Optional[str] = ..., role: _Optional[str] = ..., match_index: _Optional[int] = ..., lag: _Optional[int] = ...) -> None: ...
+
+class MemberListRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MemberListResponse(_message.Message):
+    __slots__ = ("members", "leader_id")
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    leader_id: int
+    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., leader_id: _Optional[int] = ...) -> None: ...
+
+class MemberAddRequest(_message.Message):
+    __slots__ = ("id", "raft", "client", "learner", "timeout_ms")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RAFT_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    raft: str
+    client: str
+    learner: bool
+    timeout_ms: int
+    def __init__(self, id: _Optional[int] = ..., raft: _Optional[str] = ..., client: _Optional[str] = ..., learner: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class MemberPromoteRequest(_message.Message):
+    __slots__ = ("id", "timeout_ms")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    timeout_ms: int
+    def __init__(self, id: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class MemberRemoveRequest(_message.Message):
+    __slots__ = ("id", "timeout_ms")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    timeout_ms: int
+    def __init__(self, id: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class MemberChangeResponse(_message.Message):
+    __slots__ = ("config_index", "members")
+    CONFIG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    config_index: int
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    def __init__(self, config_index: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
+
 class ReadRangeRequest(_message.Message):
     __slots__ = ("from_offset", "max_messages", "max_bytes")
     FROM_OFFSET_FIELD_NUMBER: _ClassVar[int]
