@@ -14,6 +14,7 @@ from dledger_commitlog.node.acl import require_admin
 from dledger_commitlog.node.config import NodeConfig
 from dledger_commitlog.node.node import NodeState
 from dledger_commitlog.service.base import Context, ServiceBase
+from dledger_commitlog.service.members import members_pb
 from proto import dledger_pb2 as pb
 
 
@@ -27,6 +28,7 @@ class AdminRpcs(ServiceBase):
         await self._caller(context, "Status")
         reply = status_pb(self.node.status(), self.cfg)
         reply.loop_lag_max_ms = self.loop_lag.max_ms(reset=request.reset_loop_lag)
+        reply.members.extend(members_pb(self.node.members()))
         return reply
 
     # -- transactional messages (docs/delayed-and-transactional.md) ------------------
