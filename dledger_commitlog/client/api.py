@@ -150,10 +150,11 @@ class ClientBase:
 
     @classmethod
     def from_cluster_file(cls, path: str | Path, **kwargs: Any) -> Self:
-        """A client of the cluster a `cluster.json` describes (see `cluster.py`)."""
+        """A client of the cluster a `cluster.json` describes (`cli/cluster_layout.py`;
+        nodes marked removed from the group are left out)."""
         try:
             doc = json.loads(Path(path).read_text())
-            servers = [str(node["client"]) for node in doc["nodes"]]
+            servers = [str(node["client"]) for node in doc["nodes"] if not node.get("removed")]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}: not a readable cluster file ({exc})") from exc
         kwargs.setdefault("cluster", doc.get("cluster") or None)
