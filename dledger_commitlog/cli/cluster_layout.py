@@ -279,7 +279,7 @@ class ClusterLayout:
     def _config(self, node_id: int) -> NodeConfig:
         spec = self.specs[node_id]
         every = self.retired | self.specs
-        ids = spec.peers or [i for i, s in every.items() if not s.join]  # the bootstrap group
+        ids = spec.peers or sorted(i for i, s in every.items() if not s.join)  # the bootstrap
         peers = tuple(
             Peer(i, self.links.get((node_id, i), every[i].raft), every[i].client) for i in ids
         )
@@ -302,13 +302,13 @@ class ClusterLayout:
 
     def new_spec(self, members: Mapping[int, tuple[str, str]]) -> NodeSpec:
         """A node to add to the group whose `members` are {id: (raft, client)}: the next
-        id never used here, ports in the directory's scheme (`base_port + k * 100 +
-        id` when it was made with one, else free ones), joining with `members` as peers."""
+        id never used here, ports in the directory's scheme (`base_port + k * 100 + id
+        - 1` when it was made with one, else free ones), joining with `members` as peers."""
         node_id = max(self.retired | self.specs) + 1
         host = next(iter(self.specs.values())).client.rpartition(":")[0]
         base = self.base_port
         if base is not None and base + 200 + node_id < 65536:
-            ports = [base + k * 100 + node_id for k in range(3)]
+            ports = [base + k * 100 + node_id - 1 for k in range(3)]  # as `_allocate` does
         else:
             ports = free_ports(3, host)
         client, raft, metrics = (f"{host}:{port}" for port in ports)
