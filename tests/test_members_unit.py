@@ -41,7 +41,8 @@ from dledger_commitlog.node.security import NodeSecurity
 from dledger_commitlog.service.client_service import ClientService
 from dledger_commitlog.service.decoding import add_services
 from proto import dledger_pb2_grpc as pb_grpc
-from raft import MembershipError, NotLeader, Role
+from raft import NotLeader, Role
+from raft.errors import MembershipError
 from raft.membership import Member
 
 ADMIN = ("admin", "admin-secret")

@@ -32,7 +32,8 @@ from dledger_commitlog.node.config import ConfigError, parse_address
 from dledger_commitlog.node.node import MemberStatus
 from dledger_commitlog.service.base import Context, ServiceBase
 from proto import dledger_pb2 as pb
-from raft import MembershipError, NotLeader
+from raft import NotLeader
+from raft.errors import MembershipError
 from raft.membership import Member
 
 DEFAULT_CHANGE_TIMEOUT_MS = 10_000
