@@ -26,6 +26,7 @@ import pytest
 from dledger_commitlog.cli.cluster_layout import ClusterLayout
 from dledger_commitlog.cli.main import build_parser, main
 from dledger_commitlog.client import (
+    AsyncClient,
     ChangeRefused,
     Client,
     InvalidArgument,
@@ -279,10 +280,11 @@ def test_a_leadership_lost_during_a_change_sends_it_to_the_new_leader(group: Fak
 
 def test_no_leader_is_unavailable_and_retried(group: FakeGroup) -> None:
     group.leader = None
-    timer = threading.Timer(0.3, lambda: setattr(group, "leader", 3))
+    timer = threading.Timer(0.2, lambda: setattr(group, "leader", 3))
     timer.start()
-    try:
-        with client(group) as c:
+    servers = list(group.addresses.values())
+    try:  # back-offs of 25-50 ms: the election outlasts a few attempts, not 32 of them
+        with Client(servers, timeout_s=5.0, backoff_base_s=0.05, backoff_max_s=0.05) as c:
             assert c.member_add(4, "h:1", "h:2").config_index == 101
     finally:
         timer.cancel()
@@ -314,6 +316,19 @@ def test_leadership_goes_only_to_a_voter_of_the_live_membership(group: FakeGroup
             c.transfer_leadership(4)
         with pytest.raises(InvalidArgument, match="node 9 is not a peer"):
             c.transfer_leadership(9)
+
+
+def test_the_async_client_has_the_same_membership_calls(group: FakeGroup) -> None:
+    async def go() -> tuple[list[MemberInfo], int]:
+        async with AsyncClient([group.addresses[2]], timeout_s=5.0) as c:
+            change = await c.member_add(4, "h:1", "h:2", learner=True)
+            group.refuse = MembershipError("node 4 is too far behind to vote")
+            with pytest.raises(ChangeRefused, match="too far behind"):
+                await c.member_promote(4)
+            return await c.member_list(), change.config_index
+
+    rows, index = asyncio.run(go())
+    assert index == 101 and [(m.id, m.role) for m in rows][-1] == (4, "learner")
 
 
 def test_status_carries_the_members(group: FakeGroup) -> None:
