@@ -302,9 +302,10 @@ class ClusterLayout:
 
     def new_spec(self, members: Mapping[int, tuple[str, str]]) -> NodeSpec:
         """A node to add to the group whose `members` are {id: (raft, client)}: the next
-        id never used here, ports in the directory's scheme (`base_port + k * 100 + id
-        - 1` when it was made with one, else free ones), joining with `members` as peers."""
-        node_id = max(self.retired | self.specs) + 1
+        id never used here nor by a member, ports in the directory's scheme (`base_port +
+        k * 100 + id - 1` when it was made with one, else free ones), joining with
+        `members` as peers."""
+        node_id = max([*self.retired, *self.specs, *members]) + 1
         host = next(iter(self.specs.values())).client.rpartition(":")[0]
         base = self.base_port
         if base is not None and base + 200 + node_id < 65536:

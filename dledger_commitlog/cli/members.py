@@ -8,10 +8,10 @@ them:
 - `cluster add-node --dir D` picks the next id and ports of D's scheme, records
   the node in D (configured to join, with the current members as its peers; with
   TLS a certificate naming it from D's CA), starts it, adds it as a learner and,
-  without `--learner`, promotes it once the leader accepts it as caught up (retried
-  until `--catch-up-timeout`). If it could not be added, its process is stopped and
-  its entry marked removed (its id is never used again); once added, it stays, and
-  an error names what is left to do.
+  without `--learner`, promotes it once the leader accepts it as caught up (a change
+  the leader refuses as things stand is asked again until `--catch-up-timeout`). If
+  it could not be added, its process is stopped and its entry marked removed (its id
+  is never used again); once added, it stays, and an error names what is left to do.
 - `cluster remove-node --dir D N` removes node N from the group (unless it has
   left already), stops its process and marks it removed in D, so that `cluster up`
   never starts it again; its files stay for a post-mortem.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dledger_commitlog.cli.commands import (
@@ -128,7 +129,8 @@ def _add_node(args: argparse.Namespace) -> int:
         try:
             cluster.start(spec.id)
             _wait_serving(cluster, client, spec, deadline)
-            client.member_add(spec.id, spec.raft, spec.client, learner=True)
+            _until_accepted(lambda: client.member_add(spec.id, spec.raft, spec.client,
+                                                      learner=True), deadline)  # fmt: skip
         except BaseException:
             cluster.stop(spec.id)
             cluster.retire(spec.id)
@@ -160,20 +162,29 @@ def _wait_serving(cluster: LocalCluster, client: Client, spec: NodeSpec, deadlin
         time.sleep(_POLL_S)
 
 
-def _promote_when_caught_up(client: Client, node_id: int, deadline: float) -> None:
-    """Promote learner `node_id` once the leader accepts it as caught up: asked again while
-    the leader refuses (still behind, or another change pending), until `deadline`."""
+def _until_accepted(change: Callable[[], MemberChange], deadline: float) -> MemberChange:
+    """Make `change`, asked again while the leader refuses it as things stand (another
+    change pending, a new leader without a commit of its term yet, a learner still
+    behind), until `deadline`: then the last refusal is the error. (The id is new to
+    the group, so a refusal is never about the id itself.)"""
     while True:
         try:
-            client.member_promote(node_id)
-            return
-        except ChangeRefused as exc:
+            return change()
+        except ChangeRefused:
             if time.monotonic() >= deadline:
-                raise ClusterError(
-                    f"node {node_id} was added as a learner but not promoted in time: "
-                    f"{exc.message}; it keeps catching up (`dledger member promote {node_id}`)"
-                ) from exc
+                raise
         time.sleep(_POLL_S)
+
+
+def _promote_when_caught_up(client: Client, node_id: int, deadline: float) -> None:
+    """Promote learner `node_id` once the leader accepts it as caught up (until `deadline`)."""
+    try:
+        _until_accepted(lambda: client.member_promote(node_id), deadline)
+    except ChangeRefused as exc:
+        raise ClusterError(
+            f"node {node_id} was added as a learner but not promoted in time: "
+            f"{exc.message}; it keeps catching up (`dledger member promote {node_id}`)"
+        ) from exc
 
 
 def _remove_node_args(p: argparse.ArgumentParser) -> None:
