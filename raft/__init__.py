@@ -6,7 +6,6 @@ from raft.core import RaftCore
 from raft.errors import (
     Compacted,
     LogDiverged,
-    MembershipError,
     NotLeader,
     ProposalDropped,
     RaftError,
@@ -42,7 +41,6 @@ __all__ = [
     "HeartbeatResponse",
     "LogDiverged",
     "LogStorage",
-    "MembershipError",
     "MemoryStorage",
     "Message",
     "NotLeader",

@@ -23,10 +23,6 @@ class NotLeader(RaftError):
         self.leader_hint = leader_hint
 
 
-class MembershipError(RaftError, ValueError):
-    """A membership change refused before anything changed; str(exc) is the reason."""
-
-
 class ProposalDropped(RaftError):
     """The proposal was refused without being appended (e.g. an empty batch)."""
 

@@ -88,7 +88,6 @@ class NodeConfig:
     # grpc.aio: grpclib measured 1.12x on (a) and 1.05x on (b) of bench/cluster.py
     # --transport, short of the 1.5x a second stack by default would need (issue 21).
     raft_transport: str = "grpcio"
-    join: bool = False  # STUB (i22-ops): a new node that learns its membership from the leader
     # store
     data_segment_bytes: int = 1 << 30
     index_segment_bytes: int = 32 << 20
@@ -127,7 +126,7 @@ class NodeConfig:
             raise ConfigError(f"peers: duplicate node ids {ids}")
         if self.node_id not in ids:
             raise ConfigError(f"node_id {self.node_id} is not among the peers {ids}")
-        if len(ids) not in (1, 3, 5) and not self.join:
+        if len(ids) not in (1, 3, 5):
             raise ConfigError(f"peers: a group of 1, 3 or 5 voters, not {len(ids)}")
         if self.flush_mode not in ("sync", "async"):
             raise ConfigError(f"flush_mode must be 'sync' or 'async', not {self.flush_mode!r}")
@@ -247,7 +246,6 @@ _SECTIONS = {
         "max_append_bytes": "max_append_bytes",
         "max_inflight_msgs": "max_inflight_msgs",
         "transport": "raft_transport",
-        "join": "join",
     },
     "store": {
         name: name

@@ -66,7 +66,6 @@ from dledger_commitlog.node.recovery import (
 from dledger_commitlog.node.security import NodeSecurity
 from raft import HardState, LogDiverged, Message, NotLeader, Role
 from raft.driver import ReadyDriver
-from raft.membership import Member
 from raft.messages import AppendEntries
 from raft.peer_link import PeerLink
 from raft.progress import PeerProgress
@@ -103,18 +102,6 @@ class NodeState:
     dispatched_pos: int
     last_chain_crc: int
     progress: Mapping[int, PeerProgress]  # per peer; empty unless this node leads
-
-
-@dataclass(frozen=True, slots=True)
-class MemberStatus:
-    """STUB (i22-ops): one member as `members()` reports it (match, lag: -1 unknown)."""
-
-    id: int
-    role: str  # "voter" | "learner"
-    raft: str
-    client: str
-    match: int
-    lag: int
 
 
 class RaftNode:
@@ -609,32 +596,3 @@ class RaftNode:
             link = self._links.get(peer)
             if link is not None:
                 link.send([to_wire(m) for m in msgs])
-
-    # -- STUB (i22-ops): the membership facade the lead implements on i22-core ---------
-
-    def members(self) -> list[MemberStatus]:
-        """Every member: id, role, addresses, match and lag (leader only; else -1)."""
-        core, leads = self.core, self.core.role is Role.LEADER
-        out = []
-        for p in self.cfg.peers:  # the static voters until the real facade lands
-            pr = core.progress.get(p.id)
-            match = -1 if not leads else pr.match if pr else core.last_index
-            lag = core.last_index - match if match >= 0 else -1
-            out.append(MemberStatus(p.id, "voter", p.raft, p.client, match, lag))
-        return out
-
-    async def add_member(self, member: Member, timeout_s: float) -> int:
-        """Add `member`; the index of its committed configuration entry."""
-        raise NotImplementedError("membership facade: i22-core")
-
-    async def promote_member(self, node_id: int, timeout_s: float) -> int:
-        """Make learner `node_id` a voter; the committed entry's index."""
-        raise NotImplementedError("membership facade: i22-core")
-
-    async def remove_member(self, node_id: int, timeout_s: float) -> int:
-        """Remove `node_id`; the committed entry's index."""
-        raise NotImplementedError("membership facade: i22-core")
-
-    def member_address(self, node_id: int) -> str | None:
-        """The client address of live member `node_id` (None: no such member)."""
-        return next((p.client for p in self.cfg.peers if p.id == node_id), None)
