@@ -660,7 +660,7 @@ class TransactionCheck(_message.Message):
     def __init__(self, transaction_id: _Optional[str] = ..., half_offset: _Optional[int] = ..., check_times: _Optional[int] = ..., message: _Optional[_Union[StoredMessage, _Mapping]] = ...) -> None: ...
 
 class RaftMessage(_message.Message):
-    __slots__ = ("type", "src", "dst", "term", "index", "log_term", "commit", "entries", "reject", "hint_index", "hint_term", "ctx", "pre_vote", "transfer", "granted", "snapshot", "quiet")
+    __slots__ = ("type", "src", "dst", "term", "index", "log_term", "commit", "entries", "reject", "hint_index", "hint_term", "ctx", "pre_vote", "transfer", "granted", "snapshot", "quiet", "conf", "conf_index")
     class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         APPEND: _ClassVar[RaftMessage.Type]
@@ -700,6 +700,8 @@ class RaftMessage(_message.Message):
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     QUIET_FIELD_NUMBER: _ClassVar[int]
+    CONF_FIELD_NUMBER: _ClassVar[int]
+    CONF_INDEX_FIELD_NUMBER: _ClassVar[int]
     type: RaftMessage.Type
     src: int
     dst: int
@@ -717,7 +719,9 @@ class RaftMessage(_message.Message):
     granted: bool
     snapshot: bytes
     quiet: bool
-    def __init__(self, type: _Optional[_Union[RaftMessage.Type, str]] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., term: _Optional[int] = ..., index: _Optional[int] = ..., log_term: _Optional[int] = ..., commit: _Optional[int] = ..., entries: _Optional[bytes] = ..., reject: _Optional[bool] = ..., hint_index: _Optional[int] = ..., hint_term: _Optional[int] = ..., ctx: _Optional[bytes] = ..., pre_vote: _Optional[bool] = ..., transfer: _Optional[bool] = ..., granted: _Optional[bool] = ..., snapshot: _Optional[bytes] = ..., quiet: _Optional[bool] = ...) -> None: ...
+    conf: bytes
+    conf_index: int
+    def __init__(self, type: _Optional[_Union[RaftMessage.Type, str]] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., term: _Optional[int] = ..., index: _Optional[int] = ..., log_term: _Optional[int] = ..., commit: _Optional[int] = ..., entries: _Optional[bytes] = ..., reject: _Optional[bool] = ..., hint_index: _Optional[int] = ..., hint_term: _Optional[int] = ..., ctx: _Optional[bytes] = ..., pre_vote: _Optional[bool] = ..., transfer: _Optional[bool] = ..., granted: _Optional[bool] = ..., snapshot: _Optional[bytes] = ..., quiet: _Optional[bool] = ..., conf: _Optional[bytes] = ..., conf_index: _Optional[int] = ...) -> None: ...
 
 class RaftBatch(_message.Message):
     __slots__ = ("cluster", "messages")

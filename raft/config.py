@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from raft.membership import Membership
+
 
 @dataclass(frozen=True, slots=True)
 class Config:
     """Tunables of `RaftCore`. Times are in ticks; sizes in bytes of entry data.
 
-    `peers` is the static voter set and includes `id`. Election timeouts are
-    drawn from [election_ticks, 2 * election_ticks).
+    `peers` is the bootstrap voter set and includes `id`: the membership until the
+    log or the hard state says otherwise (raft/membership.py). With `join` the node
+    is joining a running group: `peers` are its members (the node itself, if
+    listed, is ignored) and it learns its own membership from the leader's log.
+    Election timeouts are drawn from [election_ticks, 2 * election_ticks).
     """
 
     id: int
@@ -27,10 +32,15 @@ class Config:
     # The driver reports durability separately (`RaftCore.persisted`) instead of
     # `advance` meaning "persisted": etcd's async storage writes.
     async_storage_writes: bool = False
+    join: bool = False
+    # A learner is promoted to voter only within this many entries of the leader's log.
+    max_promote_lag: int = 1000
 
     def __post_init__(self) -> None:
-        if self.id not in self.peers:
+        if self.id not in self.peers and not self.join:
             raise ValueError(f"id {self.id} is not in peers {self.peers}")
+        if self.join and not set(self.peers) - {self.id}:
+            raise ValueError("a joining node needs the ids of the group's members in peers")
         if len(set(self.peers)) != len(self.peers):
             raise ValueError(f"duplicate ids in peers {self.peers}")
         if self.heartbeat_ticks < 1 or self.election_ticks <= self.heartbeat_ticks:
@@ -41,3 +51,10 @@ class Config:
             raise ValueError("max_inflight_bytes must be >= max_append_bytes")
         if self.preferred_leader is not None and self.preferred_leader not in self.peers:
             raise ValueError(f"preferred leader {self.preferred_leader} is not a peer")
+        if self.max_promote_lag < 0:
+            raise ValueError("max_promote_lag must be >= 0")
+
+    def bootstrap(self) -> Membership:
+        """The membership before any configuration entry (see the class docstring)."""
+        voters = [p for p in self.peers if not (self.join and p == self.id)]
+        return Membership.voters_only(voters)

@@ -29,6 +29,9 @@ Invariants kept here:
   that a stale leader or pre-candidate learns the term.
 - a node restoring a snapshot does not campaign until the driver has restored
   it (`advance` of the Ready carrying it).
+- membership is carried by the log (raft/membership.py): a configuration is in
+  effect once appended, one change at a time (`propose_conf_change`), and the
+  hard state records the last committed one.
 - a node started with `catch_up_to` beyond its log (its disk lost entries it had
   acknowledged or knew committed) neither campaigns nor grants votes or pre-votes
   until a leader's replication has made its log match the leader's up to that
@@ -41,8 +44,9 @@ from collections.abc import Sequence
 from itertools import repeat
 
 from raft.election import Elections
-from raft.errors import NotLeader, ProposalDropped
+from raft.errors import MembershipError, NotLeader, ProposalDropped
 from raft.leadership import Leadership
+from raft.membership import ChangeOp, ConfChange, Membership
 from raft.messages import (
     AppendEntries,
     AppendResponse,
@@ -59,7 +63,7 @@ from raft.messages import (
 from raft.progress import PeerProgress
 from raft.ready import Ready
 from raft.replication import Replication
-from raft.types import Entry, HardState, ReadState, Role
+from raft.types import Entry, EntryKind, HardState, ReadState, Role
 
 
 class RaftCore(Elections, Replication, Leadership):
@@ -121,7 +125,35 @@ class RaftCore(Elections, Replication, Leadership):
 
     @property
     def hard_state(self) -> HardState:
-        return HardState(self._term, self._vote, self._log.committed)
+        log = self._log
+        conf_index, _, conf = log.confs.at(log.committed)
+        return HardState(self._term, self._vote, log.committed, conf_index, conf)
+
+    @property
+    def membership(self) -> Membership:
+        """The configuration in effect here: the last one in this node's log."""
+        return self._conf
+
+    @property
+    def committed_membership(self) -> Membership:
+        """The last committed configuration (the one in effect may be newer)."""
+        return self._log.confs.at(self._log.committed)[1]
+
+    @property
+    def conf_index(self) -> int:
+        """The index of the configuration entry in effect (0: the bootstrap)."""
+        return self._log.confs.index
+
+    @property
+    def replicas(self) -> tuple[int, ...]:
+        """Leader: the nodes it replicates to (the other members, and a member being
+        removed until the removal commits); empty on other roles."""
+        return self._replicas
+
+    @property
+    def conf_pending(self) -> bool:
+        """A configuration entry in the log is not committed yet."""
+        return self._log.confs.pending_after(self._log.committed) > 0
 
     @property
     def progress(self) -> dict[int, PeerProgress]:
@@ -166,13 +198,47 @@ class RaftCore(Elections, Replication, Leadership):
         self._bcast_pending = True
         return first, end - 1
 
+    def propose_conf_change(self, change: ConfChange) -> int:
+        """Append a configuration entry making `change`, in effect at once; its index.
+
+        One change at a time: refused (MembershipError, nothing appended) while one is
+        uncommitted, before this leader has committed an entry of its own term (the
+        single-server change rule), for a change that does not apply to the
+        membership in effect, and for a promotion of a learner more than
+        `max_promote_lag` entries behind."""
+        if self._role is not Role.LEADER:
+            raise NotLeader(self._leader_id)
+        if self._transferee is not None:
+            raise NotLeader(self._transferee)
+        log = self._log
+        pending = log.confs.pending_after(log.committed)
+        if pending:
+            raise MembershipError(f"another membership change (entry {pending}) is not "
+                                  "committed yet; retry once it is")  # fmt: skip
+        if log.term(log.committed) != self._term:
+            raise MembershipError("the leader has not committed an entry of its term yet; "
+                                  "retry in a moment")  # fmt: skip
+        new = self._conf.apply(change)
+        if change.op is ChangeOp.PROMOTE:
+            lag = log.last_index() - self._progress[change.node_id].match
+            if lag > self._cfg.max_promote_lag:
+                raise MembershipError(
+                    f"learner {change.node_id} is {lag} entries behind the leader, more than "
+                    f"{self._cfg.max_promote_lag}: promote it once it has caught up"
+                )
+        index = log.last_index() + 1
+        log.append([Entry(index, self._term, new.encode(), EntryKind.CONFIG)])
+        self._bcast_pending = True
+        self._sync_conf()
+        return index
+
     def transfer_leadership(self, target: int) -> None:
         """Hand leadership to `target` once it is caught up; aborts after an
         election timeout. Proposals are refused while the transfer is pending."""
         if self._role is not Role.LEADER:
             raise NotLeader(self._leader_id)
-        if target not in self._peers:
-            raise ValueError(f"{target} is not a peer")
+        if target not in self._voters:
+            raise ValueError(f"{target} is not a voter")
         if target in (self._id, self._transferee):
             return
         self._start_transfer(target)
@@ -209,11 +275,14 @@ class RaftCore(Elections, Replication, Leadership):
             return
         match self._role:
             case Role.LEADER:
-                self._step_leader(m)
+                if m.src in self._progress:  # answers of a removed member are moot
+                    self._step_leader(m)
             case Role.PRE_CANDIDATE | Role.CANDIDATE:
                 self._step_candidate(m)
             case Role.FOLLOWER:
                 self._step_follower(m)
+        if self._log.confs.current is not self._conf:
+            self._sync_conf()  # an append or a snapshot brought another configuration
 
     # --- output ---
 

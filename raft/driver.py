@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
@@ -159,7 +160,7 @@ class ReadyDriver:
                 # A restart takes the log up to raft.state's commit as committed: it must
                 # not cover entries a power loss may still take, or turn back into the
                 # suffix an append just replaced (the commit rides along lazily anyway).
-                hs = HardState(hs.term, hs.vote, self._durable_index)
+                hs = dataclasses.replace(hs, commit=self._durable_index)
             await self._save_hard_state(hs)
         if rd.entries:
             if flusher is not None:

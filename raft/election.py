@@ -9,6 +9,8 @@ Invariants kept here:
 - a node votes at most once per term (`_vote`, persisted before the answer
   leaves: it rides in the same Ready), and only for a log at least as
   up to date as its own; a pre-vote changes neither term nor vote.
+- only a voter of the configuration in effect campaigns (a learner, a joining or
+  a removed node never does), and only voters' answers count;
 - a node does not campaign while its log is being restored from a snapshot,
   while it lacks entries it knew were committed (`catch_up_to`, which also
   keeps it from granting any vote), or while the driver forbids it.
@@ -40,11 +42,13 @@ class Elections(CoreState):
             self._campaign(transfer=False)
 
     def _campaign(self, transfer: bool) -> None:
+        if self._id not in self._voters:
+            return  # a learner, a node joining or a removed one: it has no vote to seek
         if self._log.snapshot is not None:
             return  # our log is not in storage yet: wait for the driver's restore
         if self._catch_up_to:
             return  # we lack entries that may be committed: a leader must restore them
-        if not self.may_campaign and len(self._peers) > 1:
+        if not self.may_campaign and len(self._voters) > 1:
             return  # the driver knows this node could not serve its log as a leader
         pre_vote = self._cfg.pre_vote and not transfer
         if pre_vote:
@@ -57,12 +61,12 @@ class Elections(CoreState):
         if self._role is Role.LEADER or (pre_vote and self._role is not Role.PRE_CANDIDATE):
             return  # a one-node cluster already decided
         last_index, last_term = self._log.last_index(), self._log.last_term()
-        for p in self._others:
+        for p in self._vote_peers:
             self._send(RequestVote(self._id, p, term, last_index, last_term, pre_vote, transfer))
 
     def _record_vote(self, voter: int, granted: bool) -> None:
         self._votes[voter] = granted
-        match quorum.vote_result(self._peers, self._votes):
+        match quorum.vote_result(self._voters, self._votes):
             case quorum.VoteResult.WON:
                 if self._role is Role.PRE_CANDIDATE:
                     self._campaign(transfer=True)  # a real election, no second pre-vote

@@ -27,6 +27,12 @@ class ProposalDropped(RaftError):
     """The proposal was refused without being appended (e.g. an empty batch)."""
 
 
+class MembershipError(RaftError, ValueError):
+    """A membership change that does not apply: an id that exists, an unknown or last
+    voter, a learner too far behind to vote, a change while another is pending.
+    Nothing was appended."""
+
+
 class Compacted(RaftError):
     """The requested index is below the first index still held by the storage."""
 

@@ -37,12 +37,17 @@ class Leadership(CoreState):
         if self._election_elapsed >= self._cfg.election_ticks:
             self._election_elapsed = 0
             active = [p for p, pr in self._progress.items() if pr.recent_active]
-            for p in self._others:
+            for p in self._replicas:
                 self._progress[p].recent_active = False
-            if self._cfg.check_quorum and not quorum.has_quorum(self._peers, active):
+            if self._cfg.check_quorum and not quorum.has_quorum(self._voters, active):
                 self._become_follower(self._term, None)
                 return
             self._transferee = None  # a transfer that took an election timeout failed
+            if self._removed_and_committed():
+                # Removed, and nobody took over within an election timeout: step down
+                # (the voters elect among themselves) rather than lead from outside.
+                self._become_follower(self._term, None)
+                return
         if self._heartbeat_elapsed >= self._cfg.heartbeat_ticks:
             self._heartbeat_elapsed = 0
             self._bcast_heartbeat()
@@ -67,9 +72,28 @@ class Leadership(CoreState):
         pref = self._cfg.preferred_leader
         if pref is None or pref == self._id or self._transferee is not None:
             return
+        if self._removed_and_committed():
+            self._hand_over()
+            return
+        if pref not in self._voters:
+            return
         pr = self._progress[pref]
         if pr.recent_active and pr.match == self._log.last_index():
             self._start_transfer(pref)
+
+    # --- leaving the group ---
+
+    def _removed_and_committed(self) -> bool:
+        """This leader is no voter of a committed configuration: it must hand over."""
+        return self._id not in self._voters and self._log.confs.index <= self._log.committed
+
+    def _hand_over(self) -> None:
+        """Transfer to the most up-to-date voter (it campaigns once caught up)."""
+        if self._transferee is not None:
+            return
+        target = max(self._vote_peers, key=lambda p: self._progress[p].match, default=None)
+        if target is not None:
+            self._start_transfer(target)
 
     # --- ReadIndex ---
 
@@ -77,7 +101,7 @@ class Leadership(CoreState):
         log = self._log
         if log.term(log.committed) != self._term:
             self._reads_waiting.append((ctx, requester))
-        elif len(self._peers) == 1:
+        elif self._voters == (self._id,):
             self._answer_read(ctx, log.committed, requester)
         elif self._reads.add(ctx, log.committed, requester, self._id):
             self._heartbeat_pending = True
@@ -85,7 +109,7 @@ class Leadership(CoreState):
     def _handle_read_ack(self, src: int, ctx: bytes) -> None:
         """`src` answered a heartbeat that carried `ctx` (b"": no read was pending)."""
         if ctx:
-            for req in self._reads.recv_ack(src, ctx, self._peers):
+            for req in self._reads.recv_ack(src, ctx, self._voters):
                 self._answer_read(req.ctx, req.index, req.requester)
 
     def _release_waiting_reads(self) -> None:

@@ -16,6 +16,8 @@ Invariants:
 - terms are non-decreasing along the log, so "largest index with term <= t"
   is a binary search.
 - applied <= applying <= committed <= last_index(); committed never decreases.
+- `confs` holds the configuration entries of the log above its base
+  (raft/membership.py): every append and restore passes through here and keeps it.
 """
 
 from __future__ import annotations
@@ -23,15 +25,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from raft.errors import Compacted, Unavailable
+from raft.membership import ConfLog, Membership
 from raft.storage import LogStorage, data_size
-from raft.types import Entry, SnapshotMeta
+from raft.types import Entry, EntryKind, SnapshotMeta
+
+_SCAN_BYTES = 8 << 20  # entry bytes read at a time when looking for configurations
 
 
 class RaftLog:
-    __slots__ = ("applied", "applying", "committed", "offset", "persisted", "snapshot", "storage",
-                 "unstable")  # fmt: skip
+    __slots__ = ("applied", "applying", "committed", "confs", "offset", "persisted", "snapshot",
+                 "storage", "unstable")  # fmt: skip
 
-    def __init__(self, storage: LogStorage, committed: int, applied: int) -> None:
+    def __init__(
+        self,
+        storage: LogStorage,
+        committed: int,
+        applied: int,
+        conf_base: tuple[int, Membership, bytes],
+    ) -> None:
+        """`conf_base`: the configuration (index, membership, encoding) the hard state
+        recorded; the configuration entries between it (or `applied`, below which
+        every one is covered by it) and the log's end are read from the storage."""
         last = storage.last_index()
         assert committed <= last, f"commit {committed} beyond the stored log ({last})"
         # A compacted or restored prefix is committed even if the durable commit
@@ -48,6 +62,14 @@ class RaftLog:
         # The last index the driver reported durable (async storage writes): what the
         # storage holds at start is what survived, so it counts as durable.
         self.persisted = last
+        self.confs = ConfLog(*conf_base)
+        lo = max(conf_base[0], applied, storage.first_index() - 1) + 1
+        while lo <= last:
+            batch = storage.entries(lo, last + 1, _SCAN_BYTES)
+            configs = [e for e in batch if e.kind is EntryKind.CONFIG]
+            if configs:
+                self.confs.appended(configs)
+            lo += len(batch)
 
     # --- reading ---
 
@@ -160,6 +182,7 @@ class RaftLog:
         assert first > self.committed, f"truncating committed entry {first} <= {self.committed}"
         assert first <= self.last_index() + 1, (first, self.last_index())
         self.persisted = min(self.persisted, first - 1)  # a replaced suffix is not durable
+        self.confs.appended(entries)
         if self.unstable and first == self.offset + len(self.unstable):
             self.unstable.extend(entries)
         elif first <= self.offset or not self.unstable:
@@ -217,6 +240,10 @@ class RaftLog:
         `applied` follows once the driver has restored the storage."""
         assert snap.index > self.committed, (snap.index, self.committed)
         self.snapshot = snap
+        if snap.conf:  # else (an older leader's snapshot) the membership stays as it is
+            self.confs.reset(snap.conf_index, Membership.decode(snap.conf), snap.conf)
+        else:
+            self.confs.truncate(snap.index + 1)
         self.unstable = []
         self.offset = snap.index + 1
         self.committed = snap.index

@@ -63,6 +63,8 @@ class Snapshot:
     log_term: int
     commit: int
     data: bytes = b""
+    conf: bytes = b""  # the membership in effect at `index` (raft/membership.py)
+    conf_index: int = 0  # the index of its configuration entry (<= `index`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,7 +84,7 @@ class Replication(CoreState):
             log.commit_to(m.index)  # we hold that entry: no restore needed
             index = m.index
         else:
-            snap = SnapshotMeta(m.index, m.log_term, m.data)
+            snap = SnapshotMeta(m.index, m.log_term, m.data, m.conf, m.conf_index)
             log.restore(snap)
             self._unsent_snapshot = snap
             index = m.index
@@ -172,7 +172,7 @@ class Replication(CoreState):
 
     def _maybe_commit(self) -> bool:
         match = {p: pr.match for p, pr in self._progress.items()}
-        index = quorum.committed_index(self._peers, match)
+        index = quorum.committed_index(self._voters, match)
         log = self._log
         if index <= log.committed or log.term(index) != self._term:
             return False
@@ -180,7 +180,15 @@ class Replication(CoreState):
         log.commit_to(index)
         if first_in_term:
             self._release_waiting_reads()
+        if len(self._replicas) != len(self._others):
+            self._drop_removed()  # a removal committed
+        if self._id not in self._voters and log.confs.index <= index:
+            self._hand_over()  # our removal committed: hand leadership to a voter
         return True
+
+    def _conf_changed_as_leader(self) -> None:
+        """Fewer voters may make a quorum of what is already stored."""
+        self._maybe_commit()
 
     # --- leader side: sending ---
 
@@ -192,7 +200,7 @@ class Replication(CoreState):
             return
         if self._bcast_pending:
             self._bcast_pending = False
-            for p in self._others:
+            for p in self._replicas:
                 self._send_appends(p)
         if self._heartbeat_pending:
             self._heartbeat_pending = False
@@ -201,7 +209,7 @@ class Replication(CoreState):
     def _bcast_heartbeat(self) -> None:
         ctx = self._reads.last_ctx()
         committed = self._log.committed
-        for p in self._others:
+        for p in self._replicas:
             pr = self._progress[p]
             commit = min(pr.match, committed)
             pr.sent_commit = max(pr.sent_commit, commit)
@@ -267,6 +275,8 @@ class Replication(CoreState):
         assert index <= log.committed, f"storage dropped uncommitted entries ({index})"
         term = log.term(index)
         data = log.storage.snapshot_data()
-        self._send(Snapshot(self._id, peer, self._term, index, term, log.committed, data))
+        conf_index, conf, encoded = log.confs.at(index)
+        self._send(Snapshot(self._id, peer, self._term, index, term, log.committed, data,
+                            encoded or conf.encode(), conf_index))  # fmt: skip
         pr.become_snapshot(index)
         return True

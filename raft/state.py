@@ -24,6 +24,9 @@ Invariants kept here:
   async storage writes, persisted), and appends a no-op of its term at once.
 - messages leave only through `_send`, in the order they were produced; an
   acknowledgement replaces the one just before it when it covers it.
+- `_voters`, `_others` and a leader's progress always follow the configuration in
+  effect, the last one in the log (`_sync_conf`, raft/membership.py): a leader
+  tracks every member (learners too, which never count for commit or votes).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from abc import ABC, abstractmethod
 
 from raft.config import Config
 from raft.log import RaftLog
+from raft.membership import Membership
 from raft.messages import AppendResponse, Message
 from raft.progress import Progress
 from raft.readonly import ReadOnly
@@ -60,10 +64,19 @@ class CoreState(ABC):
         until a leader has replicated its log up to there (0: nothing is missing)."""
         self._cfg = config
         self._id = config.id
-        self._peers = tuple(sorted(config.peers))
-        self._others = tuple(p for p in self._peers if p != self._id)
         self._rng = rng
-        self._log = RaftLog(storage, hard_state.commit, applied)
+        if hard_state.conf:
+            base = (hard_state.conf_index, Membership.decode(hard_state.conf), hard_state.conf)
+        else:
+            base = (0, config.bootstrap(), b"")
+        self._log = RaftLog(storage, hard_state.commit, applied, base)
+        self._conf = self._log.confs.current
+        self._voters: tuple[int, ...] = ()
+        self._others: tuple[int, ...] = ()  # every other member
+        # Leader: where it replicates and heartbeats; every other member, and a member
+        # being removed until its removal commits (so that it learns of it).
+        self._replicas: tuple[int, ...] = ()
+        self._vote_peers: tuple[int, ...] = ()  # every other voter: where a candidate asks
         self._term = hard_state.term
         self._vote = hard_state.vote
         self._persisted_hs = hard_state
@@ -85,7 +98,8 @@ class CoreState(ABC):
         self._unsent_snapshot: SnapshotMeta | None = None  # for the next Ready
         # Out of elections until a leader's log matches ours up to here (0: not gated).
         # A lone voter has nobody to catch up from: its lost entries are simply gone.
-        lacking = catch_up_to > self._log.last_index() and len(self._peers) > 1
+        self._sync_conf()
+        lacking = catch_up_to > self._log.last_index() and len(self._voters) > 1
         self._catch_up_to = catch_up_to if lacking else 0
         # The driver may forbid campaigns (a log it cannot read in full): the node
         # still votes and follows. A lone voter campaigns regardless.
@@ -106,6 +120,7 @@ class CoreState(ABC):
         self._transferee = None
         self._votes = {}
         self._progress = {}
+        self._replicas = ()
         self._reads.reset()
         self._reads_waiting = []
         self._bcast_pending = False
@@ -135,8 +150,9 @@ class CoreState(ABC):
         self._role = Role.LEADER
         cfg = self._cfg
         nxt = self._log.last_index() + 1
-        for p in self._peers:
+        for p in (*self._others, self._id):
             self._progress[p] = Progress(nxt, cfg.max_inflight_msgs, cfg.max_inflight_bytes)
+        self._replicas = self._others
         me = self._progress[self._id]
         me.become_replicate()
         me.match = self._log.stable_index()
@@ -146,6 +162,41 @@ class CoreState(ABC):
         me.recent_active = True
         self._log.append([Entry(nxt, self._term, b"", EntryKind.NOOP)])
         self._bcast_pending = True
+
+    # --- membership ---
+
+    def _sync_conf(self) -> None:
+        """Follow the configuration in effect (the log's last); cheap when unchanged."""
+        conf = self._log.confs.current
+        if conf is self._conf and self._voters:
+            return
+        self._conf = conf
+        me = self._id
+        self._voters = conf.voters
+        self._others = tuple(i for i in conf.ids if i != me)
+        self._vote_peers = tuple(i for i in self._voters if i != me)
+        if self._role is not Role.LEADER:
+            return
+        cfg, nxt = self._cfg, self._log.last_index() + 1
+        for p in self._others:
+            if p not in self._progress:
+                pr = Progress(nxt, cfg.max_inflight_msgs, cfg.max_inflight_bytes)
+                pr.recent_active = True  # a new member gets an election timeout to answer
+                self._progress[p] = pr
+        self._drop_removed()
+        if self._transferee is not None and self._transferee not in self._voters:
+            self._transferee = None
+        self._conf_changed_as_leader()
+        self._bcast_pending = True
+
+    def _drop_removed(self) -> None:
+        """Leader: stop replicating to removed members once their removal commits (until
+        then they get the entries, the configuration that removes them included)."""
+        log, me, ids = self._log, self._id, self._conf.ids
+        if log.confs.index <= log.committed:
+            for p in [p for p in self._progress if p != me and p not in ids]:
+                del self._progress[p]
+        self._replicas = tuple(p for p in self._progress if p != me)
 
     # --- the one way out ---
 
@@ -174,6 +225,14 @@ class CoreState(ABC):
     @abstractmethod
     def _maybe_send_timeout_now(self, peer: int) -> bool:
         """raft/leadership.py: tell the transfer target to campaign once caught up."""
+
+    @abstractmethod
+    def _hand_over(self) -> None:
+        """raft/leadership.py: a removed leader transfers to the most caught-up voter."""
+
+    @abstractmethod
+    def _conf_changed_as_leader(self) -> None:
+        """raft/replication.py: the voters changed under a leader: commit may move."""
 
     @abstractmethod
     def _release_waiting_reads(self) -> None:

@@ -17,6 +17,7 @@ class EntryKind(enum.IntEnum):
 
     NORMAL = 0  # application data
     NOOP = 1  # the leader's empty entry on election
+    CONFIG = 2  # a new membership (raft/membership.py), in effect once appended
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,10 @@ class HardState:
     term: int = 0
     vote: int | None = None  # node id voted for in `term`
     commit: int = 0
+    # The last configuration entry at or below `commit` (raft/membership.py): its
+    # index and encoded membership (0 and b"": the static bootstrap of `Config.peers`).
+    conf_index: int = 0
+    conf: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +54,8 @@ class SnapshotMeta:
     index: int
     term: int
     data: bytes = b""
+    conf: bytes = b""  # the encoded membership in effect at `index` (raft/membership.py)
+    conf_index: int = 0  # the index of that configuration's entry
 
 
 class Role(enum.Enum):

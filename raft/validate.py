@@ -14,13 +14,16 @@ Invariants enforced here:
   term would have every answer refused by the others for good;
 - an append's entries are consecutive from prev_index + 1, their terms
   non-decreasing between prev_term and the message's term, each at most
-  `max_entry_bytes`: a malformed batch never reaches the log.
+  `max_entry_bytes`, and each configuration entry holds a membership: a
+  malformed batch never reaches the log;
+- a snapshot names a membership, from an entry at or below its commit index.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 
+from raft.membership import Membership
 from raft.messages import (
     AppendEntries,
     AppendResponse,
@@ -34,6 +37,7 @@ from raft.messages import (
     TimeoutNow,
     VoteResponse,
 )
+from raft.types import EntryKind
 
 MAX_TERM = 1 << 62
 MAX_INDEX = 1 << 62
@@ -78,8 +82,14 @@ def check_peer_message(
         case AppendEntries():
             _check_append(msg, max_entry_bytes)
         case Snapshot():
-            _indexes(msg, msg.index, msg.commit)
+            _indexes(msg, msg.index, msg.commit, msg.conf_index)
             _log_term(msg, msg.log_term)
+            if msg.index > msg.commit or msg.conf_index > msg.commit:
+                raise InvalidPeerMessage(f"snapshot from node {msg.src}: index {msg.index} or "
+                                         f"configuration {msg.conf_index} beyond its commit "
+                                         f"{msg.commit}")  # fmt: skip
+            if msg.conf:
+                _membership(msg, msg.conf)
         case Heartbeat():
             _indexes(msg, msg.commit)
         case RequestVote():
@@ -126,3 +136,13 @@ def _check_append(msg: AppendEntries, max_entry_bytes: int) -> None:
                 "differ?)"
             )
         term = e.term
+        if e.kind is EntryKind.CONFIG:
+            _membership(msg, e.data)
+
+
+def _membership(msg: Message, data: bytes) -> None:
+    try:
+        Membership.decode(data)
+    except ValueError as exc:
+        raise InvalidPeerMessage(f"{type(msg).__name__} from node {msg.src}: bad "
+                                 f"configuration: {exc}") from None  # fmt: skip

@@ -84,7 +84,7 @@ def to_wire(m: Message) -> tuple[pb.RaftMessage, int]:
                       log_term=m.prev_term, commit=m.commit, entries=data,
                       quiet=m.quiet), len(data) + _FIELDS_BOUND  # fmt: skip
         case Snapshot():
-            return to_proto(m), len(m.data) + _FIELDS_BOUND
+            return to_proto(m), len(m.data) + len(m.conf) + _FIELDS_BOUND
     return to_proto(m), _FIELDS_BOUND
 
 
@@ -97,7 +97,8 @@ def to_proto(m: Message) -> pb.RaftMessage:
                       reject=m.reject, hint_index=m.hint_index, hint_term=m.hint_term)  # fmt: skip
         case Snapshot():
             return _T(type=_T.SNAPSHOT, src=m.src, dst=m.dst, term=m.term, index=m.index,
-                      log_term=m.log_term, commit=m.commit, snapshot=m.data)  # fmt: skip
+                      log_term=m.log_term, commit=m.commit, snapshot=m.data, conf=m.conf,
+                      conf_index=m.conf_index)  # fmt: skip
         case Heartbeat():
             return _T(type=_T.HEARTBEAT, src=m.src, dst=m.dst, term=m.term, commit=m.commit,
                       ctx=m.ctx)  # fmt: skip
@@ -127,7 +128,8 @@ def from_proto(p: pb.RaftMessage) -> Message:
     if t == _T.APPEND_RESPONSE:
         return AppendResponse(p.src, p.dst, p.term, p.index, p.reject, p.hint_index, p.hint_term)
     if t == _T.SNAPSHOT:
-        return Snapshot(p.src, p.dst, p.term, p.index, p.log_term, p.commit, p.snapshot)
+        return Snapshot(p.src, p.dst, p.term, p.index, p.log_term, p.commit, p.snapshot, p.conf,
+                        p.conf_index)  # fmt: skip
     if t == _T.HEARTBEAT:
         return Heartbeat(p.src, p.dst, p.term, p.commit, p.ctx)
     if t == _T.HEARTBEAT_RESPONSE:

@@ -37,8 +37,8 @@ from dledger_commitlog.client import (
 from dledger_commitlog.node.acl import Account, Acl
 from dledger_commitlog.node.config import NodeConfig, Peer, load_config
 from dledger_commitlog.node.metrics import NodeMetrics
-from dledger_commitlog.node.node import MemberStatus, NodeState
 from dledger_commitlog.node.security import NodeSecurity
+from dledger_commitlog.node.views import MemberStatus, NodeState
 from dledger_commitlog.service.client_service import ClientService
 from dledger_commitlog.service.decoding import add_services
 from proto import dledger_pb2_grpc as pb_grpc

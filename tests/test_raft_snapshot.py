@@ -27,8 +27,12 @@ from raft import (
     SnapshotMeta,
 )
 from raft.log import RaftLog
+from raft.membership import Membership
 from raft.progress import Progress, ProgressState
 from tests.sim.harness import Cluster, entries
+
+_BOOT = (0, Membership.voters_only([1]), b"")
+_VOTERS_123 = Membership.voters_only([1, 2, 3]).encode()
 
 
 def snapshots_to(c: Cluster, dst: int) -> list[Snapshot]:
@@ -80,7 +84,7 @@ def test_memory_storage_restore_empties_the_log_at_the_snapshot_point() -> None:
 
 def test_raft_log_with_a_pending_snapshot_hides_the_storage() -> None:
     storage = MemoryStorage(entries(1, 1, 1, 2))
-    log = RaftLog(storage, committed=2, applied=2)
+    log = RaftLog(storage, committed=2, applied=2, conf_base=_BOOT)
     log.append(entries(2, 2, start=5))  # unstable 5, 6
     snap = SnapshotMeta(8, 3, b"d")
     log.restore(snap)
@@ -132,7 +136,9 @@ def test_leader_sends_a_snapshot_to_a_follower_behind_its_first_index() -> None:
     assert (snap.src, snap.term, snap.index, snap.log_term, snap.data) == (1, 1, 11, 1, b"")
     assert snap.commit == 11
     follower = c.nodes[3]
-    assert follower.snapshots == [SnapshotMeta(11, 1, b"")]
+    conf = Membership.voters_only([1, 2, 3])
+    assert follower.snapshots == [SnapshotMeta(11, 1, b"", conf.encode(), 0)]
+    assert (snap.conf, snap.conf_index) == (conf.encode(), 0)  # the bootstrap, spelt out
     assert follower.storage.first_index() == 12 and follower.storage.term(11) == 1
     assert c.core(3).commit_index == c.core(3).applied == leader.commit_index
     # It had applied the leader's first entry before it went down; the snapshot
@@ -197,7 +203,7 @@ def test_a_duplicate_snapshot_is_answered_without_a_second_restore() -> None:
     assert rd.snapshot is None
     assert rd.messages == (AppendResponse(3, 1, 1, c.core(3).commit_index),)
     c.core(3).advance(rd)
-    assert c.nodes[3].snapshots == [SnapshotMeta(11, 1, b"")]
+    assert c.nodes[3].snapshots == [SnapshotMeta(11, 1, b"", _VOTERS_123, 0)]
 
 
 def test_a_follower_leaves_the_snapshot_state_only_on_an_ack_covering_it() -> None:

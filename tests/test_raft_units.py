@@ -8,9 +8,12 @@ from hypothesis import strategies as st
 
 from raft import Compacted, Config, Entry, MemoryStorage, Unavailable
 from raft.log import RaftLog
+from raft.membership import Membership
 from raft.progress import Inflights, Progress, ProgressState
 from raft.quorum import VoteResult, committed_index, has_quorum, majority, vote_result
 from tests.sim.harness import entries
+
+_BOOT = (0, Membership.voters_only([1]), b"")
 
 
 def test_majority() -> None:
@@ -92,7 +95,7 @@ def test_progress_probe_and_replicate() -> None:
 
 def test_raft_log_combines_stable_and_unstable() -> None:
     storage = MemoryStorage(entries(1, 1, 2))
-    log = RaftLog(storage, committed=2, applied=0)
+    log = RaftLog(storage, committed=2, applied=0, conf_base=_BOOT)
     log.append(entries(2, 3, start=4))
     assert log.last_index() == 5 and log.stable_index() == 3
     assert [e.index for e in log.entries(2, 6, 1 << 30)] == [2, 3, 4, 5]

@@ -12,7 +12,7 @@ import grpc
 
 from dledger_commitlog.node.acl import require_admin
 from dledger_commitlog.node.config import NodeConfig
-from dledger_commitlog.node.node import NodeState
+from dledger_commitlog.node.views import NodeState
 from dledger_commitlog.service.base import Context, ServiceBase
 from dledger_commitlog.service.members import members_pb
 from proto import dledger_pb2 as pb

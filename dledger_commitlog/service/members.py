@@ -29,7 +29,7 @@ import grpc
 
 from dledger_commitlog.node.acl import require_admin
 from dledger_commitlog.node.config import ConfigError, parse_address
-from dledger_commitlog.node.node import MemberStatus
+from dledger_commitlog.node.views import MemberStatus
 from dledger_commitlog.service.base import Context, ServiceBase
 from proto import dledger_pb2 as pb
 from raft import NotLeader

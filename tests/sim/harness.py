@@ -52,6 +52,7 @@ class Cluster:
         self.peers = tuple(range(1, n + 1))
         self.overrides = overrides
         self.rng = random.Random(seed)
+        self.joined: set[int] = set()  # nodes added after the start (`add_node`)
         self.nodes: dict[int, Node] = {}
         for i in self.peers:
             entries = (logs or {}).get(i, ())
@@ -63,7 +64,20 @@ class Cluster:
         self.sent: list[Message] = []  # every message ever queued, for assertions
 
     def config(self, i: int) -> Config:
-        return Config(id=i, peers=self.peers, **self.overrides)
+        if i in self.joined:
+            seeds = tuple(p for p in self.peers if p not in self.joined)
+            return Config(id=i, peers=seeds, join=True, **self.overrides)
+        return Config(id=i, peers=tuple(p for p in self.peers if p not in self.joined),
+                      **self.overrides)  # fmt: skip
+
+    def add_node(self, i: int) -> None:
+        """Start node i, empty, as a node joining the group (`Config.join`); the
+        group learns of it through a membership change (`RaftCore.propose_conf_change`)."""
+        assert i not in self.nodes
+        self.peers = (*self.peers, i)
+        self.joined.add(i)
+        self.nodes[i] = Node(MemoryStorage())
+        self.restart(i)
 
     def core(self, i: int) -> RaftCore:
         c = self.nodes[i].core
