@@ -13,8 +13,9 @@ them:
   it could not be added, its process is stopped and its entry marked removed (its id
   is never used again); once added, it stays, and an error names what is left to do.
 - `cluster remove-node --dir D N` removes node N from the group (unless it has
-  left already), stops its process and marks it removed in D, so that `cluster up`
-  never starts it again; its files stay for a post-mortem.
+  left already; a refusal as things stand, such as from a leader elected a moment
+  ago, is asked again until `--timeout`), stops its process and marks it removed
+  in D, so that `cluster up` never starts it again; its files stay for a post-mortem.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from dledger_commitlog.cli.commands import (
@@ -165,8 +167,7 @@ def _wait_serving(cluster: LocalCluster, client: Client, spec: NodeSpec, deadlin
 def _until_accepted(change: Callable[[], MemberChange], deadline: float) -> MemberChange:
     """Make `change`, asked again while the leader refuses it as things stand (another
     change pending, a new leader without a commit of its term yet, a learner still
-    behind), until `deadline`: then the last refusal is the error. (The id is new to
-    the group, so a refusal is never about the id itself.)"""
+    behind), until `deadline`: then the last refusal is the error."""
     while True:
         try:
             return change()
@@ -200,9 +201,10 @@ def _remove_node(args: argparse.Namespace) -> int:
     if args.id not in cluster.specs:
         gone = "was removed already" if args.id in cluster.retired else "is not in this cluster"
         raise UsageError(f"node {args.id} {gone}")
+    deadline = time.monotonic() + args.timeout
     with cluster.client(timeout_s=args.timeout) as client:
         if args.id in {m.id for m in client.member_list()}:
-            client.member_remove(args.id, timeout_ms=args.timeout_ms)
+            _until_accepted(partial(client.member_remove, args.id, args.timeout_ms), deadline)
     cluster.stop(args.id)
     cluster.retire(args.id)
     emit(args, {"id": args.id, "removed": True}, f"removed node {args.id} and stopped it")
