@@ -155,7 +155,7 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                                   scope=forward_scope(method, on_behalf))  # fmt: skip
             except PeerAuthError as exc:
                 raise AuthError(exc.message) from None
-            if src == self.cfg.node_id or src not in self._member_ids():
+            if src == self.cfg.node_id or src not in self.node.member_ids():
                 raise AuthError(f"forwarded by node {src}, not a peer")
             return acl.account(on_behalf)
         except AuthError as exc:
@@ -200,10 +200,6 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         await context.abort(exc.status, exc.message)
 
     # -- helpers ---------------------------------------------------------------------
-
-    def _member_ids(self) -> set[int]:
-        """The group's members now (voters and learners), as the node's log says."""
-        return {m.id for m in self.node.members()}
 
     async def _redirect(self, context: Context) -> NoReturn:
         """This node does not lead: FAILED_PRECONDITION with the leader's address in the
