@@ -36,7 +36,7 @@ from abc import ABC, abstractmethod
 from raft.config import Config
 from raft.log import RaftLog
 from raft.membership import Membership
-from raft.messages import AppendResponse, Message
+from raft.messages import AppendResponse, Heartbeat, Message
 from raft.progress import Progress
 from raft.readonly import ReadOnly
 from raft.ready import Ready
@@ -150,9 +150,13 @@ class CoreState(ABC):
         self._role = Role.LEADER
         cfg = self._cfg
         nxt = self._log.last_index() + 1
-        for p in (*self._others, self._id):
+        log = self._log
+        peers = {*self._others, self._id}
+        if log.confs.pending_after(log.committed):  # members being removed: they must learn it
+            peers.update(log.confs.at(log.committed)[1].ids)
+        for p in sorted(peers):
             self._progress[p] = Progress(nxt, cfg.max_inflight_msgs, cfg.max_inflight_bytes)
-        self._replicas = self._others
+        self._replicas = tuple(p for p in self._progress if p != self._id)
         me = self._progress[self._id]
         me.become_replicate()
         me.match = self._log.stable_index()
@@ -195,7 +199,9 @@ class CoreState(ABC):
         log, me, ids = self._log, self._id, self._conf.ids
         if log.confs.index <= log.committed:
             for p in [p for p in self._progress if p != me and p not in ids]:
-                del self._progress[p]
+                # A last word: the commit index, so that it applies its removal too.
+                commit = min(self._progress.pop(p).match, log.committed)
+                self._send(Heartbeat(me, p, self._term, commit))
         self._replicas = tuple(p for p in self._progress if p != me)
 
     # --- the one way out ---

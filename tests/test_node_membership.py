@@ -17,8 +17,10 @@ from dledger_commitlog.node.node import RaftNode
 from raft import NotLeader
 from raft.errors import MembershipError
 from raft.membership import Member
+from raft.messages import Heartbeat
 from raft.peer_link import PeerGate
 from raft.transport import PeerServer, open_peer_server
+from raft.validate import InvalidPeerMessage
 
 TOPIC = "members"
 T = TypeVar("T")
@@ -182,6 +184,12 @@ def test_removing_the_leader_hands_over_and_membership_survives_restart(tmp_path
         await g.put(b"two")
         assert [m.id for m in leader.members()] == sorted(rest)
         assert not old.is_leader()
+        # The removed node's messages are refused from now on (its token and certificate
+        # are checked against the same set by the PeerGate).
+        assert old_id not in leader.member_ids()
+        with pytest.raises(InvalidPeerMessage) as refused:
+            leader.deliver(Heartbeat(old_id, leader.node_id, leader.term, 0))
+        assert refused.value.membership
         # Restarted with their old config files (3 peers), they keep the new membership.
         for i in sorted(rest):
             await g.stop(i)
