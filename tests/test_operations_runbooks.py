@@ -15,7 +15,8 @@ through its own client and records each acknowledged one. At the end the last
 `member list --json` must show the members the runbook promises, the writer must
 still get puts acknowledged after the last command, and every acknowledged
 message, the runbook's own puts included, must read back from the final group
-with its body: nothing acknowledged is lost.
+with its body: nothing acknowledged is lost. Also: a local cluster with TLS and the
+ACL grows and restarts with its new nodes.
 """
 
 from __future__ import annotations
@@ -84,6 +85,14 @@ def test_the_doc_holds_the_runbooks_this_test_follows() -> None:
         for line in lines:
             assert line.split()[0] in (".venv/bin/dledger", *_SHELL), line
     assert "join = true" in replica_toml()
+
+
+def run_dledger(args: list[str], cwd: Path, line: str) -> str:
+    """Run `dledger ARGS` as its own process; what it printed (it must exit 0)."""
+    done = subprocess.run([*dledger_argv(), *args], check=False, cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)  # fmt: skip
+    assert done.returncode == 0, f"{line}\nexit {done.returncode}\n{done.stdout}{done.stderr}"
+    return done.stdout
 
 
 @dataclass
@@ -173,11 +182,7 @@ class Runbook:
         if background:
             self.start_background(args)
             return
-        argv = [*dledger_argv(), *args]
-        done = subprocess.run(argv, check=False, cwd=self.tmp, env=_env(), capture_output=True,
-                              text=True, timeout=COMMAND_TIMEOUT_S)  # fmt: skip
-        assert done.returncode == 0, f"{line}\nexit {done.returncode}\n{done.stdout}{done.stderr}"
-        self.saw(args, done.stdout)
+        self.saw(args, run_dledger(args, self.tmp, line))
 
     def start_background(self, args: list[str]) -> None:
         config = Path(option(args, "--config"))
@@ -252,3 +257,37 @@ def test_a_runbook_does_what_it_says(name: str, runbook: Runbook) -> None:
             assert client.get(msg_id=result.msg_id).body == body.encode(), body
         for msg_id, body in runbook.puts.items():
             assert client.get(msg_id=msg_id).body == body.encode()
+
+
+def test_a_secured_local_cluster_grows_and_restarts_with_its_new_nodes(tmp_path: Path) -> None:
+    """TLS and the ACL on: add-node makes the new node's certificate from the cluster's
+    CA and signs the changes with the admin's credentials; after `cluster down` and
+    `up` every node comes back, the learner still a learner."""
+    directory = str(tmp_path / "c1")
+
+    def dledger(*args: str) -> str:
+        return run_dledger(list(args), tmp_path, " ".join(args))
+
+    try:
+        dledger("cluster", "up", "--dir", directory, "--tls", "--acl")
+        added = json.loads(dledger("cluster", "add-node", "--dir", directory, "--json"))
+        learner = json.loads(dledger("cluster", "add-node", "--dir", directory, "--learner",
+                                     "--json"))  # fmt: skip
+        assert (added["id"], added["role"], learner["id"], learner["role"]) == (
+            4, "voter", 5, "learner"
+        )  # fmt: skip
+        assert (tmp_path / "c1" / "pki" / "node-5.pem").exists()
+        dledger("cluster", "down", "--dir", directory)
+        assert dledger("cluster", "up", "--dir", directory).startswith(
+            "started nodes 1, 2, 3, 4, 5\n"
+        )
+        cluster_file = str(tmp_path / "c1" / "cluster.json")
+        members = json.loads(dledger("member", "list", "--cluster", cluster_file, "--json"))
+        roles = {m["id"]: m["role"] for m in members["members"]}
+        assert roles == {1: "voter", 2: "voter", 3: "voter", 4: "voter", 5: "learner"}
+        with Client.from_cluster_file(cluster_file, timeout_s=10.0) as client:
+            result = client.put("secured", b"after the restart")
+            assert client.get(msg_id=result.msg_id).body == b"after the restart"
+    finally:
+        if (tmp_path / "c1" / "cluster.json").exists():
+            LocalCluster(tmp_path / "c1").down()
