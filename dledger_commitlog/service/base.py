@@ -155,7 +155,7 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                                   scope=forward_scope(method, on_behalf))  # fmt: skip
             except PeerAuthError as exc:
                 raise AuthError(exc.message) from None
-            if src == self.cfg.node_id or src not in {p.id for p in self.cfg.peers}:
+            if src == self.cfg.node_id or src not in self.node.member_ids():
                 raise AuthError(f"forwarded by node {src}, not a peer")
             return acl.account(on_behalf)
         except AuthError as exc:
@@ -200,6 +200,16 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         await context.abort(exc.status, exc.message)
 
     # -- helpers ---------------------------------------------------------------------
+
+    async def _redirect(self, context: Context) -> NoReturn:
+        """This node does not lead: FAILED_PRECONDITION with the leader's address in the
+        trailing metadata (the clients follow it), UNAVAILABLE if it knows no leader."""
+        leader = self.node.leader_client_address()
+        if leader is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no leader at the moment; retry")
+        context.set_trailing_metadata(self._leader_metadata())
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"not the leader; the leader is at {leader}")  # fmt: skip
 
     def _leader_metadata(self) -> tuple[tuple[str, str], ...]:
         return (
