@@ -41,6 +41,7 @@ from dledger_commitlog.node.security import NodeSecurity
 from dledger_commitlog.node.views import MemberStatus, NodeState
 from dledger_commitlog.service.client_service import ClientService
 from dledger_commitlog.service.decoding import add_services
+from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 from raft import NotLeader, Role
 from raft.errors import MembershipError
@@ -62,6 +63,7 @@ class FakeGroup:
     time_out: bool = False  # the next change raises TimeoutError
     lose_leadership_to: int | None = None  # the next change raises NotLeader, this one leads
     index: int = 100
+    read_refusal: str | None = None  # what RaftNode.read_refusal says
 
 
 class FakeNode:
@@ -80,6 +82,10 @@ class FakeNode:
 
     def leader_client_address(self) -> str | None:
         return None if self.group.leader is None else self.group.addresses[self.group.leader]
+
+    @property
+    def read_refusal(self) -> str | None:
+        return self.group.read_refusal
 
     def members(self) -> list[MemberStatus]:
         ms = self.group.members.values()
@@ -423,3 +429,21 @@ def test_a_cluster_directory_remembers_added_and_removed_nodes(tmp_path: Path) -
     assert third.new_spec({1: ("", ""), 3: ("", ""), 4: ("", "")}).id == 5  # 2 never again
     servers = Client.from_cluster_file(tmp_path / "cluster.json").servers
     assert servers == [third.specs[i].client for i in (1, 3, 4)]
+
+
+def test_a_node_that_serves_no_read_refuses_reads_as_unavailable(group: FakeGroup) -> None:
+    group.read_refusal = "node 1 is catching up: applied entry 3 of 9"
+    with grpc.insecure_channel(group.addresses[1]) as channel:
+        stub = pb_grpc.DLedgerClientStub(channel)
+        calls = (
+            lambda: stub.Get(pb.GetRequest(commitlog_offset=0), timeout=5),
+            lambda: stub.ReadRange(pb.ReadRangeRequest(from_offset=0), timeout=5),
+        )
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            assert err.value.code() is grpc.StatusCode.UNAVAILABLE
+            assert "catching up" in (err.value.details() or "")
+    group.read_refusal = None
+    with client(group, 1) as c:
+        assert [m.id for m in c.member_list()] == [1, 2, 3]  # not a read: always answered

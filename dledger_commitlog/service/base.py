@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 _FORWARDED = "dledger-forwarded"
 # What a follower sends its leader.
 _FORWARDABLE = frozenset({"PutBatch", "CommitOffset", "PutHalf", "EndTransaction"})
+# What a node that serves no read now (RaftNode.read_refusal) refuses as UNAVAILABLE.
+_READS = frozenset({"Get", "Pull", "QueryByKey", "ReadRange", "ReadLog", "ReadUnits",
+                    "OffsetsForTimes", "FetchOffset"})  # fmt: skip
 _ON_BEHALF = "dledger-on-behalf-of"  # a forwarded call: the access key the peer authenticated
 _LEADER = "dledger-leader"
 _LEADER_ID = "dledger-leader-id"
@@ -137,7 +140,12 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
 
         A call a follower forwarded carries the follower's token instead of the
         client's signature: made for this RPC and this access key, so a token seen on
-        the wire vouches for nothing else."""
+        the wire vouches for nothing else. A read is UNAVAILABLE on a node that serves
+        none now (joining and catching up, or removed: `RaftNode.read_refusal`)."""
+        if method in _READS:
+            refusal = self.node.read_refusal
+            if refusal is not None:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
         acl = self.security.acl
         if acl is None:
             return None
