@@ -434,14 +434,14 @@ def test_a_cluster_directory_remembers_added_and_removed_nodes(tmp_path: Path) -
 def test_a_node_that_serves_no_read_refuses_reads_as_unavailable(group: FakeGroup) -> None:
     group.read_refusal = "node 1 is catching up: applied entry 3 of 9"
     with grpc.insecure_channel(group.addresses[1]) as channel:
-        stub = pb_grpc.DLedgerClientStub(channel)
-        calls = (
-            lambda: stub.Get(pb.GetRequest(commitlog_offset=0), timeout=5),
-            lambda: stub.ReadRange(pb.ReadRangeRequest(from_offset=0), timeout=5),
-        )
-        for call in calls:
+        stub: Any = pb_grpc.DLedgerClientStub(channel)
+        calls: list[tuple[str, Any]] = [
+            ("Get", pb.GetRequest(commitlog_offset=0)),
+            ("ReadRange", pb.ReadRangeRequest(from_offset=0)),
+        ]
+        for method, request in calls:
             with pytest.raises(grpc.RpcError) as err:
-                call()
+                getattr(stub, method)(request, timeout=5)
             assert err.value.code() is grpc.StatusCode.UNAVAILABLE
             assert "catching up" in (err.value.details() or "")
     group.read_refusal = None
