@@ -64,24 +64,28 @@ class MemberRpcs(ServiceBase):
     async def MemberPromote(
         self, request: pb.MemberPromoteRequest, context: Context
     ) -> pb.MemberChangeResponse:
-        await self._allow(context, "MemberPromote", lambda a: require_admin(a, "MemberPromote"))
-        try:
-            node_id = check_node_id(request.id)
-            timeout_s = change_timeout_s(request.timeout_ms)
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        return await self._change(context, lambda: self.node.promote_member(node_id, timeout_s))
+        return await self._change_of(context, "MemberPromote", request, self.node.promote_member)
 
     async def MemberRemove(
         self, request: pb.MemberRemoveRequest, context: Context
     ) -> pb.MemberChangeResponse:
-        await self._allow(context, "MemberRemove", lambda a: require_admin(a, "MemberRemove"))
+        return await self._change_of(context, "MemberRemove", request, self.node.remove_member)
+
+    async def _change_of(
+        self,
+        context: Context,
+        method: str,
+        request: pb.MemberPromoteRequest | pb.MemberRemoveRequest,
+        op: Callable[[int, float], Awaitable[int]],
+    ) -> pb.MemberChangeResponse:
+        """A change of one member by id (promote, remove): admin right, checked input."""
+        await self._allow(context, method, lambda a: require_admin(a, method))
         try:
             node_id = check_node_id(request.id)
             timeout_s = change_timeout_s(request.timeout_ms)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        return await self._change(context, lambda: self.node.remove_member(node_id, timeout_s))
+        return await self._change(context, lambda: op(node_id, timeout_s))
 
     async def _change(
         self, context: Context, change: Callable[[], Awaitable[int]]
