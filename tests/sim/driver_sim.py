@@ -837,6 +837,7 @@ class DriverSim:
             self.check_logs()
             self.check_durability(members)
             self.stats["conf_committed"] += self.checker.confs_committed
+            self.stats["learnt_removal"] += len(self.checker.learnt_removal)
         except Exception as err:  # anything the code under test raises is a failure
             raise SimFailure(self.report(err, steps)) from err
         finally:
@@ -1180,12 +1181,12 @@ class DriverSim:
 
     def _inject_fault(self) -> None:
         rng = self.rng
-        ids = list(self.nodes)
+        ids = [i for i, n in self.nodes.items() if not n.retired]  # (retired: gone for good)
         victim = self.nodes[rng.choice(ids)]
         leader = self.leader()
         if leader is not None and rng.random() < 0.5:
             victim = leader.node
-        down = sum(1 for n in self.nodes.values() if n.life is None)
+        down = sum(1 for n in self.nodes.values() if n.life is None and not n.retired)
         may_crash = victim.life is not None and down < (len(ids) - 1) // 2
         fault = rng.randrange(11)
         match fault:

@@ -152,6 +152,7 @@ class Simulation:
             self.converge()
             self.check_logs()
             self.stats["conf_committed"] += self.checker.confs_committed
+            self.stats["learnt_removal"] += len(self.checker.learnt_removal)
         except AssertionError as err:
             raise SimFailure(self.report(err, steps)) from err
 
@@ -508,7 +509,7 @@ class Simulation:
 
     def _inject_fault(self) -> None:
         rng = self.rng
-        ids = list(self.nodes)
+        ids = [i for i, n in self.nodes.items() if not n.retired]  # (retired: gone for good)
         victim = self.nodes[rng.choice(ids)]
         leader = next(
             (n for n in self.nodes.values() if n.core is not None and n.core.role is Role.LEADER),
