@@ -96,6 +96,7 @@ class Checker:
         self.conf_indexes: list[int] = []  # indexes of the committed configuration entries
         self.removed_at: dict[int, int] = {}  # id -> index of the committed conf removing it
         self.learnt_removal: set[int] = set()  # durably knows a committed conf removed it
+        self.knows_removal: set[int] = set()  # this life committed the conf that removed it
         self.roles: dict[int, tuple[Role, int]] = {}  # node -> (role, term) last seen
         self.acked: dict[tuple[int, int], int] = {}  # (node, term) -> highest index acked
         self._decoded: dict[bytes, Membership] = {}
@@ -126,11 +127,15 @@ class Checker:
             _fail(f"node {node_id} commit {commit} below its durable commit {dc}")
 
     def _check_role(self, node_id: int, core: RaftCore, disk: FakeDisk) -> None:
-        """Only voters campaign; nobody who durably learnt of its removal ever again."""
+        """Only voters campaign; nobody who learnt of its removal ever again (in this
+        life once it committed the removal, in every later one once its hard state
+        recorded it)."""
         hs = disk.hard_state
         removed = self.removed_at.get(node_id)
         if removed is not None and hs.conf_index >= removed:
             self.learnt_removal.add(node_id)
+        if removed is not None and core.commit_index >= removed:
+            self.knows_removal.add(node_id)
         if 0 < hs.conf_index <= len(self.canon):
             e = self.canon[hs.conf_index - 1]
             if e.kind is not EntryKind.CONFIG or e.data != hs.conf:
@@ -143,7 +148,7 @@ class Checker:
                 _fail(f"node {node_id} became {core.role.value} in term {core.term} but is no "
                       f"voter of its configuration (voters {conf.voters}, learners "
                       f"{conf.learners})")  # fmt: skip
-            if node_id in self.learnt_removal:
+            if node_id in self.learnt_removal or node_id in self.knows_removal:
                 _fail(f"node {node_id} became {core.role.value} in term {core.term} after it "
                       f"learnt that the configuration at {removed} removed it")  # fmt: skip
         self.roles[node_id] = seen
@@ -196,6 +201,7 @@ class Checker:
     def on_restart(self, node_id: int, core: RaftCore) -> None:
         self.commit_seen[node_id] = core.commit_index
         self.roles.pop(node_id, None)
+        self.knows_removal.discard(node_id)
         self.applied_upto[node_id] = core.applied
 
     def on_snapshot(self, node_id: int, snap: SnapshotMeta) -> None:
