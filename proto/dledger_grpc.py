@@ -51,6 +51,22 @@ class DLedgerClientBase(abc.ABC):
         pass
 
     @abc.abstractmethod
+    async def MemberList(self, stream: 'grpclib.server.Stream[proto.dledger_pb2.MemberListRequest, proto.dledger_pb2.MemberListResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
+    async def MemberAdd(self, stream: 'grpclib.server.Stream[proto.dledger_pb2.MemberAddRequest, proto.dledger_pb2.MemberChangeResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
+    async def MemberPromote(self, stream: 'grpclib.server.Stream[proto.dledger_pb2.MemberPromoteRequest, proto.dledger_pb2.MemberChangeResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
+    async def MemberRemove(self, stream: 'grpclib.server.Stream[proto.dledger_pb2.MemberRemoveRequest, proto.dledger_pb2.MemberChangeResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
     async def ReadRange(self, stream: 'grpclib.server.Stream[proto.dledger_pb2.ReadRangeRequest, proto.dledger_pb2.ReadRangeResponse]') -> None:
         pass
 
@@ -149,6 +165,30 @@ class DLedgerClientBase(abc.ABC):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 proto.dledger_pb2.TransferLeadershipRequest,
                 proto.dledger_pb2.TransferLeadershipResponse,
+            ),
+            '/dledger.v1.DLedgerClient/MemberList': grpclib.const.Handler(
+                self.MemberList,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                proto.dledger_pb2.MemberListRequest,
+                proto.dledger_pb2.MemberListResponse,
+            ),
+            '/dledger.v1.DLedgerClient/MemberAdd': grpclib.const.Handler(
+                self.MemberAdd,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                proto.dledger_pb2.MemberAddRequest,
+                proto.dledger_pb2.MemberChangeResponse,
+            ),
+            '/dledger.v1.DLedgerClient/MemberPromote': grpclib.const.Handler(
+                self.MemberPromote,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                proto.dledger_pb2.MemberPromoteRequest,
+                proto.dledger_pb2.MemberChangeResponse,
+            ),
+            '/dledger.v1.DLedgerClient/MemberRemove': grpclib.const.Handler(
+                self.MemberRemove,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                proto.dledger_pb2.MemberRemoveRequest,
+                proto.dledger_pb2.MemberChangeResponse,
             ),
             '/dledger.v1.DLedgerClient/ReadRange': grpclib.const.Handler(
                 self.ReadRange,
@@ -275,6 +315,30 @@ class DLedgerClientStub:
             '/dledger.v1.DLedgerClient/TransferLeadership',
             proto.dledger_pb2.TransferLeadershipRequest,
             proto.dledger_pb2.TransferLeadershipResponse,
+        )
+        self.MemberList = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/dledger.v1.DLedgerClient/MemberList',
+            proto.dledger_pb2.MemberListRequest,
+            proto.dledger_pb2.MemberListResponse,
+        )
+        self.MemberAdd = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/dledger.v1.DLedgerClient/MemberAdd',
+            proto.dledger_pb2.MemberAddRequest,
+            proto.dledger_pb2.MemberChangeResponse,
+        )
+        self.MemberPromote = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/dledger.v1.DLedgerClient/MemberPromote',
+            proto.dledger_pb2.MemberPromoteRequest,
+            proto.dledger_pb2.MemberChangeResponse,
+        )
+        self.MemberRemove = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/dledger.v1.DLedgerClient/MemberRemove',
+            proto.dledger_pb2.MemberRemoveRequest,
+            proto.dledger_pb2.MemberChangeResponse,
         )
         self.ReadRange = grpclib.client.UnaryUnaryMethod(
             channel,

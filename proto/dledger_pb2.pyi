@@ -356,7 +356,7 @@ class PeerStatus(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., match_index: _Optional[int] = ..., next_index: _Optional[int] = ..., recent_active: _Optional[bool] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("node_id", "role", "term", "leader_id", "leader_address", "first_index", "last_index", "committed_index", "committed_pos", "flushed_pos", "dispatched_pos", "applied_index", "cluster", "peers", "last_chain_crc", "flush_mode", "loop_lag_max_ms")
+    __slots__ = ("node_id", "role", "term", "leader_id", "leader_address", "first_index", "last_index", "committed_index", "committed_pos", "flushed_pos", "dispatched_pos", "applied_index", "cluster", "peers", "last_chain_crc", "flush_mode", "loop_lag_max_ms", "members")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -374,6 +374,7 @@ class StatusResponse(_message.Message):
     LAST_CHAIN_CRC_FIELD_NUMBER: _ClassVar[int]
     FLUSH_MODE_FIELD_NUMBER: _ClassVar[int]
     LOOP_LAG_MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     role: str
     term: int
@@ -391,7 +392,8 @@ class StatusResponse(_message.Message):
     last_chain_crc: int
     flush_mode: str
     loop_lag_max_ms: float
-    def __init__(self, node_id: _Optional[int] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., committed_index: _Optional[int] = ..., committed_pos: _Optional[int] = ..., flushed_pos: _Optional[int] = ..., dispatched_pos: _Optional[int] = ..., applied_index: _Optional[int] = ..., cluster: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerStatus, _Mapping]]] = ..., last_chain_crc: _Optional[int] = ..., flush_mode: _Optional[str] = ..., loop_lag_max_ms: _Optional[float] = ...) -> None: ...
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    def __init__(self, node_id: _Optional[int] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., committed_index: _Optional[int] = ..., committed_pos: _Optional[int] = ..., flushed_pos: _Optional[int] = ..., dispatched_pos: _Optional[int] = ..., applied_index: _Optional[int] = ..., cluster: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerStatus, _Mapping]]] = ..., last_chain_crc: _Optional[int] = ..., flush_mode: _Optional[str] = ..., loop_lag_max_ms: _Optional[float] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
 
 class TransferLeadershipRequest(_message.Message):
     __slots__ = ("target_node_id", "timeout_ms")
@@ -406,6 +408,72 @@ class TransferLeadershipResponse(_message.Message):
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     leader_id: int
     def __init__(self, leader_id: _Optional[int] = ...) -> None: ...
+
+class Member(_message.Message):
+    __slots__ = ("id", "raft", "client", "role", "match_index", "lag")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RAFT_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    MATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    raft: str
+    client: str
+    role: str
+    match_index: int
+    lag: int
+    def __init__(self, id: _Optional[int] = ..., raft: _Optional[str] = ..., client: _Optional[str] = ..., role: _Optional[str] = ..., match_index: _Optional[int] = ..., lag: _Optional[int] = ...) -> None: ...
+
+class MemberListRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MemberListResponse(_message.Message):
+    __slots__ = ("members", "leader_id")
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    leader_id: int
+    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., leader_id: _Optional[int] = ...) -> None: ...
+
+class MemberAddRequest(_message.Message):
+    __slots__ = ("id", "raft", "client", "learner", "timeout_ms")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RAFT_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    raft: str
+    client: str
+    learner: bool
+    timeout_ms: int
+    def __init__(self, id: _Optional[int] = ..., raft: _Optional[str] = ..., client: _Optional[str] = ..., learner: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class MemberPromoteRequest(_message.Message):
+    __slots__ = ("id", "timeout_ms")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    timeout_ms: int
+    def __init__(self, id: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class MemberRemoveRequest(_message.Message):
+    __slots__ = ("id", "timeout_ms")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    timeout_ms: int
+    def __init__(self, id: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class MemberChangeResponse(_message.Message):
+    __slots__ = ("config_index", "members")
+    CONFIG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    config_index: int
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    def __init__(self, config_index: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
 
 class ReadRangeRequest(_message.Message):
     __slots__ = ("from_offset", "max_messages", "max_bytes")

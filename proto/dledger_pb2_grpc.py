@@ -79,6 +79,26 @@ class DLedgerClientStub:
                 request_serializer=proto_dot_dledger__pb2.TransferLeadershipRequest.SerializeToString,
                 response_deserializer=proto_dot_dledger__pb2.TransferLeadershipResponse.FromString,
                 _registered_method=True)
+        self.MemberList = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/MemberList',
+                request_serializer=proto_dot_dledger__pb2.MemberListRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.MemberListResponse.FromString,
+                _registered_method=True)
+        self.MemberAdd = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/MemberAdd',
+                request_serializer=proto_dot_dledger__pb2.MemberAddRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.MemberChangeResponse.FromString,
+                _registered_method=True)
+        self.MemberPromote = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/MemberPromote',
+                request_serializer=proto_dot_dledger__pb2.MemberPromoteRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.MemberChangeResponse.FromString,
+                _registered_method=True)
+        self.MemberRemove = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/MemberRemove',
+                request_serializer=proto_dot_dledger__pb2.MemberRemoveRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.MemberChangeResponse.FromString,
+                _registered_method=True)
         self.ReadRange = channel.unary_unary(
                 '/dledger.v1.DLedgerClient/ReadRange',
                 request_serializer=proto_dot_dledger__pb2.ReadRangeRequest.SerializeToString,
@@ -188,6 +208,32 @@ class DLedgerClientServicer:
         raise NotImplementedError('Method not implemented!')
 
     def TransferLeadership(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MemberList(self, request, context):
+        """Membership (the leader answers; a follower redirects). The changes need the admin
+        right when the ACL is on; one change at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MemberAdd(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MemberPromote(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MemberRemove(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -310,6 +356,26 @@ def add_DLedgerClientServicer_to_server(servicer, server):
                     servicer.TransferLeadership,
                     request_deserializer=proto_dot_dledger__pb2.TransferLeadershipRequest.FromString,
                     response_serializer=proto_dot_dledger__pb2.TransferLeadershipResponse.SerializeToString,
+            ),
+            'MemberList': grpc.unary_unary_rpc_method_handler(
+                    servicer.MemberList,
+                    request_deserializer=proto_dot_dledger__pb2.MemberListRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.MemberListResponse.SerializeToString,
+            ),
+            'MemberAdd': grpc.unary_unary_rpc_method_handler(
+                    servicer.MemberAdd,
+                    request_deserializer=proto_dot_dledger__pb2.MemberAddRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.MemberChangeResponse.SerializeToString,
+            ),
+            'MemberPromote': grpc.unary_unary_rpc_method_handler(
+                    servicer.MemberPromote,
+                    request_deserializer=proto_dot_dledger__pb2.MemberPromoteRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.MemberChangeResponse.SerializeToString,
+            ),
+            'MemberRemove': grpc.unary_unary_rpc_method_handler(
+                    servicer.MemberRemove,
+                    request_deserializer=proto_dot_dledger__pb2.MemberRemoveRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.MemberChangeResponse.SerializeToString,
             ),
             'ReadRange': grpc.unary_unary_rpc_method_handler(
                     servicer.ReadRange,
@@ -610,6 +676,114 @@ class DLedgerClient:
             '/dledger.v1.DLedgerClient/TransferLeadership',
             proto_dot_dledger__pb2.TransferLeadershipRequest.SerializeToString,
             proto_dot_dledger__pb2.TransferLeadershipResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MemberList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/MemberList',
+            proto_dot_dledger__pb2.MemberListRequest.SerializeToString,
+            proto_dot_dledger__pb2.MemberListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MemberAdd(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/MemberAdd',
+            proto_dot_dledger__pb2.MemberAddRequest.SerializeToString,
+            proto_dot_dledger__pb2.MemberChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MemberPromote(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/MemberPromote',
+            proto_dot_dledger__pb2.MemberPromoteRequest.SerializeToString,
+            proto_dot_dledger__pb2.MemberChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MemberRemove(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/MemberRemove',
+            proto_dot_dledger__pb2.MemberRemoveRequest.SerializeToString,
+            proto_dot_dledger__pb2.MemberChangeResponse.FromString,
             options,
             channel_credentials,
             insecure,

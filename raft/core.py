@@ -135,9 +135,20 @@ class RaftCore(Elections, Replication, Leadership):
         return self._conf
 
     @property
+    def committed_membership(self) -> Membership:
+        """The last committed configuration (the one in effect may be newer)."""
+        return self._log.confs.at(self._log.committed)[1]
+
+    @property
     def conf_index(self) -> int:
         """The index of the configuration entry in effect (0: the bootstrap)."""
         return self._log.confs.index
+
+    @property
+    def replicas(self) -> tuple[int, ...]:
+        """Leader: the nodes it replicates to (the other members, and a member being
+        removed until the removal commits); empty on other roles."""
+        return self._replicas
 
     @property
     def conf_pending(self) -> bool:

@@ -10,7 +10,9 @@ Invariants kept here:
   leaves: it rides in the same Ready), and only for a log at least as
   up to date as its own; a pre-vote changes neither term nor vote.
 - only a voter of the configuration in effect campaigns (a learner, a joining or
-  a removed node never does), and only voters' answers count;
+  a removed node never does; a node whose own removal is not committed yet still
+  may, if it votes in the last committed one), and only voters' answers count;
+  a node that may not campaign leaves its last leader's lease all the same;
 - a node does not campaign while its log is being restored from a snapshot,
   while it lacks entries it knew were committed (`catch_up_to`, which also
   keeps it from granting any vote), or while the driver forbids it.
@@ -37,13 +39,27 @@ class Elections(CoreState):
 
     def _tick_election(self) -> None:
         self._election_elapsed += 1
-        if self._election_elapsed >= self._timeout:
+        if self._election_elapsed >= self._timeout and self._may_be_elected():
             self._election_elapsed = 0
             self._campaign(transfer=False)
+        # A node that may not campaign lets its timer run on: it leaves its last
+        # leader's lease, so that it can vote for a candidate (a learner whose
+        # promotion the old leader appended may be a voter the candidate needs).
+
+    def _may_be_elected(self) -> bool:
+        """A voter of the configuration in effect; or, while that one is uncommitted, of
+        the last committed one (Raft thesis 4.2.2: a leader that removed itself and
+        stepped down may be the only node whose log can still be elected)."""
+        if self._id in self._voters:
+            return True
+        log = self._log
+        return bool(log.confs.pending_after(log.committed)) and (
+            self._id in log.confs.at(log.committed)[1].voters
+        )
 
     def _campaign(self, transfer: bool) -> None:
-        if self._id not in self._voters:
-            return  # a learner, a node joining or a removed one: it has no vote to seek
+        if not self._may_be_elected():
+            return  # a learner, a joining or a removed node: it has no vote to seek
         if self._log.snapshot is not None:
             return  # our log is not in storage yet: wait for the driver's restore
         if self._catch_up_to:

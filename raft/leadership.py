@@ -37,7 +37,7 @@ class Leadership(CoreState):
         if self._election_elapsed >= self._cfg.election_ticks:
             self._election_elapsed = 0
             active = [p for p, pr in self._progress.items() if pr.recent_active]
-            for p in self._others:
+            for p in self._replicas:
                 self._progress[p].recent_active = False
             if self._cfg.check_quorum and not quorum.has_quorum(self._voters, active):
                 self._become_follower(self._term, None)

@@ -126,7 +126,7 @@ class Membership:
             raise ValueError(f"configuration is not JSON ({exc})") from None
         rows = doc.get("members") if isinstance(doc, dict) else None
         if not isinstance(rows, list) or len(doc) != 1:
-            raise ValueError("configuration must be {\"members\": [...]}")
+            raise ValueError('configuration must be {"members": [...]}')
         members = []
         for row in rows:
             ok = (isinstance(row, list) and len(row) == 4 and type(row[0]) is int

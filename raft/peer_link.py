@@ -189,14 +189,16 @@ class PeerGate:
         deliver: Callable[[Message], None],
         *,
         me: int = 0,
-        members: Collection[int] = (),
+        members: Collection[int] | Callable[[], Collection[int]] = (),
         security: PeerSecurity | None = None,
         on_reject: Callable[[str], None] | None = None,
     ) -> None:
         self.cluster = cluster
         self._deliver = deliver
         self._me = me
-        self._members = frozenset(members)
+        # The live membership (a callable: the node's, which changes) or a fixed set.
+        fixed = frozenset(members) if not callable(members) else frozenset()
+        self._members = members if callable(members) else (lambda: fixed)
         self.security = security or PeerSecurity()
         self._on_reject = on_reject or (lambda reason: None)
 
@@ -229,7 +231,7 @@ class PeerGate:
         if sender is not None and claimed is not None and claimed != sender:
             raise self.refuse(peer, "UNAUTHENTICATED", "identity",
                               f"claims to be node {claimed} but is node {sender}")  # fmt: skip
-        if sender is not None and (sender not in self._members or sender == self._me):
+        if sender is not None and (sender not in self._members() or sender == self._me):
             raise self.refuse(peer, "PERMISSION_DENIED", "membership",
                               f"node {sender} is not a peer of node {self._me}")  # fmt: skip
         return sender

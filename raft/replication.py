@@ -180,6 +180,8 @@ class Replication(CoreState):
         log.commit_to(index)
         if first_in_term:
             self._release_waiting_reads()
+        if len(self._replicas) != len(self._others):
+            self._drop_removed()  # a removal committed
         if self._id not in self._voters and log.confs.index <= index:
             self._hand_over()  # our removal committed: hand leadership to a voter
         return True
@@ -198,7 +200,7 @@ class Replication(CoreState):
             return
         if self._bcast_pending:
             self._bcast_pending = False
-            for p in self._others:
+            for p in self._replicas:
                 self._send_appends(p)
         if self._heartbeat_pending:
             self._heartbeat_pending = False
@@ -207,7 +209,7 @@ class Replication(CoreState):
     def _bcast_heartbeat(self) -> None:
         ctx = self._reads.last_ctx()
         committed = self._log.committed
-        for p in self._others:
+        for p in self._replicas:
             pr = self._progress[p]
             commit = min(pr.match, committed)
             pr.sent_commit = max(pr.sent_commit, commit)

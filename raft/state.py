@@ -36,7 +36,7 @@ from abc import ABC, abstractmethod
 from raft.config import Config
 from raft.log import RaftLog
 from raft.membership import Membership
-from raft.messages import AppendResponse, Message
+from raft.messages import AppendResponse, Heartbeat, Message
 from raft.progress import Progress
 from raft.readonly import ReadOnly
 from raft.ready import Ready
@@ -72,7 +72,10 @@ class CoreState(ABC):
         self._log = RaftLog(storage, hard_state.commit, applied, base)
         self._conf = self._log.confs.current
         self._voters: tuple[int, ...] = ()
-        self._others: tuple[int, ...] = ()  # every other member: where a leader replicates
+        self._others: tuple[int, ...] = ()  # every other member
+        # Leader: where it replicates and heartbeats; every other member, and a member
+        # being removed until its removal commits (so that it learns of it).
+        self._replicas: tuple[int, ...] = ()
         self._vote_peers: tuple[int, ...] = ()  # every other voter: where a candidate asks
         self._term = hard_state.term
         self._vote = hard_state.vote
@@ -117,6 +120,7 @@ class CoreState(ABC):
         self._transferee = None
         self._votes = {}
         self._progress = {}
+        self._replicas = ()
         self._reads.reset()
         self._reads_waiting = []
         self._bcast_pending = False
@@ -146,8 +150,13 @@ class CoreState(ABC):
         self._role = Role.LEADER
         cfg = self._cfg
         nxt = self._log.last_index() + 1
-        for p in (*self._others, self._id):
+        log = self._log
+        peers = {*self._others, self._id}
+        if log.confs.pending_after(log.committed):  # members being removed: they must learn it
+            peers.update(log.confs.at(log.committed)[1].ids)
+        for p in sorted(peers):
             self._progress[p] = Progress(nxt, cfg.max_inflight_msgs, cfg.max_inflight_bytes)
+        self._replicas = tuple(p for p in self._progress if p != self._id)
         me = self._progress[self._id]
         me.become_replicate()
         me.match = self._log.stable_index()
@@ -178,12 +187,22 @@ class CoreState(ABC):
                 pr = Progress(nxt, cfg.max_inflight_msgs, cfg.max_inflight_bytes)
                 pr.recent_active = True  # a new member gets an election timeout to answer
                 self._progress[p] = pr
-        for p in [p for p in self._progress if p != me and p not in conf.ids]:
-            del self._progress[p]
+        self._drop_removed()
         if self._transferee is not None and self._transferee not in self._voters:
             self._transferee = None
         self._conf_changed_as_leader()
         self._bcast_pending = True
+
+    def _drop_removed(self) -> None:
+        """Leader: stop replicating to removed members once their removal commits (until
+        then they get the entries, the configuration that removes them included)."""
+        log, me, ids = self._log, self._id, self._conf.ids
+        if log.confs.index <= log.committed:
+            for p in [p for p in self._progress if p != me and p not in ids]:
+                # A last word: the commit index, so that it applies its removal too.
+                commit = min(self._progress.pop(p).match, log.committed)
+                self._send(Heartbeat(me, p, self._term, commit))
+        self._replicas = tuple(p for p in self._progress if p != me)
 
     # --- the one way out ---
 

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from raft.types import EntryKind
-
 from raft.membership import Membership
 from raft.messages import (
     AppendEntries,
@@ -39,6 +37,7 @@ from raft.messages import (
     TimeoutNow,
     VoteResponse,
 )
+from raft.types import EntryKind
 
 MAX_TERM = 1 << 62
 MAX_INDEX = 1 << 62

@@ -48,7 +48,9 @@ def stored(body: bytes, offset: int = 96) -> StoredMessage:
 
 
 def status(node_id: int, role: str) -> NodeStatus:
-    zero = dict.fromkeys(("first_index", "last_index", "committed_index", "applied_index"), 0)
+    zero: dict[str, Any] = dict.fromkeys(
+        ("first_index", "last_index", "committed_index", "applied_index"), 0
+    )
     zero |= dict.fromkeys(("committed_pos", "flushed_pos", "dispatched_pos", "last_chain_crc"), 0)
     return NodeStatus(
         f"h:{node_id}", node_id, role, 3, 1, "h:1", cluster="d", peers=(), flush_mode="sync", **zero

@@ -332,7 +332,9 @@ def test_router_learns_the_highest_term_and_aliases() -> None:
     router = Router(["a:1", "b:2", "c:3"])
 
     def st(addr: str, node: int, role: str, term: int, leader: int, laddr: str) -> NodeStatus:
-        zero = dict.fromkeys(("first_index", "last_index", "committed_index", "applied_index"), 0)
+        zero: dict[str, Any] = dict.fromkeys(
+            ("first_index", "last_index", "committed_index", "applied_index"), 0
+        )
         zero |= dict.fromkeys(("committed_pos", "flushed_pos", "dispatched_pos"), 0)
         return NodeStatus(
             addr,

@@ -347,8 +347,19 @@ def check_get(run: DocRun, args: list[str], out: str) -> None:
 
 
 def check_status(run: DocRun, args: list[str], out: str) -> None:
-    rows = table_rows(out)
+    nodes, members = out.split("\n\n")  # every node, then the members as the leader sees them
+    rows = table_rows(nodes)
     assert len(rows) == 3 and [r["role"] for r in rows].count("leader") == 1, out
+    head, _, rest = members.partition("\n")
+    assert head == "members: 3 voters, 0 learner(s)", out
+    check_member_list(run, args, rest)
+
+
+def check_member_list(run: DocRun, args: list[str], out: str) -> None:
+    rows = table_rows(out)
+    assert [(r["member"], r["role"]) for r in rows] == [("1", "voter"), ("2", "voter"),
+                                                        ("3", "voter")], out  # fmt: skip
+    assert all(int(r["match"]) >= 0 and int(r["lag"]) >= 0 for r in rows), out  # the leader knows
 
 
 def check_transfer(run: DocRun, args: list[str], out: str) -> None:
@@ -444,6 +455,7 @@ CHECKS: dict[tuple[str, ...], Callable[[DocRun, list[str], str], None]] = {
     ("cluster", "up"): check_cluster_up,
     ("cluster", "down"): check_cluster_down,
     ("put",): check_put,
+    ("member", "list"): check_member_list,
     ("get",): check_get,
     ("status",): check_status,
     ("transfer-leader",): check_transfer,

@@ -3,10 +3,15 @@ one change at a time, a removed leader handing over, restart and snapshots."""
 
 from __future__ import annotations
 
+import struct
+import zlib
+from pathlib import Path
+
 import pytest
 
 from raft import AppendEntries, Entry, EntryKind, HardState, NotLeader, RaftCore, Role
 from raft.errors import MembershipError
+from raft.hard_state import RaftStateFile
 from raft.membership import (
     ChangeOp,
     ConfChange,
@@ -16,6 +21,7 @@ from raft.membership import (
     majorities_overlap,
 )
 from raft.validate import InvalidPeerMessage, check_peer_message
+from store.errors import CorruptEntry
 from tests.sim.harness import Cluster
 
 
@@ -290,3 +296,26 @@ def test_peer_validation_refuses_a_bad_configuration_entry() -> None:
     bad = AppendEntries(1, 2, 3, 0, 0, (Entry(1, 3, b"{nope", EntryKind.CONFIG),), 0)
     with pytest.raises(InvalidPeerMessage, match="bad configuration"):
         check_peer_message(bad, me=2, peers=(1, 2, 3), term=3, max_entry_bytes=1 << 20)
+
+
+# --- the hard-state record ---
+
+
+def test_the_hard_state_record_keeps_the_configuration_and_reads_the_old_one(
+    tmp_path: Path,
+) -> None:
+    conf = Membership.voters_only([1, 2, 4]).encode()
+    f = RaftStateFile(tmp_path / "raft.state")
+    f.save(HardState(7, 2, 40, 33, conf))
+    assert RaftStateFile(f.path).load() == HardState(7, 2, 40, 33, conf)
+    assert f.needs_sync(HardState(7, 2, 41, 33, conf)) is False  # the commit rides along
+    assert f.needs_sync(HardState(7, 2, 41, 39, conf)) is True  # a new configuration does not
+    f.save_commit(50)
+    assert RaftStateFile(f.path).load() == HardState(7, 2, 50, 33, conf)
+    # A record written before membership change (magic "RAFT", no configuration).
+    body = struct.pack(">iqiq", 0x52414654, 5, 3, 9)
+    f.path.write_bytes(body + struct.pack(">I", zlib.crc32(body)))
+    assert RaftStateFile(f.path).load() == HardState(5, 3, 9)
+    f.path.write_bytes(f.path.read_bytes()[:-1] + b"\x00")
+    with pytest.raises(CorruptEntry):
+        RaftStateFile(f.path)

@@ -15,6 +15,7 @@ CORE_MODULES = (
     "errors",
     "leadership",
     "log",
+    "membership",
     "messages",
     "progress",
     "quorum",

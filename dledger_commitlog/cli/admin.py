@@ -1,7 +1,8 @@
 """The operator's commands: status, transfer-leader, verify, admin clean-now, the
-local cluster (cluster up, down, status) and certs.
+local cluster (cluster up, down, status) and certs. (Membership: `members.py`.)
 
-Status tables show every node, the ones that did not answer with their error;
+Status tables show every node, the ones that did not answer with their error,
+then the members (voters and learners) with each one's lag as the leader knows it;
 the exit code is 1 only when none answered. `cluster up` starts the nodes of a
 directory that do not run (all of them for a new or stopped cluster), leaves
 running ones alone and says which it started; `cluster down` stops them all
@@ -20,14 +21,17 @@ from typing import Any
 from dledger_commitlog.cli.commands import (
     FIELD_TYPES,
     UsageError,
+    cluster_dir,
     command,
     emit,
     key_value,
     make_client,
+    member_json,
+    members_table,
     table,
 )
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client import ClientError, NodeStatus, StatusError
+from dledger_commitlog.client import ClientError, MemberInfo, NodeStatus, StatusError
 from dledger_commitlog.log.verify import progress_bar, verify_store
 from dledger_commitlog.node.config import NodeConfig
 
@@ -38,7 +42,27 @@ def status_json(s: NodeStatus | StatusError) -> dict[str, Any]:
     doc = {"node_id": s.node_id, "role": s.role, "term": s.term, "leader": s.leader_id}
     doc.update({f.name: getattr(s, f.name) for f in dataclasses.fields(s)})
     doc["peers"] = [dataclasses.asdict(p) for p in s.peers]
+    doc["members"] = [member_json(m) for m in s.members]
     return doc
+
+
+def leader_members(statuses: Sequence[NodeStatus | StatusError]) -> tuple[MemberInfo, ...]:
+    """The members as the leader with the highest term reports them (each one's lag),
+    else as any node does (lag unknown), else none."""
+    answers = [s for s in statuses if isinstance(s, NodeStatus) and s.members]
+    leaders = [s for s in answers if s.role == "leader"]
+    best = max(leaders, key=lambda s: s.term) if leaders else answers[0] if answers else None
+    return best.members if best is not None else ()
+
+
+def with_members(text: str, statuses: Sequence[NodeStatus | StatusError]) -> str:
+    """A status table, then the voters and learners with each one's lag."""
+    members = leader_members(statuses)
+    if not members:
+        return text
+    voters = sum(m.role == "voter" for m in members)
+    head = f"members: {voters} voter{'s' * (voters != 1)}, {len(members) - voters} learner(s)"
+    return f"{text}\n\n{head}\n{members_table(members)}"
 
 
 def status_table(statuses: Sequence[NodeStatus | StatusError]) -> str:
@@ -57,7 +81,9 @@ def status_table(statuses: Sequence[NodeStatus | StatusError]) -> str:
 def _status(args: argparse.Namespace) -> int:
     with make_client(args) as client:
         statuses = client.status_all(timeout_s=min(args.timeout, 5.0))
-    emit(args, {"nodes": [status_json(s) for s in statuses]}, status_table(statuses))
+    doc = {"nodes": [status_json(s) for s in statuses]}
+    doc["members"] = [member_json(m) for m in leader_members(statuses)]
+    emit(args, doc, with_members(status_table(statuses), statuses))
     return 0 if any(isinstance(s, NodeStatus) for s in statuses) else 1
 
 
@@ -122,14 +148,6 @@ def _clean_now(args: argparse.Namespace) -> int:
     return 0 if all("error" not in r for r in rows) else 1
 
 
-def _cluster_dir(args: argparse.Namespace) -> Path:
-    if args.dir:
-        return Path(args.dir)
-    if args.cluster:
-        return Path(args.cluster).parent
-    raise UsageError("which cluster? pass --dir D")
-
-
 def _cluster_up_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", metavar="D", help="cluster directory (holds cluster.json)")
     p.add_argument("--nodes", type=int, default=3, choices=(1, 3, 5))
@@ -165,7 +183,7 @@ def _extra_config(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
 def _cluster_up(args: argparse.Namespace) -> int:
     try:
         cluster = LocalCluster(
-            _cluster_dir(args),
+            cluster_dir(args),
             nodes=args.nodes,
             base_port=args.base_port,
             flush_mode=args.flush_mode,
@@ -184,7 +202,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
 
 @command("cluster down", "stop a local cluster", _dir_args)
 def _cluster_down(args: argparse.Namespace) -> int:
-    directory = _cluster_dir(args)
+    directory = cluster_dir(args)
     if not (directory / "cluster.json").exists():
         raise UsageError(f"{directory}: no cluster.json here")
     LocalCluster(directory).down()
@@ -194,7 +212,7 @@ def _cluster_down(args: argparse.Namespace) -> int:
 
 @command("cluster status", "processes and status of a local cluster", _dir_args)
 def _cluster_status(args: argparse.Namespace) -> int:
-    directory = _cluster_dir(args)
+    directory = cluster_dir(args)
     if not (directory / "cluster.json").exists():
         raise UsageError(f"{directory}: no cluster.json here")
     return _print_cluster(args, LocalCluster(directory))
@@ -214,6 +232,10 @@ def _print_cluster(
     rows = [[n["id"], n["pid"], n["client"], *(n["status"].get(k) for k in keys)] for n in nodes]
     text = table(("node", "pid", "client", "role", "term", "leader", "error"), rows)
     out: dict[str, Any] = {"dir": str(cluster.directory), "nodes": nodes}
+    members = leader_members(list(statuses.values()))
+    out["members"] = [member_json(m) for m in members]
+    out["removed"] = sorted(cluster.retired)  # nodes that left the group (not started)
+    text = with_members(text, list(statuses.values()))
     if started is not None:
         out["started"] = list(started)
         text = _started_line(started, list(cluster.specs)) + "\n" + text

@@ -6,10 +6,19 @@ config, in NodeConfig's TOML layout, written by `node_toml` and read back by
 dirs, settings: what the CLI and `Client.from_cluster_file` read), the peers'
 secret `D/cluster.secret`, and with TLS or an ACL `D/pki/`, `D/acl.toml` and
 `D/admin.credentials`. It starts no process: `launcher.LocalCluster` adds that.
+
+Membership (docs/operations.md): the nodes the directory was made with are its
+bootstrap group, each configured with the bootstrap ids as its peers. A node added
+later (`add_spec`, `dledger cluster add-node`) is configured to join (`raft.join`)
+with the members at the time it was added as its peers; a node removed from the
+group (`retire`) keeps its entry, marked removed, and is neither started nor asked
+again. What each node's config says never changes once written: membership after
+the start lives in the Raft log, not in these files.
+
 Invariants: a directory keeps its ports and settings once cluster.json exists
 (a stopped cluster restarts from its data); ports are chosen outside the kernel's
 ephemeral range; per-node settings never come from `extra_config`; the security
-files are made once and then kept.
+files are made once and then kept; a node id is never used twice in a directory.
 """
 
 from __future__ import annotations
@@ -45,6 +54,8 @@ class NodeSpec:
     metrics: str
     data_dir: str
     home: Path  # D/n{id}
+    join: bool = False  # added to a running group (its config: raft.join)
+    peers: tuple[int, ...] = ()  # a joining node's peers; () the bootstrap group
 
     @property
     def config_path(self) -> Path:
@@ -182,7 +193,11 @@ class ClusterLayout:
             self.cluster = str(saved.get("cluster", cluster))
             self.flush_mode = flush_mode or str(saved.get("flush_mode", "sync"))
             self.extra_config = dict(extra_config or saved.get("extra_config") or {})
-            self.specs = {n["id"]: self._spec(n) for n in saved["nodes"]}
+            every = {n["id"]: self._spec(n) for n in saved["nodes"]}
+            gone = {n["id"] for n in saved["nodes"] if n.get("removed")}
+            self.specs = {i: spec for i, spec in every.items() if i not in gone}
+            self.retired = {i: spec for i, spec in every.items() if i in gone}
+            self.base_port: int | None = saved.get("base_port")
             self._pids = {n["id"]: int(n["pid"]) for n in saved["nodes"] if n.get("pid")}
             saved_links = {_link_key(k): str(v) for k, v in saved.get("links", {}).items()}
             self.links = dict(links) if links is not None else saved_links
@@ -194,6 +209,8 @@ class ClusterLayout:
             self.flush_mode = flush_mode or "sync"
             self.extra_config = dict(extra_config or {})
             self.specs = self._allocate(nodes, base_port, hosts or {})
+            self.retired = {}
+            self.base_port = base_port
             self.links = {}
             self.tls, self.acl = bool(tls), bool(acl)
         bad = _PER_NODE & set(self.extra_config)
@@ -236,7 +253,9 @@ class ClusterLayout:
 
     def _spec(self, n: dict[str, Any]) -> NodeSpec:
         home = self.directory / f"n{n['id']}"
-        return NodeSpec(n["id"], n["client"], n["raft"], n.get("metrics", ""), n["data_dir"], home)
+        peers = tuple(int(i) for i in n.get("peers", ()))
+        return NodeSpec(n["id"], n["client"], n["raft"], n.get("metrics", ""), n["data_dir"], home,
+                        bool(n.get("join")), peers)  # fmt: skip
 
     def _allocate(
         self, nodes: int, base_port: int | None, hosts: Mapping[int, str]
@@ -259,11 +278,14 @@ class ClusterLayout:
 
     def _config(self, node_id: int) -> NodeConfig:
         spec = self.specs[node_id]
+        every = self.retired | self.specs
+        ids = spec.peers or sorted(i for i, s in every.items() if not s.join)  # the bootstrap
         peers = tuple(
-            Peer(s.id, self.links.get((node_id, s.id), s.raft), s.client)
-            for s in self.specs.values()
+            Peer(i, self.links.get((node_id, i), every[i].raft), every[i].client) for i in ids
         )
         values: dict[str, Any] = {"cluster": self.cluster, "flush_mode": self.flush_mode}
+        if spec.join:
+            values["join"] = True
         values["peer_secret_file"] = str(self.secret_path)
         if self.tls:
             values.update(tls_ca=str(self.pki_dir / "ca.pem"),
@@ -275,6 +297,48 @@ class ClusterLayout:
         values.update(node_id=node_id, data_dir=spec.data_dir, peers=peers)
         values["listen_metrics"] = spec.metrics
         return NodeConfig(**values)
+
+    # ------------------------------------------------------------ membership
+
+    def new_spec(self, members: Mapping[int, tuple[str, str]]) -> NodeSpec:
+        """A node to add to the group whose `members` are {id: (raft, client)}: the next
+        id never used here nor by a member, ports in the directory's scheme (`base_port +
+        k * 100 + id - 1` when it was made with one, else free ones), joining with
+        `members` as peers."""
+        node_id = max([*self.retired, *self.specs, *members]) + 1
+        host = next(iter(self.specs.values())).client.rpartition(":")[0]
+        base = self.base_port
+        if base is not None and base + 200 + node_id < 65536:
+            ports = [base + k * 100 + node_id - 1 for k in range(3)]  # as `_allocate` does
+        else:
+            ports = free_ports(3, host)
+        client, raft, metrics = (f"{host}:{port}" for port in ports)
+        home = self.directory / f"n{node_id}"
+        peers = tuple(sorted({*members, node_id}))
+        return NodeSpec(node_id, client, raft, metrics, str(home / "data"), home, True, peers)
+
+    def add_spec(self, spec: NodeSpec, members: Mapping[int, tuple[str, str]]) -> None:
+        """Record `spec` (from `new_spec`) and write its config; with TLS, a certificate
+        naming it from the directory's CA. Members not in the layout (added by hand,
+        `dledger member add`) are recorded as retired entries so its config can name them."""
+        for i, (raft, client) in members.items():
+            if i not in self.specs and i not in self.retired:
+                home = self.directory / f"n{i}"
+                self.retired[i] = NodeSpec(i, client, raft, "", str(home / "data"), home)
+        self.specs[spec.id] = spec
+        self.configs[spec.id] = self._config(spec.id)
+        if self.tls:
+            from dledger_commitlog.cli.certs import make_dev_pki
+
+            host = spec.client.rpartition(":")[0]
+            make_dev_pki(self.pki_dir, [spec.id], [host], clients=(), reuse_ca=True)
+        self._write_layout()
+
+    def retire(self, node_id: int) -> None:
+        """Node `node_id` left the group: keep its entry (its files stay), never start it."""
+        self.retired[node_id] = self.specs.pop(node_id)
+        self.configs.pop(node_id, None)
+        self._save()
 
     def _check_usable(self) -> None:
         if self._refused is not None:
@@ -325,7 +389,7 @@ class ClusterLayout:
         self._save()
 
     def _save(self) -> None:
-        doc = {
+        doc: dict[str, Any] = {
             "cluster": self.cluster,
             "flush_mode": self.flush_mode,
             "extra_config": self.extra_config,
@@ -336,22 +400,23 @@ class ClusterLayout:
                 "tls_ca": str(self.tls_ca or ""),
                 "credentials": str(self.credentials_path or ""),
             },
-            "nodes": [
-                {
-                    "id": s.id,
-                    "pid": self.pid(s.id),
-                    "client": s.client,
-                    "raft": s.raft,
-                    "metrics": s.metrics,
-                    "data_dir": s.data_dir,
-                }
-                for s in self.specs.values()
-            ],
+            "nodes": [self._node_doc(s) for _, s in sorted((self.retired | self.specs).items())],
         }
+        if self.base_port is not None:
+            doc["base_port"] = self.base_port
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.cluster_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=2) + "\n")
         os.replace(tmp, self.cluster_file)
+
+    def _node_doc(self, s: NodeSpec) -> dict[str, Any]:
+        doc: dict[str, Any] = {"id": s.id, "pid": self.pid(s.id) if s.id in self.specs else None}
+        doc |= {"client": s.client, "raft": s.raft, "metrics": s.metrics, "data_dir": s.data_dir}
+        if s.join:
+            doc |= {"join": True, "peers": list(s.peers)}
+        if s.id in self.retired:
+            doc["removed"] = True
+        return doc
 
     def pid(self, node_id: int) -> int | None:
         """The pid cluster.json records for node `node_id` (LocalCluster: only a live one)."""

@@ -1,10 +1,11 @@
 """The registry of `dledger` subcommands and the helpers every subcommand module uses.
 
 Owns `command` (register a subcommand; a space in the name makes a group), the
-client the connection options name (`make_client`, `security_files`), the
-argument types subcommands share (`key_value`, `non_negative`, `positive`,
-`FIELD_TYPES` for node settings), and the output helpers (`emit`: JSON with
---json, else the text; `table`). Modules that add subcommands import this one:
+client the connection options name (`make_client`, `security_files`, and
+`cluster_dir` for a local cluster's directory), the argument types subcommands
+share (`key_value`, `non_negative`, `positive`, `FIELD_TYPES` for node settings),
+and the output helpers (`emit`: JSON with --json, else the text; `table`; the
+views of messages and members). Modules that add subcommands import this one:
 the CLI's own (`cli.messages`, `cli.admin`, `cli.main`), and the plugins named by the
 `dledger.commands` entry points (`analytics.commands`, `chaos.commands`), which
 `load_plugins` imports, the way pytest and Flask find theirs: no module imports
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dledger_commitlog.client import Access, Client, StoredMessage, cluster_security
+from dledger_commitlog.client import Access, Client, MemberInfo, StoredMessage, cluster_security
 
 
 class UsageError(Exception):
@@ -168,6 +169,30 @@ def cell(value: Any) -> str:
     if isinstance(value, list | tuple):
         return ",".join(map(str, value))
     return "-" if value is None or value == "" else str(value)
+
+
+def cluster_dir(args: argparse.Namespace) -> Path:
+    """The local cluster's directory: --dir, else the one holding --cluster FILE."""
+    if getattr(args, "dir", None):
+        return Path(args.dir)
+    if args.cluster:
+        return Path(args.cluster).parent
+    raise UsageError("which cluster? pass --dir D")
+
+
+def member_json(m: MemberInfo) -> dict[str, Any]:
+    return dataclasses.asdict(m)
+
+
+def members_table(members: Sequence[MemberInfo]) -> str:
+    """Voters and learners, each one's match index and lag (-: not known here)."""
+    rows = [(m.id, m.role, m.raft, m.client, _known(m.match_index), _known(m.lag))
+            for m in members]  # fmt: skip
+    return table(("member", "role", "raft", "client", "match", "lag"), rows)
+
+
+def _known(value: int) -> int | None:
+    return None if value < 0 else value
 
 
 def message_json(m: StoredMessage) -> dict[str, Any]:

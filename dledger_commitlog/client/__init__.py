@@ -16,6 +16,7 @@ from dledger_commitlog.client.access import Access, cluster_security, load_crede
 from dledger_commitlog.client.aio import AsyncClient
 from dledger_commitlog.client.blocking import Client
 from dledger_commitlog.client.errors import (
+    ChangeRefused,
     ClientError,
     InvalidArgument,
     NotFound,
@@ -36,6 +37,8 @@ from dledger_commitlog.client.tx_producer import (
 from dledger_commitlog.client.values import (
     CleanResult,
     HalfResult,
+    MemberChange,
+    MemberInfo,
     MessageSpec,
     NodeStatus,
     PeerStatus,
@@ -55,11 +58,14 @@ __all__ = [
     "Access",
     "AsyncClient",
     "AsyncTransactionProducer",
+    "ChangeRefused",
     "CleanResult",
     "Client",
     "ClientError",
     "HalfResult",
     "InvalidArgument",
+    "MemberChange",
+    "MemberInfo",
     "MessageSpec",
     "NodeStatus",
     "NotFound",

@@ -31,12 +31,14 @@ from dledger_commitlog.client.access import (
     cluster_security,
     load_credentials,
 )
-from dledger_commitlog.client.errors import InvalidArgument, WrongCluster
+from dledger_commitlog.client.errors import ChangeRefused, InvalidArgument, WrongCluster
 from dledger_commitlog.client.put_pipe import PipeFailure, PutPipe
 from dledger_commitlog.client.retry import NO_ANSWER, Attempt, Failure, Op, Router
 from dledger_commitlog.client.values import (
     CleanResult,
     HalfResult,
+    MemberChange,
+    MemberInfo,
     MessageSpec,
     NodeStatus,
     PullResult,
@@ -45,6 +47,8 @@ from dledger_commitlog.client.values import (
     ReadRangeResult,
     StoredMessage,
     TransactionEnd,
+    member_change,
+    member_infos,
     node_status,
     put_result,
     stored_message,
@@ -146,10 +150,11 @@ class ClientBase:
 
     @classmethod
     def from_cluster_file(cls, path: str | Path, **kwargs: Any) -> Self:
-        """A client of the cluster a `cluster.json` describes (see `cluster.py`)."""
+        """A client of the cluster a `cluster.json` describes (`cli/cluster_layout.py`;
+        nodes marked removed from the group are left out)."""
         try:
             doc = json.loads(Path(path).read_text())
-            servers = [str(node["client"]) for node in doc["nodes"]]
+            servers = [str(node["client"]) for node in doc["nodes"] if not node.get("removed")]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}: not a readable cluster file ({exc})") from exc
         kwargs.setdefault("cluster", doc.get("cluster") or None)
@@ -396,6 +401,44 @@ class ClientBase:
                                                timeout_ms=timeout_ms)  # fmt: skip
         return Op("transfer_leadership", "TransferLeadership", request, lambda r: int(r.leader_id),
                   floor_s=1 + timeout_ms / 1000, forgets_leader=True)  # fmt: skip
+
+    @operation
+    def member_list(self) -> Op[list[MemberInfo]]:
+        """The group's members as the leader sees them (voters, learners, match and lag)."""
+        return Op("member_list", "MemberList", pb.MemberListRequest(),
+                  lambda r: list(member_infos(r.members)))  # fmt: skip
+
+    @operation
+    def member_add(
+        self, node_id: int, raft: str, client: str, learner: bool = False,
+        timeout_ms: int = 10_000,
+    ) -> Op[MemberChange]:  # fmt: skip
+        """Add node `node_id` (its Raft and client HOST:PORT), as a learner if `learner`:
+        it receives the log and does not vote until promoted. ChangeRefused: refused as
+        things stand (the id exists, a change is pending); OutcomeUnknown: not committed
+        within `timeout_ms`, it may still be (see `member_list`)."""
+        request = pb.MemberAddRequest(id=node_id, raft=raft, client=client, learner=learner,
+                                      timeout_ms=timeout_ms)  # fmt: skip
+        return self._change("member_add", "MemberAdd", request, timeout_ms)
+
+    @operation
+    def member_promote(self, node_id: int, timeout_ms: int = 10_000) -> Op[MemberChange]:
+        """Make learner `node_id` a voter (ChangeRefused while it is too far behind)."""
+        request = pb.MemberPromoteRequest(id=node_id, timeout_ms=timeout_ms)
+        return self._change("member_promote", "MemberPromote", request, timeout_ms)
+
+    @operation
+    def member_remove(self, node_id: int, timeout_ms: int = 10_000) -> Op[MemberChange]:
+        """Remove node `node_id` from the group (ChangeRefused for the last voter)."""
+        request = pb.MemberRemoveRequest(id=node_id, timeout_ms=timeout_ms)
+        return self._change("member_remove", "MemberRemove", request, timeout_ms)
+
+    def _change(self, name: str, method: str, request: Any, timeout_ms: int) -> Op[MemberChange]:
+        """A membership change's Op: the leader's answer is awaited past its own timeout,
+        a refusal is ChangeRefused, and a timeout is never repeated (OutcomeUnknown)."""
+        return Op(name, method, request, member_change, write=True, floor_s=1 + timeout_ms / 1000,
+                  timeout_s=max(self.timeout_s, 2 + timeout_ms / 1000), refusal=ChangeRefused,
+                  unknown_on_timeout=True)  # fmt: skip
 
     @operation
     def clean_now(

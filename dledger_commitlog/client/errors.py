@@ -54,6 +54,12 @@ class ResourceExhausted(ClientError):
     """The leader kept refusing: too many puts in flight, or its disk is too full."""
 
 
+class ChangeRefused(ClientError):
+    """The cluster refused a membership change as things stand (an id that exists, the
+    last voter, an unknown node, a learner still behind, a change pending): nothing
+    changed. The message says why."""
+
+
 class WrongCluster(ClientError):
     """The server belongs to another cluster than the one this client names."""
 

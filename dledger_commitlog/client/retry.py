@@ -68,6 +68,11 @@ class Op(Generic[R]):
     framed: bool = False  # a single put: through the server's PutFrames stream if it has one
     pinned: str | None = None  # this server only, one attempt (status, clean_now)
     timeout_s: float | None = None  # its own deadline instead of the client's
+    # FAILED_PRECONDITION without a leader hint is this error (None: WrongCluster)
+    refusal: type[errors.ClientError] | None = None
+    # A timeout leaves it open (a membership change may still commit): OutcomeUnknown at
+    # once instead of a retry that would be refused as a second change.
+    unknown_on_timeout: bool = False
 
     def call(self, stub: Any, timeout_s: float, metadata: Callable[[str], Any]) -> Any:
         """Make the unary call on `stub` (a blocking stub's answer, an asyncio one's call)."""
@@ -105,12 +110,16 @@ class Failure:
                 hint = value.decode() if isinstance(value, bytes) else str(value)
         return cls(getattr(code, "name", str(code)), exc.details() or "", hint)
 
-    def error(self, address: str, write: bool = False) -> errors.ClientError:
+    def error(
+        self, address: str, write: bool = False, refusal: type[errors.ClientError] | None = None
+    ) -> errors.ClientError:
         if write and self.too_large:
             why = f"{self.details}: nothing was stored"
             return errors.InvalidArgument(why, code=self.code, address=address)
         retried = errors.Unavailable if self.code in _RETRIED else errors.ClientError
         kind = _NOT_RETRIED.get(self.code, _AUTH.get(self.code, retried))
+        if refusal is not None and self.code == "FAILED_PRECONDITION":
+            kind = refusal
         return kind(self.details or self.code, code=self.code, address=address)
 
     @property
@@ -225,7 +234,7 @@ class Attempts:
         write = self.op.write
         delay: float
         if self.op.pinned is not None:
-            raise failure.error(address)
+            raise failure.error(address, refusal=self.op.refusal)
         if failure.code == "FAILED_PRECONDITION" and failure.leader_hint is not None:
             if failure.leader_hint:
                 was = self.router.leader
@@ -235,10 +244,12 @@ class Attempts:
                 self.router.forget(address)
                 delay = self._backoff()
         elif failure.code in _NOT_RETRIED or (write and failure.too_large):
-            raise failure.error(address, write)
+            raise failure.error(address, write, self.op.refusal)
         elif failure.code in _RETRIED:
             if not failure.never_sent:
                 self.maybe_applied = True
+            if self.op.unknown_on_timeout and failure.code == "DEADLINE_EXCEEDED":
+                raise self.give_up()
             if failure.code != "RESOURCE_EXHAUSTED":
                 self.router.forget(address)
             delay = self._backoff()

@@ -152,6 +152,27 @@ class PeerStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class MemberInfo:
+    """One member of the group: `role` "voter" or "learner"; `match_index` and `lag`
+    (the leader's last index - match_index) as the leader knows them, -1 elsewhere."""
+
+    id: int
+    role: str
+    raft: str
+    client: str
+    match_index: int
+    lag: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemberChange:
+    """A committed membership change: its configuration entry and the members after it."""
+
+    config_index: int
+    members: tuple[MemberInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class NodeStatus:
     address: str  # the address this client asked
     node_id: int
@@ -171,6 +192,7 @@ class NodeStatus:
     last_chain_crc: int
     flush_mode: str
     loop_lag_max_ms: float = 0.0  # longest the node's event loop was late (see loop_probe)
+    members: tuple[MemberInfo, ...] = ()  # voters and learners, lag known on the leader
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,4 +221,13 @@ def stored_message(msg: pb.StoredMessage) -> StoredMessage:
 
 def node_status(address: str, msg: pb.StatusResponse) -> NodeStatus:
     peers = tuple(cast(PeerStatus, _convert(PeerStatus, p)) for p in msg.peers)
-    return cast(NodeStatus, _convert(NodeStatus, msg, address=address, peers=peers))
+    return cast(NodeStatus, _convert(NodeStatus, msg, address=address, peers=peers,
+                                     members=member_infos(msg.members)))  # fmt: skip
+
+
+def member_infos(members: Sequence[pb.Member]) -> tuple[MemberInfo, ...]:
+    return tuple(cast(MemberInfo, _convert(MemberInfo, m)) for m in members)
+
+
+def member_change(msg: pb.MemberChangeResponse) -> MemberChange:
+    return MemberChange(msg.config_index, member_infos(msg.members))

@@ -6,7 +6,8 @@ Owns the format of `entries.checkpoint` and `entries.base`: one record each,
 (`write_record`). The checkpoint names a committed, flushed entry (pos: where it
 starts) from which recovery scans; the base names the entry before the first of a
 log that retention or a restore cut (pos: where it ends). A snapshot carries the
-base without its CRC (`BASE_SIZE` bytes, `pack_base`/`unpack_base`).
+base without its CRC (`BASE_SIZE` bytes, `pack_base`; `snapshot_base` reads it back
+and holds the rules a restored base keeps).
 
 Also the index slot of the entry before the first (`start_slot`), which recovery
 and a restore both write: the zero sentinel of a log from index 1, else one
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from store.entry_format import (
     ENTRY_MAGIC,
+    HEADER_SIZE,
     INDEX_UNIT,
     INDEX_UNIT_SIZE,
     RECORD,
@@ -34,6 +36,7 @@ from store.mapped_file import MappedFileQueue, segment_name
 Record = tuple[int, int, int, int]
 
 BASE_SIZE = RECORD.size - 4  # the record without its CRC
+MAX_POS = 1 << 62  # a base's end position stays below this (4 EiB of log)
 CHECKPOINT_FILE = "entries.checkpoint"
 BASE_FILE = "entries.base"
 
@@ -57,12 +60,25 @@ def pack_base(record: Record) -> bytes:
     return RECORD.pack(*record, 0)[:BASE_SIZE]
 
 
-def unpack_base(data: bytes) -> Record:
-    """The base at the start of a snapshot's data (ValueError if it is too short)."""
+def snapshot_base(index: int, term: int, data: bytes) -> Record:
+    """The base at the start of a snapshot's data, if a log restarting after entry
+    `index` of `term` may start there; ValueError naming the rule it breaks.
+
+    The one statement of these rules: `EntryStore.restore` and the node's check of a
+    peer's Snapshot (`log.snapshot_check`) both call this. The base names exactly
+    (index, term); it ends at a position in [index * HEADER_SIZE, MAX_POS): every
+    entry of a log that starts at position 0 takes a header at least, and a position
+    (like an index slot, at index * INDEX_UNIT_SIZE) stays far inside an i64.
+    """
     if len(data) < BASE_SIZE:
         raise ValueError(f"snapshot data of {len(data)} bytes, expected >= {BASE_SIZE}")
-    index, term, pos, chain, _ = RECORD.unpack(data[:BASE_SIZE] + bytes(4))
-    return index, term, pos, chain
+    b_index, b_term, pos, chain, _ = RECORD.unpack(data[:BASE_SIZE] + bytes(4))
+    if (b_index, b_term) != (index, term):
+        raise ValueError(f"snapshot of entry {index} (term {term}) describes {b_index}/{b_term}")
+    if not 0 <= index * HEADER_SIZE <= pos < MAX_POS:
+        raise ValueError(f"snapshot of entry {index} ends at position {pos}, not in "
+                         f"[{max(0, index) * HEADER_SIZE}, {MAX_POS})")  # fmt: skip
+    return b_index, b_term, pos, chain
 
 
 def start_slot(base: Record | None) -> bytes:

@@ -55,8 +55,8 @@ from dledger_commitlog.log.entry_records import (
     pack_base,
     read_record,
     segment_file,
+    snapshot_base,
     start_slot,
-    unpack_base,
     write_record,
 )
 from dledger_commitlog.log.entry_recovery import TailCut, recover_log
@@ -333,11 +333,7 @@ class EntryStore:
 
     def restore(self, index: int, term: int, data: bytes) -> None:
         """Empty the log so that it restarts after entry `index` (a leader's snapshot)."""
-        b_index, b_term, pos, chain = unpack_base(data)
-        if (b_index, b_term) != (index, term):
-            raise ValueError(
-                f"snapshot of entry {index} (term {term}) describes {b_index}/{b_term}"
-            )
+        _, _, pos, chain = snapshot_base(index, term, data)  # ValueError, nothing changed
         self._set_base((index, term, pos, chain))
         self._checkpoint_path.unlink(missing_ok=True)
         self._data.reset(pos)

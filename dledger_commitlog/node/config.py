@@ -82,6 +82,9 @@ class NodeConfig:
     election_ticks: int = 10
     heartbeat_ticks: int = 2
     preferred_leader: int | None = None
+    # Joining a running group (docs/operations.md): `peers` are its members and this
+    # node, which learns its membership from the leader's log once it is added.
+    join: bool = False
     max_append_entries: int = 1024
     max_append_bytes: int = 4 << 20
     max_inflight_msgs: int = 64
@@ -126,8 +129,11 @@ class NodeConfig:
             raise ConfigError(f"peers: duplicate node ids {ids}")
         if self.node_id not in ids:
             raise ConfigError(f"node_id {self.node_id} is not among the peers {ids}")
-        if len(ids) not in (1, 3, 5):
-            raise ConfigError(f"peers: a group of 1, 3 or 5 voters, not {len(ids)}")
+        if self.join and len(ids) < 2:
+            raise ConfigError("raft.join: peers must name the group's members besides this node")
+        if len(ids) not in (1, 3, 5) and not self.join:
+            raise ConfigError(f"peers: a group of 1, 3 or 5 voters, not {len(ids)} (grow a "
+                              "running group with `dledger member add`)")  # fmt: skip
         if self.flush_mode not in ("sync", "async"):
             raise ConfigError(f"flush_mode must be 'sync' or 'async', not {self.flush_mode!r}")
         for key, value in (("listen.client_transport", self.client_transport),
@@ -242,6 +248,7 @@ _SECTIONS = {
         "election_ticks": "election_ticks",
         "heartbeat_ticks": "heartbeat_ticks",
         "preferred_leader": "preferred_leader",
+        "join": "join",
         "max_append_entries": "max_append_entries",
         "max_append_bytes": "max_append_bytes",
         "max_inflight_msgs": "max_inflight_msgs",

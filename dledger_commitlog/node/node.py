@@ -15,6 +15,8 @@ side services (`messaging/`) use only these:
   `query_offsets`, `group_offset`, `group_offsets`, `wait_dispatched`,
   `wait_for_dispatch`, `wait_for_commit`;
 - operations: `status`, `clean_now`, `start`, `close`, `stop_on`;
+- membership (node/members.py): `members`, `member_address`, `add_member`,
+  `promote_member`, `remove_member`, `read_refusal`;
 - the Raft peer port: `deliver` (a peer's message, validated first).
 
 Inside: `recovery.open_log` opens and recovers the data directory; the Ready
@@ -39,12 +41,10 @@ commit log learns its uncommitted tail before any put of it is assigned.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +54,13 @@ from dledger_commitlog.log import reads
 from dledger_commitlog.log.commitlog import PutSpec
 from dledger_commitlog.log.entry_records import BASE_SIZE
 from dledger_commitlog.log.retention import Retention
+from dledger_commitlog.log.snapshot_check import check_snapshot
+from dledger_commitlog.log.snapshot_extra import decode_extra, encode_extra
 from dledger_commitlog.node.config import NodeConfig
 from dledger_commitlog.node.loops import NodeLoops, next_call
+from dledger_commitlog.node.members import NodeMembers
 from dledger_commitlog.node.metrics import NodeMetrics
+from dledger_commitlog.node.read_index import ReadIndexWaiter
 from dledger_commitlog.node.recovery import (
     LOCK_FILE,
     FlushTrace,
@@ -64,12 +68,11 @@ from dledger_commitlog.node.recovery import (
     report_divergence,
 )
 from dledger_commitlog.node.security import NodeSecurity
+from dledger_commitlog.node.views import MemberStatus, NodeState
 from raft import HardState, LogDiverged, Message, NotLeader, Role
 from raft.driver import ReadyDriver
-from raft.messages import AppendEntries
-from raft.peer_link import PeerLink
-from raft.progress import PeerProgress
-from raft.transport import open_link
+from raft.membership import Member
+from raft.messages import AppendEntries, Snapshot
 from raft.types import EntryKind, ReadState, SnapshotMeta
 from raft.validate import InvalidPeerMessage, check_peer_message
 from raft.wire import to_wire
@@ -84,24 +87,6 @@ log = logging.getLogger(__name__)
 # How long a leader holds a commit-only notice for a follower (raft/driver.py): a
 # sequential writer's next append, which carries the commit, usually comes sooner.
 COMMIT_LINGER_S = 0.002
-
-
-@dataclass(frozen=True, slots=True)
-class NodeState:
-    """What `status()` reports: the node's Raft and store positions at one moment."""
-
-    role: Role
-    term: int
-    leader_id: int | None
-    leader_client_address: str | None
-    first_index: int
-    last_index: int
-    committed_index: int  # the last entry applied to the commit log
-    committed_pos: int
-    flushed_pos: int
-    dispatched_pos: int
-    last_chain_crc: int
-    progress: Mapping[int, PeerProgress]  # per peer; empty unless this node leads
 
 
 class RaftNode:
@@ -147,13 +132,9 @@ class RaftNode:
         )  # fmt: skip
         self.retention.check_disk()
         self._executor = ThreadPoolExecutor(2, thread_name_prefix=f"node{cfg.node_id}-io")
-        self._members = frozenset(p.id for p in cfg.peers)
         self._max_entry_bytes = max_encoded_size(cfg.max_message_bytes)
-        self._links: dict[int, PeerLink] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._led_term = 0
-        self._reads: dict[bytes, asyncio.Future[int]] = {}
-        self._read_seq = 0
         self._closed = False
         self._last_role: tuple[Role, int, int | None] = (Role.FOLLOWER, 0, None)
         self._group_commit: GroupCommit | None = None
@@ -179,6 +160,11 @@ class RaftNode:
             defer=lambda later: asyncio.get_running_loop().call_later(COMMIT_LINGER_S, later),
         )  # fmt: skip
         self._kick = self.driver.wakeup.set
+        self._read_index = ReadIndexWaiter(cfg.node_id, self.core, self._kick,
+                                           self.wait_for_commit, self._committed_index)  # fmt: skip
+        self._members = NodeMembers(cfg, self.core, kick=self._kick,
+                                    wait_for_commit=self.wait_for_commit,
+                                    committed_index=self._committed_index)  # fmt: skip
         self.loops = NodeLoops(
             cfg.node_id, self.core, tick_ms=cfg.tick_ms, tick=self._tick, kick=self._kick,
             metrics=metrics,
@@ -198,12 +184,7 @@ class RaftNode:
         """Connect to the peers and start the Ready loop and the background loops."""
         if self._periodic is not None:
             self._periodic.start()
-        for peer in self.cfg.peers:
-            if peer.id != self.cfg.node_id:
-                link = open_link(self.cfg.raft_transport, self.cfg.cluster, peer.id, peer.raft,
-                                 me=self.cfg.node_id, security=self.security)  # fmt: skip
-                link.start()
-                self._links[peer.id] = link
+        self._members.start(self.security)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self.driver.run(), name="ready-loop"), *self.loops.start()]
         for task in self._tasks:
@@ -269,8 +250,7 @@ class RaftNode:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)  # failures: reported
-        for link in self._links.values():
-            await link.close()
+        await self._members.close()
         if self._group_commit is not None:
             await self._group_commit.close()
             self.stop_on(self._group_commit.error, "the last fsync")
@@ -302,18 +282,21 @@ class RaftNode:
         protocol's bounds (raft.validate) or carries an entry that is no message."""
         if self._closed or self.stopping:
             return  # it takes no Raft message (nor judges one) any more
-        check_peer_message(msg, me=self.cfg.node_id, peers=self._members, term=self.core.term,
-                           max_entry_bytes=self._max_entry_bytes)  # fmt: skip
+        check_peer_message(msg, me=self.cfg.node_id, peers=self._members.accepted,
+                           term=self.core.term, max_entry_bytes=self._max_entry_bytes)  # fmt: skip
         if isinstance(msg, AppendEntries):
             for e in msg.entries:
                 if e.kind is EntryKind.NORMAL and not is_message(e.data):
                     raise InvalidPeerMessage(f"append from node {msg.src}: entry {e.index} "
                                              "holds no well-formed message")  # fmt: skip
+        elif isinstance(msg, Snapshot):
+            check_snapshot(msg)  # its description, before it can reach the store
         try:
             self.core.step(msg)
         except LogDiverged as exc:
             self._on_diverged(exc)
             return
+        self._members.heard(msg)
         self._ensure_leader_state()
         self._kick()
 
@@ -377,24 +360,11 @@ class RaftNode:
     def leader_client_address(self) -> str | None:
         """The client address of the leader this node knows (None: none known)."""
         leader = self.core.leader_id
-        return next((p.client for p in self.cfg.peers if p.id == leader), None)
+        return None if leader is None else self.member_address(leader)
 
     async def read_index(self, timeout_s: float) -> int:
         """A read position confirmed by a quorum, once applied here (NotLeader, TimeoutError)."""
-        self._read_seq += 1
-        ctx = f"{self.cfg.node_id}:{self._read_seq}:{time.monotonic_ns()}".encode()
-        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._reads[ctx] = fut
-        try:
-            self.core.read_index(ctx)
-            self._kick()
-            async with asyncio.timeout(timeout_s):
-                index = await fut
-                while self.commitlog.committed_index < index:
-                    await self.wait_for_commit()
-                return index
-        finally:
-            self._reads.pop(ctx, None)
+        return await self._read_index.ask(timeout_s)
 
     async def transfer_leadership(self, target: int, timeout_s: float) -> int:
         """Hand leadership to `target`; its id once it leads (TimeoutError)."""
@@ -408,6 +378,40 @@ class RaftNode:
                 return target
             await asyncio.sleep(self.cfg.tick_ms / 1000)
         raise TimeoutError(f"leadership did not move to {target} within {timeout_s}s")
+
+    # -- the facade: membership (node/members.py) -------------------------------------
+
+    def member_ids(self) -> frozenset[int]:
+        """Whose Raft messages this node takes: the members in effect, a member being
+        removed until that commits, a removed leader until another leads."""
+        return self._members.accepted
+
+    def members(self) -> list[MemberStatus]:
+        """Every member: id, role, addresses, and (on the leader) match index and lag."""
+        return self._members.status()
+
+    def member_address(self, node_id: int) -> str | None:
+        """The client address of a member (None: not a member)."""
+        m = self._members.member(node_id)
+        return m.client if m is not None else None
+
+    async def add_member(self, member: Member, timeout_s: float) -> int:
+        """Add a node (a learner; unless `member.learner`, promoted once caught up); the
+        committed configuration entry's index (NotLeader, MembershipError, TimeoutError)."""
+        return await self._members.add(member, timeout_s)
+
+    async def promote_member(self, node_id: int, timeout_s: float) -> int:
+        """Make learner `node_id` a voter once it has caught up (as `add_member`)."""
+        return await self._members.promote(node_id, timeout_s)
+
+    async def remove_member(self, node_id: int, timeout_s: float) -> int:
+        """Remove a member (the leader itself: it hands over after the commit)."""
+        return await self._members.remove(node_id, timeout_s)
+
+    @property
+    def read_refusal(self) -> str | None:
+        """Why this node serves no read now (joining and catching up, or removed)."""
+        return self._members.read_refusal
 
     # -- the facade: writes ------------------------------------------------------------
 
@@ -547,43 +551,36 @@ class RaftNode:
 
     def _snapshot_extra(self) -> bytes:
         """What a follower restored from our log needs besides it (leader side)."""
-        doc = {
-            "queue_next": [[t, q, n] for (t, q), n in sorted(self.commitlog.queue_next.items())],
-            "offsets": [[g, t, q, o] for (g, t, q), o in sorted(self.dispatcher.offsets.items())],
-        }
-        return json.dumps(doc, separators=(",", ":")).encode()
+        return encode_extra(self.commitlog.queue_next, self.dispatcher.offsets)
 
     async def _restore(self, snap: SnapshotMeta) -> None:
         """Our log restarts after the leader's snapshot index: reset the store and dispatch."""
         loop = asyncio.get_running_loop()
+        extra = decode_extra(snap.data[BASE_SIZE:])  # checked by deliver: a failure is a fault
         await loop.run_in_executor(self._executor, self.store.restore, snap.index, snap.term,
                                    snap.data)  # fmt: skip
-        extra = json.loads(snap.data[BASE_SIZE:] or b"{}")
-        queue_next = {(t, int(q)): int(n) for t, q, n in extra.get("queue_next", [])}
-        offsets = {(g, t, int(q)): int(o) for g, t, q, o in extra.get("offsets", [])}
-        self.commitlog.restart_at(snap.index, queue_next)
-        self.dispatcher.reset(self.commitlog.committed_pos, offsets)
+        self.commitlog.restart_at(snap.index, extra.queue_next)
+        self.dispatcher.reset(self.commitlog.committed_pos, extra.offsets)
         await loop.run_in_executor(self._executor, self.loops.checkpoint_now,
                                    self.dispatcher.snapshot())  # fmt: skip
         log.warning("node %d was behind the leader's retained log: restarted after entry %d",
                     self.cfg.node_id, snap.index)  # fmt: skip
 
     def _after_ready(self) -> None:
+        self._members.sync()
         now = (self.core.role, self.core.term, self.core.leader_id)
         if now != self._last_role:
             self._last_role = now
             log.info("node %d is %s in term %d (leader: %s)", self.cfg.node_id, now[0].value,
                      now[1], now[2])  # fmt: skip
         if self.core.role is not Role.LEADER and self.core.leader_id is None:
-            for fut in self._reads.values():
-                if not fut.done():
-                    fut.set_exception(NotLeader(None))
+            self._read_index.fail_all(NotLeader(None))
 
     def _answer_reads(self, states: Sequence[ReadState]) -> None:
-        for rs in states:
-            fut = self._reads.get(rs.ctx)
-            if fut is not None and not fut.done():
-                fut.set_result(rs.index)
+        self._read_index.answer(states)
+
+    def _committed_index(self) -> int:
+        return self.commitlog.committed_index
 
     async def _save_hard_state(self, hs: HardState) -> None:
         await asyncio.get_running_loop().run_in_executor(self._executor, self.state_file.save, hs)
@@ -592,7 +589,8 @@ class RaftNode:
         by_peer: dict[int, list[Message]] = {}
         for m in messages:
             by_peer.setdefault(m.dst, []).append(m)
+        links = self._members.links
         for peer, msgs in by_peer.items():
-            link = self._links.get(peer)
+            link = links.get(peer)
             if link is not None:
                 link.send([to_wire(m) for m in msgs])

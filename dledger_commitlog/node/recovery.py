@@ -31,6 +31,7 @@ never reached the disk.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -47,7 +48,7 @@ from dledger_commitlog.log.commitlog import DLedgerCommitLog
 from dledger_commitlog.log.entry_store import EntryStore
 from dledger_commitlog.log.verify import LAYOUT_FILE, read_layout, write_layout
 from dledger_commitlog.node.config import ConfigError, NodeConfig, parse_address
-from raft import Config, HardState, LogDiverged, RaftCore
+from raft import Config, LogDiverged, RaftCore
 from raft.hard_state import RaftStateFile
 from store.fileio import fsync_dir, write_atomically
 
@@ -115,7 +116,7 @@ def open_log(cfg: NodeConfig, data: Path, on_proposed: Callable[[int], None]) ->
     core = RaftCore(
         raft_config(cfg),
         store,
-        HardState(saved.term, saved.vote, commit),
+        dataclasses.replace(saved, commit=commit),
         rng=random.Random(int.from_bytes(os.urandom(8))),
         applied=commit,
         catch_up_to=catch_up_to,
@@ -188,6 +189,7 @@ def raft_config(cfg: NodeConfig) -> Config:
         check_quorum=True,
         pre_vote=True,
         preferred_leader=cfg.preferred_leader,
+        join=cfg.join,
     )
 
 

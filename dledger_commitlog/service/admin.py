@@ -1,7 +1,9 @@
 """Status and maintenance: `dledger status`, `admin clean-now`, `transfer-leader`.
 
-Owns `AdminRpcs` and `status_pb`, the node's state as the Status RPC reports it.
-CleanNow and TransferLeadership need the admin right when the ACL is on.
+Owns `AdminRpcs` and `status_pb`, the node's state as the Status RPC reports it
+(with the members, voters and learners, and each one's lag as this node knows it).
+CleanNow and TransferLeadership need the admin right when the ACL is on; a
+leadership goes only to a voter of the live membership.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import grpc
 
 from dledger_commitlog.node.acl import require_admin
 from dledger_commitlog.node.config import NodeConfig
-from dledger_commitlog.node.node import NodeState
+from dledger_commitlog.node.views import NodeState
 from dledger_commitlog.service.base import Context, ServiceBase
+from dledger_commitlog.service.members import members_pb
 from proto import dledger_pb2 as pb
 
 
@@ -25,6 +28,7 @@ class AdminRpcs(ServiceBase):
         await self._caller(context, "Status")
         reply = status_pb(self.node.status(), self.cfg)
         reply.loop_lag_max_ms = self.loop_lag.max_ms(reset=request.reset_loop_lag)
+        reply.members.extend(members_pb(self.node.members()))
         return reply
 
     # -- transactional messages (docs/delayed-and-transactional.md) ------------------
@@ -36,15 +40,14 @@ class AdminRpcs(ServiceBase):
             context, "TransferLeadership", lambda a: require_admin(a, "TransferLeadership")
         )
         target = request.target_node_id
-        if target not in {p.id for p in self.cfg.peers}:
+        role = {m.id: m.role for m in self.node.members()}.get(target)
+        if role is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"node {target} is not a peer")
+        if role != "voter":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"node {target} is a {role}: only a voter can lead")  # fmt: skip
         if not self.node.is_leader():
-            leader = self.node.leader_client_address()
-            if leader is None:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "no leader at the moment; retry")
-            context.set_trailing_metadata(self._leader_metadata())
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"not the leader; the leader is at {leader}")  # fmt: skip
+            await self._redirect(context)
         try:
             leader_id = await self.node.transfer_leadership(
                 target, (request.timeout_ms or 5000) / 1000

@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 _FORWARDED = "dledger-forwarded"
 # What a follower sends its leader.
 _FORWARDABLE = frozenset({"PutBatch", "CommitOffset", "PutHalf", "EndTransaction"})
+# What a node that serves no read now (RaftNode.read_refusal) refuses as UNAVAILABLE.
+_READS = frozenset({"Get", "Pull", "QueryByKey", "ReadRange", "ReadLog", "ReadUnits",
+                    "OffsetsForTimes", "FetchOffset"})  # fmt: skip
 _ON_BEHALF = "dledger-on-behalf-of"  # a forwarded call: the access key the peer authenticated
 _LEADER = "dledger-leader"
 _LEADER_ID = "dledger-leader-id"
@@ -137,7 +140,12 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
 
         A call a follower forwarded carries the follower's token instead of the
         client's signature: made for this RPC and this access key, so a token seen on
-        the wire vouches for nothing else."""
+        the wire vouches for nothing else. A read is UNAVAILABLE on a node that serves
+        none now (joining and catching up, or removed: `RaftNode.read_refusal`)."""
+        if method in _READS:
+            refusal = self.node.read_refusal
+            if refusal is not None:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
         acl = self.security.acl
         if acl is None:
             return None
@@ -155,7 +163,7 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                                   scope=forward_scope(method, on_behalf))  # fmt: skip
             except PeerAuthError as exc:
                 raise AuthError(exc.message) from None
-            if src == self.cfg.node_id or src not in {p.id for p in self.cfg.peers}:
+            if src == self.cfg.node_id or src not in self.node.member_ids():
                 raise AuthError(f"forwarded by node {src}, not a peer")
             return acl.account(on_behalf)
         except AuthError as exc:
@@ -200,6 +208,16 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         await context.abort(exc.status, exc.message)
 
     # -- helpers ---------------------------------------------------------------------
+
+    async def _redirect(self, context: Context) -> NoReturn:
+        """This node does not lead: FAILED_PRECONDITION with the leader's address in the
+        trailing metadata (the clients follow it), UNAVAILABLE if it knows no leader."""
+        leader = self.node.leader_client_address()
+        if leader is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no leader at the moment; retry")
+        context.set_trailing_metadata(self._leader_metadata())
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"not the leader; the leader is at {leader}")  # fmt: skip
 
     def _leader_metadata(self) -> tuple[tuple[str, str], ...]:
         return (

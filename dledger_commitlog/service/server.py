@@ -66,7 +66,7 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
             stop_metrics = _listen("metrics", at, lambda: serve_metrics(metrics, at))
         tls = security.tls
         raft_server = open_peer_server(cfg.raft_transport, PeerGate(
-            cfg.cluster, node.deliver, me=cfg.node_id, members=[p.id for p in cfg.peers],
+            cfg.cluster, node.deliver, me=cfg.node_id, members=node.member_ids,
             security=security, on_reject=lambda why: metrics.peer_rejects.labels(why).inc(),
         ))  # fmt: skip
         _listen_checked(raft_server.bind, "Raft peers", cfg.raft_address)

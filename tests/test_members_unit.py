@@ -1,0 +1,449 @@
+"""The membership RPCs' mapping, end to end over real gRPC, against a scripted node.
+
+The client service (`service/members.py`, `admin.py`) runs on grpc.aio servers
+over `FakeGroup`'s nodes, which stand in for `RaftNode`'s membership facade: what
+they answer and raise is scripted (a refusal, a timeout, a lost leadership). The
+real clients (`Client`, and the `dledger` CLI) call them, so each test checks the
+whole path of a status: the node's exception -> the gRPC status -> the client's
+error and the CLI's exit code. Nothing here needs the Raft core's membership
+(tests/test_operations_runbooks.py runs the real thing). Also: a local cluster
+directory's memory of added and removed nodes (`ClusterLayout`), without processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from dledger_commitlog.cli.cluster_layout import ClusterLayout
+from dledger_commitlog.cli.main import build_parser, main
+from dledger_commitlog.client import (
+    AsyncClient,
+    ChangeRefused,
+    Client,
+    InvalidArgument,
+    MemberInfo,
+    OutcomeUnknown,
+    PermissionDenied,
+)
+from dledger_commitlog.node.acl import Account, Acl
+from dledger_commitlog.node.config import NodeConfig, Peer, load_config
+from dledger_commitlog.node.metrics import NodeMetrics
+from dledger_commitlog.node.security import NodeSecurity
+from dledger_commitlog.node.views import MemberStatus, NodeState
+from dledger_commitlog.service.client_service import ClientService
+from dledger_commitlog.service.decoding import add_services
+from proto import dledger_pb2 as pb
+from proto import dledger_pb2_grpc as pb_grpc
+from raft import NotLeader, Role
+from raft.errors import MembershipError
+from raft.membership import Member
+
+ADMIN = ("admin", "admin-secret")
+APP = ("app", "app-secret")
+
+
+@dataclass
+class FakeGroup:
+    """What the fake nodes share: the members, the leader, what a change does next."""
+
+    members: dict[int, MemberStatus] = field(default_factory=dict)
+    leader: int | None = 1
+    addresses: dict[int, str] = field(default_factory=dict)
+    calls: list[tuple[str, Any, float]] = field(default_factory=list)
+    refuse: MembershipError | None = None  # the next change raises this
+    time_out: bool = False  # the next change raises TimeoutError
+    lose_leadership_to: int | None = None  # the next change raises NotLeader, this one leads
+    index: int = 100
+    read_refusal: str | None = None  # what RaftNode.read_refusal says
+
+
+class FakeNode:
+    """The part of RaftNode's facade the membership and admin RPCs use."""
+
+    def __init__(self, group: FakeGroup, node_id: int) -> None:
+        self.group = group
+        self.node_id = node_id
+
+    @property
+    def leader_id(self) -> int | None:
+        return self.group.leader
+
+    def is_leader(self) -> bool:
+        return self.group.leader == self.node_id
+
+    def leader_client_address(self) -> str | None:
+        return None if self.group.leader is None else self.group.addresses[self.group.leader]
+
+    @property
+    def read_refusal(self) -> str | None:
+        return self.group.read_refusal
+
+    def members(self) -> list[MemberStatus]:
+        ms = self.group.members.values()
+        if self.is_leader():
+            return list(ms)
+        return [MemberStatus(m.id, m.role, m.raft, m.client, -1, -1) for m in ms]
+
+    def status(self) -> NodeState:
+        role = Role.LEADER if self.is_leader() else Role.FOLLOWER
+        return NodeState(role, 1, self.group.leader, self.leader_client_address(),
+                         0, 0, 0, 0, 0, 0, 0, {})  # fmt: skip
+
+    async def _change(self, what: str, arg: Any, timeout_s: float) -> int:
+        g = self.group
+        g.calls.append((what, arg, timeout_s))
+        if g.lose_leadership_to is not None:
+            g.leader, g.lose_leadership_to = g.lose_leadership_to, None
+            raise NotLeader(g.leader)
+        if g.refuse is not None:
+            exc, g.refuse = g.refuse, None
+            raise exc
+        if g.time_out:
+            g.time_out = False
+            raise TimeoutError(f"configuration entry {g.index + 1} not committed in {timeout_s}s")
+        g.index += 1
+        if what == "add":
+            m = arg
+            role = "learner" if m.learner else "voter"
+            g.members[m.id] = MemberStatus(m.id, role, m.raft, m.client, 0, g.index)
+        elif what == "promote":
+            m = g.members[arg]
+            g.members[arg] = MemberStatus(m.id, "voter", m.raft, m.client, m.match, m.lag)
+        else:
+            del g.members[arg]
+        return g.index
+
+    async def add_member(self, member: Member, timeout_s: float) -> int:
+        return await self._change("add", member, timeout_s)
+
+    async def promote_member(self, node_id: int, timeout_s: float) -> int:
+        return await self._change("promote", node_id, timeout_s)
+
+    async def remove_member(self, node_id: int, timeout_s: float) -> int:
+        return await self._change("remove", node_id, timeout_s)
+
+
+class Served:
+    """Client services over `nodes` on grpc.aio servers, in an event loop of their own."""
+
+    def __init__(self, group: FakeGroup, tmp: Path, acl: Acl | None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.group = group
+        self.acl = acl
+        self._servers: list[Any] = []
+        self._services: list[ClientService] = []
+        asyncio.run_coroutine_threadsafe(self._start(tmp), self.loop).result()
+
+    async def _start(self, tmp: Path) -> None:
+        peers = tuple(Peer(i, f"127.0.0.1:{i}", f"127.0.0.1:{i}") for i in (1, 2, 3))
+        for i in (1, 2, 3):
+            cfg = NodeConfig(node_id=i, data_dir=str(tmp / f"n{i}"), peers=peers)
+            node: Any = FakeNode(self.group, i)
+            no_services: Any = None  # no delayed or transactional messages here
+            security = NodeSecurity(acl=self.acl)
+            service = ClientService(cfg, node, no_services, metrics=NodeMetrics(i),
+                                    security=security)  # fmt: skip
+            server = grpc.aio.server()
+            add_services(server, (pb_grpc.add_DLedgerClientServicer_to_server, service))
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            self.group.addresses[i] = f"127.0.0.1:{port}"
+            self._servers.append(server)
+            self._services.append(service)
+
+    def close(self) -> None:
+        async def stop() -> None:
+            for server in self._servers:
+                await server.stop(None)
+            for service in self._services:
+                await service.close()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+def _group() -> FakeGroup:
+    g = FakeGroup()
+    for i in (1, 2, 3):
+        g.members[i] = MemberStatus(i, "voter", f"127.0.0.1:{7100 + i}", f"127.0.0.1:{7000 + i}",
+                                    10, 0)  # fmt: skip
+    return g
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[FakeGroup]:
+    g = _group()
+    served = Served(g, tmp_path, None)
+    yield g
+    served.close()
+
+
+@pytest.fixture
+def acl_group(tmp_path: Path) -> Iterator[FakeGroup]:
+    g = _group()
+    acl = Acl([Account(*ADMIN, admin=True), Account(*APP)])
+    served = Served(g, tmp_path, acl)
+    yield g
+    served.close()
+
+
+def client(g: FakeGroup, *ids: int, **kw: Any) -> Client:
+    servers = [g.addresses[i] for i in ids or (1, 2, 3)]
+    return Client(servers, timeout_s=5.0, backoff_base_s=0.001, backoff_max_s=0.01, **kw)
+
+
+# ---------------------------------------------------------------- service and client
+
+
+def test_member_list_is_the_leaders_view_through_a_redirect(group: FakeGroup) -> None:
+    group.members[4] = MemberStatus(4, "learner", "h:4", "h:5", 7, 3)
+    with client(group, 2) as c:  # a follower only: it redirects to the leader
+        rows = c.member_list()
+        assert c.leader == group.addresses[1]
+    assert [r.id for r in rows] == [1, 2, 3, 4]
+    assert rows[3] == MemberInfo(4, "learner", "h:4", "h:5", 7, 3)
+
+
+def test_a_change_reaches_the_leader_with_its_timeout(group: FakeGroup) -> None:
+    with client(group, 3) as c:
+        change = c.member_add(4, "127.0.0.1:9104", "127.0.0.1:9004", learner=True,
+                              timeout_ms=3000)  # fmt: skip
+        assert group.calls == [("add", Member(4, "127.0.0.1:9104", "127.0.0.1:9004", True), 3.0)]
+        assert change.config_index == 101
+        assert [(m.id, m.role) for m in change.members][-1] == (4, "learner")
+        assert c.member_promote(4).config_index == 102  # default timeout: 10 s
+        assert group.calls[-1] == ("promote", 4, 10.0)
+        assert [m.id for m in c.member_remove(2).members] == [1, 3, 4]
+
+
+@pytest.mark.parametrize(
+    ("node_id", "raft", "client_address", "why"),
+    [
+        (0, "h:1", "h:2", "node id 0"),
+        (-3, "h:1", "h:2", "node id -3"),
+        (4, "nohost", "h:2", "raft address 'nohost' of node 4 is not HOST:PORT"),
+        (4, "h:1", "h:0", "client address 'h:0'"),
+        (4, "h:1", "", "client address ''"),
+    ],
+)
+def test_malformed_changes_are_invalid_and_reach_no_node(
+    group: FakeGroup, node_id: int, raft: str, client_address: str, why: str
+) -> None:
+    with client(group) as c, pytest.raises(InvalidArgument, match=why) as err:
+        c.member_add(node_id, raft, client_address)
+    assert err.value.code == "INVALID_ARGUMENT"
+    with client(group) as c, pytest.raises(InvalidArgument, match="timeout_ms -1"):
+        c.member_remove(3, timeout_ms=-1)
+    assert group.calls == []
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "node 2 is already a member",
+        "node 1 is the last voter",
+        "node 9 is not a member",
+        "a membership change is pending (configuration entry 99)",
+    ],
+)
+def test_a_refused_change_is_change_refused_with_the_nodes_reason(
+    group: FakeGroup, reason: str
+) -> None:
+    group.refuse = MembershipError(reason)
+    with client(group) as c, pytest.raises(ChangeRefused) as err:
+        c.member_promote(9)
+    assert err.value.code == "FAILED_PRECONDITION" and err.value.message == reason
+    assert len(group.calls) == 1  # asked once: a refusal is not retried
+
+
+def test_a_change_not_committed_in_time_is_unknown_and_never_repeated(group: FakeGroup) -> None:
+    group.time_out = True
+    with client(group) as c, pytest.raises(OutcomeUnknown, match="may still commit"):
+        c.member_add(4, "h:1", "h:2", timeout_ms=500)
+    assert len(group.calls) == 1
+
+
+def test_a_leadership_lost_during_a_change_sends_it_to_the_new_leader(group: FakeGroup) -> None:
+    group.lose_leadership_to = 2
+    with client(group, 1) as c:
+        assert c.member_remove(3).config_index == 101
+        assert c.leader == group.addresses[2]
+    assert [call[0] for call in group.calls] == ["remove", "remove"]
+
+
+def test_no_leader_is_unavailable_and_retried(group: FakeGroup) -> None:
+    group.leader = None
+    timer = threading.Timer(0.2, lambda: setattr(group, "leader", 3))
+    timer.start()
+    servers = list(group.addresses.values())
+    try:  # back-offs of 25-50 ms: the election outlasts a few attempts, not 32 of them
+        with Client(servers, timeout_s=5.0, backoff_base_s=0.05, backoff_max_s=0.05) as c:
+            assert c.member_add(4, "h:1", "h:2").config_index == 101
+    finally:
+        timer.cancel()
+    assert len(group.calls) == 1
+
+
+def test_changes_need_the_admin_right_and_listing_does_not(acl_group: FakeGroup) -> None:
+    g = acl_group
+    with client(g, credentials=APP) as c:
+        assert len(c.member_list()) == 3
+        changes: list[Callable[[], object]] = [
+            lambda: c.member_add(4, "h:1", "h:2"),
+            lambda: c.member_promote(3),
+            lambda: c.member_remove(3),
+        ]
+        for change in changes:
+            with pytest.raises(PermissionDenied, match="is not an admin"):
+                change()
+    assert g.calls == []
+    with client(g, credentials=ADMIN) as c:
+        c.member_remove(3)
+    assert g.calls == [("remove", 3, 10.0)]
+
+
+def test_leadership_goes_only_to_a_voter_of_the_live_membership(group: FakeGroup) -> None:
+    group.members[4] = MemberStatus(4, "learner", "h:4", "h:5", 7, 3)
+    with client(group) as c:
+        with pytest.raises(InvalidArgument, match="node 4 is a learner: only a voter can lead"):
+            c.transfer_leadership(4)
+        with pytest.raises(InvalidArgument, match="node 9 is not a peer"):
+            c.transfer_leadership(9)
+
+
+def test_the_async_client_has_the_same_membership_calls(group: FakeGroup) -> None:
+    async def go() -> tuple[list[MemberInfo], int]:
+        async with AsyncClient([group.addresses[2]], timeout_s=5.0) as c:
+            change = await c.member_add(4, "h:1", "h:2", learner=True)
+            group.refuse = MembershipError("node 4 is too far behind to vote")
+            with pytest.raises(ChangeRefused, match="too far behind"):
+                await c.member_promote(4)
+            return await c.member_list(), change.config_index
+
+    rows, index = asyncio.run(go())
+    assert index == 101 and [(m.id, m.role) for m in rows][-1] == (4, "learner")
+
+
+def test_status_carries_the_members(group: FakeGroup) -> None:
+    with client(group) as c:
+        leader = c.status(group.addresses[1])
+        follower = c.status(group.addresses[2])
+    assert [(m.id, m.role, m.match_index, m.lag) for m in leader.members] == [
+        (1, "voter", 10, 0), (2, "voter", 10, 0), (3, "voter", 10, 0)
+    ]  # fmt: skip
+    assert {(m.match_index, m.lag) for m in follower.members} == {(-1, -1)}
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def test_member_commands_parse() -> None:
+    parser = build_parser()
+    a = parser.parse_args(["member", "add", "--id", "4", "--raft", "h:1", "--client", "h:2",
+                           "--learner", "--timeout-ms", "500"])  # fmt: skip
+    assert (a.id, a.raft, a.client, a.learner, a.timeout_ms) == (4, "h:1", "h:2", True, 500)
+    assert parser.parse_args(["member", "promote", "4"]).id == 4
+    assert parser.parse_args(["member", "remove", "5", "--json"]).json
+    a = parser.parse_args(["cluster", "add-node", "--dir", "D", "--learner", "--json"])
+    assert (a.dir, a.learner, a.json, a.catch_up_timeout) == ("D", True, True, 120.0)
+    assert parser.parse_args(["cluster", "remove-node", "--dir", "D", "3"]).id == 3
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["member", "add", "--id", "4", "--raft", "h:1"],  # no --client
+        ["member", "add", "--id", "0", "--raft", "h:1", "--client", "h:2"],
+        ["member", "promote", "four"],
+        ["member", "remove"],
+        ["member", "remove", "3", "--timeout-ms", "0"],
+    ],
+)
+def test_bad_member_command_lines_are_usage_errors(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_member_list_json_and_a_refusal_on_the_command_line(
+    group: FakeGroup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    servers = ["--servers", group.addresses[2]]
+    assert main(["member", "list", "--json", *servers]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    first = {"id": 1, "role": "voter", "raft": "127.0.0.1:7101", "client": "127.0.0.1:7001"}
+    assert doc["members"][0] == first | {"match_index": 10, "lag": 0}
+    group.refuse = MembershipError("node 1 is the last voter")
+    assert main(["member", "remove", "1", *servers]) == 1
+    err = capsys.readouterr().err
+    assert "FAILED_PRECONDITION" in err and "node 1 is the last voter" in err
+    assert main(["member", "add", "--id", "4", "--raft", "h:1", "--client", "h:2", "--json",
+                 *servers]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out) == {"id": 4, "role": "voter", "config_index": 101}
+    assert main(["status", *servers, "--servers", ",".join(group.addresses.values())]) == 0
+    out = capsys.readouterr().out
+    assert "members: 4 voters, 0 learner(s)" in out and "127.0.0.1:7101" in out
+
+
+# ---------------------------------------------------------------- a local cluster's memory
+
+
+def test_a_cluster_directory_remembers_added_and_removed_nodes(tmp_path: Path) -> None:
+    layout = ClusterLayout(tmp_path, nodes=3, base_port=21000)
+    layout._write_layout()
+    before = {i: layout.specs[i].config_path.read_text() for i in (1, 2, 3)}
+    members = {s.id: (s.raft, s.client) for s in layout}
+    spec = layout.new_spec(members)
+    assert (spec.id, spec.client, spec.raft, spec.metrics) == (
+        4, "127.0.0.1:21003", "127.0.0.1:21103", "127.0.0.1:21203"
+    )  # fmt: skip
+    layout.add_spec(spec, members)
+
+    again = ClusterLayout(tmp_path)
+    assert sorted(again.specs) == [1, 2, 3, 4]
+    joined = load_config(again.specs[4].config_path)
+    assert joined.join and [p.id for p in joined.peers] == [1, 2, 3, 4]
+    assert {i: again.specs[i].config_path.read_text() for i in (1, 2, 3)} == before
+    assert again.configs == layout.configs
+
+    again.retire(2)
+    third = ClusterLayout(tmp_path)
+    assert sorted(third.specs) == [1, 3, 4] and sorted(third.retired) == [2]
+    assert third.configs[1].peers == layout.configs[1].peers  # bootstrap peers still name 2
+    assert third.new_spec({1: ("", ""), 3: ("", ""), 4: ("", "")}).id == 5  # 2 never again
+    servers = Client.from_cluster_file(tmp_path / "cluster.json").servers
+    assert servers == [third.specs[i].client for i in (1, 3, 4)]
+
+
+def test_a_node_that_serves_no_read_refuses_reads_as_unavailable(group: FakeGroup) -> None:
+    group.read_refusal = "node 1 is catching up: applied entry 3 of 9"
+    with grpc.insecure_channel(group.addresses[1]) as channel:
+        stub: Any = pb_grpc.DLedgerClientStub(channel)
+        calls: list[tuple[str, Any]] = [
+            ("Get", pb.GetRequest(commitlog_offset=0)),
+            ("ReadRange", pb.ReadRangeRequest(from_offset=0)),
+        ]
+        for method, request in calls:
+            with pytest.raises(grpc.RpcError) as err:
+                getattr(stub, method)(request, timeout=5)
+            assert err.value.code() is grpc.StatusCode.UNAVAILABLE
+            assert "catching up" in (err.value.details() or "")
+    group.read_refusal = None
+    with client(group, 1) as c:
+        assert [m.id for m in c.member_list()] == [1, 2, 3]  # not a read: always answered
