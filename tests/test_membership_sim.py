@@ -6,18 +6,20 @@ itself, or for a change that cannot apply; meanwhile the simulators' partitions,
 crashes, torn writes (tests/sim/simulation.py) and power losses
 (tests/sim/driver_sim.py) go on. tests/sim/checkers.py checks after every step:
 one change at a time along every log (majorities overlap), only voters
-campaign, a node that learnt of its removal never campaigns again, a leader's
+campaign (or, while their configuration is pending, voters of the committed
+one), a node that learnt of its removal never campaigns again, a leader's
 commit is held by a majority of its voters, committed configurations are never
 lost or changed; at the end the final configuration has a leader and every
 member holds the committed log. A failure prints the seed and its replay
 command (`python -m tests.sim --membership`, `python -m tests.sim.driver_sim
 --membership`, which also run many more seeds).
 
-Two stalls of the core are pinned as strict xfails (`test_known_stall_*`), and
-their seeds are left out of the random batches until the core is fixed.
-The checkers are shown to catch what they look for: the core with a fault
-put in (a leader that counts learners, a restart that forgets the committed
-configuration) fails its seed with that invariant's message.
+The seeds found two stalls of the core, fixed there and kept here as scenarios;
+a third bug, a crash between a snapshot restore and its hard state, is pinned as
+a strict xfail (`test_known_bug_*`). The checkers are shown to catch what they
+look for: the core with a fault put in (a leader that counts learners, a
+restart that forgets the committed configuration) fails its seed with that
+invariant's message.
 """
 
 from __future__ import annotations
@@ -42,10 +44,6 @@ from tests.test_raft_membership import add, grow, led, promote, remove
 CORE_SEEDS, CORE_STEPS, CORE_CHUNK = 120, 2500, 20
 DRIVER_SEEDS, DRIVER_STEPS, DRIVER_CHUNK = 40, 3000, 5
 
-# Seeds that stall on a known bug of the core (the xfail tests below say which):
-# left out of the random batches until the core is fixed.
-DRIVER_STALLS = {2: "learner in lease", 22: "learner in lease"}
-
 
 class KnownBug(AssertionError):
     """The failure an xfail test pins happened (any other failure fails that test)."""
@@ -59,20 +57,6 @@ def _fails_with(pattern: str, run: Callable[[], None]) -> None:
         if re.search(pattern, str(err)):
             raise KnownBug(str(err).split("\n")[0]) from err
         raise
-
-
-def _stalls(run: Callable[[], None]) -> None:
-    """KnownBug if `run()` fails on liveness after healing, as the stalls do."""
-    _fails_with("no progress|liveness", run)
-
-
-def _elects_a_leader(c: Cluster) -> None:
-    c.heal()
-    for _ in range(500):
-        c.tick_all(1)
-        if c.leader() is not None:
-            return
-    raise KnownBug("no leader within 50 election timeouts after healing")
 
 
 def _totals(sims: list[Simulation] | list[DriverSim]) -> Counter[str]:
@@ -108,8 +92,6 @@ def test_core_simulation_with_membership_changes(first: int) -> None:
 def test_driver_simulation_with_membership_changes(first: int) -> None:
     sims = []
     for seed in range(first, first + DRIVER_CHUNK):
-        if seed in DRIVER_STALLS:
-            continue
         sim = DriverSim(seed, membership=True)
         sim.run(DRIVER_STEPS)  # raises SimFailure with the replay command
         sims.append(sim)
@@ -122,7 +104,7 @@ def test_driver_simulation_with_membership_changes(first: int) -> None:
 def test_a_membership_seed_replays_exactly() -> None:
     runs = []
     for _ in range(2):
-        sim = Simulation(3, membership=True)
+        sim = Simulation(4, membership=True)
         sim.run(1500)
         runs.append((sim.checker.canon, sim.stats, sim.now))
     assert runs[0] == runs[1]
@@ -151,15 +133,15 @@ def test_a_leader_that_counts_learners_fails_its_seed(monkeypatch: pytest.Monkey
             return quorum.committed_index(tuple(match), match)
 
     monkeypatch.setattr("raft.replication.quorum", CountsEveryone)
-    with pytest.raises(SimFailure, match=r"committed \d+ but only \[1\] of its voters"):
+    with pytest.raises(SimFailure, match=r"committed \d+ but only \[\d\] of its voters"):
         Simulation(0, membership=True).run(CORE_STEPS)
 
 
 def test_a_restart_that_forgets_the_committed_configuration_fails_its_seed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A node opened without the membership its hard state records (what
-    dledger_commitlog/node/recovery.py does today): it falls back to the bootstrap
+    """A node opened without the membership its hard state records (as
+    dledger_commitlog/node/recovery.py did at first): it falls back to the bootstrap
     voters once its log no longer holds the configuration entries."""
 
     def forgetful(config: object, storage: object, hs: HardState, **kw: object) -> RaftCore:
@@ -244,53 +226,38 @@ def test_a_commit_without_a_majority_of_voters_is_caught() -> None:
     checker.check_node(1, cast(RaftCore, leader), FakeDisk())  # 1 and 2 of 3: fine
 
 
-# --- known stalls of the core ----------------------------------------------------
+# --- the stalls the seeds found, fixed in the core (raft/election.py) ----------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=KnownBug,
-    reason="core stall: a leader of two voters that removes itself and steps down (check "
-    "quorum) before the removal commits never campaigns again (raft/election.py "
-    "`_campaign`: it is no voter of its last configuration), and refuses the other "
-    "voter, whose log is shorter: no leader ever. Raft thesis 4.2.2: a server not in "
-    "its latest configuration still starts elections until that configuration commits.",
-)
-def test_known_stall_a_removed_leader_of_two_that_stepped_down() -> None:
+def _elects_a_leader(c: Cluster) -> None:
+    c.heal()
+    for _ in range(500):
+        c.tick_all(1)
+        if c.leader() is not None:
+            return
+    raise AssertionError("no leader within 50 election timeouts after healing")
+
+
+def test_a_removed_leader_of_two_that_stepped_down_is_elected_again() -> None:
+    """A leader of two voters removes itself and steps down (check quorum) before the
+    removal commits: it holds the only log that can be elected, so it campaigns still
+    (Raft thesis 4.2.2), commits its removal and hands over."""
     c = led(2)
     c.isolate(2)
     c.core(1).propose_conf_change(remove(1))  # voters {2} on node 1 only
     c.stabilize()
     c.tick_all(40)  # check quorum: node 1 steps down, the removal uncommitted
-    assert c.core(1).role is Role.FOLLOWER and c.core(1).commit_index < c.core(1).last_index
+    assert c.core(1).role is not Role.LEADER and c.core(1).commit_index < c.core(1).last_index
     _elects_a_leader(c)
+    c.tick_all(30)
+    assert c.leader() == 2 and c.core(2).membership.voters == (2,)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=KnownBug,
-    reason="core stall: found by core simulation seed 28 (with the two-voter self-removal "
-    "asked: `stall_of_two`); see test_known_stall_a_removed_leader_of_two_that_stepped_down",
-)
-def test_known_stall_seed_of_a_removed_leader_of_two() -> None:
-    sim = Simulation(28, membership=True)
-    assert sim.members is not None
-    sim.members.stall_of_two = True
-    _stalls(lambda: sim.run(CORE_STEPS))
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=KnownBug,
-    reason="core stall: a learner (or any non-voter) never leaves its last leader's lease: "
-    "raft/election.py `_tick_election` resets `_election_elapsed` at every timeout although "
-    "`_campaign` returns at once for a non-voter, so with a timeout of election_ticks "
-    "`_in_lease()` stays true and core.py drops every RequestVote. When the leader that "
-    "appended the learner's promotion (its voters now include the learner) steps down "
-    "before the promotion commits, it needs the learner's vote and never gets it.",
-)
-def test_known_stall_a_learner_in_its_old_leaders_lease() -> None:
-    c = Cluster(1, seed=1)
+def test_a_learner_whose_promotion_is_pending_leaves_its_old_leaders_lease() -> None:
+    """The leader appends a learner's promotion and steps down before it commits: it needs
+    the learner's vote, which a learner gives once its last leader's lease is over (its
+    election timer runs on although it never campaigns)."""
+    c = Cluster(1, seed=1)  # seed 1: the learner's election timeout is election_ticks
     c.campaign(1)
     c.stabilize()
     c.add_node(2)
@@ -305,15 +272,7 @@ def test_known_stall_a_learner_in_its_old_leaders_lease() -> None:
     _elects_a_leader(c)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=KnownBug,
-    reason="core stall: driver simulation seeds 2 and 22 (membership) end with a node that "
-    "needs the vote of a learner in lease; see test_known_stall_a_learner_in_its_old_leaders_lease",
-)
-@pytest.mark.parametrize("seed", sorted(DRIVER_STALLS))
-def test_known_stall_driver_seeds_of_a_learner_in_lease(seed: int) -> None:
-    _stalls(lambda: DriverSim(seed, membership=True).run(DRIVER_STEPS))
+# --- a known bug of the core ------------------------------------------------------
 
 
 @pytest.mark.xfail(
@@ -356,12 +315,12 @@ def test_known_bug_a_crash_between_restore_and_hard_state_loses_the_membership()
 @pytest.mark.xfail(
     strict=True,
     raises=KnownBug,
-    reason="core bug: core simulation seed 2251 (membership) tears a write whose snapshot "
+    reason="core bug: core simulation seed 396 (membership) tears a write whose snapshot "
     "restore landed and whose hard state did not; see "
     "test_known_bug_a_crash_between_restore_and_hard_state_loses_the_membership",
 )
 def test_known_bug_seed_of_a_restore_that_loses_the_membership() -> None:
     _fails_with(
         r"is in the configuration of entry \d+ .* committed at",
-        lambda: Simulation(2251, membership=True).run(CORE_STEPS),
+        lambda: Simulation(396, membership=True).run(CORE_STEPS),
     )

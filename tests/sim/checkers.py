@@ -26,9 +26,11 @@ Membership (raft/membership.py), with configuration entries committed like any:
   any majority of the other (`majorities_overlap`); a core's membership is the
   last configuration of its log;
 - only a voter of the configuration in effect on it becomes candidate,
-  pre-candidate or leader; a node whose durable hard state records a committed
-  configuration that removed it (it learnt of its removal) never does again, in
-  any later life either;
+  pre-candidate or leader, or, while that configuration is not committed, a voter
+  of the last committed one (Raft thesis 4.2.2: a leader that removed itself and
+  stepped down may hold the only log that can still be elected); a node that
+  committed the configuration removing it never does again in that life, nor in
+  any later one once its durable hard state records it (it learnt of its removal);
 - a leader's commit index only counts voters: when it advances, a majority of the
   voters of the leader's configuration have acknowledged the entry in its term;
 - the committed configuration a hard state records is the committed entry at
@@ -94,6 +96,7 @@ class Checker:
         self.verified_leaders: set[tuple[int, int]] = set()  # (term, id)
         self.committed_conf = self.bootstrap  # the last committed configuration
         self.conf_indexes: list[int] = []  # indexes of the committed configuration entries
+        self.confs: list[Membership] = []  # ... and their memberships
         self.removed_at: dict[int, int] = {}  # id -> index of the committed conf removing it
         self.learnt_removal: set[int] = set()  # durably knows a committed conf removed it
         self.knows_removal: set[int] = set()  # this life committed the conf that removed it
@@ -144,15 +147,28 @@ class Checker:
         seen = (core.role, core.term)
         if seen[0] in _CAMPAIGNING and self.roles.get(node_id) != seen:
             conf = core.membership
-            if node_id not in conf.voters:
+            if node_id not in conf.voters and not self._votes_in_committed(node_id, core):
                 _fail(f"node {node_id} became {core.role.value} in term {core.term} but is no "
                       f"voter of its configuration (voters {conf.voters}, learners "
-                      f"{conf.learners})")  # fmt: skip
+                      f"{conf.learners}, entry {core.conf_index}), nor of the committed one "
+                      "while that is pending")  # fmt: skip
             if node_id in self.learnt_removal or node_id in self.knows_removal:
                 _fail(f"node {node_id} became {core.role.value} in term {core.term} after it "
                       f"learnt that the configuration at {removed} removed it")  # fmt: skip
         self.roles[node_id] = seen
         self._check_conf_current(node_id, core)
+
+    def _votes_in_committed(self, node_id: int, core: RaftCore) -> bool:
+        """The node's configuration is not committed and it is a voter of the last
+        committed one at its commit index (unknown yet where the committed log ends
+        before that: taken as yes)."""
+        if core.conf_index <= core.commit_index:
+            return False
+        if core.commit_index > len(self.canon):
+            return True
+        k = bisect.bisect_right(self.conf_indexes, core.commit_index)
+        committed = self.confs[k - 1] if k else self.bootstrap
+        return committed is None or node_id in committed.voters
 
     def _check_conf_current(self, node_id: int, core: RaftCore) -> None:
         """The configuration in effect on a node (the last of its log) is not older than
@@ -239,6 +255,7 @@ class Checker:
         """Configuration entry `e` joined the committed log: who left the group."""
         new = self._decode(e.data)
         self.conf_indexes.append(e.index)
+        self.confs.append(new)
         old = self.committed_conf
         if old is not None:
             for i in set(old.ids) - set(new.ids):

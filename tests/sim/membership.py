@@ -16,12 +16,6 @@ the leader has (a fresh id, or one whose addition a new leader rolled back), and
 never again once its removal was accepted (a removed node keeps its disk, its
 term and its vote: it is retired, not recycled), so a node that learnt of its
 removal never has a reason to campaign again (tests/sim/checkers.py checks it).
-
-One change is not asked by default: a leader removing itself from a group of two
-voters. The core stalls there for good if the leader steps down (check quorum)
-before the removal commits: it no longer campaigns (it is no voter of its last
-configuration) and refuses the other voter, whose log is shorter
-(tests/test_membership_sim.py, the xfail tests; `stall_of_two` asks it anyway).
 """
 
 from __future__ import annotations
@@ -72,7 +66,6 @@ class MembershipEvents:
         self.removed: set[int] = set()  # REMOVE accepted by some leader: never re-added
         self.join_peers: dict[int, tuple[int, ...]] = {}  # started joining, told these voters
         self.stats = stats
-        self.stall_of_two = False  # also ask a leader of two voters to remove itself
 
     def choose(self, rng: random.Random, conf: Membership, leader: int) -> ConfChange | None:
         """A change to ask of leader `leader`, whose configuration is `conf`."""
@@ -91,8 +84,6 @@ class MembershipEvents:
         if len(voters) > 1:
             weight = 3 if len(voters) > low else 1
             for i in voters:
-                if i == leader and len(voters) == 2 and not self.stall_of_two:
-                    continue  # the known stall (see the module docstring)
                 options.append((ConfChange(ChangeOp.REMOVE, i), weight))
         if not options:
             return None
