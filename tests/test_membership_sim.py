@@ -175,6 +175,14 @@ def test_two_voters_changed_at_once_along_a_log_are_caught() -> None:
         checker.check_log_matching({8: LogView(0, 0, [_config_entry(1, _conf(1, 4, 5))])})
 
 
+def test_a_membership_that_is_not_the_logs_last_configuration_is_caught() -> None:
+    checker = Checker((1, 2, 3))
+    log = [_config_entry(1, _conf(1, 2, 3, learners=(4,))), Entry(2, 1, b"x")]
+    checker.check_log_matching({4: LogView(0, 0, log, _conf(1, 2, 3, learners=(4,)))})
+    with pytest.raises(InvariantViolation, match="is not its log's last configuration"):
+        checker.check_log_matching({4: LogView(0, 0, log, _conf(1, 2, 3))})
+
+
 class _Core:
     """What the checker reads of a core, set by hand."""
 

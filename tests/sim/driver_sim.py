@@ -1392,9 +1392,8 @@ class DriverSim:
             if node.life is not None:
                 core = node.life.core
                 base = core.first_index - 1
-                logs[node.id] = LogView(
-                    base, core.log_term(base), core.log_slice(base + 1, core.last_index + 1)
-                )
+                entries = core.log_slice(base + 1, core.last_index + 1)
+                logs[node.id] = LogView(base, core.log_term(base), entries, core.membership)
         self.checker.check_log_matching(logs)
 
     def check_durability(self, members: Sequence[SimNode] | None = None) -> None:
