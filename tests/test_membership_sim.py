@@ -177,10 +177,15 @@ def test_two_voters_changed_at_once_along_a_log_are_caught() -> None:
 
 def test_a_membership_that_is_not_the_logs_last_configuration_is_caught() -> None:
     checker = Checker((1, 2, 3))
-    log = [_config_entry(1, _conf(1, 2, 3, learners=(4,))), Entry(2, 1, b"x")]
-    checker.check_log_matching({4: LogView(0, 0, log, _conf(1, 2, 3, learners=(4,)))})
+    four = _conf(1, 2, 3, learners=(4,))
+    log = [_config_entry(1, four), Entry(2, 1, b"x")]
+    checker.check_log_matching({4: LogView(0, 0, log, four, 1)})
+    # A newer configuration than the log holds (its hard state's, the log cut short):
+    checker.check_log_matching({4: LogView(0, 0, log, _conf(1, 2, 3, 4), 5)})
     with pytest.raises(InvariantViolation, match="is not its log's last configuration"):
-        checker.check_log_matching({4: LogView(0, 0, log, _conf(1, 2, 3))})
+        checker.check_log_matching({4: LogView(0, 0, log, _conf(1, 2, 3), 1)})
+    with pytest.raises(InvariantViolation, match="is not its log's last configuration"):
+        checker.check_log_matching({4: LogView(0, 0, log, _conf(1, 2, 3), 0)})
 
 
 class _Core:

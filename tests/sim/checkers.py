@@ -24,7 +24,8 @@ Membership (raft/membership.py), with configuration entries committed like any:
 - along every log (the committed one included), consecutive configurations differ
   by one member at most, by one voter at most, and any majority of the one meets
   any majority of the other (`majorities_overlap`); a core's membership is the
-  last configuration of its log;
+  last configuration of its log, or a newer one (from its hard state: the log
+  may have lost the entries beyond a committed configuration in a power loss);
 - only a voter of the configuration in effect on it becomes candidate,
   pre-candidate or leader, or, while that configuration is not committed, a voter
   of the last committed one (Raft thesis 4.2.2: a leader that removed itself and
@@ -76,6 +77,7 @@ class LogView:
     base_term: int
     entries: list[Entry]
     conf: Membership | None = None  # a live core's membership (None: not a core's log)
+    conf_index: int = 0  # ... and the index of its configuration entry
 
 
 def _fail(msg: str) -> None:
@@ -343,9 +345,13 @@ class Checker:
             if prev is not None:
                 check_one_change(prev, conf, f"node {node_id}'s log at {prev_index} and {e.index}")
             prev, prev_index = conf, e.index
-        if view.conf is not None and prev_index and view.conf != prev:
-            _fail(f"node {node_id}'s membership {view.conf} is not its log's last "
-                  f"configuration {prev} (entry {prev_index})")  # fmt: skip
+        if view.conf is None:
+            return
+        mine, last = view.conf_index, view.base_index + len(view.entries)
+        in_log = view.base_index < mine <= last
+        if mine < prev_index or (in_log and (mine != prev_index or view.conf != prev)):
+            _fail(f"node {node_id}'s membership {view.conf} (entry {mine}) is not its log's "
+                  f"last configuration {prev} (entry {prev_index})")  # fmt: skip
 
 
 def check_one_change(old: Membership, new: Membership, where: str) -> None:

@@ -1393,7 +1393,9 @@ class DriverSim:
                 core = node.life.core
                 base = core.first_index - 1
                 entries = core.log_slice(base + 1, core.last_index + 1)
-                logs[node.id] = LogView(base, core.log_term(base), entries, core.membership)
+                logs[node.id] = LogView(
+                    base, core.log_term(base), entries, core.membership, core.conf_index
+                )
         self.checker.check_log_matching(logs)
 
     def check_durability(self, members: Sequence[SimNode] | None = None) -> None:

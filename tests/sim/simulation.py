@@ -301,7 +301,9 @@ class Simulation:
             if core is not None:
                 base = core.first_index - 1
                 entries = core.log_slice(base + 1, core.last_index + 1)
-                logs[n.id] = LogView(base, core.log_term(base), entries, core.membership)
+                logs[n.id] = LogView(
+                    base, core.log_term(base), entries, core.membership, core.conf_index
+                )
             st = n.disk.storage  # durable logs must match too
             base = st.first_index() - 1
             logs[-n.id] = LogView(base, st.term(base), st.all_entries())
