@@ -5,12 +5,14 @@ tests/sim/simulation.py and tests/sim/driver_sim.py share, the bookkeeping of
 which ids were added and removed, `node_config`, the `Config` a node starts
 with (a node of the first voter set, or one joining the running group with
 `Config.join`), and `final_members`, the nodes that must hold the committed log
-at the end of a seed (the members of the final configuration). A membership run starts with 1, 3 or 5 voters and a pool of
-spare ids; at random times the simulation asks the current leader (now and then
-a follower) to add a learner (the simulation then starts that node, empty), to
-promote a learner, to remove a learner, a voter or the leader itself; now and
-then a change that cannot apply (an id that exists, a voter to promote, an
-unknown id), which the core must refuse. Refusals are counted, never failures.
+at the end of a seed (the members of the final configuration).
+
+A membership run starts with 1, 3 or 5 voters and a pool of spare ids; at random
+times the simulation asks the current leader (now and then a follower) to add a
+learner (the simulation then starts that node, empty), to promote a learner, to
+remove a learner, a voter or the leader itself; now and then a change that
+cannot apply (an id that exists, a voter to promote, an unknown id), which the
+core must refuse. Refusals are counted, never failures.
 
 Invariants kept here: an id is added only once it is known to no configuration
 the leader has (a fresh id, or one whose addition a new leader rolled back), and
