@@ -19,6 +19,8 @@ whose term and vote are durable sends its appends and heartbeats at once, so
 replication overlaps its own fsync.
 
 Invariants:
+- a snapshot's restore comes after the hard state of its Ready is durable (its
+  membership, term and vote; the commit as far as the log before the restore);
 - no message leaves before the hard state it depends on is durable (a changed
   term or vote is saved and fsynced before anything of its Ready is sent);
 - in sync flush mode the commit index saved with a changed term or vote covers
@@ -147,6 +149,14 @@ class ReadyDriver:
         core, storage, flusher = self.core, self._storage, self._flusher
         if rd.snapshot is not None:
             await self.settle()
+            hs = rd.hard_state
+            if hs is not None and self._state_file.needs_sync(hs):
+                # The snapshot's membership (and term, vote) first: a crash after the
+                # restore must not restart in a configuration older than the committed
+                # one. Its commit covers only the log as it is until the restore is done.
+                await self._save_hard_state(
+                    dataclasses.replace(hs, commit=min(hs.commit, self._durable_index))
+                )
             await self._restore(rd.snapshot)
             self._durable_index = rd.snapshot.index
         if rd.entries:

@@ -14,7 +14,10 @@ class Ready:
     """Work for the driver, to be done in this order:
 
     0. if `snapshot` is not None (only on a follower that was behind its
-       leader's first retained entry): first call
+       leader's first retained entry): first make `hard_state` durable (it
+       carries the snapshot's membership: a crash after the restore must not
+       find the older one; save its commit no higher than the log before the
+       restore), then call
        `storage.restore(snapshot.index, snapshot.term, snapshot.data)`, which
        empties the log so that it restarts after `snapshot.index`, and reset
        the application state to "everything up to `snapshot.index` applied"

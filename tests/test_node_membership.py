@@ -49,7 +49,7 @@ class Group:
         cfg = NodeConfig(
             node_id=i, data_dir=str(self.root / f"n{i}"), insecure=True, join=join,
             peers=tuple(self.peer(p) for p in sorted({*peers, i})), tick_ms=20,
-            election_ticks=5, heartbeat_ticks=1, data_segment_bytes=8 << 20,
+            election_ticks=10, heartbeat_ticks=1, data_segment_bytes=8 << 20,
             index_segment_bytes=32 * 4096, cq_units_per_file=64, index_slots=64,
             index_entries=256,
         )  # fmt: skip
@@ -77,6 +77,17 @@ class Group:
             return leaders[0] if len(leaders) == 1 else None
 
         return await until(found, timeout_s, "a leader")
+
+    async def change(self, op: Callable[[RaftNode], Awaitable[int]]) -> int:
+        """`op` on the leader, again on the next one if leadership moves first (as a
+        client would); an op the old leader appended may commit there all the same."""
+        for _ in range(100):
+            leader = await self.leader()
+            try:
+                return await op(leader)
+            except NotLeader:
+                await asyncio.sleep(0.05)
+        raise AssertionError("no leader took the change")
 
     async def put(self, body: bytes) -> None:
         for _ in range(100):
@@ -136,8 +147,7 @@ def test_grow_three_to_five_then_shrink_back_loses_nothing(tmp_path: Path) -> No
         for i in (4, 5):
             await g.start(i, [1, 2, 3], join=True)
             assert g.nodes[i].read_refusal is not None  # serves no read before it caught up
-            leader = await g.leader()
-            await leader.add_member(g.member(i), 20.0)
+            await g.change(lambda n, i=i: n.add_member(g.member(i), 20.0))  # type: ignore[misc]
             await g.put(b"with %d" % i)
         leader = await g.leader()
         rows = {m.id: m for m in leader.members()}
@@ -153,8 +163,7 @@ def test_grow_three_to_five_then_shrink_back_loses_nothing(tmp_path: Path) -> No
         await g.start(2, [1, 2, 3])
         await g.start(3, [1, 2, 3])
         for i in (5, 4):
-            leader = await g.leader()
-            await leader.remove_member(i, 20.0)
+            await g.change(lambda n, i=i: n.remove_member(i, 20.0))  # type: ignore[misc]
         leader = await g.leader({1, 2, 3})
         assert [m.id for m in leader.members()] == [1, 2, 3]
         await g.put(b"three again")
