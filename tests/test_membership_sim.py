@@ -14,9 +14,9 @@ member holds the committed log. A failure prints the seed and its replay
 command (`python -m tests.sim --membership`, `python -m tests.sim.driver_sim
 --membership`, which also run many more seeds).
 
-The seeds found two stalls of the core, fixed there and kept here as scenarios;
-a third bug, a crash between a snapshot restore and its hard state, is pinned as
-a strict xfail (`test_known_bug_*`). The checkers are shown to catch what they
+The seeds found two election stalls of the core and a crash between a snapshot's
+restore and its hard state that lost the membership; all three are fixed and kept
+here as scenarios. The checkers are shown to catch what they
 look for: the core with a fault put in (a leader that counts learners, a
 restart that forgets the committed configuration) fails its seed with that
 invariant's message.
@@ -24,14 +24,13 @@ invariant's message.
 
 from __future__ import annotations
 
-import re
+import dataclasses
 from collections import Counter
-from collections.abc import Callable
 from typing import cast
 
 import pytest
 
-from raft import AppendResponse, Entry, EntryKind, HardState, RaftCore, Role, quorum
+from raft import AppendResponse, Entry, EntryKind, HardState, RaftCore, Ready, Role, quorum
 from raft.membership import Member, Membership
 from tests.sim import simulation
 from tests.sim.checkers import Checker, InvariantViolation, LogView, check_one_change
@@ -43,20 +42,6 @@ from tests.test_raft_membership import add, grow, led, promote, remove
 
 CORE_SEEDS, CORE_STEPS, CORE_CHUNK = 120, 2500, 20
 DRIVER_SEEDS, DRIVER_STEPS, DRIVER_CHUNK = 40, 3000, 5
-
-
-class KnownBug(AssertionError):
-    """The failure an xfail test pins happened (any other failure fails that test)."""
-
-
-def _fails_with(pattern: str, run: Callable[[], None]) -> None:
-    """Run `run()`; KnownBug if it fails with a message matching `pattern`."""
-    try:
-        run()
-    except SimFailure as err:
-        if re.search(pattern, str(err)):
-            raise KnownBug(str(err).split("\n")[0]) from err
-        raise
 
 
 def _totals(sims: list[Simulation] | list[DriverSim]) -> Counter[str]:
@@ -285,21 +270,13 @@ def test_a_learner_whose_promotion_is_pending_leaves_its_old_leaders_lease() -> 
     _elects_a_leader(c)
 
 
-# --- a known bug of the core ------------------------------------------------------
+# --- a bug the seeds found, fixed in the driver (raft/driver.py, raft/ready.py) --------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=KnownBug,
-    reason="core bug: a crash after a snapshot restore reached the disk and before the hard "
-    "state of the same Ready did loses the snapshot's membership: the storage restore keeps "
-    "no configuration (LogStorage.restore, EntryStore.restore), and RaftLog takes its base "
-    "configuration from the hard state alone, so the node restarts in an older "
-    "configuration (here the bootstrap) than the committed one at its commit index. The "
-    "restore and the membership it carries must become durable together (e.g. the "
-    "snapshot's configuration in the storage's base record, or the hard state first).",
-)
-def test_known_bug_a_crash_between_restore_and_hard_state_loses_the_membership() -> None:
+def _snapshot_ready_of_a_new_learner() -> tuple[Cluster, Ready]:
+    """Node 5 is added as a learner while cut off; every log is then compacted past
+    every configuration entry: the leader sends it a snapshot. The Ready that carries
+    it, taken from node 5's core (not yet carried out)."""
     c = led(3)
     grow(c, 4)
     c.add_node(5)
@@ -311,29 +288,43 @@ def test_known_bug_a_crash_between_restore_and_hard_state_loses_the_membership()
         c.stabilize()
     c.tick_all(2)
     for i in (1, 2, 3, 4):
-        c.compact(i)  # every configuration entry is gone from the logs: 5 needs a snapshot
+        c.compact(i)
     c.heal()
-    c.tick_all(3)
+    for _ in range(200):
+        core = c.core(5)
+        if core.has_ready():
+            rd = core.ready()
+            if rd.snapshot is not None:
+                return c, rd
+            c.process_ready(5, rd)
+        for i in (1, 2, 3, 4):
+            while c.process_ready(i):
+                pass
+        if c.mailbox:
+            c.deliver()
+        else:
+            c.tick_all(1, stabilize=False)
+    raise AssertionError("node 5 was sent no snapshot")
+
+
+def test_a_crash_between_a_snapshots_hard_state_and_its_restore_keeps_the_membership() -> None:
+    """The driver makes a snapshot's hard state (its membership) durable before the
+    restore (raft/ready.py): a crash in between restarts the node in the snapshot's
+    configuration, over its old log. Before, the restore came first and a crash after
+    it restarted the node in the configuration its older hard state recorded (here the
+    bootstrap): core simulation seeds 396, 2251 and others."""
+    c, rd = _snapshot_ready_of_a_new_learner()
+    assert rd.snapshot is not None and rd.hard_state is not None
     node = c.nodes[5]
-    assert node.snapshots and c.core(5).membership == c.core(1).membership
-    # The restore reached the disk, the hard state of that Ready did not: raft.state
-    # still holds what it held before (the term alone).
-    node.hard_state = HardState(node.hard_state.term)
+    assert node.storage.last_index() < rd.snapshot.index  # not restored: the crash comes first
+    commit = min(rd.hard_state.commit, node.storage.last_index())
+    node.hard_state = dataclasses.replace(rd.hard_state, commit=commit)
     c.crash(5)
     c.restart(5)
-    if c.core(5).membership != c.core(1).membership:
-        raise KnownBug(f"restarted in {c.core(5).membership}, not {c.core(1).membership}")
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=KnownBug,
-    reason="core bug: core simulation seed 396 (membership) tears a write whose snapshot "
-    "restore landed and whose hard state did not; see "
-    "test_known_bug_a_crash_between_restore_and_hard_state_loses_the_membership",
-)
-def test_known_bug_seed_of_a_restore_that_loses_the_membership() -> None:
-    _fails_with(
-        r"is in the configuration of entry \d+ .* committed at",
-        lambda: Simulation(396, membership=True).run(CORE_STEPS),
-    )
+    assert c.core(5).membership == c.core(1).membership
+    for _ in range(100):  # the leader sends the snapshot again once it gives up on it
+        c.tick_all(1)
+        if c.core(5).commit_index == c.core(1).commit_index:
+            break
+    assert c.core(5).membership == c.core(1).membership
+    assert c.core(5).commit_index == c.core(1).commit_index

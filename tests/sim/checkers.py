@@ -24,8 +24,9 @@ Membership (raft/membership.py), with configuration entries committed like any:
 - along every log (the committed one included), consecutive configurations differ
   by one member at most, by one voter at most, and any majority of the one meets
   any majority of the other (`majorities_overlap`); a core's membership is the
-  last configuration of its log, or a newer one (from its hard state: the log
-  may have lost the entries beyond a committed configuration in a power loss);
+  last configuration of its log, or a newer one from its hard state (a power
+  loss cut the entries beyond a committed configuration, or the snapshot whose
+  hard state recorded it was not restored yet);
 - only a voter of the configuration in effect on it becomes candidate,
   pre-candidate or leader, or, while that configuration is not committed, a voter
   of the last committed one (Raft thesis 4.2.2: a leader that removed itself and
@@ -347,9 +348,9 @@ class Checker:
             prev, prev_index = conf, e.index
         if view.conf is None:
             return
-        mine, last = view.conf_index, view.base_index + len(view.entries)
-        in_log = view.base_index < mine <= last
-        if mine < prev_index or (in_log and (mine != prev_index or view.conf != prev)):
+        # A configuration newer than its log's last came from its hard state: fine.
+        mine = view.conf_index
+        if mine < prev_index or (mine == prev_index > 0 and view.conf != prev):
             _fail(f"node {node_id}'s membership {view.conf} (entry {mine}) is not its log's "
                   f"last configuration {prev} (entry {prev_index})")  # fmt: skip
 

@@ -58,8 +58,9 @@ Checks: election safety, leader completeness, log matching and state-machine
 safety (tests/sim/checkers.py); the Ready contract against what is durable (a
 message leaves only once the term and vote it promises are in raft.state, an
 acknowledgement only once the entries it covers are fsynced, an entry is
-applied only once it is fsynced on that node); no truncation over bytes not yet
-durable; raft.state's commit never goes back and never covers an entry not yet
+applied only once it is fsynced on that node, a snapshot restored only once
+raft.state holds its membership); no truncation over bytes not yet durable;
+raft.state's commit never goes back and never covers an entry not yet
 durable; recovery keeps every entry fsynced before the power loss; a restarted
 node's committed prefix (raft.state's commit over its recovered log) is the
 committed log; and at the end, after healing everything and restarting every
@@ -532,6 +533,13 @@ class Life:
         await self.park(fut)
 
     async def _restore(self, snap: SnapshotMeta) -> None:
+        saved = self.state_file.saved
+        if saved.conf_index < snap.conf_index:
+            raise InvariantViolation(
+                f"node {self.node.id} restores a snapshot of entry {snap.index} whose "
+                f"configuration (entry {snap.conf_index}) raft.state does not hold yet "
+                f"({saved.conf_index}): a crash after the restore restarts it in an older one"
+            )
         fut: asyncio.Future[None] = self.sim.loop.create_future()
         self.restoring = (snap, fut)
         self.sim.schedule(self.sim.rng.randrange(1, 10), "restored", self)
