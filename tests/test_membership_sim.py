@@ -16,7 +16,9 @@ command (`python -m tests.sim --membership`, `python -m tests.sim.driver_sim
 
 The seeds found two election stalls of the core and a crash between a snapshot's
 restore and its hard state that lost the membership; all three are fixed and kept
-here as scenarios. The checkers are shown to catch what they
+here as scenarios. The fix of the last saves, before the restore, a commit index
+that may cover the old log's uncommitted entries: pinned as strict xfails
+(`test_known_bug_*`). The checkers are shown to catch what they
 look for: the core with a fault put in (a leader that counts learners, a
 restart that forgets the committed configuration) fails its seed with that
 invariant's message.
