@@ -21,7 +21,9 @@ deadlines are scaled to that), `check_quorum` and `pre_vote` (on, as the
 product runs them), and `async_storage_writes`, which is the simulator's to
 say: the core simulation's driver reports durability with `advance` (it never
 calls `persisted`), the Ready driver of driver_sim only with `persisted`, so
-each mode is invalid for the other simulator.
+each mode is invalid for the other simulator. With `membership` (the runs that
+change the membership, tests/sim/membership.py), `max_promote_lag` is drawn too:
+the default, or a few entries, so that promotions of a lagging learner are refused.
 """
 
 from __future__ import annotations
@@ -34,11 +36,16 @@ ELECTION_TICKS = 10
 
 
 def random_config(
-    rng: random.Random, nodes: int | None = None, *, async_storage_writes: bool
+    rng: random.Random,
+    nodes: int | None = None,
+    *,
+    async_storage_writes: bool,
+    membership: bool = False,
 ) -> Config:
     """Node 1's config of a cluster of `nodes` (drawn from 3 or 5 if None)."""
     n = nodes or rng.choice((3, 3, 5))
     append_bytes = rng.choice((64, 1 << 20))
+    extra = {"max_promote_lag": rng.choice((1000, 1000, 8))} if membership else {}
     return Config(
         id=1,
         peers=tuple(range(1, n + 1)),
@@ -50,4 +57,5 @@ def random_config(
         max_inflight_bytes=append_bytes * rng.choice((1, 4)),
         preferred_leader=rng.choice((None, None, None, 1)),
         async_storage_writes=async_storage_writes,
+        **extra,  # type: ignore[arg-type]
     )

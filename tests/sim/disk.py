@@ -1,15 +1,18 @@
 """A fake disk for one simulated node: a durable log plus a durable hard state.
 
-Owns: what survives a crash. Writes happen in the driver's order (a snapshot
-restore, then entries, then hard state, then sync); `persist` models a
-completed sync, `persist_torn` a crash part-way: the restore either happened
-or not (atomic), then only a prefix of the entries reaches the disk (the last
-one torn away), and the hard state only if every entry made it. `compact`
-models retention dropping an applied prefix.
+Owns: what survives a crash. Writes happen in the driver's order (raft/ready.py:
+with a snapshot, its hard state first, with the commit no higher than the log
+before the restore, then the restore; then entries, then hard state, then
+sync); `persist` models a completed sync, `persist_torn` a crash part-way: the
+snapshot's hard state and then its restore either happened or not (each
+atomic, the restore only after the hard state), then only a prefix of the
+entries reaches the disk (the last one torn away), and the hard state only if
+every entry made it. `compact` models retention dropping an applied prefix.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 
@@ -29,6 +32,7 @@ class FakeDisk:
         hard_state: HardState | None,
     ) -> None:
         if snapshot is not None:
+            self._save_before_restore(hard_state)
             self.storage.restore(snapshot.index, snapshot.term, snapshot.data)
         if entries:
             self.storage.append(entries)
@@ -46,7 +50,10 @@ class FakeDisk:
     ) -> None:
         if snapshot is not None:
             if rng.random() < 0.5:
-                return  # the crash came before the restore
+                return  # the crash came before the snapshot's hard state was saved
+            self._save_before_restore(hard_state)
+            if rng.random() < 0.5:
+                return  # ... or before the restore
             self.storage.restore(snapshot.index, snapshot.term, snapshot.data)
         kept = rng.randrange(len(entries) + 1)
         if kept:
@@ -54,6 +61,13 @@ class FakeDisk:
         if kept == len(entries) and hard_state is not None and rng.random() < 0.5:
             self.hard_state = hard_state
         self._check()
+
+    def _save_before_restore(self, hard_state: HardState | None) -> None:
+        """The snapshot's hard state (its membership) before the restore, its commit no
+        higher than the log as it is until the restore is done."""
+        if hard_state is not None:
+            commit = min(hard_state.commit, self.storage.last_index())
+            self.hard_state = dataclasses.replace(hard_state, commit=commit)
 
     def compact(self, index: int) -> None:
         """Retention: drop the entries up to `index` (applied, hence committed)."""

@@ -39,6 +39,14 @@ nothing to do, or on a future the simulation completes later. No wall clock,
 no threads, no real sleeps: every choice comes from `random.Random(seed)`, so a
 seed replays exactly (`python -m tests.sim.driver_sim --seed N`).
 
+Membership (`membership=True`, tests/sim/membership.py, as in tests/sim/simulation.py):
+the run starts with 1, 3 or 5 voters; every 30-200 ms the leader is asked for a
+membership change; an added learner is a new node with an empty directory,
+started with `Config.join`; a node whose removal committed is stopped half the
+time, else it keeps running. A node restarts with the membership raft.state
+recorded. At the end, the final configuration must have a leader and every member
+(not a removed node) must hold every committed entry.
+
 Faults (while `faults`): power losses of a minority at any point (also while an
 fsync is in flight), of every node at once (sync flush promises that no
 acknowledged entry is lost even then), partitions, one-way blocks, broken
@@ -50,8 +58,9 @@ Checks: election safety, leader completeness, log matching and state-machine
 safety (tests/sim/checkers.py); the Ready contract against what is durable (a
 message leaves only once the term and vote it promises are in raft.state, an
 acknowledgement only once the entries it covers are fsynced, an entry is
-applied only once it is fsynced on that node); no truncation over bytes not yet
-durable; raft.state's commit never goes back and never covers an entry not yet
+applied only once it is fsynced on that node, a snapshot restored only once
+raft.state holds its membership); no truncation over bytes not yet durable;
+raft.state's commit never goes back and never covers an entry not yet
 durable; recovery keeps every entry fsynced before the power loss; a restarted
 node's committed prefix (raft.state's commit over its recovered log) is the
 committed log; and at the end, after healing everything and restarting every
@@ -97,12 +106,22 @@ from raft import (
     VoteResponse,
 )
 from raft.driver import ReadyDriver
+from raft.errors import MembershipError
 from raft.hard_state import RaftStateFile
+from raft.membership import ChangeOp
 from store.entry_format import INDEX_UNIT_SIZE
 from store.errors import CorruptEntry
 from tests.sim.checkers import Checker, InvariantViolation, LogView
 from tests.sim.config import random_config
 from tests.sim.disk import FakeDisk
+from tests.sim.membership import (
+    ASK_FOLLOWER_RATE,
+    RETIRE_RATE,
+    MembershipEvents,
+    final_members,
+    initial_voters,
+    node_config,
+)
 from tests.sim.simulation import SimFailure, run_seeds
 
 T = TypeVar("T")
@@ -401,10 +420,12 @@ class Life:
         self.truncations = 0
         commit = min(saved.commit, store.last_index())
         self.missing_through = store.missing_through
+        joining = sim.members.join_peers.get(node.id) if sim.members is not None else None
         self.core = RaftCore(
-            dataclasses.replace(sim.config, id=node.id),
+            node_config(sim.config, node.id, joining),
             store,
-            HardState(saved.term, saved.vote, commit),
+            # The membership raft.state recorded (the last committed configuration).
+            dataclasses.replace(saved, commit=commit),
             rng=random.Random(sim.rng.randrange(1 << 32)),
             applied=commit,
             catch_up_to=self.missing_through,
@@ -512,6 +533,13 @@ class Life:
         await self.park(fut)
 
     async def _restore(self, snap: SnapshotMeta) -> None:
+        saved = self.state_file.saved
+        if saved.conf_index < snap.conf_index:
+            raise InvariantViolation(
+                f"node {self.node.id} restores a snapshot of entry {snap.index} whose "
+                f"configuration (entry {snap.conf_index}) raft.state does not hold yet "
+                f"({saved.conf_index}): a crash after the restore restarts it in an older one"
+            )
         fut: asyncio.Future[None] = self.sim.loop.create_future()
         self.restoring = (snap, fut)
         self.sim.schedule(self.sim.rng.randrange(1, 10), "restored", self)
@@ -724,6 +752,7 @@ class SimNode:
     saved_commit: int = 0  # the highest commit raft.state ever held
     durable_at_crash: tuple[int, int] = (0, 0)  # (index, term) of the last durable entry
     fsync_ms: tuple[int, int] | None = None  # this node's fsync latency (default: the sim's)
+    retired: bool = False  # removed from the group and stopped for good
 
 
 # --- the simulation ----------------------------------------------------------
@@ -747,11 +776,14 @@ class DriverSim:
         tear_modes: Sequence[str] | None = None,
         record: bool = False,
         root: Path | None = None,
+        membership: bool = False,
     ) -> None:
         self.seed = seed
-        self.args = (nodes, write_buffer)
+        self.args = (nodes, write_buffer, membership)
         rng = self.rng = random.Random(seed)
-        self.config = random_config(rng, nodes, async_storage_writes=True)
+        if membership and nodes is None:
+            nodes = initial_voters(rng)
+        self.config = random_config(rng, nodes, async_storage_writes=True, membership=membership)
         wb = rng.random() < 0.5 if write_buffer is None else write_buffer
         self.write_buffer_bytes = rng.choice((200, 1 << 16)) if wb else 0
         self.data_segment_bytes = rng.choice((1024, 4096))
@@ -770,8 +802,9 @@ class DriverSim:
         self.checkpoints = checkpoints  # the periodic entry checkpoints
         self.record = record
         self.events: list[tuple[int, int, str, int]] = []  # (time, node, what, index) if record
-        self.checker = Checker()
+        self.checker = Checker(self.config.peers)
         self.stats: Counter[str] = Counter()
+        self.members = MembershipEvents(self.config.peers, self.stats) if membership else None
         self.now = 0
         self.steps = 0
         self.trace: deque[tuple[int, str, str]] = deque(maxlen=40)
@@ -786,18 +819,13 @@ class DriverSim:
         self.loop = asyncio.new_event_loop()
         self.nodes: dict[int, SimNode] = {}
         for i in self.config.peers:
-            root_i = self.root / f"n{i}"
-            root_i.mkdir(parents=True, exist_ok=True)
-            log_dir = root_i / "log"
-            dirs = {
-                log_dir / "data": self.data_segment_bytes,
-                log_dir / "index": self.index_segment_bytes,
-            }
-            self.nodes[i] = SimNode(i, root_i, PowerLossDisk(dirs))
+            self._new_node(i)
         for node in self.nodes.values():
             self._open(node)
             self.schedule(rng.randrange(TICK_MS), "tick", node)
             self.schedule(rng.randrange(50, 500), "checkpoint", node)
+        if self.members is not None:
+            self.schedule(rng.randrange(30, 200), "member", None)
         self.schedule(rng.randrange(20), "client", None)
         self.schedule(rng.randrange(50), "read", None)
         self.schedule(rng.randrange(100, 400), "fault", None)
@@ -813,9 +841,11 @@ class DriverSim:
             for _ in range(steps):
                 self.step()
             self.check_logs()
-            self.converge()
+            members = self.converge()
             self.check_logs()
-            self.check_durability()
+            self.check_durability(members)
+            self.stats["conf_committed"] += self.checker.confs_committed
+            self.stats["learnt_removal"] += len(self.checker.learnt_removal)
         except Exception as err:  # anything the code under test raises is a failure
             raise SimFailure(self.report(err, steps)) from err
         finally:
@@ -823,11 +853,13 @@ class DriverSim:
 
     def replay_command(self, steps: int) -> str:
         cmd = f".venv/bin/python -m tests.sim.driver_sim --seed {self.seed} --steps {steps}"
-        nodes, wb = self.args
+        nodes, wb, membership = self.args
         if nodes is not None:
             cmd += f" --nodes {nodes}"
         if wb is not None:
             cmd += f" --write-buffer {int(wb)}"
+        if membership:
+            cmd += " --membership"
         return cmd
 
     def report(self, err: BaseException, steps: int) -> str:
@@ -846,8 +878,9 @@ class DriverSim:
     def _describe(self, node: SimNode) -> str:
         life = node.life
         if life is None:
-            return f"node {node.id}: down"
+            return f"node {node.id}: {'retired' if node.retired else 'down'}"
         c = life.core
+        m = c.membership
         try:
             durable: object = life.durable_last()
         except Exception as exc:  # a broken store must not hide the failure being reported
@@ -855,7 +888,8 @@ class DriverSim:
         return (
             f"node {node.id}: {c.role.value} term {c.term} leader {c.leader_id} log "
             f"[{c.first_index}, {c.last_index}] commit {c.commit_index} applied {c.applied} "
-            f"durable {durable} catch_up_to {c.catch_up_to} "
+            f"durable {durable} catch_up_to {c.catch_up_to} voters {m.voters} learners "
+            f"{m.learners} (entry {c.conf_index}) "
             f"raft.state {life.state_file.saved}; driver {life.waiting_on()}"
         )
 
@@ -936,10 +970,16 @@ class DriverSim:
                 if arg.life is not None and self.faults:
                     self.crash(arg)
             case "restart":
-                if arg.life is None:
+                if arg.life is None and not arg.retired:
                     self._open(arg)
             case "heal":
                 self.net.heal()
+            case "member":
+                self.schedule(self.rng.randrange(30, 200), "member", None)
+                if self.faults:
+                    self._change_membership()
+            case "retire":
+                self._retire(arg)
             case _:
                 raise AssertionError(kind)
         self._settle()
@@ -965,6 +1005,17 @@ class DriverSim:
         self.loop.run_until_complete(settle())
 
     # --- nodes ---
+
+    def _new_node(self, i: int) -> SimNode:
+        root_i = self.root / f"n{i}"
+        root_i.mkdir(parents=True, exist_ok=True)
+        log_dir = root_i / "log"
+        dirs = {
+            log_dir / "data": self.data_segment_bytes,
+            log_dir / "index": self.index_segment_bytes,
+        }
+        node = self.nodes[i] = SimNode(i, root_i, PowerLossDisk(dirs))
+        return node
 
     def _open(self, node: SimNode) -> None:
         """Start a node from its directory, as RaftNode._open does (sync flush)."""
@@ -1138,12 +1189,12 @@ class DriverSim:
 
     def _inject_fault(self) -> None:
         rng = self.rng
-        ids = list(self.nodes)
+        ids = [i for i, n in self.nodes.items() if not n.retired]  # (retired: gone for good)
         victim = self.nodes[rng.choice(ids)]
         leader = self.leader()
         if leader is not None and rng.random() < 0.5:
             victim = leader.node
-        down = sum(1 for n in self.nodes.values() if n.life is None)
+        down = sum(1 for n in self.nodes.values() if n.life is None and not n.retired)
         may_crash = victim.life is not None and down < (len(ids) - 1) // 2
         fault = rng.randrange(11)
         match fault:
@@ -1159,7 +1210,7 @@ class DriverSim:
                     for node in self.nodes.values():
                         if node.life is not None:
                             self.crash(node)
-            case 4:
+            case 4 if len(ids) > 1:  # (a lone first voter has nobody to be cut from)
                 rng.shuffle(ids)
                 cut = rng.randrange(1, len(ids))
                 self._cut(ids[:cut], ids[cut:], both=True)
@@ -1179,11 +1230,67 @@ class DriverSim:
             case 8 | 9:
                 if leader is not None:
                     with contextlib.suppress(NotLeader):
-                        leader.core.transfer_leadership(rng.choice(ids))
+                        leader.core.transfer_leadership(rng.choice(leader.core.membership.voters))
                     leader.kick()
             case _:
                 pass  # a quiet spell
         self.stats[f"fault_{_FAULTS[fault]}"] += 1
+
+    # --- membership changes ---
+
+    def _change_membership(self) -> None:
+        """Ask the leader (now and then a follower) for a membership change; start the
+        node it adds; retire, now and then, a node whose removal it accepted."""
+        assert self.members is not None
+        rng = self.rng
+        life = self.leader()
+        if life is None or rng.random() < ASK_FOLLOWER_RATE:
+            up = [n.life for n in self.nodes.values() if n.life is not None]
+            if not up:
+                return
+            life = rng.choice(up)
+        core = life.core
+        change = self.members.choose(rng, core.membership, life.node.id)
+        if change is None:
+            return
+        self.stats["conf_asked"] += 1
+        voters = core.membership.voters
+        try:
+            core.propose_conf_change(change)
+        except NotLeader:
+            self.stats["conf_not_leader"] += 1
+            return
+        except MembershipError:
+            self.stats["conf_refused"] += 1
+            return
+        new = self.members.accepted(change, life.node.id, voters)
+        if new is not None:
+            node = self._new_node(new)
+            self._open(node)
+            self.schedule(rng.randrange(TICK_MS), "tick", node)
+            self.schedule(rng.randrange(50, 500), "checkpoint", node)
+        elif change.op is ChangeOp.REMOVE and rng.random() < RETIRE_RATE:
+            self.schedule(rng.randrange(50, 500), "retire", self.nodes[change.node_id])
+        life.kick()
+
+    def _retire(self, node: SimNode) -> None:
+        """Stop a removed node for good once its removal is committed (else later)."""
+        if node.retired or not self.faults:
+            return
+        if node.id not in self.checker.removed_at:
+            self.schedule(self.rng.randrange(50, 500), "retire", node)
+            return
+        self.stats["retired"] += 1
+        node.retired = True
+        life = node.life
+        if life is None:
+            return
+        life.dead = True
+        life.driver.stopped = True
+        life.task.cancel()
+        self.loop.run_until_complete(_reap(life.task))
+        life.store.close()
+        node.life = None
 
     def _cut(self, a: Sequence[int], b: Sequence[int], *, both: bool) -> None:
         links = [(x, y) for x in a for y in b]
@@ -1225,6 +1332,7 @@ class DriverSim:
             raise InvariantViolation(f"node {node_id} sent {m} before persisting (raft.state {hs})")
         if isinstance(m, AppendEntries) and m.entries:
             assert m.entries[0].index == m.prev_index + 1
+        self.checker.on_ack(m)
 
     def on_apply(self, life: Life, entries: Sequence[Entry]) -> None:
         durable = life.durable_last()
@@ -1253,7 +1361,7 @@ class DriverSim:
         life.last_index_checked = saved.commit
         # The core's commit may sit below raft.state's after a cut tail (it catches up):
         # the durable commit is checked at restart (_check_restart) instead.
-        node.view.hard_state = HardState(saved.term, saved.vote, 0)
+        node.view.hard_state = dataclasses.replace(saved, commit=0)
         self.checker.check_node(node.id, life.core, node.view)
 
     def _check_restart(self, node: SimNode, life: Life) -> None:
@@ -1292,15 +1400,17 @@ class DriverSim:
             if node.life is not None:
                 core = node.life.core
                 base = core.first_index - 1
+                entries = core.log_slice(base + 1, core.last_index + 1)
                 logs[node.id] = LogView(
-                    base, core.log_term(base), core.log_slice(base + 1, core.last_index + 1)
+                    base, core.log_term(base), entries, core.membership, core.conf_index
                 )
         self.checker.check_log_matching(logs)
 
-    def check_durability(self) -> None:
-        """Every entry applied anywhere is in every node's log (all are up now)."""
+    def check_durability(self, members: Sequence[SimNode] | None = None) -> None:
+        """Every entry applied anywhere is in every member's log (all are up now; without
+        `members`, every node is one)."""
         canon = self.checker.canon
-        for node in self.nodes.values():
+        for node in self.nodes.values() if members is None else members:
             assert node.life is not None
             core = node.life.core
             if core.last_index < len(canon):
@@ -1314,15 +1424,17 @@ class DriverSim:
 
     # --- convergence ---
 
-    def converge(self) -> None:
-        """Stop the faults, heal everything, restart every node: a leader must then
-        commit a new entry that every node applies within CONVERGE_MS."""
+    def converge(self) -> list[SimNode]:
+        """Stop the faults, heal everything, restart every node (but the retired): a
+        leader must then commit a new entry that every node (with membership changes:
+        every member of the final configuration) applies within CONVERGE_MS; those
+        nodes."""
         self.faults = self.clients = False  # only the marker is proposed
         self.net.heal()
         self.net.profile = NetProfile(0.0, 1, 5)
         for node in self.nodes.values():
             node.crash_in_fsync = False
-            if node.life is None:
+            if node.life is None and not node.retired:
                 self._open(node)
         self._settle()
         marker = b"converge-%d" % self.seed
@@ -1334,11 +1446,17 @@ class DriverSim:
                 pending = self._propose_marker(marker)
                 continue
             index, proposer, term = pending
-            lives = [n.life for n in self.nodes.values()]
-            if all(x is not None and x.core.applied >= index for x in lives):
+            members = (
+                list(self.nodes.values())
+                if self.members is None
+                else final_members(self.nodes, None if proposer.dead else proposer.core, term)
+            )
+            if members is not None and all(
+                n.life is not None and n.life.core.applied >= index for n in members
+            ):
                 if self.checker.canon[index - 1].data == marker:
                     self.stats["converged_ms"] = self.now - (deadline - CONVERGE_MS)
-                    return
+                    return members
                 pending = None  # lost to a leader change: propose again
             elif (
                 proposer.dead or proposer.core.term != term or proposer.core.role is not Role.LEADER
@@ -1389,6 +1507,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3000, help="events per seed before healing")
     ap.add_argument("--nodes", type=int, default=None, help="cluster size (3 or 5)")
     ap.add_argument("--write-buffer", type=int, choices=(0, 1), default=None)
+    ap.add_argument("--membership", action="store_true", help="with membership changes")
     ap.add_argument("--stats", action="store_true", help="print fault and event counts")
     ap.add_argument("-v", "--verbose", action="store_true", help="log the stores' warnings")
     args = ap.parse_args(argv)
@@ -1396,7 +1515,8 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     wb = None if args.write_buffer is None else bool(args.write_buffer)
     return run_seeds(
-        seeds, args.steps, lambda seed: DriverSim(seed, args.nodes, write_buffer=wb),
+        seeds, args.steps,
+        lambda seed: DriverSim(seed, args.nodes, write_buffer=wb, membership=args.membership),
         stats=args.stats,
     )  # fmt: skip
 

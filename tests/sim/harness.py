@@ -119,13 +119,14 @@ class Cluster:
     def live(self) -> list[int]:
         return [i for i in self.peers if self.nodes[i].core is not None]
 
-    def process_ready(self, i: int) -> bool:
-        """Persist, send (queue), apply and advance one Ready of node i."""
+    def process_ready(self, i: int, ready: Ready | None = None) -> bool:
+        """Persist, send (queue), apply and advance one Ready of node i (`ready`: one a
+        test already took from the core)."""
         node = self.nodes[i]
         core = self.core(i)
-        if not core.has_ready():
+        if ready is None and not core.has_ready():
             return False
-        rd = core.ready()
+        rd = core.ready() if ready is None else ready
         node.readies.append(rd)
         if rd.snapshot is not None:
             snap = rd.snapshot

@@ -7,6 +7,13 @@ the Ready contract against a FakeDisk, and failure reports that name the seed.
 Compaction: per seed none, lazy (now and then a random node drops part of its
 applied prefix) or eager (often, the whole applied prefix, preferably on the
 leader), so lagging, restarted and partitioned followers need snapshots.
+Membership (`membership=True`, tests/sim/membership.py): the run starts with 1,
+3 or 5 voters and, every 30-200 ms, asks the leader for a membership change;
+an added learner is a new, empty node joining the group; a node whose removal
+committed is stopped half the time (`retired`, never restarted), else it keeps
+running. At the end, the final configuration must have a leader and every live
+member must hold its committed log.
+
 Wiping a node's whole data dir is not simulated: a node that forgets its term,
 vote and acknowledged entries may break safety unless it is kept from voting
 until caught up, which the core does not model.
@@ -18,7 +25,6 @@ client and fault event per source plus the bounded in-flight messages.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import random
 import sys
@@ -29,9 +35,19 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from raft import Message, NotLeader, RaftCore, Ready, Role, Snapshot
+from raft.errors import MembershipError
+from raft.membership import ChangeOp
 from tests.sim.checkers import Checker, LogView
 from tests.sim.config import random_config
 from tests.sim.disk import FakeDisk
+from tests.sim.membership import (
+    ASK_FOLLOWER_RATE,
+    RETIRE_RATE,
+    MembershipEvents,
+    final_members,
+    initial_voters,
+    node_config,
+)
 from tests.sim.network import MAX_IN_FLIGHT, FakeNetwork, LinkProfile
 
 TICK_MS = 10
@@ -46,6 +62,7 @@ class SimNode:
     paused_until: int | None = None
     crash_on_persist: bool = False
     outstanding: Ready | None = None  # handed out by ready(), being persisted
+    retired: bool = False  # removed from the group and stopped for good
 
     @property
     def live(self) -> bool:
@@ -92,15 +109,17 @@ def run_seeds(
 
 
 class Simulation:
-    def __init__(self, seed: int, nodes: int | None = None) -> None:
+    def __init__(self, seed: int, nodes: int | None = None, *, membership: bool = False) -> None:
         self.seed = seed
         rng = self.rng = random.Random(seed)
-        self.config = random_config(rng, nodes, async_storage_writes=False)
+        if membership and nodes is None:
+            nodes = initial_voters(rng)
+        self.config = random_config(rng, nodes, async_storage_writes=False, membership=membership)
         self.sync_disk_rate = rng.choice((1.0, 0.7, 0.0))  # else the disk takes 1-5 ms
         self.compaction = rng.choice(("none", "lazy", "eager", "eager"))
         self.net = FakeNetwork(rng, LinkProfile.random(rng))
         self.nodes = {i: SimNode(i) for i in self.config.peers}
-        self.checker = Checker()
+        self.checker = Checker(self.config.peers)
         self.now = 0
         self.steps = 0
         self.faults = True
@@ -110,6 +129,7 @@ class Simulation:
         self._counter = 0
         self.trace: deque[tuple[int, str, object]] = deque(maxlen=40)
         self.stats: Counter[str] = Counter()
+        self.members = MembershipEvents(self.config.peers, self.stats) if membership else None
         for node in self.nodes.values():
             self._start(node)
             self._push(rng.randrange(TICK_MS), "tick", node.id)
@@ -118,6 +138,8 @@ class Simulation:
         self._push(rng.randrange(100, 400), "fault", None)
         if self.compaction != "none":
             self._push(rng.randrange(50, 200), "compact", None)
+        if self.members is not None:
+            self._push(rng.randrange(30, 200), "member", None)
 
     # --- running ---
 
@@ -129,6 +151,8 @@ class Simulation:
             self.check_logs()
             self.converge()
             self.check_logs()
+            self.stats["conf_committed"] += self.checker.confs_committed
+            self.stats["learnt_removal"] += len(self.checker.learnt_removal)
         except AssertionError as err:
             raise SimFailure(self.report(err, steps)) from err
 
@@ -136,11 +160,28 @@ class Simulation:
         tail = "\n".join(f"  t={t} {kind} {arg}" for t, kind, arg in self.trace)
         return (
             f"simulation seed {self.seed} failed at step {self.steps} (t={self.now} ms): {err}\n"
-            f"replay: .venv/bin/python -m tests.sim --seed {self.seed} --steps {steps}\n"
+            f"replay: .venv/bin/python -m tests.sim --seed {self.seed} --steps {steps}"
+            f"{' --membership' if self.members is not None else ''}\n"
             f"config: {self.config}\ncompaction: {self.compaction}, "
             f"sync disk rate {self.sync_disk_rate}\n"
-            f"network: {self.net.profile}\nlast events:\n{tail}"
+            f"network: {self.net.profile}\nnodes:\n{self._describe()}\nlast events:\n{tail}"
         )
+
+    def _describe(self) -> str:
+        lines = []
+        for n in self.nodes.values():
+            c = n.core
+            if c is None:
+                lines.append(f"  node {n.id}: {'retired' if n.retired else 'down'}")
+                continue
+            m = c.membership
+            lines.append(
+                f"  node {n.id}: {c.role.value} term {c.term} leader {c.leader_id} log "
+                f"[{c.first_index}, {c.last_index}] commit {c.commit_index} applied {c.applied} "
+                f"voters {m.voters} learners {m.learners} (entry {c.conf_index})"
+                f"{' paused' if n.paused_until is not None else ''}"
+            )
+        return "\n".join(lines)
 
     def step(self) -> None:
         t, _, kind, arg = heapq.heappop(self._heap)
@@ -166,7 +207,7 @@ class Simulation:
                     self._inject_fault()
             case "restart":
                 node = self.nodes[arg]  # type: ignore[index]
-                if node.core is None:
+                if node.core is None and not node.retired:
                     self._start(node)
             case "resume":
                 self.nodes[arg].paused_until = None  # type: ignore[index]
@@ -179,6 +220,12 @@ class Simulation:
                 self._push(self.now + self.rng.randrange(*((5, 60) if eager else (50, 400))),
                            "compact", None)  # fmt: skip
                 self._compact(eager)
+            case "member":
+                self._push(self.now + self.rng.randrange(30, 200), "member", None)
+                if self.faults:
+                    self._change_membership()
+            case "retire":
+                self._retire(self.nodes[arg])  # type: ignore[index]
             case _:
                 raise AssertionError(kind)
         for node in self.nodes.values():
@@ -195,7 +242,7 @@ class Simulation:
         for node in self.nodes.values():
             node.paused_until = None
             node.crash_on_persist = False
-            if node.core is None:
+            if node.core is None and not node.retired:
                 self._start(node)
         marker = b"converge-%d" % self.seed
         pending: tuple[int, int, int] | None = None  # (index, proposer, its term)
@@ -207,13 +254,34 @@ class Simulation:
                 continue
             index, proposer, term = pending
             core = self.nodes[proposer].core
-            if all(n.core is not None and n.core.applied >= index for n in self.nodes.values()):
+            members = self._final_members(core, term)
+            if members is not None and all(
+                n.core is not None and n.core.applied >= index for n in members
+            ):
                 if self.checker.canon[index - 1].data == marker:
+                    self._check_final(members)
                     return
                 pending = None  # the marker was lost to a leader change: propose again
             elif core is None or core.term != term or core.role is not Role.LEADER:
                 pending = None  # its leader was deposed; the marker may never commit
         raise AssertionError(f"no progress within {CONVERGE_STEPS} steps after healing")
+
+    def _final_members(self, core: RaftCore | None, term: int) -> list[SimNode] | None:
+        """The nodes that must apply the marker: every node, or with membership changes
+        the members of the final configuration, that of the marker's leader while it
+        leads as a voter of it (None: not yet, or never for this marker)."""
+        if self.members is None:
+            return list(self.nodes.values())
+        return final_members(self.nodes, core, term)
+
+    def _check_final(self, members: Sequence[SimNode]) -> None:
+        """Every live member's log holds the committed log (what was applied anywhere)."""
+        canon = self.checker.canon
+        for n in members:
+            assert n.core is not None
+            lo = max(n.core.first_index, 1)
+            if n.core.log_slice(lo, len(canon) + 1) != canon[lo - 1 :]:
+                raise AssertionError(f"member {n.id} does not hold the committed log")
 
     def _propose_marker(self, marker: bytes) -> tuple[int, int, int] | None:
         for node in self.nodes.values():
@@ -233,7 +301,9 @@ class Simulation:
             if core is not None:
                 base = core.first_index - 1
                 entries = core.log_slice(base + 1, core.last_index + 1)
-                logs[n.id] = LogView(base, core.log_term(base), entries)
+                logs[n.id] = LogView(
+                    base, core.log_term(base), entries, core.membership, core.conf_index
+                )
             st = n.disk.storage  # durable logs must match too
             base = st.first_index() - 1
             logs[-n.id] = LogView(base, st.term(base), st.all_entries())
@@ -303,7 +373,8 @@ class Simulation:
     # --- the driver: the Ready contract against the fake disk ---
 
     def _start(self, node: SimNode) -> None:
-        cfg = dataclasses.replace(self.config, id=node.id)
+        joining = self.members.join_peers.get(node.id) if self.members is not None else None
+        cfg = node_config(self.config, node.id, joining)
         rng = random.Random(self.rng.randrange(1 << 32))
         node.core = RaftCore(cfg, node.disk.storage, node.disk.hard_state, rng=rng)
         node.paused_until = None
@@ -368,6 +439,56 @@ class Simulation:
         node.outstanding = None
         core.advance(rd)
 
+    # --- membership changes ---
+
+    def _change_membership(self) -> None:
+        """Ask the leader (now and then a follower) for a membership change; start the
+        node it adds; retire, now and then, a node whose removal it accepted."""
+        assert self.members is not None
+        rng = self.rng
+        live = [n for n in self.nodes.values() if n.live]
+        leader = next((n for n in live if n.core is not None and n.core.role is Role.LEADER), None)
+        if leader is None or rng.random() < ASK_FOLLOWER_RATE:
+            if not live:
+                return
+            leader = rng.choice(live)
+        core = leader.core
+        assert core is not None
+        change = self.members.choose(rng, core.membership, leader.id)
+        if change is None:
+            return
+        self.stats["conf_asked"] += 1
+        voters = core.membership.voters
+        try:
+            core.propose_conf_change(change)
+        except NotLeader:
+            self.stats["conf_not_leader"] += 1
+            return
+        except MembershipError:
+            self.stats["conf_refused"] += 1
+            return
+        new = self.members.accepted(change, leader.id, voters)
+        if new is not None:
+            node = self.nodes[new] = SimNode(new)
+            self._start(node)
+            self._push(self.now + rng.randrange(TICK_MS), "tick", new)
+        elif change.op is ChangeOp.REMOVE and rng.random() < RETIRE_RATE:
+            self._push(self.now + rng.randrange(50, 500), "retire", change.node_id)
+        self._drive(leader)
+
+    def _retire(self, node: SimNode) -> None:
+        """Stop a removed node for good once its removal is committed (else later)."""
+        if node.retired or not self.faults:
+            return
+        if node.id not in self.checker.removed_at:
+            self._push(self.now + self.rng.randrange(50, 500), "retire", node.id)
+            return
+        self.stats["retired"] += 1
+        node.retired = True
+        node.core = None
+        node.outstanding = None
+        node.paused_until = None
+
     def _compact(self, eager: bool) -> None:
         """Retention on one node (eagerly, the leader half the time): drop part of
         its applied prefix, or all of it. Runs whenever, even with a write of the
@@ -390,7 +511,7 @@ class Simulation:
 
     def _inject_fault(self) -> None:
         rng = self.rng
-        ids = list(self.nodes)
+        ids = [i for i, n in self.nodes.items() if not n.retired]  # (retired: gone for good)
         victim = self.nodes[rng.choice(ids)]
         leader = next(
             (n for n in self.nodes.values() if n.core is not None and n.core.role is Role.LEADER),
@@ -410,7 +531,7 @@ class Simulation:
                 if victim.live:
                     victim.paused_until = self.now + rng.randrange(20, 600)
                     self._push(victim.paused_until, "resume", victim.id)
-            case 3:
+            case 3 if len(ids) > 1:  # (a lone first voter has nobody to be cut from)
                 rng.shuffle(ids)
                 cut = rng.randrange(1, len(ids))
                 self.net.partition([ids[:cut], ids[cut:]])
@@ -428,7 +549,7 @@ class Simulation:
             case 6:
                 if leader is not None and leader.live:
                     assert leader.core is not None
-                    leader.core.transfer_leadership(rng.choice(ids))
+                    leader.core.transfer_leadership(rng.choice(leader.core.membership.voters))
                     self._drive(leader)
             case _:
                 pass  # a quiet period
