@@ -20,7 +20,7 @@ replication overlaps its own fsync.
 
 Invariants:
 - a snapshot's restore comes after the hard state of its Ready is durable (its
-  membership, term and vote; the commit as far as the log before the restore);
+  membership, term and vote; the commit as it was recorded before);
 - no message leaves before the hard state it depends on is durable (a changed
   term or vote is saved and fsynced before anything of its Ready is sent);
 - in sync flush mode the commit index saved with a changed term or vote covers
@@ -87,6 +87,11 @@ class Flusher(Protocol):
 
 
 class HardStateFile(Protocol):
+    @property
+    def saved(self) -> HardState:
+        """What the file holds now."""
+        ...
+
     def needs_sync(self, hs: HardState) -> bool: ...
 
 
@@ -153,10 +158,10 @@ class ReadyDriver:
             if hs is not None and self._state_file.needs_sync(hs):
                 # The snapshot's membership (and term, vote) first: a crash after the
                 # restore must not restart in a configuration older than the committed
-                # one. Its commit covers only the log as it is until the restore is done.
-                await self._save_hard_state(
-                    dataclasses.replace(hs, commit=min(hs.commit, self._durable_index))
-                )
+                # one. The commit stays what was recorded: until the restore is done the
+                # log is the old one, whose entries beyond it may never have committed.
+                commit = self._state_file.saved.commit
+                await self._save_hard_state(dataclasses.replace(hs, commit=commit))
             await self._restore(rd.snapshot)
             self._durable_index = rd.snapshot.index
         if rd.entries:

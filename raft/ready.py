@@ -16,8 +16,8 @@ class Ready:
     0. if `snapshot` is not None (only on a follower that was behind its
        leader's first retained entry): first make `hard_state` durable (it
        carries the snapshot's membership: a crash after the restore must not
-       find the older one; save its commit no higher than the log before the
-       restore), then call
+       find the older one; keep the commit index recorded before, since the
+       old log may hold entries that never committed), then call
        `storage.restore(snapshot.index, snapshot.term, snapshot.data)`, which
        empties the log so that it restarts after `snapshot.index`, and reset
        the application state to "everything up to `snapshot.index` applied"

@@ -16,21 +16,19 @@ command (`python -m tests.sim --membership`, `python -m tests.sim.driver_sim
 
 The seeds found two election stalls of the core and a crash between a snapshot's
 restore and its hard state that lost the membership; all three are fixed and kept
-here as scenarios. The fix of the last saves, before the restore, a commit index
-that may cover the old log's uncommitted entries: pinned as strict xfails
-(`test_known_bug_*`). The checkers are shown to catch what they
-look for: the core with a fault put in (a leader that counts learners, a
-restart that forgets the committed configuration) fails its seed with that
-invariant's message.
+here as scenarios. The first fix of the last saved, before the restore, a commit
+index that could cover the old log's uncommitted entries (seed 1110): fixed too,
+kept as tests. The checkers are shown to catch what they look for: the core
+with a fault put in (a leader that counts learners, a restart that forgets the
+committed configuration) fails its seed with that invariant's message.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import cast
 
 import pytest
@@ -58,20 +56,6 @@ from tests.test_raft_membership import add, grow, led, promote, remove
 
 CORE_SEEDS, CORE_STEPS, CORE_CHUNK = 120, 2500, 20
 DRIVER_SEEDS, DRIVER_STEPS, DRIVER_CHUNK = 40, 3000, 5
-
-
-class KnownBug(AssertionError):
-    """The failure an xfail test pins happened (any other failure fails that test)."""
-
-
-def _fails_with(pattern: str, run: Callable[[], None]) -> None:
-    """Run `run()`; KnownBug if it fails with a message matching `pattern`."""
-    try:
-        run()
-    except SimFailure as err:
-        if re.search(pattern, str(err)):
-            raise KnownBug(str(err).split("\n")[0]) from err
-        raise
 
 
 def _totals(sims: list[Simulation] | list[DriverSim]) -> Counter[str]:
@@ -386,24 +370,18 @@ class _Storage:
 
 
 class _StateFile:
+    def __init__(self, saved: HardState) -> None:
+        self.saved = saved
+
     def needs_sync(self, hs: HardState) -> bool:
         return True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=KnownBug,
-    reason="driver bug (raft/driver.py ReadyDriver.handle, the contract in raft/ready.py): "
-    "the hard state saved before a snapshot's restore carries commit "
-    "min(snapshot commit, _durable_index), the last durable index of the log BEFORE the "
-    "restore; that log may hold uncommitted entries of an old term up to there (the reason "
-    "it needs a snapshot), so a crash before the restore completes restarts the node "
-    "applying them as committed (core simulation seed 1110, without membership changes: "
-    "'node 2 applied Entry(23, term 2) but Entry(23, term 3, NOOP) was committed'). The "
-    "commit saved before the restore must stay at what this node knew committed before "
-    "the Ready (e.g. the state file's saved commit).",
-)
-def test_known_bug_the_hard_state_before_a_restore_commits_a_diverged_log() -> None:
+def test_the_hard_state_before_a_restore_never_commits_the_old_log() -> None:
+    """The driver saves a snapshot's hard state before the restore (its membership) with
+    the commit it recorded before: the old log may hold entries of an old term that
+    never committed (the reason it needs a snapshot). It once saved the commit as high
+    as that log (core simulation seed 1110: a node applied such an entry)."""
     c = Cluster(3)
     c.campaign(1)
     c.propose(1, b"kept")
@@ -437,26 +415,17 @@ def test_known_bug_the_hard_state_before_a_restore_commits_a_diverged_log() -> N
 
     async def restore(snap: object) -> None:
         # The crash comes here: raft.state holds the first save, the log is the old one.
+        assert saved and saved[0].conf == rd.hard_state.conf  # type: ignore[union-attr]
         commit = saved[0].commit
         old = node.storage.all_entries()[: commit - node.storage.first_index() + 1]
-        if commit > before and old[-1] != committed[commit - 1]:
-            raise KnownBug(f"raft.state's commit {commit} (was {before}) covers entries of "
-                           f"the old log that were never committed: {old[-1]}")  # fmt: skip
+        assert commit == before and old[-1] == committed[commit - 1], (commit, before, old[-1])
 
-    driver = ReadyDriver(c.core(1), _Storage(node.storage), _StateFile(),
+    driver = ReadyDriver(c.core(1), _Storage(node.storage), _StateFile(node.hard_state),
                          send=lambda ms: None, apply=lambda es: None,
                          save_hard_state=save, restore=restore)  # fmt: skip
     asyncio.run(driver.handle(rd))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=KnownBug,
-    reason="driver bug: core simulation seed 1110 (no membership changes; its fake disk "
-    "saves a snapshot's hard state as raft/ready.py says, with the commit as high as the "
-    "log before the restore); see "
-    "test_known_bug_the_hard_state_before_a_restore_commits_a_diverged_log",
-)
-def test_known_bug_seed_of_a_hard_state_that_commits_a_diverged_log() -> None:
-    _fails_with(r"applied Entry\(.*\) but Entry\(.*\) was committed",
-                lambda: Simulation(1110).run(3000))  # fmt: skip
+def test_seed_of_a_hard_state_that_committed_a_diverged_log() -> None:
+    """Core simulation seed 1110 (no membership changes) found the bug above."""
+    Simulation(1110).run(3000)

@@ -63,10 +63,10 @@ class FakeDisk:
         self._check()
 
     def _save_before_restore(self, hard_state: HardState | None) -> None:
-        """The snapshot's hard state (its membership) before the restore, its commit no
-        higher than the log as it is until the restore is done."""
+        """The snapshot's hard state (its membership) before the restore, its commit the
+        one recorded before (raft/ready.py: the old log may hold uncommitted entries)."""
         if hard_state is not None:
-            commit = min(hard_state.commit, self.storage.last_index())
+            commit = self.hard_state.commit
             self.hard_state = dataclasses.replace(hard_state, commit=commit)
 
     def compact(self, index: int) -> None:
