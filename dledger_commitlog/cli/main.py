@@ -103,7 +103,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="node TOML file (see config.py)")
     p.add_argument("--peer", action="append", metavar="ID=RAFT/CLIENT", help="repeatable")
     for f in dataclasses.fields(NodeConfig):
-        if f.name in ("peers", "cluster", "tls_ca"):  # --peer; --cluster-name; --tls-ca
+        # --peer; --cluster-name; --tls-ca; routes: in the config file only
+        if f.name in ("peers", "cluster", "tls_ca", "routes"):
             continue
         opt = "--" + f.name.replace("_", "-")
         if str(f.type) == "bool":
