@@ -10,9 +10,11 @@ The scenarios (registered with `scenarios.scenario`):
   removed and a new node, under a new id and with an empty directory, added
   (docs/operations.md, "replace a dead node");
 - `partition-joiner`: the node being added is cut off both ways while a learner
-  catching up, and its promotion asked while cut off: the leader must refuse it or
-  wait, and the group must keep acknowledging puts; then heal, promote, and remove a
-  follower to get back to the voters of the start.
+  catching up (then its promotion is asked), or while its promotion is being asked:
+  the leader must refuse it or wait (or, were it within the lag bound when asked,
+  accept it: a quorum of the others still serves), and the group must keep
+  acknowledging puts; then heal, promote, and remove a follower to get back to the
+  voters of the start.
 
 Every change goes through the client's member_* calls, as an operator's would, and
 is driven to a *state* of the leader's member list (`_drive`): a change whose
@@ -278,11 +280,15 @@ def partition_joiner(n: Nemesis) -> None:
         spec = start_joiner(n)
         add_learner(n, spec)
         n.pause_for(0.0, 0.8)  # part of the way
-        isolate(n.net, spec.id, n.nodes)
-        n.fault("isolate", f"joining n{spec.id} cut off both ways while a learner")
-        n.pause_for(0.3, 1.0)
-        asked = n.fault("promote-cut-off", f"promotion of n{spec.id} asked while cut off")
+        cut_first = n.rng.random() < 0.5  # else cut while the promotion is being asked
+        if cut_first:
+            _isolate(n, spec.id, "while a learner catching up")
+            n.pause_for(0.3, 1.0)
+        asked = n.fault("promote-cut-off", f"promotion of n{spec.id} asked")
         join = _background(n, partial(_promote_cut_off, n, spec.id), f"promotion of n{spec.id}")
+        if not cut_first:
+            n.stop_event.wait(n.rng.uniform(0.0, 0.05))
+            _isolate(n, spec.id, "while its promotion is asked")
         n.wait_put_acked_after(asked, 5.0, f"the promotion of cut-off n{spec.id} was asked")
         join()
         n.wait_put_acked_after(n.history.now(), 5.0, f"cut-off n{spec.id}'s promotion answered")
@@ -298,6 +304,11 @@ def partition_joiner(n: Nemesis) -> None:
         n.pause_for(0.3, 1.0)
 
 
+def _isolate(n: Nemesis, node: int, when: str) -> None:
+    isolate(n.net, node, n.nodes)
+    n.fault("isolate", f"joining n{node} cut off both ways {when}")
+
+
 def _promote_cut_off(n: Nemesis, node: int) -> None:
     """One promotion of a cut-off learner: refused, waited out, or (were it within the
     lag bound when cut) accepted. Recorded; the group must serve meanwhile."""
@@ -309,5 +320,5 @@ def _promote_cut_off(n: Nemesis, node: int) -> None:
         except ClientError as exc:
             n.fault("promotion-unknown", f"n{node}: {type(exc).__name__}: {exc.message}")
         else:
-            n.fault("promotion-accepted", f"n{node} a voter while cut off (entry "
-                    f"{change.config_index}): it was within the lag bound")  # fmt: skip
+            n.fault("promotion-accepted", f"n{node} a voter (entry {change.config_index}): "
+                    "it was within the lag bound when asked")  # fmt: skip

@@ -120,3 +120,11 @@ def test_a_cluster_that_never_comes_up_is_a_reported_harness_failure(tmp_path: P
     assert not report.valid
     assert any("no ready cluster after 0.01s" in line for line in errors), errors
     assert report.verdict.acked == 0
+
+
+def test_membership_scenarios_get_spare_ids_and_need_the_proxy_network() -> None:
+    assert ChaosConfig("grow-shrink").spare_ids == (4, 5, 6, 7, 8, 9)
+    assert ChaosConfig("grow-shrink", nodes=5).spare_ids[0] == 6
+    assert ChaosConfig("leader-kill").spare_ids == ()  # the other runs are as they were
+    with pytest.raises(ValueError, match="grow-shrink adds nodes: it runs on the toxiproxy"):
+        ChaosConfig("grow-shrink", network="netns").validate()
