@@ -30,7 +30,8 @@ The TOML layout (every key optional but `node_id`, `data_dir` and `peers`):
     acl_file = "acl.toml"                # clients sign calls (see acl.py)
     insecure = false                     # allow a non-loopback address without TLS + ACL
 
-A peer given on the command line is `ID=RAFT_HOST:PORT/CLIENT_HOST:PORT`.
+A peer given on the command line is `ID=RAFT_HOST:PORT/CLIENT_HOST:PORT`, a route
+`ID=RAFT_HOST:PORT`.
 """
 
 from __future__ import annotations
@@ -260,6 +261,14 @@ def parse_peer(text: str) -> Peer:
     if not sep or not sep2 or not ident.strip().isdigit():
         raise ConfigError(f"peer {text!r} is not ID=RAFT_HOST:PORT/CLIENT_HOST:PORT")
     return Peer(int(ident), raft.strip(), client.strip())
+
+
+def parse_route(text: str) -> Route:
+    """`ID=RAFT_HOST:PORT`."""
+    ident, sep, raft = text.partition("=")
+    if not sep or not ident.strip().isdigit():
+        raise ConfigError(f"route {text!r} is not ID=RAFT_HOST:PORT")
+    return Route(int(ident), raft.strip())
 
 
 _SECTIONS = {
