@@ -9,7 +9,9 @@ every node, and the leaders the monitor observed, `check` finds:
 - duplicates: a UNIQ_KEY stored more than once on a replica (an unknown put that
   was retried counts as long as it landed once);
 - failed_present: a put that definitely failed but appears;
-- divergent: replicas whose committed bytes differ over their common prefix;
+- divergent: replicas whose committed bytes differ over their common prefix, and
+  a removed node's committed log (which stops at its removal) that is not a prefix
+  of the final one;
 - store_problems: consume queues, index or log that do not match a rebuild;
 - leader_conflicts: two nodes that were leader in the same term;
 - stale_reads: a read that returned data the final log does not hold at that offset
@@ -101,6 +103,7 @@ class Verdict:
     leader_conflicts: dict[str, list[int]] = field(default_factory=dict)
     stale_reads: list[str] = field(default_factory=list)
     reads_lost_in_window: int = 0
+    removed_checked: int = 0  # removed nodes whose committed log was a prefix of the final
 
     @property
     def valid(self) -> bool:
@@ -139,8 +142,13 @@ def check(
     store_problems: Mapping[int, Sequence[str]] | None = None,
     leaders: Iterable[LeaderSeen] = (),
     loss_windows: Sequence[tuple[float, float]] = (),
+    removed: Sequence[Replica] = (),
 ) -> Verdict:
     """Check the history against the replicas (see the module doc).
+
+    `replicas` are the group's members at the end; `removed`, the committed logs of
+    nodes that left the group (read from their stores; not a wiped node's): each must
+    be a prefix of the final log, and nothing else is asked of them.
 
     `loss_windows`, (start, end) in history time: an acknowledged put whose
     acknowledgement falls in one may be lost (async flush's documented power-loss
@@ -158,6 +166,7 @@ def check(
     for r in replicas:
         _check_replica(v, r, puts, loss_windows)
     _check_prefixes(v, replicas)
+    _check_removed(v, replicas, removed)
     if replicas:
         _check_reads(v, replicas, reads)
     v.store_problems = {str(n): list(p) for n, p in (store_problems or {}).items() if p}
@@ -208,6 +217,20 @@ def _check_prefixes(v: Verdict, replicas: Sequence[Replica]) -> None:
                 f"n{r.node} holds {len(r.raw)} committed bytes, n{shortest.node} "
                 f"{len(shortest.raw)} (not converged)"
             )
+
+
+def _check_removed(v: Verdict, replicas: Sequence[Replica], removed: Sequence[Replica]) -> None:
+    if not replicas:
+        return
+    final = max(replicas, key=lambda r: len(r.raw))
+    for r in removed:
+        if final.raw.startswith(r.raw):
+            v.removed_checked += 1
+            continue
+        common = enumerate(zip(r.raw, final.raw, strict=False))
+        at = next((i for i, (a, b) in common if a != b), len(final.raw))
+        v.divergent.append(f"removed n{r.node}'s committed log ({len(r.raw)} bytes) is no "
+                           f"prefix of n{final.node}'s: they differ at byte {at}")  # fmt: skip
 
 
 def _check_reads(v: Verdict, replicas: Sequence[Replica], reads: list[Operation]) -> None:

@@ -9,6 +9,10 @@ direction can fail alone). Scenarios use only this interface.
 with the `toxiproxy-python` client: node i dials proxy `n{i}_to_n{j}`, which
 forwards to node j's Raft port. With `TOXIPROXY_URL` set it uses that Toxiproxy
 2.x server; otherwise it starts our fault proxy (`chaos.proxy`) in a thread.
+Nodes a run adds later (membership scenarios) are `spares`: their proxies, to and
+from every other node, exist from the start (so every node's config can name its
+link to them: node configs are written once), forwarding to an address nobody
+listens on until `join(node, raft)` points them at the node's Raft port.
 Invariants: `links()` is fixed at construction (the cluster's configs name those
 addresses); `heal()` leaves every link enabled and free of toxics; `close()`
 removes every proxy it created and stops the server it started.
@@ -25,6 +29,7 @@ from typing import Any, Protocol
 from chaos.proxy.serve import FaultProxyThread, start_in_thread
 
 Link = tuple[int, int]
+NOWHERE = "127.0.0.1:1"  # a spare's upstream until it joins: connections are refused
 
 
 class Network(Protocol):
@@ -81,6 +86,7 @@ class ToxiproxyNetwork:
         raft_addresses: Mapping[int, str],
         url: str | None = None,
         prefix: str = "dledger",
+        spares: Iterable[int] = (),
     ) -> None:
         from toxiproxy import Toxiproxy  # imported here: only chaos runs need it
 
@@ -98,9 +104,10 @@ class ToxiproxyNetwork:
         self._proxies: dict[Link, Any] = {}
         self._cut: set[Link] = set()
         self._slow: set[Link] = set()
+        upstreams = {**{i: NOWHERE for i in spares}, **raft_addresses}
         try:
-            for src in raft_addresses:
-                for dst, upstream in raft_addresses.items():
+            for src in upstreams:
+                for dst, upstream in upstreams.items():
                     if src != dst:
                         name = f"{prefix}_n{src}_to_n{dst}"
                         existing = self._api.get_proxy(name)
@@ -116,6 +123,16 @@ class ToxiproxyNetwork:
 
     def links(self) -> dict[Link, str]:
         return dict(self._links)
+
+    def join(self, node: int, raft: str) -> None:
+        """Spare `node` runs at `raft`: the links to it forward there from now on."""
+        from toxiproxy.api import APIConsumer
+
+        with self._lock:
+            for (_, dst), proxy in sorted(self._proxies.items()):
+                if dst == node and proxy.upstream != raft:
+                    APIConsumer.post(f"/proxies/{proxy.name}", json={"upstream": raft})
+                    proxy.upstream = raft
 
     def cut(self, src: int, dst: int) -> None:
         with self._lock:

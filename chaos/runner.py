@@ -11,6 +11,11 @@
 4. stops the clients, waits until every replica holds the same committed log,
    reads every replica's committed messages, stops the cluster and verifies each
    store offline against a rebuild (`verify_store`);
+   in membership scenarios (chaos/membership.py) the replicas are the members at
+   the end; a removed node's committed log is read offline (it must be a prefix of
+   the final one) and its store verified unless it was removed while killed (a
+   crashed store's queues run ahead of its checkpoint until a restart reconciles
+   them); a wiped node's data is gone and left out;
 5. checks the history against all of it (`checker.check`) and reports.
 Invariants: every process and proxy it starts is stopped before it returns or
 raises; the run directory is kept when the run is not valid (or `keep`), with
@@ -33,12 +38,15 @@ from typing import Any
 
 from chaos.checker import LeaderSeen, Replica, Verdict, check, timings
 from chaos.history import History
+from chaos.membership import MEMBER_SCENARIOS, SPARE_NODES
 from chaos.network import Network, ToxiproxyNetwork
 from chaos.scenarios import ASYNC_SCENARIOS, SCENARIOS, Nemesis, ScenarioError
 from chaos.workload import Workload
-from dledger_commitlog.cli.launcher import LocalCluster, converged
+from dledger_commitlog.cli.launcher import LocalCluster, NodeSpec, converged
 from dledger_commitlog.client import Client, ClientError
-from dledger_commitlog.log.verify import verify_store
+from dledger_commitlog.log.entry_reads import entries_from
+from dledger_commitlog.log.reads import VerifiedRanges, log_view
+from dledger_commitlog.log.verify import open_log, read_layout, verify_store
 from dledger_commitlog.node.config import SMALL_SEGMENTS
 from store.entry_format import HEADER_SIZE
 
@@ -71,6 +79,14 @@ class ChaosConfig:
             raise ValueError("need duration > 0, clients >= 1 and 0 <= read ratio < 1")
         if self.network not in ("toxiproxy", "netns"):
             raise ValueError(f"network must be 'toxiproxy' or 'netns', not {self.network!r}")
+        if self.network == "netns" and self.scenario in MEMBER_SCENARIOS:
+            raise ValueError(f"{self.scenario} adds nodes: it runs on the toxiproxy network")
+
+    @property
+    def spare_ids(self) -> tuple[int, ...]:
+        """The ids a membership scenario may add (links made for each at the start)."""
+        spares = SPARE_NODES if self.scenario in MEMBER_SCENARIOS else 0
+        return tuple(range(self.nodes + 1, self.nodes + 1 + spares))
 
 
 @dataclass(slots=True)
@@ -108,6 +124,7 @@ class ChaosReport:
             "unknown_present": v.unknown_present,
             "divergent": len(v.divergent),
             "stale_reads": len(v.stale_reads),
+            "removed_checked": v.removed_checked,
             "leader_conflicts": v.leader_conflicts,
             "store_problems": v.store_problems,
             "problems": v.problems(),
@@ -177,7 +194,7 @@ class Monitor:
     """Polls every node's status; records who claimed leadership in which term."""
 
     def __init__(self, servers: dict[int, str], cluster: str, interval_s: float = 0.1) -> None:
-        self.servers = servers
+        self.servers = dict(servers)  # every node that ever joined (add: a new dict)
         self.interval_s = interval_s
         self.seen: list[LeaderSeen] = []
         self._client = Client(list(servers.values()), cluster=cluster)
@@ -189,6 +206,9 @@ class Monitor:
         self._started = history.started
         self._thread.start()
         return self
+
+    def add(self, node: int, address: str) -> None:
+        self.servers = {**self.servers, node: address}
 
     def _run(self) -> None:
         last: dict[int, int] = {}
@@ -234,7 +254,7 @@ def make_network(cfg: ChaosConfig, cluster_dir: Path) -> tuple[LocalCluster, Net
     cluster = LocalCluster(
         cluster_dir, cfg.nodes, flush_mode=flush_mode, env=env, extra_config=settings
     )
-    proxies = ToxiproxyNetwork({s.id: s.raft for s in cluster})
+    proxies = ToxiproxyNetwork({s.id: s.raft for s in cluster}, spares=cfg.spare_ids)
     cluster.set_links(proxies.links())
     return cluster, proxies
 
@@ -275,6 +295,7 @@ def run(cfg: ChaosConfig, log: Log = lambda _: None) -> ChaosReport:
                         read_ratio=cfg.read_ratio, cluster=cluster.cluster)  # fmt: skip
     nemesis: Nemesis | None = None
     replicas: list[Replica] = []
+    removed: list[Replica] = []
     problems: dict[int, list[str]] = {}
     try:
         log(f"starting {cfg.nodes} nodes in {root} ({net.name} links)")
@@ -284,7 +305,9 @@ def run(cfg: ChaosConfig, log: Log = lambda _: None) -> ChaosReport:
         _wait(lambda: workload.acked_count() > 0, cfg.settle_s, "a first acknowledged put")
         nemesis = Nemesis(cluster, net, history, random.Random(cfg.seed),
                           time.monotonic() + cfg.duration_s, settle_s=cfg.settle_s,
-                          max_leader_faults=cfg.max_leader_faults)  # fmt: skip
+                          max_leader_faults=cfg.max_leader_faults, spare_ids=cfg.spare_ids,
+                          on_join=lambda spec: _joined(spec, monitor, workload),
+                          on_leave=lambda spec: workload.remove_server(spec.client))  # fmt: skip
         log(f"running {cfg.scenario} for {cfg.duration_s:g} s (seed {cfg.seed})")
         try:
             SCENARIOS[cfg.scenario][0](nemesis)
@@ -300,13 +323,18 @@ def run(cfg: ChaosConfig, log: Log = lambda _: None) -> ChaosReport:
         _wait(lambda: nemesis_converged(nemesis, cluster), cfg.settle_s,
               "every replica to hold the same committed log")  # fmt: skip
         replicas = [
-            Replica.from_raw(i, read_replica(a, cluster.cluster)) for i, a in servers.items()
+            Replica.from_raw(s.id, read_replica(s.client, cluster.cluster)) for s in cluster
         ]
         monitor.stop()
         cluster.down()
         log("verifying every store against a rebuild")
-        for spec in cluster:
+        kept = [s for s in cluster.retired.values() if s.id not in nemesis.wiped]
+        # A store killed and never restarted has queues ahead of its checkpoint (a
+        # restart would reconcile them): only its committed log is read.
+        clean = [s for s in kept if s.id not in nemesis.crashed]
+        for spec in [*cluster, *clean]:
             problems[spec.id] = list(verify_store(spec.data_dir).problems)
+        removed = [Replica.from_raw(s.id, read_stopped_replica(s.data_dir)) for s in kept]
     except (TimeoutError, RuntimeError, ClientError) as exc:
         harness.append(f"{type(exc).__name__}: {exc}")
     finally:
@@ -315,7 +343,7 @@ def run(cfg: ChaosConfig, log: Log = lambda _: None) -> ChaosReport:
         cluster.down()
         net.close()
     verdict = check(history, replicas, problems, monitor.seen,
-                    nemesis.loss_windows if nemesis else ())  # fmt: skip
+                    nemesis.loss_windows if nemesis else (), removed)  # fmt: skip
     if not replicas and not harness:
         harness.append("no replica was read")
     faults = [f"{e.time:7.2f}s {e.f}: {e.detail}".rstrip(": ") for e in history.faults()]
@@ -329,6 +357,31 @@ def run(cfg: ChaosConfig, log: Log = lambda _: None) -> ChaosReport:
         shutil.rmtree(root, ignore_errors=True)
         report.directory = ""
     return report
+
+
+def read_stopped_replica(data_dir: str | Path) -> bytes:
+    """Every committed message in a stopped node's store, as ReadRange would serve them
+    (a removed node serves no reads)."""
+    root = Path(data_dir)
+    store, committed = open_log(root, read_layout(root))
+    try:
+        view, verified = log_view(committed), VerifiedRanges()
+        out = bytearray()
+        pos = view.min_pos
+        while pos < view.committed:
+            bodies, end = entries_from(view, verified, pos, 4096, 8 << 20)
+            if end <= pos:
+                raise RuntimeError(f"{root}: reading the log from {pos} made no progress")
+            out += b"".join(bodies)
+            pos = end
+        return bytes(out)
+    finally:
+        store.close()
+
+
+def _joined(spec: NodeSpec, monitor: Monitor, workload: Workload) -> None:
+    monitor.add(spec.id, spec.client)
+    workload.add_server(spec.client)
 
 
 def nemesis_converged(nemesis: Nemesis, cluster: LocalCluster) -> bool:

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos.history import History
+from chaos.history import OK, History
 from chaos.network import Network, isolate, partition
-from dledger_commitlog.cli.launcher import LocalCluster, answered
+from dledger_commitlog.cli.launcher import LocalCluster, NodeSpec, answered
 from dledger_commitlog.client import NodeStatus
 
 
@@ -46,6 +46,15 @@ class Nemesis:
     settle_s: float = 30.0  # how long a node may take to come back and catch up
     max_leader_faults: int | None = None  # stop the schedule after this many
     exits: list[str] = field(default_factory=list)  # nodes that stopped on their own
+    # Membership scenarios (chaos/membership.py): the ids the run may add (their links
+    # exist from the start), whom the runner tells of a node that joins or leaves (the
+    # monitor, the clients), the nodes whose data directory was deleted, and the
+    # nodes removed while killed (their store was never reconciled by a restart).
+    spare_ids: tuple[int, ...] = ()
+    on_join: Callable[[NodeSpec], None] = lambda spec: None
+    on_leave: Callable[[NodeSpec], None] = lambda spec: None
+    wiped: set[int] = field(default_factory=set)
+    crashed: set[int] = field(default_factory=set)
 
     @property
     def nodes(self) -> list[int]:
@@ -113,11 +122,24 @@ class Nemesis:
                 raise ScenarioError(f"nodes {ids} did not reach index {goal} in {self.settle_s}s")
             time.sleep(0.05)
 
+    def wait_put_acked_after(self, at: float, timeout_s: float, why: str) -> float:
+        """Until a put invoked at or after history time `at` is acknowledged (the group
+        serves); its acknowledgement's time. ScenarioError after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            done = [o.end for o in self.history.operations("put") if o.type == OK and o.start >= at]
+            if done:
+                return min(done)
+            if time.monotonic() >= deadline:
+                raise ScenarioError(f"no put invoked after {at:.2f}s was acknowledged within "
+                                    f"{timeout_s:g}s: {why}")  # fmt: skip
+            time.sleep(0.05)
+
     # -------------------------------------------------------------- process faults
 
-    def kill(self, node: int, leader: bool = False) -> None:
+    def kill(self, node: int, leader: bool = False, why: str = "") -> None:
         self.cluster.kill(node, signal.SIGKILL)
-        self.fault("kill", f"kill -9 n{node}", leader)
+        self.fault("kill", f"kill -9 n{node}" + (f" {why}" if why else ""), leader)
         self.stopped.add(node)
         self.paused.discard(node)
 
@@ -360,3 +382,8 @@ def corrupt_tail(n: Nemesis) -> None:
         n.fault("flip-byte", f"n{node}: {hit}")
         n.start(node)
         n.wait_caught_up()
+
+
+# The membership scenarios register themselves with `scenario` (a module of their own:
+# this one would pass 600 lines); imported here so that SCENARIOS is always complete.
+from chaos import membership as _membership  # noqa: E402, F401

@@ -7,6 +7,9 @@ from (seed, client, sequence) and a body naming that key; every read fetches by
 offset a message some client saw acknowledged. Everything is recorded in the
 `History`: ok with the offset, fail (definitely not stored: the client's
 `Unavailable`, `InvalidArgument`, ...) or unknown (`OutcomeUnknown`).
+The servers may change during a run (membership scenarios): `add_server` and
+`remove_server` take effect at each thread's next operation; writers know the
+current members, readers every node that ever joined (a removed node must refuse).
 Invariant: a put's UNIQ_KEY is chosen before its first attempt and reused by
 the client's retries, so an unknown put lands at most once.
 """
@@ -42,7 +45,9 @@ class Workload:
         timeout_s: float = 3.0,
         cluster: str = "dledger",
     ) -> None:
-        self.servers = list(servers)
+        self.servers = list(servers)  # the writers' (the current members)
+        self.read_servers = list(servers)  # the readers' (every node that ever joined)
+        self._version = 0  # of the two lists
         self.history = history
         self.seed = seed
         self.clients = clients
@@ -75,6 +80,17 @@ class Workload:
         if alive:
             raise RuntimeError(f"chaos clients still running after {timeout_s:g}s: {alive}")
 
+    def add_server(self, address: str) -> None:
+        with self._lock:
+            self.servers = [*self.servers, address]  # new lists: threads hold the old ones
+            self.read_servers = [*self.read_servers, address]
+            self._version += 1
+
+    def remove_server(self, address: str) -> None:
+        with self._lock:
+            self.servers = [s for s in self.servers if s != address]
+            self._version += 1
+
     def acked_count(self) -> int:
         with self._lock:
             return len(self._acked)
@@ -88,23 +104,34 @@ class Workload:
     def _run(self, process: int) -> None:
         rng = random.Random(self.seed * 1_000_003 + process)
         opts = {"cluster": self.cluster, "timeout_s": self.timeout_s}
-        writer = Client(self.servers, attempt_timeout_s=1.0, **opts)
-        readers = [Client([s], max_retries=0, **opts) for s in self.servers]
+        version = -1
+        writer: Client | None = None
+        readers: dict[str, Client] = {}
         try:
             seq = 0
             while not self._stop.is_set():
                 with self._lock:
                     target = rng.choice(self._acked) if self._acked else None
+                    changed = version != self._version
+                    version, servers, read_servers = self._version, self.servers, self.read_servers
+                if changed or writer is None:  # between two puts: a put's retries keep one
+                    if writer is not None:
+                        writer.close()
+                    writer = Client(servers, attempt_timeout_s=1.0, **opts)
+                    for s in read_servers:
+                        if s not in readers:
+                            readers[s] = Client([s], max_retries=0, **opts)
                 if target is not None and rng.random() < self.read_ratio:
-                    self._read(process, rng.choice(readers), *target)
+                    self._read(process, readers[rng.choice(read_servers)], *target)
                 else:
                     self._put(
                         process, writer, f"{self.seed & 0xFFFFFFFF:08X}{process:04X}{seq:08X}"
                     )
                     seq += 1
         finally:
-            writer.close()
-            for r in readers:
+            if writer is not None:
+                writer.close()
+            for r in readers.values():
                 r.close()
 
     def _put(self, process: int, client: Client, key: str) -> None:

@@ -3,7 +3,9 @@
 Each run puts and reads under the scenario's faults, heals, and checks the whole
 history: nothing acknowledged lost or moved, nothing failed stored, nothing stored
 twice, replicas byte-identical, stores equal to a rebuild, one leader per term at
-most, no read that later changed (see chaos/checker.py). The seed is printed on
+most, no read that later changed (see chaos/checker.py); the membership scenarios
+also show the steps they must have taken (nodes promoted, removed, wiped, a leader
+handed over). The seed is printed on
 failure; DLEDGER_TEST_SEED=N replays it, and `dledger chaos --scenario NAME
 --seed N --duration S` runs the same schedule for longer.
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from chaos.membership import MEMBER_SCENARIOS
 from chaos.runner import ChaosConfig, run
 from chaos.scenarios import SCENARIOS
 
@@ -49,9 +52,35 @@ def test_scenario_keeps_every_promise(name: str, tmp_path: Path) -> None:
         assert not report.exits, f"a node stopped on its own\n{text}"  # none may crash
     if name == "corrupt-tail":  # the damaged node may or may not have been the leader
         assert any(" flip-byte: " in f for f in report.faults), text
-    elif name not in ("partition-majority", "one-way", "slow-follower", "flapping"):
+    elif name not in ("partition-majority", "one-way", "slow-follower", "flapping",
+                      "replace-wiped", "partition-joiner"):  # fmt: skip
         assert report.timing["failovers"] >= 1, f"{name}: no leader fault was injected\n{text}"
         assert report.timing["failovers_unfinished"] == 0, text
+    if name in MEMBER_SCENARIOS:
+        _check_membership_faults(name, report.faults, v.removed_checked, text)
+
+
+def _check_membership_faults(name: str, faults: list[str], removed_checked: int, text: str) -> None:
+    """What each membership scenario must have done (its history's nemesis steps)."""
+    text += "\n" + "\n".join(faults)
+
+    def count(step: str) -> int:
+        return sum(f" {step}: " in f for f in faults)
+
+    assert count("promoted") >= 1 and count("removed") >= 1, text
+    if name == "grow-shrink":  # 3 -> 5 -> 3: a leader kill in every change
+        assert count("promoted") >= 2 and count("removed") >= 2, text
+        assert count("kill") >= 4 and count("kill") == count("promoted") + count("removed"), text
+    elif name == "remove-leader":
+        assert count("handed-over") >= 1, text
+    elif name == "replace-wiped":
+        assert count("wipe") >= 1 and count("wipe") == count("removed"), text
+    else:  # partition-joiner: asked while cut off, refused, waited out or accepted
+        assert count("promote-cut-off") >= 1, text
+        outcomes = count("promotion-refused") + count("promotion-accepted")
+        assert outcomes + count("promotion-unknown") == count("promote-cut-off"), text
+    if name != "replace-wiped":  # a wiped node's data is gone: nothing left to check
+        assert removed_checked == count("removed"), text
 
 
 def test_dledger_chaos_command_reports_and_writes_json(tmp_path: Path) -> None:
@@ -91,3 +120,11 @@ def test_a_cluster_that_never_comes_up_is_a_reported_harness_failure(tmp_path: P
     assert not report.valid
     assert any("no ready cluster after 0.01s" in line for line in errors), errors
     assert report.verdict.acked == 0
+
+
+def test_membership_scenarios_get_spare_ids_and_need_the_proxy_network() -> None:
+    assert ChaosConfig("grow-shrink").spare_ids == (4, 5, 6, 7, 8, 9)
+    assert ChaosConfig("grow-shrink", nodes=5).spare_ids[0] == 6
+    assert ChaosConfig("leader-kill").spare_ids == ()  # the other runs are as they were
+    with pytest.raises(ValueError, match="grow-shrink adds nodes: it runs on the toxiproxy"):
+        ChaosConfig("grow-shrink", network="netns").validate()

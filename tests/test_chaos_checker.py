@@ -92,6 +92,19 @@ def test_diverging_replicas_are_reported() -> None:
     assert v.divergent and not v.valid
 
 
+def test_a_removed_nodes_log_is_checked_as_a_prefix_of_the_final_one() -> None:
+    """A node that left the group stops at its removal: a shorter log is fine (and is
+    not asked to hold every acknowledged put), a different one is divergence."""
+    h, entries = base()
+    gone = Replica.from_raw(4, stored(entries[:1]))
+    v = check(h, replicas(entries), removed=[gone, Replica.from_raw(5, b"")])
+    assert v.valid and v.removed_checked == 2, v.problems()
+    other = Replica.from_raw(4, stored([(0, "A"), (1000, "E")]))
+    v = check(h, replicas(entries), removed=[other])
+    assert not v.valid and v.removed_checked == 0
+    assert "removed n4's committed log" in v.divergent[0], v.divergent
+
+
 def test_a_read_whose_data_changed_later_is_stale() -> None:
     h, entries = base()
     op = h.invoke(1, "read", "B", offset=1000)

@@ -24,7 +24,7 @@ from dledger_commitlog.client import (
     StoredMessage,
     Unavailable,
 )
-from dledger_commitlog.node.config import NodeConfig
+from dledger_commitlog.node.config import ConfigError, NodeConfig, Route
 
 
 def stored(body: bytes, offset: int = 96) -> StoredMessage:
@@ -306,11 +306,18 @@ def test_serve_offers_every_node_setting() -> None:
     args = parser.parse_args(["serve", "--refuse-ratio", "0.9", "--preferred-leader", "2",
                               "--tls-ca", "ca.pem", "--insecure"])  # fmt: skip
     for f in dataclasses.fields(NodeConfig):
-        if f.name not in ("peers", "cluster", "tls_ca"):  # the connection options' own
+        if f.name not in ("peers", "cluster", "tls_ca", "routes"):  # options of their own
             assert hasattr(args, f"cfg_{f.name}"), f.name
     assert args.cfg_refuse_ratio == 0.9 and args.cfg_preferred_leader == 2
     assert args.tls_ca == "ca.pem"
     assert args.cfg_insecure is True
+    peers = [f"--peer={i}=127.0.0.1:710{i}/127.0.0.1:700{i}" for i in (1, 2, 3)]
+    args = parser.parse_args(["serve", *peers, "--node-id", "1", "--data-dir", "d",
+                              "--route", "4=127.0.0.1:7404"])  # fmt: skip
+    assert cli.serve_config(args).routes == (Route(4, "127.0.0.1:7404"),)
+    args = parser.parse_args(["serve", "--route", "four=127.0.0.1:1"])
+    with pytest.raises(ConfigError, match=r"route 'four=127\.0\.0\.1:1' is not ID=RAFT_HOST:PORT"):
+        cli.serve_config(args)
 
 
 def test_cluster_set_values_and_registry(capsys: pytest.CaptureFixture[str]) -> None:

@@ -634,3 +634,30 @@ def test_standalone_process(tmp_path: Path, echo: str) -> None:
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()
+
+
+# --------------------------------------------------------------------------- the chaos network
+
+
+def test_a_spares_links_exist_from_the_start_and_forward_once_it_joins(echo: str) -> None:
+    """`ToxiproxyNetwork(spares=...)`: node configs name every link once, so a node a run
+    adds later has its proxies from the start; they reach it once it `join`s."""
+    from chaos.network import ToxiproxyNetwork
+
+    saved = (APIConsumer.host, APIConsumer.port)
+    try:
+        with ToxiproxyNetwork({1: "127.0.0.1:1"}, prefix=PREFIX, spares=[2]) as net:
+            links = net.links()
+            assert sorted(links) == [(1, 2), (2, 1)]
+            with connect(links[1, 2]) as early:  # nobody there yet: closed at once
+                assert read_until_closed(early)[0] == b""
+            net.join(2, echo)
+            with connect(links[1, 2]) as sock:
+                roundtrip(sock)
+            net.cut(1, 2)
+            assert refused(links[1, 2])
+            net.heal()
+            with connect(links[1, 2]) as sock:
+                roundtrip(sock)
+    finally:
+        APIConsumer.host, APIConsumer.port = saved

@@ -35,7 +35,7 @@ from dledger_commitlog.client import (
     PermissionDenied,
 )
 from dledger_commitlog.node.acl import Account, Acl
-from dledger_commitlog.node.config import NodeConfig, Peer, load_config
+from dledger_commitlog.node.config import ConfigError, NodeConfig, Peer, load_config
 from dledger_commitlog.node.metrics import NodeMetrics
 from dledger_commitlog.node.security import NodeSecurity
 from dledger_commitlog.node.views import MemberStatus, NodeState
@@ -429,6 +429,51 @@ def test_a_cluster_directory_remembers_added_and_removed_nodes(tmp_path: Path) -
     assert third.new_spec({1: ("", ""), 3: ("", ""), 4: ("", "")}).id == 5  # 2 never again
     servers = Client.from_cluster_file(tmp_path / "cluster.json").servers
     assert servers == [third.specs[i].client for i in (1, 3, 4)]
+
+
+def test_links_to_nodes_added_later_are_written_as_routes(tmp_path: Path) -> None:
+    """A link to an id the layout does not have yet becomes a `[[routes]]` entry of the
+    source's config (node configs are written once); a node added later dials its
+    peers through its own links and the later ids through routes."""
+    layout = ClusterLayout(tmp_path, nodes=3, base_port=21500)
+    links = {(i, j): f"127.0.0.1:{22000 + 10 * i + j}"
+             for i in range(1, 6) for j in range(1, 6) if i != j}  # fmt: skip
+    layout.set_links(links)
+    layout._write_layout()
+    first = load_config(layout.specs[1].config_path)
+    assert [p.id for p in first.peers] == [1, 2, 3]  # the bootstrap voters: routes add none
+    assert [(r.id, r.raft) for r in first.routes] == [(4, links[1, 4]), (5, links[1, 5])]
+    members = {s.id: (s.raft, s.client) for s in layout}
+    spec = layout.new_spec(members)
+    layout.add_spec(spec, members)
+    joined = load_config(spec.config_path)
+    assert [(p.id, p.raft) for p in joined.peers if p.id != 4] == [
+        (i, links[4, i]) for i in (1, 2, 3)
+    ]
+    assert [(r.id, r.raft) for r in joined.routes] == [(5, links[4, 5])]
+    with pytest.raises(ValueError, match="not a pair of distinct node ids"):
+        layout.set_links({(2, 2): "127.0.0.1:1"})
+
+
+@pytest.mark.parametrize(
+    ("routes", "error"),
+    [
+        ('[[routes]]\nid = 4\nraft = "127.0.0.1:1"\n[[routes]]\nid = 4\nraft = "127.0.0.1:2"',
+         "routes: duplicate node ids"),
+        ('[[routes]]\nid = 2\nraft = "127.0.0.1:1"', "node 2 is a peer"),
+        ('[[routes]]\nid = 0\nraft = "127.0.0.1:1"', "an integer >= 1"),
+        ('[[routes]]\nid = 4\nraft = "nowhere"', "is not HOST:PORT"),
+        ('[[routes]]\nid = 4', "each route needs id and raft"),
+        ('routes = 4', "routes must be an array of tables"),
+    ],
+)  # fmt: skip
+def test_bad_routes_are_refused_naming_the_setting(tmp_path: Path, routes: str, error: str) -> None:
+    path = tmp_path / "node.toml"
+    peers = "".join(f'[[peers]]\nid = {i}\nraft = "127.0.0.1:{7100 + i}"\n'
+                    f'client = "127.0.0.1:{7000 + i}"\n' for i in (1, 2, 3))  # fmt: skip
+    path.write_text(f'node_id = 1\ndata_dir = "d"\n{routes}\n{peers}')
+    with pytest.raises(ConfigError, match=error):
+        load_config(path)
 
 
 def test_a_node_that_serves_no_read_refuses_reads_as_unavailable(group: FakeGroup) -> None:

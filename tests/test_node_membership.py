@@ -12,7 +12,7 @@ from typing import TypeVar
 import pytest
 
 from dledger_commitlog.cli.cluster_layout import free_ports
-from dledger_commitlog.node.config import NodeConfig, Peer
+from dledger_commitlog.node.config import NodeConfig, Peer, Route
 from dledger_commitlog.node.node import RaftNode
 from raft import NotLeader
 from raft.errors import MembershipError
@@ -45,9 +45,11 @@ class Group:
         p = self.peer(i)
         return Member(i, p.raft, p.client, learner)
 
-    async def start(self, i: int, peers: list[int], join: bool = False) -> RaftNode:
+    async def start(
+        self, i: int, peers: list[int], join: bool = False, routes: tuple[Route, ...] = ()
+    ) -> RaftNode:
         cfg = NodeConfig(
-            node_id=i, data_dir=str(self.root / f"n{i}"), insecure=True, join=join,
+            node_id=i, data_dir=str(self.root / f"n{i}"), insecure=True, join=join, routes=routes,
             peers=tuple(self.peer(p) for p in sorted({*peers, i})), tick_ms=20,
             election_ticks=10, heartbeat_ticks=1, data_segment_bytes=8 << 20,
             index_segment_bytes=32 * 4096, cq_units_per_file=64, index_slots=64,
@@ -235,6 +237,27 @@ def test_bad_changes_are_refused_and_change_nothing(tmp_path: Path) -> None:
         await first
         assert leader.core.last_index == before + 1  # only the one good change
         assert {m.id: m.role for m in leader.members()}[4] == "learner"
+
+    run(tmp_path, body)
+
+
+def test_a_route_in_this_nodes_settings_wins_over_the_config_entrys_address(
+    tmp_path: Path,
+) -> None:
+    """Node 1 reaches node 4 only through its route (the entry names a dead address):
+    how a chaos run keeps a node added later behind its fault proxies."""
+
+    async def body(g: Group) -> None:
+        real = g.peer(4)
+        leader = await g.start(1, [1], routes=(Route(4, real.raft),))
+        await g.put(b"before")
+        joiner = await g.start(4, [1], join=True)
+        dead = f"127.0.0.1:{free_ports(1)[0]}"
+        await leader.add_member(Member(4, dead, real.client, learner=True), 10.0)
+        await caught_up(g, 4)
+        assert bodies(joiner) == [b"before"]
+        seen = {m.id: (m.raft, m.client) for m in leader.members()}
+        assert seen[4] == (real.raft, real.client)  # the route; the entry's client address
 
     run(tmp_path, body)
 

@@ -35,11 +35,18 @@ from pathlib import Path
 from typing import Any
 
 from dledger_commitlog.node.acl import Account, write_acl
-from dledger_commitlog.node.config import _SECTIONS, ConfigError, NodeConfig, Peer, load_config
+from dledger_commitlog.node.config import (
+    _SECTIONS,
+    ConfigError,
+    NodeConfig,
+    Peer,
+    Route,
+    load_config,
+)
 from dledger_commitlog.node.security import write_secret
 from store.fileio import write_atomically
 
-_PER_NODE = frozenset({"node_id", "data_dir", "peers", "listen_client", "listen_raft"})
+_PER_NODE = frozenset({"node_id", "data_dir", "peers", "routes", "listen_client", "listen_raft"})
 
 
 class ClusterError(RuntimeError):
@@ -147,6 +154,8 @@ def node_toml(config: NodeConfig) -> str:
     for p in config.peers:
         lines += ["", "[[peers]]", f"id = {p.id}", f"raft = {_toml_value(p.raft)}"]
         lines.append(f"client = {_toml_value(p.client)}")
+    for r in config.routes:
+        lines += ["", "[[routes]]", f"id = {r.id}", f"raft = {_toml_value(r.raft)}"]
     return "\n".join(lines) + "\n"
 
 
@@ -176,8 +185,9 @@ class ClusterLayout:
         acl: bool | None = None,
     ) -> None:
         """`links[(i, j)]` is the address node i dials for node j's Raft port (a fault
-        proxy, say; default: j's own address). `hosts[i]` is the IP node i listens on
-        (default 127.0.0.1).
+        proxy, say; default: j's own address); j may be a node not made yet (one
+        added later), and i too: node i's config names it as a route. `hosts[i]` is
+        the IP node i listens on (default 127.0.0.1).
 
         Peers always authenticate with a cluster secret (`D/cluster.secret`, made at
         the first start). `tls`: a development CA and one certificate per node under
@@ -229,9 +239,11 @@ class ClusterLayout:
             self.set_links(links)
 
     def set_links(self, links: Mapping[tuple[int, int], str]) -> None:
-        """Route node i's Raft traffic to node j through `links[(i, j)]` from the next start."""
+        """Route node i's Raft traffic to node j through `links[(i, j)]` from the next start
+        (ids of nodes to be added later too: node i's config names j's link as a route
+        unless j is among its peers)."""
         for src, dst in links:
-            if src not in self.specs or dst not in self.specs or src == dst:
+            if src == dst or min(src, dst) < 1:
                 raise ValueError(f"links: ({src}, {dst}) is not a pair of distinct node ids")
         self.links = dict(links)
         self.configs = {i: self._config(i) for i in self.specs}
@@ -294,7 +306,9 @@ class ClusterLayout:
         if self.acl:
             values["acl_file"] = str(self.directory / "acl.toml")
         values.update(self.extra_config)
-        values.update(node_id=node_id, data_dir=spec.data_dir, peers=peers)
+        routes = tuple(Route(dst, addr) for (src, dst), addr in sorted(self.links.items())
+                       if src == node_id and dst not in ids)  # fmt: skip
+        values.update(node_id=node_id, data_dir=spec.data_dir, peers=peers, routes=routes)
         values["listen_metrics"] = spec.metrics
         return NodeConfig(**values)
 

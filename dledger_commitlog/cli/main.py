@@ -34,6 +34,7 @@ from dledger_commitlog.node.config import (
     NodeConfig,
     load_config,
     parse_peer,
+    parse_route,
 )
 from raft.wire import TRANSPORTS
 from store.errors import CorruptEntry, DirectoryInUse
@@ -102,8 +103,11 @@ def _fail(message: str, code: int) -> int:
 def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="node TOML file (see config.py)")
     p.add_argument("--peer", action="append", metavar="ID=RAFT/CLIENT", help="repeatable")
+    p.add_argument("--route", action="append", metavar="ID=RAFT",
+                   help="how to reach node ID should it join (repeatable)")  # fmt: skip
     for f in dataclasses.fields(NodeConfig):
-        if f.name in ("peers", "cluster", "tls_ca"):  # --peer; --cluster-name; --tls-ca
+        # --peer; --cluster-name; --tls-ca; --route
+        if f.name in ("peers", "cluster", "tls_ca", "routes"):
             continue
         opt = "--" + f.name.replace("_", "-")
         if str(f.type) == "bool":
@@ -132,4 +136,5 @@ def serve_config(args: argparse.Namespace) -> NodeConfig:
     overrides["cluster"] = args.cluster_name
     overrides["tls_ca"] = args.tls_ca
     overrides["peers"] = tuple(parse_peer(p) for p in args.peer) if args.peer else None
+    overrides["routes"] = tuple(parse_route(r) for r in args.route) if args.route else None
     return load_config(args.config, overrides)

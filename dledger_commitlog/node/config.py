@@ -15,6 +15,9 @@ The TOML layout (every key optional but `node_id`, `data_dir` and `peers`):
     id = 1
     raft = "127.0.0.1:7101"
     client = "127.0.0.1:7001"
+    [[routes]]                     # optional: how this node reaches a node that may join
+    id = 4                         # later (a proxy, NAT); never makes it a member
+    raft = "127.0.0.1:7404"
     [raft]    tick_ms, election_ticks, heartbeat_ticks, preferred_leader, ...
               transport = "grpcio"   # the peer link's gRPC stack: "grpcio" or "grpclib"
     [store]   data_segment_bytes, index_segment_bytes, max_message_bytes, ...
@@ -27,7 +30,8 @@ The TOML layout (every key optional but `node_id`, `data_dir` and `peers`):
     acl_file = "acl.toml"                # clients sign calls (see acl.py)
     insecure = false                     # allow a non-loopback address without TLS + ACL
 
-A peer given on the command line is `ID=RAFT_HOST:PORT/CLIENT_HOST:PORT`.
+A peer given on the command line is `ID=RAFT_HOST:PORT/CLIENT_HOST:PORT`, a route
+`ID=RAFT_HOST:PORT`.
 """
 
 from __future__ import annotations
@@ -67,11 +71,22 @@ class Peer:
 
 
 @dataclass(frozen=True, slots=True)
+class Route:
+    """The Raft address this node dials for node `id` whenever `id` is a member,
+    instead of the address its configuration entry names (a proxy, NAT). For the
+    nodes it names, `peers` is the route already."""
+
+    id: int
+    raft: str
+
+
+@dataclass(frozen=True, slots=True)
 class NodeConfig:
     node_id: int
     data_dir: str
     peers: tuple[Peer, ...]
     cluster: str = "dledger"
+    routes: tuple[Route, ...] = ()
     flush_mode: str = "sync"
     listen_client: str = ""
     listen_raft: str = ""
@@ -153,6 +168,7 @@ class NodeConfig:
         for p in self.peers:
             for what in (p.raft, p.client):
                 parse_address(what)
+        self._check_routes(ids)
         self._check_security()
         try:
             levels = parse_levels(self.delay_levels)
@@ -160,6 +176,17 @@ class NodeConfig:
             raise ConfigError(f"schedule.delay_levels: {exc}") from None
         if len(levels) > MAX_DELAY_LEVELS:
             raise ConfigError(f"schedule.delay_levels: at most {MAX_DELAY_LEVELS} levels")
+
+    def _check_routes(self, peer_ids: list[int]) -> None:
+        routed = [r.id for r in self.routes]
+        if len(set(routed)) != len(routed):
+            raise ConfigError(f"routes: duplicate node ids {routed}")
+        for r in self.routes:
+            if isinstance(r.id, bool) or not isinstance(r.id, int) or r.id < 1:
+                raise ConfigError(f"routes: a node id is an integer >= 1, not {r.id!r}")
+            if r.id in peer_ids:
+                raise ConfigError(f"routes: node {r.id} is a peer (its peer entry is its route)")
+            parse_address(r.raft)
 
     def _check_types(self) -> None:
         for f in dataclasses.fields(self):
@@ -234,6 +261,14 @@ def parse_peer(text: str) -> Peer:
     if not sep or not sep2 or not ident.strip().isdigit():
         raise ConfigError(f"peer {text!r} is not ID=RAFT_HOST:PORT/CLIENT_HOST:PORT")
     return Peer(int(ident), raft.strip(), client.strip())
+
+
+def parse_route(text: str) -> Route:
+    """`ID=RAFT_HOST:PORT`."""
+    ident, sep, raft = text.partition("=")
+    if not sep or not ident.strip().isdigit():
+        raise ConfigError(f"route {text!r} is not ID=RAFT_HOST:PORT")
+    return Route(int(ident), raft.strip())
 
 
 _SECTIONS = {
@@ -363,6 +398,13 @@ def _flatten(doc: dict[str, Any], where: str) -> dict[str, Any]:
                 )
             except (KeyError, TypeError, ValueError) as exc:
                 raise ConfigError(f"{where}: each peer needs id, raft and client ({exc})") from exc
+        elif key == "routes":
+            if not isinstance(value, list):
+                raise ConfigError(f"{where}: routes must be an array of tables")
+            try:
+                out["routes"] = tuple(Route(int(r["id"]), str(r["raft"])) for r in value)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ConfigError(f"{where}: each route needs id and raft ({exc})") from exc
         elif key in _SECTIONS and isinstance(value, dict):
             names = _SECTIONS[key]
             for sub, v in value.items():

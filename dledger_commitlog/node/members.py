@@ -2,7 +2,8 @@
 
 Owns `NodeMembers`: the live membership as the Raft core has it in effect (the
 last configuration entry in the log, raft/membership.py), the address book (a
-configuration entry's addresses; the bootstrap's from the node's `peers`), one
+configuration entry's addresses; the bootstrap's from the node's `peers`; a
+member's address in this node's own settings, `peers` or `routes`, wins), one
 peer link per other member (opened when a member comes, closed when it goes),
 the member ids the peer checks accept (`RaftNode.deliver` and the PeerGate), and
 the membership operations (`add`, `promote`, `remove`) that the node's facade
@@ -55,6 +56,7 @@ class NodeMembers:
         self._wait_for_commit = wait_for_commit
         self._committed_index = committed_index
         self._static = {p.id: Member(p.id, p.raft, p.client) for p in cfg.peers}
+        self._routes = {r.id: r.raft for r in cfg.routes}
         self._known: dict[int, Member] = {}
         self._conf: Membership | None = None
         self.ids: frozenset[int] = frozenset()
@@ -78,6 +80,9 @@ class NodeMembers:
         static = self._static.get(node_id)
         if static is not None:  # this node's own settings say how to reach it (a proxy, NAT)
             return dataclasses.replace(static, learner=m.learner)
+        route = self._routes.get(node_id)
+        if route is not None:  # only the Raft address: clients reach it where the entry says
+            return dataclasses.replace(m, raft=route)
         return m
 
     def start(self, security: PeerSecurity) -> None:
