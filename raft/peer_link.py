@@ -84,6 +84,7 @@ class PeerLink:
         self._task: asyncio.Task[None] | None = None
         self.connected = False
         self.dropped = 0
+        self.stream_id = 0  # counts the streams opened; `next_batch` serves the current one
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -98,12 +99,17 @@ class PeerLink:
             self.dropped += 1
         self._ready.set()
 
-    async def next_batch(self) -> pb.RaftBatch:
-        """The next batch to send, once a message is queued."""
-        while not self._queue:
+    async def next_batch(self, stream: int | None = None) -> pb.RaftBatch | None:
+        """The next batch to send, once a message is queued. With `stream` (the
+        `stream_id` it was opened as): None once that stream is over, so that a
+        stream's request iterator that outlives it (grpc.aio's consumer of a refused
+        stream) never takes a message the next stream should carry."""
+        while stream is None or stream == self.stream_id:
+            if self._queue:
+                return pb.RaftBatch(cluster=self._cluster, messages=self._take_batch())
             self._ready.clear()
             await self._ready.wait()
-        return pb.RaftBatch(cluster=self._cluster, messages=self._take_batch())
+        return None
 
     def _take_batch(self) -> list[pb.RaftMessage]:
         """The next messages of the queue: MAX_BATCH, MAX_BATCH_BYTES at most (one at least)."""
@@ -139,10 +145,15 @@ class PeerLink:
             except asyncio.CancelledError:
                 raise
             except LinkRefused as exc:
-                log.error("peer %d refused our stream: %s: %s", self.peer_id, exc.code,
-                          exc.details)  # fmt: skip
-                await asyncio.sleep(_REFUSED_PAUSE_S)
-                continue
+                if exc.code != "PERMISSION_DENIED":
+                    log.error("peer %d refused our stream: %s: %s", self.peer_id, exc.code,
+                              exc.details)  # fmt: skip
+                    await asyncio.sleep(_REFUSED_PAUSE_S)
+                    continue
+                # Not a member there (yet): a joining node whose addition that peer has
+                # not appended. It will be in a moment: retry as for an unreachable peer.
+                log.info("peer %d does not take our stream (yet): %s", self.peer_id,
+                         exc.details)  # fmt: skip
             except LinkBroken as exc:
                 log.info("stream to peer %d broke: %s", self.peer_id, exc)
             except (TimeoutError, OSError):
@@ -151,6 +162,8 @@ class PeerLink:
                 log.warning("stream to peer %d failed: %r", self.peer_id, exc)
             finally:
                 self.connected = False
+                self.stream_id += 1
+                self._ready.set()  # what waits for the stream that ended returns
             if time.monotonic() - started > CONNECT_TIMEOUT_S:
                 delay_s = _RETRY_MIN_S  # it was up for a while: the peer may be back at once
                 continue

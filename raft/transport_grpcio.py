@@ -65,7 +65,8 @@ class GrpcioLink(PeerLink):
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
                 await channel.channel_ready()
             self.connected = True
-            await pb_grpc.RaftPeerStub(channel).Stream(self._batches(), metadata=self.metadata())
+            batches = self._batches(self.stream_id)
+            await pb_grpc.RaftPeerStub(channel).Stream(batches, metadata=self.metadata())
         except grpc.aio.AioRpcError as exc:
             if exc.code().name in REFUSALS:
                 raise LinkRefused(exc.code().name, exc.details() or "") from None
@@ -73,9 +74,11 @@ class GrpcioLink(PeerLink):
         finally:
             await channel.close(grace=None)
 
-    async def _batches(self) -> AsyncIterator[pb.RaftBatch]:
-        while True:
-            yield await self.next_batch()
+    async def _batches(self, stream: int) -> AsyncIterator[pb.RaftBatch]:
+        """The batches of stream `stream`: grpc.aio consumes this iterator in a task of
+        its own that outlives a refused call; it must end with its stream."""
+        while (batch := await self.next_batch(stream)) is not None:
+            yield batch
 
 
 class GrpcioPeerServer:

@@ -117,7 +117,9 @@ class GrpclibLink(PeerLink):
 
     async def _send_batches(self, stream: Any) -> None:
         while True:
-            await stream.send_message(await self.next_batch())
+            batch = await self.next_batch()
+            assert batch is not None  # without a stream id it always has one
+            await stream.send_message(batch)
 
 
 class _RaftPeer(pb_grpclib.RaftPeerBase):

@@ -325,3 +325,36 @@ def test_a_cluster_of_mixed_stacks_replicates_and_fails_over(
             client.put("mixed", f"b-{i}".encode())
     wait_converged(cluster, 30, at_least=40)
     assert "refused" not in cluster.log_tail(1, 200)
+
+
+@pytest.mark.parametrize("link_kind", TRANSPORTS)
+def test_a_link_refused_until_it_is_a_member_loses_nothing_sent_after(link_kind: str) -> None:
+    """A joining node's links are refused (PERMISSION_DENIED: not a member there) until
+    the peer appends its addition; they retry at once, not after a pause, and a stream
+    that was refused never takes a message queued for the next one (grpc.aio's consumer
+    of a refused call outlived it and once ate a vote request: a transfer of leadership
+    to a node just added then fell back to an election)."""
+    auth = PeerAuth(CLUSTER, b"s" * 32)
+    got: list[Message] = []
+    members = {1, 2}  # node 4 is not a member of node 2's group yet
+
+    async def main() -> None:
+        gate = PeerGate(CLUSTER, checked_deliver(got), me=2, members=lambda: members,
+                        security=PeerSecurity(peers=auth))  # fmt: skip
+        async with peer_server(TRANSPORTS[0], gate) as port:
+            link = open_link(link_kind, CLUSTER, 2, f"127.0.0.1:{port}", me=4,
+                             security=PeerSecurity(peers=auth))  # fmt: skip
+            async with started(link):
+                await asyncio.sleep(0.3)  # refused a few times meanwhile
+                assert not got
+                members.add(4)
+                sent = [to_wire(m) for m in messages(6, src=4)]
+                started_s = time.monotonic()
+                for wire in sent:
+                    link.send([wire])
+                    await asyncio.sleep(0.02)
+                await until(lambda: len(got) == len(sent), 2.0, "every message delivered")
+                assert time.monotonic() - started_s < 1.0  # no refusal pause of a second
+
+    asyncio.run(main())
+    assert got == messages(6, src=4)
