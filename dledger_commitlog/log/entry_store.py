@@ -87,6 +87,7 @@ DEFAULT_INDEX_SEGMENT_BYTES = INDEX_UNIT_SIZE * (1 << 20)
 _MSG_MAGIC = struct.pack(">i", MESSAGE_MAGIC_CODE)
 _PHY = struct.Struct(">q")
 _INDEX_BUFFER_BYTES = 1 << 20
+_KINDS = {int(k): k for k in EntryKind}
 
 
 class EntryStore:
@@ -171,10 +172,12 @@ class EntryStore:
             cached = self._cache.slice(lo, hi, max_bytes)
             if cached is not None:
                 return cached
+        kinds = _KINDS  # a dict lookup per entry, not an enum call (a follower catching up)
         return [
-            Entry(e.index, e.term, e.body, EntryKind(e.channel))
+            Entry(e.index, e.term, e.body, kinds[e.channel] if e.channel in kinds else
+                  EntryKind(e.channel))
             for e in self.stored_entries(lo, hi, max_bytes)
-        ]
+        ]  # fmt: skip
 
     def append(self, entries: Sequence[Entry]) -> None:
         self.append_entries(entries)
