@@ -44,6 +44,7 @@ import logging
 import os
 import struct
 import zlib
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -242,7 +243,7 @@ class EntryStore:
         self._data.append_across(buf)
         self._index.append_across(units)
         self._last_index, self._last_term, self._last_chain = prev_index, term, chain
-        self._cache.append(cached, cached_size)
+        self._cache.append(cached, cached_size, positions)
         return positions
 
     def truncate_suffix(self, index: int) -> None:
@@ -413,6 +414,27 @@ class EntryStore:
                 )
             out.append(entry)
         return out
+
+    def cached_entries(
+        self, lo: int, hi: int, max_bytes: int
+    ) -> tuple[list[Entry], list[int]] | None:
+        """Entries [lo, hi) and the position of each, cut by size as `stored_entries`
+        cuts them, if entry `lo` is still in memory as this process appended it (None
+        otherwise): no file read and no CRC check, the bytes being those whose CRCs the
+        append computed."""
+        if not lo < hi <= self._last_index + 1:
+            return None
+        run = self._cache.run(lo, hi, max_bytes)
+        if run is None:
+            return None
+        entries, positions = run
+        # stored_entries' cut: entries while pos + size - start <= max_bytes (one at least).
+        # Ends grow with positions, so only the last entry starting in bounds may overrun.
+        limit = positions[0] + max_bytes
+        n = max(1, bisect_right(positions, limit - HEADER_SIZE))
+        if n > 1 and positions[n - 1] + HEADER_SIZE + len(entries[n - 1].data) > limit:
+            n -= 1
+        return entries[:n], positions[:n]
 
     def body_at(self, pos: int, body_len: int = 0) -> bytes:
         """The body of the entry that starts at `pos`, checked against its CRC.
