@@ -20,7 +20,7 @@ settings); `--gib` GiB of committed log written through batched puts (PutBatch o
   index up to its last entry) copied on the same file system with copy_file_range
   and fsynced, as `cp` would: warm (the leader's pages cached: they were just
   written) and cold (its pages dropped first with posix_fadvise DONTNEED, only those
-  files'); catch-up/copy ratios;
+  files'), each twice per repetition (medians); catch-up/copy ratios;
 - puts while a node catches up: bench/cluster.py's (b) 32 in-flight puts and (a) one
   sequential client, `--seconds` each, with all three nodes up (before and after) and
   while a wiped follower catches up; issue 22's target is at most 20% below the
@@ -59,7 +59,7 @@ from bench._proc import loadavg
 from bench._report import report
 from bench.cluster import CONFIG, async_client, concurrent, sequential, wait_caught_up
 from bench.put_profile import threads
-from dledger_commitlog.cli.launcher import LocalCluster
+from dledger_commitlog.cli.launcher import LocalCluster, answered
 from dledger_commitlog.client import MessageSpec, NodeStatus
 
 MB = 1e6
@@ -79,12 +79,17 @@ def status(cl: LocalCluster, node_id: int) -> NodeStatus | None:
     return s if isinstance(s, NodeStatus) else None
 
 
-def leader_status(cl: LocalCluster) -> NodeStatus:
-    leader = cl.wait_for_leader()
-    s = status(cl, leader)
-    if s is None:
-        raise RuntimeError(f"the leader {leader} does not answer Status")
-    return s
+def leader_status(cl: LocalCluster, timeout_s: float = 30.0) -> NodeStatus:
+    """The leader's status, asked again while it misses polls (a loaded machine)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        leader = cl.wait_for_leader(timeout_s=timeout_s)
+        s = status(cl, leader)
+        if s is not None and s.role == "leader":
+            return s
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the leader {leader} does not answer Status")
+        time.sleep(_POLL_S)
 
 
 def data_dir(cl: LocalCluster, node_id: int) -> Path:
@@ -162,20 +167,23 @@ def wait_up(cl: LocalCluster, node_id: int, started: float, timeout_s: float) ->
 
 
 def wait_applied(
-    cl: LocalCluster, node_id: int, leader: int, started: float, timeout_s: float
+    cl: LocalCluster, node_id: int, started: float, timeout_s: float
 ) -> tuple[float, NodeStatus]:
     """Seconds from `started` until `node_id` has applied and committed what the leader
-    has committed (a moving target under load), and the leader's status then."""
+    has committed (a moving target under load), and the leader's status then. A node
+    that misses a poll (a loaded machine) is asked again, until `timeout_s`."""
     while True:
-        lead, me = status(cl, leader), status(cl, node_id)
-        if lead is None:
-            raise RuntimeError(f"the leader {leader} stopped answering during catch-up")
-        if me is not None and min(me.applied_index, me.committed_index) >= lead.committed_index:
+        got = answered(cl.statuses(timeout_s=1.0))
+        leaders = [s for s in got.values() if s.role == "leader"]
+        lead = max(leaders, key=lambda s: s.term) if leaders else None
+        me = got.get(node_id)
+        if lead and me and min(me.applied_index, me.committed_index) >= lead.committed_index:
             return time.monotonic() - started, lead
         if time.monotonic() - started > timeout_s:
-            where = "down" if me is None else f"applied {me.applied_index}"
+            where = "no answer" if me is None else f"applied {me.applied_index}"
+            has = "no leader" if lead is None else f"leader committed {lead.committed_index}"
             raise RuntimeError(f"node {node_id} did not catch up in {timeout_s:g} s ({where}, "
-                               f"leader committed {lead.committed_index})")  # fmt: skip
+                               f"{has})")  # fmt: skip
         time.sleep(_POLL_S)
 
 
@@ -207,7 +215,7 @@ def catch_up(
     alive = [pid for pid in pids.values() if pid is not None]
     on_up(alive)
     before = {role: threads(pid) for role, pid in pids.items() if pid is not None}
-    done_s, lead = wait_applied(cl, node_id, leader, started, timeout_s)
+    done_s, lead = wait_applied(cl, node_id, started, timeout_s)
     on_done(alive)
     after = {role: threads(pid) for role, pid in pids.items() if pid is not None}
     cpu = {role: {kind: after[role][kind][0] - before[role].get(kind, (0.0, 0))[0]
@@ -318,7 +326,7 @@ def catching_round(
         lead, me = status(cl, leader), status(cl, node_id)
         lag = -1 if lead is None or me is None else lead.committed_index - me.applied_index
         rates.lag_at_end.setdefault(w, []).append(lag)
-    done_s, lead = wait_applied(cl, node_id, leader, started, timeout_s)
+    done_s, lead = wait_applied(cl, node_id, started, timeout_s)
     dispatched_s = wait_dispatched(cl, node_id, started, timeout_s)
     rates.loaded.append(
         CatchUp(up_s, done_s, dispatched_s, lead.committed_pos, lead.committed_index, {})
@@ -462,11 +470,13 @@ def measure(args: argparse.Namespace) -> None:
         rows += fill_rows
         src = data_dir(cl, leader) / "commitlog"
         for _rep in range(args.reps):
-            for cache, runs in copies.items():  # cold second: it leaves the pages cached
-                lead = leader_status(cl)
-                index_end = (lead.last_index + 1) * 32
+            lead = leader_status(cl)
+            index_end = (lead.last_index + 1) * 32
+            for cache in ("cold", "warm", "warm", "cold"):  # a cold copy leaves pages cached
                 dst = Path(tmp) / "copy"
-                runs.append(copy_log(src, dst, lead.committed_pos, index_end, cold=cache == "cold"))
+                copies[cache].append(
+                    copy_log(src, dst, lead.committed_pos, index_end, cold=cache == "cold")
+                )
             unloaded.append(catch_up(cl, node, args.timeout_s, cold=args.cold))
             steady_round(cl, args.seconds, rates)
             catching_round(cl, node, args.seconds, args.timeout_s, rates)
@@ -525,11 +535,15 @@ def compare_trees(args: argparse.Namespace, other: Path) -> None:
     for name, cus in runs.items():
         rates = [cu.mb_per_s for cu in cus]
         m[f"catch_up_mb_per_s_{name}"] = statistics.median(rates)
-        cpu = [sum(cu.cpu_s["follower"].values()) / (cu.log_bytes / 1e9) for cu in cus]
-        m[f"follower_cpu_s_per_gb_{name}"] = statistics.median(cpu)
+        cpu = {f"{role}{'_loop' if loop else ''}": statistics.median(
+            (cu.cpu_s[role].get("loop", 0.0) if loop else sum(cu.cpu_s[role].values()))
+            / (cu.log_bytes / 1e9) for cu in cus)
+            for role in ("follower", "leader") for loop in (False, True)}  # fmt: skip
+        m |= {f"{k}_cpu_s_per_gb_{name}": v for k, v in cpu.items()}
         rows.append((f"catch-up, {name}", f"{statistics.median(rates):,.1f} MB/s",
-                     f"runs: {', '.join(f'{r:.1f}' for r in rates)}; follower CPU "
-                     f"{statistics.median(cpu):.1f} s/GB"))  # fmt: skip
+                     f"runs: {', '.join(f'{r:.1f}' for r in rates)}; CPU s/GB: follower "
+                     f"{cpu['follower']:.1f} (its loop {cpu['follower_loop']:.1f}), leader "
+                     f"{cpu['leader']:.1f} (its loop {cpu['leader_loop']:.1f})"))  # fmt: skip
     pairs = [a.mb_per_s / b.mb_per_s for a, b in zip(runs["this"], runs["vs"], strict=True)]
     m["catch_up_this_vs_ratio"] = statistics.median(pairs)
     rows.append(("this/vs, pair by pair", f"{statistics.median(pairs):.3f}",
