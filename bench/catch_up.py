@@ -148,6 +148,10 @@ class CatchUp:
         return self.log_bytes / self.seconds / MB
 
 
+def dispatched(s: NodeStatus) -> bool:
+    return s.dispatched_pos >= s.committed_pos
+
+
 def wipe_and_start(cl: LocalCluster, node_id: int) -> float:
     """Stop `node_id`, delete its data directory, start it again: the start's time."""
     cl.stop(node_id)
@@ -157,11 +161,14 @@ def wipe_and_start(cl: LocalCluster, node_id: int) -> float:
     return started
 
 
-def wait_up(cl: LocalCluster, node_id: int, started: float, timeout_s: float) -> float:
-    """Seconds from `started` until `node_id` answers Status."""
-    while status(cl, node_id) is None:
+def wait_node(
+    cl: LocalCluster, node_id: int, started: float, timeout_s: float,
+    ready: Callable[[NodeStatus], bool] = lambda _s: True, what: str = "come up",
+) -> float:  # fmt: skip
+    """Seconds from `started` until `node_id` answers Status, and `ready` of it."""
+    while (s := status(cl, node_id)) is None or not ready(s):
         if time.monotonic() - started > timeout_s:
-            raise RuntimeError(f"node {node_id} did not come up:\n{cl.log_tail(node_id, 20)}")
+            raise RuntimeError(f"node {node_id} did not {what}:\n{cl.log_tail(node_id, 20)}")
         time.sleep(_POLL_S)
     return time.monotonic() - started
 
@@ -187,17 +194,6 @@ def wait_applied(
         time.sleep(_POLL_S)
 
 
-def wait_dispatched(cl: LocalCluster, node_id: int, started: float, timeout_s: float) -> float:
-    """Seconds from `started` until `node_id` has dispatched all it has committed."""
-    while True:
-        me = status(cl, node_id)
-        if me is not None and me.dispatched_pos >= me.committed_pos:
-            return time.monotonic() - started
-        if time.monotonic() - started > timeout_s:
-            raise RuntimeError(f"node {node_id} did not dispatch its log in {timeout_s:g} s")
-        time.sleep(_POLL_S)
-
-
 def catch_up(
     cl: LocalCluster, node_id: int, timeout_s: float, *, cold: bool,
     on_up: Callable[[list[int]], None] = lambda _pids: None,
@@ -210,7 +206,7 @@ def catch_up(
     if cold:
         drop_cached(commitlog_files(data_dir(cl, leader) / "commitlog"))
     started = wipe_and_start(cl, node_id)
-    up_s = wait_up(cl, node_id, started, timeout_s)
+    up_s = wait_node(cl, node_id, started, timeout_s)
     pids = {"leader": cl.pid(leader), "follower": cl.pid(node_id)}
     alive = [pid for pid in pids.values() if pid is not None]
     on_up(alive)
@@ -220,7 +216,7 @@ def catch_up(
     after = {role: threads(pid) for role, pid in pids.items() if pid is not None}
     cpu = {role: {kind: after[role][kind][0] - before[role].get(kind, (0.0, 0))[0]
                   for kind in after[role]} for role in after}  # fmt: skip
-    dispatched_s = wait_dispatched(cl, node_id, started, timeout_s)
+    dispatched_s = wait_node(cl, node_id, started, timeout_s, dispatched, "dispatch its log")
     return CatchUp(up_s, done_s, dispatched_s, lead.committed_pos, lead.committed_index, cpu)
 
 
@@ -320,14 +316,14 @@ def catching_round(
     """Wipe and restart `node_id`; each workload's window while it catches up."""
     leader = cl.wait_for_leader()
     started = wipe_and_start(cl, node_id)
-    up_s = wait_up(cl, node_id, started, timeout_s)
+    up_s = wait_node(cl, node_id, started, timeout_s)
     for w in WORKLOADS:
         rates.catching.setdefault(w, []).append(put_rate(cl, w, seconds))
         lead, me = status(cl, leader), status(cl, node_id)
         lag = -1 if lead is None or me is None else lead.committed_index - me.applied_index
         rates.lag_at_end.setdefault(w, []).append(lag)
     done_s, lead = wait_applied(cl, node_id, started, timeout_s)
-    dispatched_s = wait_dispatched(cl, node_id, started, timeout_s)
+    dispatched_s = wait_node(cl, node_id, started, timeout_s, dispatched, "dispatch its log")
     rates.loaded.append(
         CatchUp(up_s, done_s, dispatched_s, lead.committed_pos, lead.committed_index, {})
     )
