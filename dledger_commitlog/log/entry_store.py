@@ -61,6 +61,7 @@ from dledger_commitlog.log.entry_records import (
     write_record,
 )
 from dledger_commitlog.log.entry_recovery import TailCut, recover_log
+from dledger_commitlog.log.entry_runs import KINDS, RUN_MIN, decode_run
 from raft.errors import Compacted, Unavailable
 from raft.types import Entry, EntryKind
 from store.entry_format import (
@@ -88,7 +89,6 @@ DEFAULT_INDEX_SEGMENT_BYTES = INDEX_UNIT_SIZE * (1 << 20)
 _MSG_MAGIC = struct.pack(">i", MESSAGE_MAGIC_CODE)
 _PHY = struct.Struct(">q")
 _INDEX_BUFFER_BYTES = 1 << 20
-_KINDS = {int(k): k for k in EntryKind}
 
 
 class EntryStore:
@@ -173,7 +173,12 @@ class EntryStore:
             cached = self._cache.slice(lo, hi, max_bytes)
             if cached is not None:
                 return cached
-        kinds = _KINDS  # a dict lookup per entry, not an enum call (a follower catching up)
+            if hi - lo >= RUN_MIN and lo >= self._first_index:  # numpy over the headers
+                raw = self._index.read(lo * INDEX_UNIT_SIZE, (hi - lo) * INDEX_UNIT_SIZE)
+                run = decode_run(raw, self._data.read, max_bytes)
+                if run is not None:
+                    return run
+        kinds = KINDS
         return [
             Entry(e.index, e.term, e.body, kinds[e.channel] if e.channel in kinds else
                   EntryKind(e.channel))
