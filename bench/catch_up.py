@@ -71,9 +71,6 @@ Row = tuple[str, str, str]
 WORKLOADS = {"inflight32": "(b) 32 in-flight puts", "seq": "(a) 1 sequential client"}
 
 
-# ------------------------------------------------------------------ the cluster
-
-
 def status(cl: LocalCluster, node_id: int) -> NodeStatus | None:
     s = cl.statuses(timeout_s=1.0).get(node_id)
     return s if isinstance(s, NodeStatus) else None
@@ -130,7 +127,8 @@ class CatchUp:
     """One wiped node's catch-up: seconds from its process start to its first Status
     answer (`up_s`), to applied == the leader's commit (`done_s`), to everything
     dispatched (`dispatched_s`); the leader's log then; CPU seconds per node and
-    thread kind meanwhile (from `up_s` to `done_s`)."""
+    thread kind meanwhile (from `up_s` to `done_s`); the node's longest event-loop
+    delay over its life (start-up and catch-up), from its Status."""
 
     up_s: float
     done_s: float
@@ -138,6 +136,7 @@ class CatchUp:
     log_bytes: int
     log_index: int
     cpu_s: dict[str, dict[str, float]]
+    loop_lag_ms: float = float("nan")
 
     @property
     def seconds(self) -> float:
@@ -217,7 +216,8 @@ def catch_up(
     cpu = {role: {kind: after[role][kind][0] - before[role].get(kind, (0.0, 0))[0]
                   for kind in after[role]} for role in after}  # fmt: skip
     dispatched_s = wait_node(cl, node_id, started, timeout_s, dispatched, "dispatch its log")
-    return CatchUp(up_s, done_s, dispatched_s, lead.committed_pos, lead.committed_index, cpu)
+    lag = me.loop_lag_max_ms if (me := status(cl, node_id)) else float("nan")
+    return CatchUp(up_s, done_s, dispatched_s, lead.committed_pos, lead.committed_index, cpu, lag)
 
 
 # ------------------------------------------------------------------ raw copy
@@ -329,9 +329,6 @@ def catching_round(
     )
 
 
-# ------------------------------------------------------------------ profile
-
-
 def signaller(sig: int) -> Callable[[list[int]], None]:
     """Send `sig` to each pid (bench/_profiled_node.py: SIGUSR1 starts, SIGUSR2 writes)."""
 
@@ -360,9 +357,6 @@ def print_profile(path: Path, role: str, log_bytes: int, top: int) -> None:
               f"{calls:>9}  {where}")  # fmt: skip
 
 
-# ------------------------------------------------------------------ report
-
-
 def catch_up_rows(cu: CatchUp, label: str) -> tuple[list[Row], dict[str, float]]:
     m = {
         "catch_up_s": cu.seconds,
@@ -370,6 +364,7 @@ def catch_up_rows(cu: CatchUp, label: str) -> tuple[list[Row], dict[str, float]]
         "catch_up_with_start_s": cu.done_s,
         "catch_up_dispatched_s": cu.dispatched_s - cu.up_s,
         "node_start_s": cu.up_s,
+        "catch_up_loop_lag_max_ms": cu.loop_lag_ms,
         "log_bytes": cu.log_bytes,
         "log_entries": cu.log_index,
     }
@@ -378,6 +373,8 @@ def catch_up_rows(cu: CatchUp, label: str) -> tuple[list[Row], dict[str, float]]
          f"{cu.log_bytes / MB:,.0f} MB, {cu.log_index:,} entries in {cu.seconds:.1f} s from its "
          f"first Status answer ({cu.done_s:.1f} s from its start; the process took "
          f"{cu.up_s:.1f} s to answer)"),
+        ("    its event loop's longest delay", f"{cu.loop_lag_ms:,.0f} ms",
+         "over its life (start-up and catch-up): its Status and reads wait that long"),
         ("    ... and dispatched", f"{cu.dispatched_s - cu.up_s:.1f} s",
          "consume queues and key index built (what it serves reads from)"),
     ]  # fmt: skip
