@@ -51,6 +51,7 @@ __all__ = [
     "HEADER",
     "HEADER_DTYPE",
     "HEADER_SIZE",
+    "INDEX_DTYPE",
     "INDEX_UNIT",
     "INDEX_UNIT_SIZE",
     "RECORD",
@@ -76,6 +77,10 @@ FILLER = struct.Struct(">ii")  # magic, size: a filler, and the first 8 bytes of
 FILLER_MIN = FILLER.size
 INDEX_UNIT = struct.Struct(">iqiqq")
 INDEX_UNIT_SIZE = INDEX_UNIT.size
+# INDEX_UNIT as a numpy record, to read many units at once.
+INDEX_DTYPE = np.dtype(
+    [("magic", ">i4"), ("pos", ">i8"), ("size", ">i4"), ("index", ">i8"), ("term", ">i8")]
+)
 RECORD = struct.Struct(">qqqII")  # index, term, pos, chainCrc, CRC32 of the rest
 # The header for many entries at once (numpy), the same fields as HEADER.
 HEADER_DTYPE = np.dtype(
@@ -93,6 +98,7 @@ HEADER_DTYPE = np.dtype(
 )
 
 assert HEADER_SIZE == HEADER_DTYPE.itemsize == 48
+assert INDEX_UNIT_SIZE == INDEX_DTYPE.itemsize == 32
 assert INDEX_UNIT_SIZE == 32
 
 Buffer = bytes | bytearray | memoryview

@@ -550,3 +550,38 @@ def test_persist_rewrites_its_records_only_when_they_changed(log: LocalLog) -> N
     d.persist(d.snapshot())
     assert stamps()[0] != first[0]
     assert json.loads(offsets.read_bytes())["position"] == d.dispatched_pos
+
+
+def _read_all(view: CommittedLog, max_bytes: int) -> list[tuple[list[tuple[int, bytes]], int]]:
+    """Every read_committed answer from the first entry to the committed position."""
+    out, pos = [], view.min_pos
+    while pos < view.committed_pos:
+        msgs, pos, _ = view.read_committed(pos, max_bytes)
+        out.append((msgs, pos))
+    return out
+
+
+def test_dispatch_reads_what_this_process_appended_from_memory_as_from_the_files(
+    log: LocalLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries still in the entry store's memory are read without the files (no read,
+    no decode) and give the same answers as the files do once nothing is in memory,
+    across segment ends (fillers) and with reads cut by size."""
+    for seed in range(9):
+        log.put(messages(1000, seed=seed))
+    assert log.store.end_pos > 2 * LAYOUT["data_segment_bytes"], "crosses segment ends"
+
+    def no_file_reads(*_args: object) -> None:
+        raise AssertionError("read from the files")
+
+    with monkeypatch.context() as m:
+        m.setattr(log.store, "stored_entries", no_file_reads)
+        from_memory = _read_all(log.cl, 48 << 10)
+    log.close()
+    reopened = LocalLog(log.root)  # a new process: nothing in memory
+    try:
+        from_files = _read_all(reopened.cl, 48 << 10)
+    finally:
+        reopened.close()
+    assert from_memory == from_files
+    assert sum(len(msgs) for msgs, _ in from_memory) == 9000

@@ -526,3 +526,57 @@ def test_what_recovery_finds_is_made_durable_before_it_counts_as_such(
     assert reopened.last_index() == 39
     assert segments <= set(synced)
     reopened.close()
+
+
+def _one_by_one(s: EntryStore, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+    return [Entry(e.index, e.term, e.body, EntryKind(e.channel))
+            for e in s.stored_entries(lo, hi, max_bytes)]  # fmt: skip
+
+
+def test_runs_read_from_the_files_are_the_entries_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of entries not in memory (a leader catching a follower up) is read and
+    checked at once, and is what decoding them one by one gives, cut by size alike,
+    fillers at segment ends and NOOP entries included."""
+    s = open_store(tmp_path)
+    rng = random.Random(5)
+    for i in range(1, 201):
+        kind = EntryKind.NOOP if i % 37 == 0 else EntryKind.NORMAL
+        s.append([Entry(i, 1 + i // 50, b"" if kind else body(i, rng.randrange(1, 700)), kind)])
+    s.write_checkpoint(200)
+    s.close()
+    r = open_store(tmp_path, committed_index=200)  # nothing in memory
+    for lo, hi, max_bytes in [(1, 201, 1 << 30), (1, 201, 5000), (3, 60, 1), (17, 40, 2500),
+                              (150, 201, 9000), (180, 200, 0)]:  # fmt: skip
+        with monkeypatch.context() as m:  # the run's own read, not the one-by-one one
+            m.setattr(r, "stored_entries", None)
+            got = r.entries(lo, hi, max_bytes)
+        assert got == _one_by_one(r, lo, hi, max_bytes), (lo, hi, max_bytes)
+    assert len(r.entries(1, 201, 1 << 30)) == 200
+    r.close()
+
+
+@pytest.mark.parametrize("where", ["body", "magic", "position"])
+def test_a_damaged_entry_in_a_run_is_the_same_corrupt_entry_as_one_by_one(
+    tmp_path: Path, where: str
+) -> None:
+    s = open_store(tmp_path)
+    fill(s, 60)
+    s.write_checkpoint(60)
+    bad = s.get(33)
+    s.close()
+    seg = SEG * (bad.pos // SEG)
+    path = tmp_path / "data" / f"{seg:020d}"
+    raw = bytearray(path.read_bytes())
+    at = bad.pos - seg + {"body": HEADER_SIZE + 5, "magic": 0, "position": 28}[where]
+    raw[at] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    r = open_store(tmp_path, committed_index=60)
+    with pytest.raises(CorruptEntry) as one:
+        _one_by_one(r, 20, 50, 1 << 30)
+    with pytest.raises(CorruptEntry) as run:
+        r.entries(20, 50, 1 << 30)
+    assert str(run.value) == str(one.value)
+    assert r.entries(1, 33, 1 << 30) == _one_by_one(r, 1, 33, 1 << 30)  # before it: served
+    r.close()

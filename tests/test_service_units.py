@@ -72,6 +72,10 @@ def test_entry_blobs_round_trip_and_reject_truncation() -> None:
     assert decode_entries(blob) == ENTRIES
     with pytest.raises(ValueError, match="truncated"):
         decode_entries(blob[:-1])
+    # index 10, term 3, kind 7 (no EntryKind), 1 byte of data: refused whole
+    unknown = blob + (10).to_bytes(8) + (3).to_bytes(8) + (7).to_bytes(4) + (1).to_bytes(4) + b"x"
+    with pytest.raises(ValueError, match="unknown entry kind 7"):
+        decode_entries(unknown)
 
 
 def test_message_ids_encode_the_offset() -> None:

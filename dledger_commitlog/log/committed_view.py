@@ -13,7 +13,9 @@ Invariants:
   restarts from a leader's snapshot (`_restart_view`).
 - Every read serves bytes checked against their entry's body CRC: a damaged
   entry (recovery does not rescan below the entry checkpoint) fails its read with
-  CorruptEntry and is never served.
+  CorruptEntry and is never served. Dispatch reads entries this process appended
+  (still in the entry store's memory) from memory: the very bytes whose CRCs it
+  computed, not read back.
 """
 
 from __future__ import annotations
@@ -140,6 +142,14 @@ class CommittedView:
         try:
             index = cursor[1] if cursor[0] == pos else store.get_by_pos(pos).index
             hi = min(self.committed_index + 1, index + _DISPATCH_BATCH)
+            cached = store.cached_entries(index, hi, max_bytes)
+            if cached is not None:  # what this process appended: no read, no decode
+                entries, positions = cached
+                out = [(p + HEADER_SIZE, e.data) for e, p in zip(entries, positions, strict=True)
+                       if e.kind == EntryKind.NORMAL and e.data]  # fmt: skip
+                nxt = positions[-1] + HEADER_SIZE + len(entries[-1].data)
+                self._read_cursor = (nxt, entries[-1].index + 1)
+                return out, nxt, committed
             batch = store.stored_entries(index, hi, max_bytes)
         except CorruptEntry as exc:  # dispatch goes in log order: it cannot skip one
             why = f"{exc.reason}; the consume queues and the key index cannot be built past it"

@@ -1,7 +1,9 @@
 """The entry store's memory of its newest entries, so replication and apply need no read.
 
 Owns `EntryCache`: the entries as last appended (bodies as stored, with the
-physical offset patched). Invariants: it holds one contiguous run of indexes,
+physical offset patched) and the position each lies at in the data files, so that
+dispatch reads what this process just wrote without a file read. Invariants: it
+holds one contiguous run of indexes,
 `first..first + len - 1`, which ends at the log's last index whenever it is not
 empty (the store drops what it truncates and what retention deletes); the bodies
 it holds add up to at most about `limit_bytes` (past that, the older half goes).
@@ -17,6 +19,7 @@ from raft.types import Entry
 class EntryCache:
     def __init__(self, limit_bytes: int) -> None:
         self._entries: list[Entry] = []
+        self._positions: list[int] = []  # _positions[k]: where _entries[k] lies
         self._first = 1  # index of _entries[0]
         self._size_bytes = 0
         self._limit_bytes = limit_bytes
@@ -42,11 +45,21 @@ class EntryCache:
                 return out[:n]
         return out
 
-    def append(self, entries: Sequence[Entry], size_bytes: int) -> None:
-        """Entries just appended after the last one (`size_bytes`: their bodies)."""
+    def run(self, lo: int, hi: int, max_bytes: int) -> tuple[list[Entry], list[int]] | None:
+        """`slice`, and the position of each entry it returns."""
+        out = self.slice(lo, hi, max_bytes)
+        if out is None:
+            return None
+        k = lo - self._first
+        return out, self._positions[k : k + len(out)]
+
+    def append(self, entries: Sequence[Entry], size_bytes: int, positions: Sequence[int]) -> None:
+        """Entries just appended after the last one (`size_bytes`: their bodies), at
+        `positions`."""
         if not self._entries:
             self._first = entries[0].index
         self._entries.extend(entries)
+        self._positions.extend(positions)
         self._size_bytes += size_bytes
         if self._size_bytes > self._limit_bytes:  # drop the older half
             self._drop_first(len(self._entries) // 2)
@@ -56,6 +69,7 @@ class EntryCache:
         k = max(0, index - self._first)
         self._size_bytes -= sum(len(e.data) for e in self._entries[k:])
         del self._entries[k:]
+        del self._positions[k:]
 
     def drop_before(self, index: int) -> None:
         """Forget entries before `index` (retention)."""
@@ -65,9 +79,11 @@ class EntryCache:
     def reset(self, first: int) -> None:
         """Empty, the next entry appended being `first` (a restore)."""
         self._entries.clear()
+        self._positions.clear()
         self._first, self._size_bytes = first, 0
 
     def _drop_first(self, k: int) -> None:
         self._size_bytes -= sum(len(e.data) for e in self._entries[:k])
         del self._entries[:k]
+        del self._positions[:k]
         self._first += k

@@ -44,6 +44,7 @@ import logging
 import os
 import struct
 import zlib
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -60,6 +61,7 @@ from dledger_commitlog.log.entry_records import (
     write_record,
 )
 from dledger_commitlog.log.entry_recovery import TailCut, recover_log
+from dledger_commitlog.log.entry_runs import KINDS, RUN_MIN, decode_run
 from raft.errors import Compacted, Unavailable
 from raft.types import Entry, EntryKind
 from store.entry_format import (
@@ -171,10 +173,17 @@ class EntryStore:
             cached = self._cache.slice(lo, hi, max_bytes)
             if cached is not None:
                 return cached
+            if hi - lo >= RUN_MIN and lo >= self._first_index:  # numpy over the headers
+                raw = self._index.read(lo * INDEX_UNIT_SIZE, (hi - lo) * INDEX_UNIT_SIZE)
+                run = decode_run(raw, self._data.read, max_bytes)
+                if run is not None:
+                    return run
+        kinds = KINDS
         return [
-            Entry(e.index, e.term, e.body, EntryKind(e.channel))
+            Entry(e.index, e.term, e.body, kinds[e.channel] if e.channel in kinds else
+                  EntryKind(e.channel))
             for e in self.stored_entries(lo, hi, max_bytes)
-        ]
+        ]  # fmt: skip
 
     def append(self, entries: Sequence[Entry]) -> None:
         self.append_entries(entries)
@@ -239,7 +248,7 @@ class EntryStore:
         self._data.append_across(buf)
         self._index.append_across(units)
         self._last_index, self._last_term, self._last_chain = prev_index, term, chain
-        self._cache.append(cached, cached_size)
+        self._cache.append(cached, cached_size, positions)
         return positions
 
     def truncate_suffix(self, index: int) -> None:
@@ -406,6 +415,27 @@ class EntryStore:
                 )
             out.append(entry)
         return out
+
+    def cached_entries(
+        self, lo: int, hi: int, max_bytes: int
+    ) -> tuple[list[Entry], list[int]] | None:
+        """Entries [lo, hi) and the position of each, cut by size as `stored_entries`
+        cuts them, if entry `lo` is still in memory as this process appended it (None
+        otherwise): no file read and no CRC check, the bytes being those whose CRCs the
+        append computed."""
+        if not lo < hi <= self._last_index + 1:
+            return None
+        run = self._cache.run(lo, hi, max_bytes)
+        if run is None:
+            return None
+        entries, positions = run
+        # stored_entries' cut: entries while pos + size - start <= max_bytes (one at least).
+        # Ends grow with positions, so only the last entry starting in bounds may overrun.
+        limit = positions[0] + max_bytes
+        n = max(1, bisect_right(positions, limit - HEADER_SIZE))
+        if n > 1 and positions[n - 1] + HEADER_SIZE + len(entries[n - 1].data) > limit:
+            n -= 1
+        return entries[:n], positions[:n]
 
     def body_at(self, pos: int, body_len: int = 0) -> bytes:
         """The body of the entry that starts at `pos`, checked against its CRC.
