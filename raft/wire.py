@@ -32,12 +32,9 @@ from raft.messages import (
     TimeoutNow,
     VoteResponse,
 )
-from raft.types import Entry, EntryKind
+from raft.types import KINDS, Entry
 
 _ENTRY_HEAD = struct.Struct(">qqiI")
-# EntryKind by value: a dict lookup per entry, not an enum call (a catch-up decodes
-# about a thousand entries per MB).
-_KINDS = {int(k): k for k in EntryKind}
 _T = pb.RaftMessage
 PEER_ID = "dledger-peer-id"  # stream metadata: the node id the sender claims
 # The gRPC stacks that speak this wire (`raft.transport`); the first is the default.
@@ -66,7 +63,7 @@ def decode_entries(blob: bytes) -> tuple[Entry, ...]:
     off, size = 0, len(blob)
     unpack = _ENTRY_HEAD.unpack_from
     hsize = _ENTRY_HEAD.size
-    kinds = _KINDS
+    kinds = KINDS
     while off < size:
         if off + hsize > size:
             raise ValueError("truncated entry header in append")

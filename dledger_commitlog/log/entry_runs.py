@@ -20,12 +20,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from raft.types import Entry, EntryKind
+from raft.types import KINDS, Entry
 from store.entry_format import HEADER_SIZE, INDEX_DTYPE, entry_headers, header_faults
 from store.errors import CorruptEntry
 
 RUN_MIN = 16  # fewer entries than this: one by one costs less than numpy's set-up
-KINDS = {int(k): k for k in EntryKind}  # EntryKind by value: a dict lookup, not an enum call
 
 
 def decode_run(

@@ -61,9 +61,9 @@ from dledger_commitlog.log.entry_records import (
     write_record,
 )
 from dledger_commitlog.log.entry_recovery import TailCut, recover_log
-from dledger_commitlog.log.entry_runs import KINDS, RUN_MIN, decode_run
+from dledger_commitlog.log.entry_runs import RUN_MIN, decode_run
 from raft.errors import Compacted, Unavailable
-from raft.types import Entry, EntryKind
+from raft.types import KINDS, Entry, EntryKind
 from store.entry_format import (
     CHAIN_FIELDS,
     ENTRY_MAGIC,
