@@ -554,12 +554,10 @@ def main() -> None:
     ap.add_argument("--gib", type=float, default=1.0, help="log to write and catch up, GiB")
     ap.add_argument("--body-bytes", type=int, default=1024, help="message body size")
     ap.add_argument("--seconds", type=float, default=5.0, help="per put window")
-    ap.add_argument(
-        "--reps",
-        type=int,
-        default=1,
-        help="catch-ups (unloaded and loaded) and copies; medians reported",
-    )
+    reps = "catch-ups (unloaded and loaded) and copies; medians reported"
+    ap.add_argument("--reps", type=int, default=1, help=reps)
+    rate = "the nodes' raft.catch_up_mb_s (default: theirs; 0: unthrottled)"
+    ap.add_argument("--catch-up-mb-s", type=float, default=None, help=rate)
     ap.add_argument(
         "--cold",
         action="store_true",
@@ -583,6 +581,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.reps < 1 or args.gib <= 0 or args.body_bytes < 1:
         ap.error("--reps, --gib and --body-bytes must be positive")
+    if args.catch_up_mb_s is not None:
+        CONFIG["catch_up_mb_s"] = args.catch_up_mb_s  # the clusters this run starts
     signal.signal(signal.SIGTERM, _interrupt)
     if args.vs_tree:
         compare_trees(args, Path(args.vs_tree).resolve())

@@ -35,6 +35,9 @@ class Config:
     join: bool = False
     # A learner is promoted to voter only within this many entries of the leader's log.
     max_promote_lag: int = 1000
+    # Catch-up throttle: entry bytes per tick per follower in appends of committed
+    # entries only (a follower catching up; never what a commit waits for). 0: none.
+    catch_up_bytes_per_tick: int = 0
 
     def __post_init__(self) -> None:
         if self.id not in self.peers and not self.join:
@@ -51,8 +54,8 @@ class Config:
             raise ValueError("max_inflight_bytes must be >= max_append_bytes")
         if self.preferred_leader is not None and self.preferred_leader not in self.peers:
             raise ValueError(f"preferred leader {self.preferred_leader} is not a peer")
-        if self.max_promote_lag < 0:
-            raise ValueError("max_promote_lag must be >= 0")
+        if self.max_promote_lag < 0 or self.catch_up_bytes_per_tick < 0:
+            raise ValueError("max_promote_lag and catch_up_bytes_per_tick must be >= 0")
 
     def bootstrap(self) -> Membership:
         """The membership before any configuration entry (see the class docstring)."""

@@ -2,7 +2,8 @@
 
 Owns: `Leadership`, the part of `RaftCore` that keeps a leader honest about
 being one (a mixin over `CoreState`, raft/state.py):
-- the heartbeat tick: heartbeats every `heartbeat_ticks`; every election timeout
+- the heartbeat tick: heartbeats every `heartbeat_ticks`, the catch-up throttle's
+  refill every tick; every election timeout
   check-quorum (step down unless a quorum was heard from) and the end of a
   transfer that did not finish in time;
 - ReadIndex: a read is answered with the commit index at the time it arrived,
@@ -48,10 +49,24 @@ class Leadership(CoreState):
                 # (the voters elect among themselves) rather than lead from outside.
                 self._become_follower(self._term, None)
                 return
+        rate = self._cfg.catch_up_bytes_per_tick
+        if rate:
+            self._refill_catch_up(rate)
         if self._heartbeat_elapsed >= self._cfg.heartbeat_ticks:
             self._heartbeat_elapsed = 0
             self._bcast_heartbeat()
             self._maybe_transfer_to_preferred()
+
+    def _refill_catch_up(self, rate: int) -> None:
+        """A tick's worth of catch-up bytes for every follower (one tick's at most
+        saved up); one whose budget was spent gets its next appends now."""
+        for p in self._replicas:
+            pr = self._progress[p]
+            if pr.budget < rate:
+                spent = pr.budget <= 0
+                pr.budget = min(pr.budget + rate, rate)
+                if spent and pr.budget > 0:
+                    self._send_appends(p)
 
     # --- leadership transfer ---
 

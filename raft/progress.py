@@ -69,6 +69,7 @@ class Progress:
     """The leader's view of one peer (the leader keeps one for itself too)."""
 
     __slots__ = (
+        "budget",
         "inflights",
         "match",
         "next",
@@ -90,6 +91,7 @@ class Progress:
         self.pending_snapshot = 0  # SNAPSHOT: the index the follower restarts after
         self.snapshot_wait = 0  # SNAPSHOT: heartbeat responses seen without its ack
         self.inflights = Inflights(max_msgs, max_bytes)
+        self.budget = 0  # catch-up throttle: entry bytes of committed entries it may get
 
     def __repr__(self) -> str:
         return f"Progress({self.state.value} match={self.match} next={self.next})"

@@ -20,6 +20,9 @@ Invariants kept here:
   core never touches its storage for it, the driver restores the storage from
   `Ready.snapshot`.
 - new entries and commits are sent once per Ready (`_flush`), not per input.
+- with a catch-up throttle (`Config.catch_up_bytes_per_tick`) an append of
+  committed entries only goes to a follower while its byte budget lasts (the
+  leader's tick refills it); appends carrying what a commit waits for never wait.
 """
 
 from __future__ import annotations
@@ -248,6 +251,9 @@ class Replication(CoreState):
         prev_index = pr.next - 1
         if pr.next < log.first_index():
             return self._send_snapshot(peer, pr)
+        rate = cfg.catch_up_bytes_per_tick
+        if rate and pr.budget <= 0 and pr.next + cfg.max_append_entries <= log.committed:
+            return False  # far behind (catching up), its budget spent: the tick refills it
         try:
             if pr.next <= last:
                 hi = min(last + 1, pr.next + cfg.max_append_entries)
@@ -260,6 +266,8 @@ class Replication(CoreState):
         except Compacted:  # the storage dropped a prefix meanwhile
             return self._send_snapshot(peer, pr)
         size = data_size(ents)
+        if rate and prev_index + len(ents) <= log.committed:
+            pr.budget -= size
         msg = AppendEntries(self._id, peer, self._term, prev_index, prev_term, tuple(ents),
                             log.committed, quiet and not ents)  # fmt: skip
         self._send(msg)

@@ -319,3 +319,33 @@ def test_the_hard_state_record_keeps_the_configuration_and_reads_the_old_one(
     f.path.write_bytes(f.path.read_bytes()[:-1] + b"\x00")
     with pytest.raises(CorruptEntry):
         RaftStateFile(f.path)
+
+
+# --- the catch-up throttle ---
+
+
+def test_a_follower_far_behind_catches_up_at_the_throttled_rate_and_commits_never_wait() -> None:
+    rate, size = 200, 50
+    c = Cluster(3, catch_up_bytes_per_tick=rate, max_append_entries=2)
+    c.campaign(1)
+    c.crash(3)
+    for _ in range(30):
+        c.propose(1, b"x" * size)
+        c.stabilize()
+    c.restart(3)
+    per_tick: list[int] = []
+    for k in range(200):
+        first = len(c.sent)
+        c.propose(1, b"live%d" % k)  # each tick a new entry: it commits at once
+        c.tick_all(1)
+        assert c.core(1).commit_index == c.core(1).last_index
+        committed = c.core(1).commit_index
+        per_tick.append(sum(
+            len(e.data) for m in c.sent[first:] if isinstance(m, AppendEntries) and m.dst == 3
+            and m.prev_index + len(m.entries) <= committed - 1 for e in m.entries
+        ))  # fmt: skip
+        if c.core(3).last_index == c.core(1).last_index:
+            break
+    assert c.core(3).last_index == c.core(1).last_index  # it did catch up
+    assert max(per_tick) <= rate + 2 * size  # a tick's budget, and the one append overdrawing it
+    assert len(per_tick) >= 30 * size // (rate + 2 * size)  # so it took that many ticks

@@ -100,6 +100,9 @@ class NodeConfig:
     # Joining a running group (docs/operations.md): `peers` are its members and this
     # node, which learns its membership from the leader's log once it is added.
     join: bool = False
+    # Catch-up throttle per follower (a new node, a wiped one): MB/s of committed entries
+    # sent to a follower far behind; 0: as fast as it goes. DLedger's peerPushQuota is 20.
+    catch_up_mb_s: float = 20.0
     max_append_entries: int = 1024
     max_append_bytes: int = 4 << 20
     max_inflight_msgs: int = 64
@@ -284,6 +287,7 @@ _SECTIONS = {
         "heartbeat_ticks": "heartbeat_ticks",
         "preferred_leader": "preferred_leader",
         "join": "join",
+        "catch_up_mb_s": "catch_up_mb_s",
         "max_append_entries": "max_append_entries",
         "max_append_bytes": "max_append_bytes",
         "max_inflight_msgs": "max_inflight_msgs",
@@ -340,6 +344,7 @@ _BOUNDS: dict[str, tuple[float, float | None]] = {
     # One AppendEntries carries this much (or one entry), within a 16 MiB RaftBatch.
     "max_append_bytes": (1, 16 << 20),
     "idempotency_window": (0, None),
+    "catch_up_mb_s": (0, None),
     "file_reserved_hours": (0, None),
     "delete_when_hour": (0, 23),
 }

@@ -194,6 +194,7 @@ def raft_config(cfg: NodeConfig) -> Config:
         pre_vote=True,
         preferred_leader=cfg.preferred_leader,
         join=cfg.join,
+        catch_up_bytes_per_tick=int(cfg.catch_up_mb_s * 1e6 * cfg.tick_ms / 1000),
     )
 
 
