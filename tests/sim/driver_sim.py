@@ -106,7 +106,6 @@ from raft import (
     VoteResponse,
 )
 from raft.driver import ReadyDriver
-from raft.errors import MembershipError
 from raft.hard_state import RaftStateFile
 from raft.membership import ChangeOp
 from store.entry_format import INDEX_UNIT_SIZE
@@ -1250,20 +1249,10 @@ class DriverSim:
                 return
             life = rng.choice(up)
         core = life.core
-        change = self.members.choose(rng, core.membership, life.node.id)
-        if change is None:
+        asked = self.members.ask(rng, core, life.node.id)
+        if asked is None:
             return
-        self.stats["conf_asked"] += 1
-        voters = core.membership.voters
-        try:
-            core.propose_conf_change(change)
-        except NotLeader:
-            self.stats["conf_not_leader"] += 1
-            return
-        except MembershipError:
-            self.stats["conf_refused"] += 1
-            return
-        new = self.members.accepted(change, life.node.id, voters)
+        change, new = asked
         if new is not None:
             node = self._new_node(new)
             self._open(node)

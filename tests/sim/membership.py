@@ -29,7 +29,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Protocol, TypeVar
 
-from raft import Config, RaftCore, Role
+from raft import Config, NotLeader, RaftCore, Role
+from raft.errors import MembershipError
 from raft.membership import ChangeOp, ConfChange, Member, Membership
 
 SPARE_IDS = 6  # ids a run may add, beyond its first voters
@@ -103,6 +104,27 @@ class MembershipEvents:
                 return ConfChange(ChangeOp.PROMOTE, rng.choice(conf.voters))
             case _:  # nobody
                 return ConfChange(rng.choice((ChangeOp.PROMOTE, ChangeOp.REMOVE)), unknown)
+
+    def ask(
+        self, rng: random.Random, core: RaftCore, node_id: int
+    ) -> tuple[ConfChange, int | None] | None:
+        """Ask node `node_id` (whose core is `core`) for a change chosen here: None if
+        none was appended (nothing to choose, not the leader, refused), else the change
+        and the id of a node to start, as `accepted` says. Both simulators ask so."""
+        change = self.choose(rng, core.membership, node_id)
+        if change is None:
+            return None
+        self.stats["conf_asked"] += 1
+        voters = core.membership.voters
+        try:
+            core.propose_conf_change(change)
+        except NotLeader:
+            self.stats["conf_not_leader"] += 1
+            return None
+        except MembershipError:
+            self.stats["conf_refused"] += 1
+            return None
+        return change, self.accepted(change, node_id, voters)
 
     def accepted(self, change: ConfChange, leader: int, voters: Sequence[int]) -> int | None:
         """The leader appended `change`; the id of a node to start (joining, told of

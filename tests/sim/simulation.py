@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from raft import Message, NotLeader, RaftCore, Ready, Role, Snapshot
-from raft.errors import MembershipError
 from raft.membership import ChangeOp
 from tests.sim.checkers import Checker, LogView
 from tests.sim.config import random_config
@@ -454,20 +453,10 @@ class Simulation:
             leader = rng.choice(live)
         core = leader.core
         assert core is not None
-        change = self.members.choose(rng, core.membership, leader.id)
-        if change is None:
+        asked = self.members.ask(rng, core, leader.id)
+        if asked is None:
             return
-        self.stats["conf_asked"] += 1
-        voters = core.membership.voters
-        try:
-            core.propose_conf_change(change)
-        except NotLeader:
-            self.stats["conf_not_leader"] += 1
-            return
-        except MembershipError:
-            self.stats["conf_refused"] += 1
-            return
-        new = self.members.accepted(change, leader.id, voters)
+        change, new = asked
         if new is not None:
             node = self.nodes[new] = SimNode(new)
             self._start(node)
