@@ -382,8 +382,3 @@ def corrupt_tail(n: Nemesis) -> None:
         n.fault("flip-byte", f"n{node}: {hit}")
         n.start(node)
         n.wait_caught_up()
-
-
-# The membership scenarios register themselves with `scenario` (a module of their own:
-# this one would pass 600 lines); imported here so that SCENARIOS is always complete.
-from chaos import membership as _membership  # noqa: E402, F401
