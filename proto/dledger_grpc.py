@@ -110,6 +110,42 @@ class DLedgerClientBase(abc.ABC):
     async def OffsetsForTimes(self, stream: 'grpclib.server.Stream[proto.dledger_pb2.OffsetsForTimesRequest, proto.dledger_pb2.OffsetsForTimesResponse]') -> None:
         pass
 
+    @abc.abstractmethod
+    async def GroupHeartbeat(self, stream: 'grpclib.server.Stream[proto.dledger_pb2.GroupHeartbeatRequest, proto.dledger_pb2.GroupHeartbeatResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
+    async def GroupFetch(self, stream: 'grpclib.server.Stream[proto.dledger_pb2.GroupFetchRequest, proto.dledger_pb2.GroupFetchResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
+    async def GroupAck(self, stream: 'grpclib.server.Stream[proto.dledger_pb2.GroupAckRequest, proto.dledger_pb2.GroupAckResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
+    async def GroupNack(self, stream: 'grpclib.server.Stream[proto.dledger_pb2.GroupNackRequest, proto.dledger_pb2.GroupNackResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
+    async def GroupLeave(self, stream: 'grpclib.server.Stream[proto.dledger_pb2.GroupLeaveRequest, proto.dledger_pb2.GroupLeaveResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
+    async def GroupList(self, stream: 'grpclib.server.Stream[proto.dledger_pb2.GroupListRequest, proto.dledger_pb2.GroupListResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
+    async def GroupDescribe(self, stream: 'grpclib.server.Stream[proto.dledger_pb2.GroupDescribeRequest, proto.dledger_pb2.GroupDescribeResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
+    async def GroupResetOffsets(self, stream: 'grpclib.server.Stream[proto.dledger_pb2.GroupResetOffsetsRequest, proto.dledger_pb2.GroupResetOffsetsResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
+    async def GroupDlq(self, stream: 'grpclib.server.Stream[proto.dledger_pb2.GroupDlqRequest, proto.dledger_pb2.GroupDlqResponse]') -> None:
+        pass
+
     def __mapping__(self) -> typing.Dict[str, grpclib.const.Handler]:
         return {
             '/dledger.v1.DLedgerClient/Put': grpclib.const.Handler(
@@ -255,6 +291,60 @@ class DLedgerClientBase(abc.ABC):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 proto.dledger_pb2.OffsetsForTimesRequest,
                 proto.dledger_pb2.OffsetsForTimesResponse,
+            ),
+            '/dledger.v1.DLedgerClient/GroupHeartbeat': grpclib.const.Handler(
+                self.GroupHeartbeat,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                proto.dledger_pb2.GroupHeartbeatRequest,
+                proto.dledger_pb2.GroupHeartbeatResponse,
+            ),
+            '/dledger.v1.DLedgerClient/GroupFetch': grpclib.const.Handler(
+                self.GroupFetch,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                proto.dledger_pb2.GroupFetchRequest,
+                proto.dledger_pb2.GroupFetchResponse,
+            ),
+            '/dledger.v1.DLedgerClient/GroupAck': grpclib.const.Handler(
+                self.GroupAck,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                proto.dledger_pb2.GroupAckRequest,
+                proto.dledger_pb2.GroupAckResponse,
+            ),
+            '/dledger.v1.DLedgerClient/GroupNack': grpclib.const.Handler(
+                self.GroupNack,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                proto.dledger_pb2.GroupNackRequest,
+                proto.dledger_pb2.GroupNackResponse,
+            ),
+            '/dledger.v1.DLedgerClient/GroupLeave': grpclib.const.Handler(
+                self.GroupLeave,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                proto.dledger_pb2.GroupLeaveRequest,
+                proto.dledger_pb2.GroupLeaveResponse,
+            ),
+            '/dledger.v1.DLedgerClient/GroupList': grpclib.const.Handler(
+                self.GroupList,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                proto.dledger_pb2.GroupListRequest,
+                proto.dledger_pb2.GroupListResponse,
+            ),
+            '/dledger.v1.DLedgerClient/GroupDescribe': grpclib.const.Handler(
+                self.GroupDescribe,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                proto.dledger_pb2.GroupDescribeRequest,
+                proto.dledger_pb2.GroupDescribeResponse,
+            ),
+            '/dledger.v1.DLedgerClient/GroupResetOffsets': grpclib.const.Handler(
+                self.GroupResetOffsets,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                proto.dledger_pb2.GroupResetOffsetsRequest,
+                proto.dledger_pb2.GroupResetOffsetsResponse,
+            ),
+            '/dledger.v1.DLedgerClient/GroupDlq': grpclib.const.Handler(
+                self.GroupDlq,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                proto.dledger_pb2.GroupDlqRequest,
+                proto.dledger_pb2.GroupDlqResponse,
             ),
         }
 
@@ -405,6 +495,60 @@ class DLedgerClientStub:
             '/dledger.v1.DLedgerClient/OffsetsForTimes',
             proto.dledger_pb2.OffsetsForTimesRequest,
             proto.dledger_pb2.OffsetsForTimesResponse,
+        )
+        self.GroupHeartbeat = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/dledger.v1.DLedgerClient/GroupHeartbeat',
+            proto.dledger_pb2.GroupHeartbeatRequest,
+            proto.dledger_pb2.GroupHeartbeatResponse,
+        )
+        self.GroupFetch = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/dledger.v1.DLedgerClient/GroupFetch',
+            proto.dledger_pb2.GroupFetchRequest,
+            proto.dledger_pb2.GroupFetchResponse,
+        )
+        self.GroupAck = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/dledger.v1.DLedgerClient/GroupAck',
+            proto.dledger_pb2.GroupAckRequest,
+            proto.dledger_pb2.GroupAckResponse,
+        )
+        self.GroupNack = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/dledger.v1.DLedgerClient/GroupNack',
+            proto.dledger_pb2.GroupNackRequest,
+            proto.dledger_pb2.GroupNackResponse,
+        )
+        self.GroupLeave = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/dledger.v1.DLedgerClient/GroupLeave',
+            proto.dledger_pb2.GroupLeaveRequest,
+            proto.dledger_pb2.GroupLeaveResponse,
+        )
+        self.GroupList = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/dledger.v1.DLedgerClient/GroupList',
+            proto.dledger_pb2.GroupListRequest,
+            proto.dledger_pb2.GroupListResponse,
+        )
+        self.GroupDescribe = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/dledger.v1.DLedgerClient/GroupDescribe',
+            proto.dledger_pb2.GroupDescribeRequest,
+            proto.dledger_pb2.GroupDescribeResponse,
+        )
+        self.GroupResetOffsets = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/dledger.v1.DLedgerClient/GroupResetOffsets',
+            proto.dledger_pb2.GroupResetOffsetsRequest,
+            proto.dledger_pb2.GroupResetOffsetsResponse,
+        )
+        self.GroupDlq = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/dledger.v1.DLedgerClient/GroupDlq',
+            proto.dledger_pb2.GroupDlqRequest,
+            proto.dledger_pb2.GroupDlqResponse,
         )
 
 

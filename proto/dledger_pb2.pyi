@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class MessageData(_message.Message):
-    __slots__ = ("topic", "body", "keys", "tags", "properties", "uniq_key", "born_timestamp_ms", "flag", "queue_id", "has_queue_id", "delay_level", "deliver_at_ms")
+    __slots__ = ("topic", "body", "keys", "tags", "properties", "uniq_key", "born_timestamp_ms", "flag", "queue_id", "has_queue_id", "delay_level", "deliver_at_ms", "sharding_key")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,7 @@ class MessageData(_message.Message):
     HAS_QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     DELAY_LEVEL_FIELD_NUMBER: _ClassVar[int]
     DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    SHARDING_KEY_FIELD_NUMBER: _ClassVar[int]
     topic: str
     body: bytes
     keys: _containers.RepeatedScalarFieldContainer[str]
@@ -40,7 +41,300 @@ class MessageData(_message.Message):
     has_queue_id: bool
     delay_level: int
     deliver_at_ms: int
-    def __init__(self, topic: _Optional[str] = ..., body: _Optional[bytes] = ..., keys: _Optional[_Iterable[str]] = ..., tags: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., uniq_key: _Optional[str] = ..., born_timestamp_ms: _Optional[int] = ..., flag: _Optional[int] = ..., queue_id: _Optional[int] = ..., has_queue_id: _Optional[bool] = ..., delay_level: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ...) -> None: ...
+    sharding_key: str
+    def __init__(self, topic: _Optional[str] = ..., body: _Optional[bytes] = ..., keys: _Optional[_Iterable[str]] = ..., tags: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., uniq_key: _Optional[str] = ..., born_timestamp_ms: _Optional[int] = ..., flag: _Optional[int] = ..., queue_id: _Optional[int] = ..., has_queue_id: _Optional[bool] = ..., delay_level: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ..., sharding_key: _Optional[str] = ...) -> None: ...
+
+class Subscription(_message.Message):
+    __slots__ = ("topic", "filter_kind", "expression")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    FILTER_KIND_FIELD_NUMBER: _ClassVar[int]
+    EXPRESSION_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    filter_kind: str
+    expression: str
+    def __init__(self, topic: _Optional[str] = ..., filter_kind: _Optional[str] = ..., expression: _Optional[str] = ...) -> None: ...
+
+class QueueLease(_message.Message):
+    __slots__ = ("topic", "queue_id", "epoch", "next_offset", "in_flight", "unacked_from")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    UNACKED_FROM_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    epoch: int
+    next_offset: int
+    in_flight: int
+    unacked_from: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., epoch: _Optional[int] = ..., next_offset: _Optional[int] = ..., in_flight: _Optional[int] = ..., unacked_from: _Optional[int] = ...) -> None: ...
+
+class GroupHeartbeatRequest(_message.Message):
+    __slots__ = ("group", "member_id", "subscriptions", "strategy", "orderly", "max_reconsume", "ack_wait_ms", "held", "client", "first_retry_level")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    ORDERLY_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECONSUME_FIELD_NUMBER: _ClassVar[int]
+    ACK_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_RETRY_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    member_id: str
+    subscriptions: _containers.RepeatedCompositeFieldContainer[Subscription]
+    strategy: str
+    orderly: bool
+    max_reconsume: int
+    ack_wait_ms: int
+    held: _containers.RepeatedCompositeFieldContainer[QueueLease]
+    client: str
+    first_retry_level: int
+    def __init__(self, group: _Optional[str] = ..., member_id: _Optional[str] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., strategy: _Optional[str] = ..., orderly: _Optional[bool] = ..., max_reconsume: _Optional[int] = ..., ack_wait_ms: _Optional[int] = ..., held: _Optional[_Iterable[_Union[QueueLease, _Mapping]]] = ..., client: _Optional[str] = ..., first_retry_level: _Optional[int] = ...) -> None: ...
+
+class GroupHeartbeatResponse(_message.Message):
+    __slots__ = ("queues", "session_timeout_ms", "heartbeat_interval_ms", "generation")
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueLease]
+    session_timeout_ms: int
+    heartbeat_interval_ms: int
+    generation: int
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueLease, _Mapping]]] = ..., session_timeout_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class GroupFetchRequest(_message.Message):
+    __slots__ = ("group", "member_id", "max_messages", "wait_ms")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    member_id: str
+    max_messages: int
+    wait_ms: int
+    def __init__(self, group: _Optional[str] = ..., member_id: _Optional[str] = ..., max_messages: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class Delivery(_message.Message):
+    __slots__ = ("message", "epoch", "reconsume_times", "origin_topic", "delivery_count")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    message: StoredMessage
+    epoch: int
+    reconsume_times: int
+    origin_topic: str
+    delivery_count: int
+    def __init__(self, message: _Optional[_Union[StoredMessage, _Mapping]] = ..., epoch: _Optional[int] = ..., reconsume_times: _Optional[int] = ..., origin_topic: _Optional[str] = ..., delivery_count: _Optional[int] = ...) -> None: ...
+
+class GroupFetchResponse(_message.Message):
+    __slots__ = ("deliveries", "queues", "generation")
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    deliveries: _containers.RepeatedCompositeFieldContainer[Delivery]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueLease]
+    generation: int
+    def __init__(self, deliveries: _Optional[_Iterable[_Union[Delivery, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueLease, _Mapping]]] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class MessageHandle(_message.Message):
+    __slots__ = ("topic", "queue_id", "queue_offset", "epoch", "end_offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    queue_offset: int
+    epoch: int
+    end_offset: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., epoch: _Optional[int] = ..., end_offset: _Optional[int] = ...) -> None: ...
+
+class GroupAckRequest(_message.Message):
+    __slots__ = ("group", "member_id", "handles")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    member_id: str
+    handles: _containers.RepeatedCompositeFieldContainer[MessageHandle]
+    def __init__(self, group: _Optional[str] = ..., member_id: _Optional[str] = ..., handles: _Optional[_Iterable[_Union[MessageHandle, _Mapping]]] = ...) -> None: ...
+
+class GroupAckResponse(_message.Message):
+    __slots__ = ("acked",)
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    acked: int
+    def __init__(self, acked: _Optional[int] = ...) -> None: ...
+
+class GroupNackRequest(_message.Message):
+    __slots__ = ("group", "member_id", "handle", "delay_level")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    DELAY_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    member_id: str
+    handle: MessageHandle
+    delay_level: int
+    def __init__(self, group: _Optional[str] = ..., member_id: _Optional[str] = ..., handle: _Optional[_Union[MessageHandle, _Mapping]] = ..., delay_level: _Optional[int] = ...) -> None: ...
+
+class GroupNackResponse(_message.Message):
+    __slots__ = ("outcome", "reconsume_times", "delay_ms")
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
+    DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    outcome: str
+    reconsume_times: int
+    delay_ms: int
+    def __init__(self, outcome: _Optional[str] = ..., reconsume_times: _Optional[int] = ..., delay_ms: _Optional[int] = ...) -> None: ...
+
+class GroupLeaveRequest(_message.Message):
+    __slots__ = ("group", "member_id")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    member_id: str
+    def __init__(self, group: _Optional[str] = ..., member_id: _Optional[str] = ...) -> None: ...
+
+class GroupLeaveResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GroupListRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GroupSummary(_message.Message):
+    __slots__ = ("group", "members", "lag", "retries", "dead_letters", "strategy", "orderly", "generation")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    ORDERLY_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    members: int
+    lag: int
+    retries: int
+    dead_letters: int
+    strategy: str
+    orderly: bool
+    generation: int
+    def __init__(self, group: _Optional[str] = ..., members: _Optional[int] = ..., lag: _Optional[int] = ..., retries: _Optional[int] = ..., dead_letters: _Optional[int] = ..., strategy: _Optional[str] = ..., orderly: _Optional[bool] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class GroupListResponse(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[GroupSummary]
+    def __init__(self, groups: _Optional[_Iterable[_Union[GroupSummary, _Mapping]]] = ...) -> None: ...
+
+class GroupDescribeRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class GroupMemberInfo(_message.Message):
+    __slots__ = ("member_id", "client", "last_seen_ms_ago", "queues")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_MS_AGO_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    client: str
+    last_seen_ms_ago: int
+    queues: _containers.RepeatedCompositeFieldContainer[QueueLease]
+    def __init__(self, member_id: _Optional[str] = ..., client: _Optional[str] = ..., last_seen_ms_ago: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueLease, _Mapping]]] = ...) -> None: ...
+
+class GroupQueueInfo(_message.Message):
+    __slots__ = ("topic", "queue_id", "committed", "max_offset", "lag", "owner", "epoch", "in_flight", "revoking")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    REVOKING_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    committed: int
+    max_offset: int
+    lag: int
+    owner: str
+    epoch: int
+    in_flight: int
+    revoking: bool
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., committed: _Optional[int] = ..., max_offset: _Optional[int] = ..., lag: _Optional[int] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ..., in_flight: _Optional[int] = ..., revoking: _Optional[bool] = ...) -> None: ...
+
+class GroupDescribeResponse(_message.Message):
+    __slots__ = ("summary", "members", "queues", "subscriptions")
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    summary: GroupSummary
+    members: _containers.RepeatedCompositeFieldContainer[GroupMemberInfo]
+    queues: _containers.RepeatedCompositeFieldContainer[GroupQueueInfo]
+    subscriptions: _containers.RepeatedCompositeFieldContainer[Subscription]
+    def __init__(self, summary: _Optional[_Union[GroupSummary, _Mapping]] = ..., members: _Optional[_Iterable[_Union[GroupMemberInfo, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[GroupQueueInfo, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ...) -> None: ...
+
+class GroupResetOffsetsRequest(_message.Message):
+    __slots__ = ("group", "topic", "queue_id", "to", "value", "force")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    queue_id: int
+    to: str
+    value: int
+    force: bool
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., to: _Optional[str] = ..., value: _Optional[int] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class GroupResetOffsetsResponse(_message.Message):
+    __slots__ = ("offsets",)
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    offsets: _containers.RepeatedCompositeFieldContainer[GroupOffset]
+    def __init__(self, offsets: _Optional[_Iterable[_Union[GroupOffset, _Mapping]]] = ...) -> None: ...
+
+class GroupDlqRequest(_message.Message):
+    __slots__ = ("group", "from_offset", "max_messages", "resend_offsets", "resend_all")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    FROM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    RESEND_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    RESEND_ALL_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    from_offset: int
+    max_messages: int
+    resend_offsets: _containers.RepeatedScalarFieldContainer[int]
+    resend_all: bool
+    def __init__(self, group: _Optional[str] = ..., from_offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., resend_offsets: _Optional[_Iterable[int]] = ..., resend_all: _Optional[bool] = ...) -> None: ...
+
+class GroupDlqResponse(_message.Message):
+    __slots__ = ("messages", "resent", "next_offset", "max_offset")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    RESENT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[StoredMessage]
+    resent: int
+    next_offset: int
+    max_offset: int
+    def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ..., resent: _Optional[int] = ..., next_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
 
 class PutRequest(_message.Message):
     __slots__ = ("message", "cluster")
@@ -256,18 +550,22 @@ class LocalFiles(_message.Message):
     def __init__(self, data_dir: _Optional[str] = ..., boot_id: _Optional[str] = ..., dir_device: _Optional[int] = ..., dir_inode: _Optional[int] = ..., log_file_end: _Optional[int] = ...) -> None: ...
 
 class CommitOffsetRequest(_message.Message):
-    __slots__ = ("group", "topic", "queue_id", "offset", "cluster")
+    __slots__ = ("group", "topic", "queue_id", "offset", "cluster", "member_id", "epoch")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     group: str
     topic: str
     queue_id: int
     offset: int
     cluster: str
-    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., cluster: _Optional[str] = ...) -> None: ...
+    member_id: str
+    epoch: int
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., cluster: _Optional[str] = ..., member_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class CommitOffsetResponse(_message.Message):
     __slots__ = ()

@@ -154,6 +154,51 @@ class DLedgerClientStub:
                 request_serializer=proto_dot_dledger__pb2.OffsetsForTimesRequest.SerializeToString,
                 response_deserializer=proto_dot_dledger__pb2.OffsetsForTimesResponse.FromString,
                 _registered_method=True)
+        self.GroupHeartbeat = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/GroupHeartbeat',
+                request_serializer=proto_dot_dledger__pb2.GroupHeartbeatRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.GroupHeartbeatResponse.FromString,
+                _registered_method=True)
+        self.GroupFetch = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/GroupFetch',
+                request_serializer=proto_dot_dledger__pb2.GroupFetchRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.GroupFetchResponse.FromString,
+                _registered_method=True)
+        self.GroupAck = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/GroupAck',
+                request_serializer=proto_dot_dledger__pb2.GroupAckRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.GroupAckResponse.FromString,
+                _registered_method=True)
+        self.GroupNack = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/GroupNack',
+                request_serializer=proto_dot_dledger__pb2.GroupNackRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.GroupNackResponse.FromString,
+                _registered_method=True)
+        self.GroupLeave = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/GroupLeave',
+                request_serializer=proto_dot_dledger__pb2.GroupLeaveRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.GroupLeaveResponse.FromString,
+                _registered_method=True)
+        self.GroupList = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/GroupList',
+                request_serializer=proto_dot_dledger__pb2.GroupListRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.GroupListResponse.FromString,
+                _registered_method=True)
+        self.GroupDescribe = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/GroupDescribe',
+                request_serializer=proto_dot_dledger__pb2.GroupDescribeRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.GroupDescribeResponse.FromString,
+                _registered_method=True)
+        self.GroupResetOffsets = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/GroupResetOffsets',
+                request_serializer=proto_dot_dledger__pb2.GroupResetOffsetsRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.GroupResetOffsetsResponse.FromString,
+                _registered_method=True)
+        self.GroupDlq = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/GroupDlq',
+                request_serializer=proto_dot_dledger__pb2.GroupDlqRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.GroupDlqResponse.FromString,
+                _registered_method=True)
 
 
 class DLedgerClientServicer:
@@ -309,6 +354,61 @@ class DLedgerClientServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GroupHeartbeat(self, request, context):
+        """Consumer groups (the leader answers; a follower redirects).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GroupFetch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GroupAck(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GroupNack(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GroupLeave(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GroupList(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GroupDescribe(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GroupResetOffsets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GroupDlq(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DLedgerClientServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -431,6 +531,51 @@ def add_DLedgerClientServicer_to_server(servicer, server):
                     servicer.OffsetsForTimes,
                     request_deserializer=proto_dot_dledger__pb2.OffsetsForTimesRequest.FromString,
                     response_serializer=proto_dot_dledger__pb2.OffsetsForTimesResponse.SerializeToString,
+            ),
+            'GroupHeartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupHeartbeat,
+                    request_deserializer=proto_dot_dledger__pb2.GroupHeartbeatRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.GroupHeartbeatResponse.SerializeToString,
+            ),
+            'GroupFetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupFetch,
+                    request_deserializer=proto_dot_dledger__pb2.GroupFetchRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.GroupFetchResponse.SerializeToString,
+            ),
+            'GroupAck': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupAck,
+                    request_deserializer=proto_dot_dledger__pb2.GroupAckRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.GroupAckResponse.SerializeToString,
+            ),
+            'GroupNack': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupNack,
+                    request_deserializer=proto_dot_dledger__pb2.GroupNackRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.GroupNackResponse.SerializeToString,
+            ),
+            'GroupLeave': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupLeave,
+                    request_deserializer=proto_dot_dledger__pb2.GroupLeaveRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.GroupLeaveResponse.SerializeToString,
+            ),
+            'GroupList': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupList,
+                    request_deserializer=proto_dot_dledger__pb2.GroupListRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.GroupListResponse.SerializeToString,
+            ),
+            'GroupDescribe': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupDescribe,
+                    request_deserializer=proto_dot_dledger__pb2.GroupDescribeRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.GroupDescribeResponse.SerializeToString,
+            ),
+            'GroupResetOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupResetOffsets,
+                    request_deserializer=proto_dot_dledger__pb2.GroupResetOffsetsRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.GroupResetOffsetsResponse.SerializeToString,
+            ),
+            'GroupDlq': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupDlq,
+                    request_deserializer=proto_dot_dledger__pb2.GroupDlqRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.GroupDlqResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1081,6 +1226,249 @@ class DLedgerClient:
             '/dledger.v1.DLedgerClient/OffsetsForTimes',
             proto_dot_dledger__pb2.OffsetsForTimesRequest.SerializeToString,
             proto_dot_dledger__pb2.OffsetsForTimesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupHeartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/GroupHeartbeat',
+            proto_dot_dledger__pb2.GroupHeartbeatRequest.SerializeToString,
+            proto_dot_dledger__pb2.GroupHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupFetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/GroupFetch',
+            proto_dot_dledger__pb2.GroupFetchRequest.SerializeToString,
+            proto_dot_dledger__pb2.GroupFetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupAck(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/GroupAck',
+            proto_dot_dledger__pb2.GroupAckRequest.SerializeToString,
+            proto_dot_dledger__pb2.GroupAckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupNack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/GroupNack',
+            proto_dot_dledger__pb2.GroupNackRequest.SerializeToString,
+            proto_dot_dledger__pb2.GroupNackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupLeave(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/GroupLeave',
+            proto_dot_dledger__pb2.GroupLeaveRequest.SerializeToString,
+            proto_dot_dledger__pb2.GroupLeaveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/GroupList',
+            proto_dot_dledger__pb2.GroupListRequest.SerializeToString,
+            proto_dot_dledger__pb2.GroupListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupDescribe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/GroupDescribe',
+            proto_dot_dledger__pb2.GroupDescribeRequest.SerializeToString,
+            proto_dot_dledger__pb2.GroupDescribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupResetOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/GroupResetOffsets',
+            proto_dot_dledger__pb2.GroupResetOffsetsRequest.SerializeToString,
+            proto_dot_dledger__pb2.GroupResetOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupDlq(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/GroupDlq',
+            proto_dot_dledger__pb2.GroupDlqRequest.SerializeToString,
+            proto_dot_dledger__pb2.GroupDlqResponse.FromString,
             options,
             channel_credentials,
             insecure,
