@@ -18,12 +18,13 @@ import grpc
 from dledger_commitlog.client import retry
 from dledger_commitlog.client.api import AsyncClientBase, chunks
 from dledger_commitlog.client.errors import ClientError
+from dledger_commitlog.client.groups import GroupOps
 from dledger_commitlog.client.values import MessageSpec, NodeStatus, PutResult, StatusError
 
 R = TypeVar("R")
 
 
-class AsyncClient(AsyncClientBase):
+class AsyncClient(GroupOps, AsyncClientBase):
     """asyncio client, the same API as `Client` with coroutines."""
 
     def _stub(self, address: str) -> Any:

@@ -231,11 +231,15 @@ class ClientBase:
         queue_id: int | None = None,
         delay_level: int = 0,
         deliver_at_ms: int = 0,
+        sharding_key: str = "",
     ) -> Op[PutResult]:
         """Put one message; with `delay_level` or `deliver_at_ms` it reaches its topic
-        later (docs/delayed-and-transactional.md) and the result is the stored copy's."""
+        later (docs/delayed-and-transactional.md) and the result is the stored copy's.
+        `sharding_key`: the server picks the key's queue, the same for every message of
+        the key, so an orderly consumer sees them in order (docs/consumer-groups.md)."""
         spec = MessageSpec(topic, body, keys, tags, properties, uniq_key, queue_id,
-                           delay_level=delay_level, deliver_at_ms=deliver_at_ms)  # fmt: skip
+                           delay_level=delay_level, deliver_at_ms=deliver_at_ms,
+                           sharding_key=sharding_key)  # fmt: skip
         msg = spec.to_pb(_now_ms())
         request = pb.PutRequest(message=msg, cluster=self.cluster)
         return Op("put", "Put", request, lambda r: put_result(r.result), True, (msg.uniq_key,),

@@ -29,6 +29,7 @@ from dledger_commitlog.client import retry
 from dledger_commitlog.client.access import CHANNEL_OPTIONS, Channels
 from dledger_commitlog.client.api import BlockingClientBase, chunks
 from dledger_commitlog.client.errors import ClientError
+from dledger_commitlog.client.groups import GroupOps
 from dledger_commitlog.client.values import MessageSpec, NodeStatus, PutResult, StatusError
 
 R = TypeVar("R")
@@ -60,7 +61,7 @@ class _LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
 
-class Client(BlockingClientBase):
+class Client(GroupOps, BlockingClientBase):
     """Blocking client: one gRPC channel per server, reused across calls and threads."""
 
     def __init__(self, servers: Sequence[str] | str, **kwargs: Any) -> None:

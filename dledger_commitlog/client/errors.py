@@ -60,6 +60,12 @@ class ChangeRefused(ClientError):
     changed. The message says why."""
 
 
+class GroupRefused(ClientError):
+    """The group coordinator refused: a lease the member no longer holds (a stale
+    owner is fenced), a member whose session ended, or settings that disagree with
+    its group's. A consumer heartbeats again; the message says which."""
+
+
 class WrongCluster(ClientError):
     """The server belongs to another cluster than the one this client names."""
 

@@ -35,6 +35,7 @@ class MessageSpec:
     flag: int = 0
     delay_level: int = 0  # 1..N of the cluster's delay levels (0: none)
     deliver_at_ms: int = 0  # deliver at this time, ms since the epoch (0: none)
+    sharding_key: str = ""  # ordered messages: the same key, the same queue
 
     def __post_init__(self) -> None:
         if not isinstance(self.topic, str) or not self.topic:
@@ -52,6 +53,10 @@ class MessageSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidArgument(f"{name} must be a non-negative int, not {value!r}")
+        if not isinstance(self.sharding_key, str):
+            raise InvalidArgument(f"sharding_key must be a string, not {self.sharding_key!r}")
+        if self.sharding_key and self.queue_id is not None:
+            raise InvalidArgument("give a queue_id or a sharding_key, not both")
         size = len(self.body.encode() if isinstance(self.body, str) else self.body)
         if size > MAX_MESSAGE_BYTES_LIMIT:
             raise InvalidArgument(
@@ -74,6 +79,7 @@ class MessageSpec:
             has_queue_id=self.queue_id is not None,
             delay_level=self.delay_level,
             deliver_at_ms=self.deliver_at_ms,
+            sharding_key=self.sharding_key,
         )
 
 

@@ -1,7 +1,8 @@
 """The leader-side services of one node, built over its facade and run beside it.
 
 Owns `LeaderServices`: the system log view (`SystemLog`), delayed messages
-(`ScheduleService`), transactional messages (`TransactionService` and the
+(`ScheduleService`), consumer groups (`GroupService`),
+transactional messages (`TransactionService` and the
 producers' check streams, `CheckRegistry`), their tasks and their gauges. The
 server builds it after the node and starts it after the node starts; the client
 service answers transactional RPCs through it. A service that fails stops the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 
+from dledger_commitlog.messaging.groups import GroupService
 from dledger_commitlog.messaging.schedule import ScheduleService
 from dledger_commitlog.messaging.system_log import SystemLog
 from dledger_commitlog.messaging.transactions import CheckRegistry, TransactionService
@@ -34,6 +36,12 @@ class LeaderServices:
             self.system_log, self.checks, check_timeout_ms=cfg.check_timeout_ms,
             check_interval_ms=cfg.check_interval_ms, max_checks=cfg.max_checks,
         )  # fmt: skip
+        self.groups = GroupService(
+            self.system_log, self.schedule.levels, queues_per_topic=cfg.queues_per_topic,
+            session_timeout_ms=cfg.group_session_timeout_ms,
+            heartbeat_interval_ms=cfg.group_heartbeat_interval_ms,
+            max_timer_delay_s=cfg.max_timer_delay_s,
+        )  # fmt: skip
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -41,6 +49,7 @@ class LeaderServices:
         self._tasks = [
             loop.create_task(self.schedule.run(), name="schedule"),
             loop.create_task(self.transactions.run(), name="transactions"),
+            loop.create_task(self.groups.run(), name="consumer-groups"),
             loop.create_task(self._gauges(), name="messaging-gauges"),
         ]
         for task in self._tasks:
@@ -56,6 +65,7 @@ class LeaderServices:
             await asyncio.sleep(GAUGES_INTERVAL_S)
             metrics.scheduled_backlog.set(self.schedule.backlog())
             metrics.pending_halves.set(self.transactions.pending)
+            metrics.set_groups(self.groups.summaries())
 
     async def close(self) -> None:
         for task in self._tasks:

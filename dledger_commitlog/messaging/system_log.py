@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from dispatch.dispatcher import OFFSETS_TOPIC, encode_offset_commit
 from dledger_commitlog.common.protocol import PutResult
+from dledger_commitlog.log import reads
 from dledger_commitlog.log.commitlog import OutcomeUnknown, Overloaded, PutFailed, PutSpec
 from dledger_commitlog.log.message_route import msg_id_of
 from dledger_commitlog.node.node import RaftNode
@@ -130,6 +131,22 @@ class SystemLog:
     def queue_end(self, topic: str, queue_id: int) -> int:
         q = self._node.queue_view(topic, queue_id)
         return 0 if q is None else q.max_offset
+
+    def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """(min offset, max offset) of a queue ((0, 0): no such queue yet)."""
+        q = self._node.queue_view(topic, queue_id)
+        return (0, 0) if q is None else (q.min_offset, q.max_offset)
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first offset of a queue stored at or after `timestamp_ms`."""
+        q = self._node.queue_view(topic, queue_id)
+        if q is None:
+            return 0
+        return reads.offset_for_time(q, self._node.log_view(), timestamp_ms)
+
+    def group_offsets(self) -> Mapping[tuple[str, str, int], int]:
+        """Every group's committed offsets: (group, topic, queue) -> offset."""
+        return self._node.group_offsets
 
     def units(self, topic: str, queue_id: int, offset: int, max_count: int) -> list[CqUnit]:
         """Dispatched units of a queue from `offset` (fewer at its end or past retention)."""

@@ -24,6 +24,7 @@ The TOML layout (every key optional but `node_id`, `data_dir` and `peers`):
     [retention] file_reserved_hours, delete_when_hour, force_clean_ratio, refuse_ratio
     [schedule]  delay_levels = "1s 5s 10s 30s 1m ... 2h", max_timer_delay_s
     [transaction] check_timeout_ms, check_interval_ms, max_checks
+    [groups]  session_timeout_ms = 3000, heartbeat_interval_ms = 1000  # consumer groups
     [tls]     ca, cert, key            # PEM paths: TLS on both ports, mTLS between peers
     [security]
     peer_secret_file = "cluster.secret"  # peers prove membership with HMAC tokens
@@ -131,6 +132,10 @@ class NodeConfig:
     check_timeout_ms: int = 6_000
     check_interval_ms: int = 60_000
     max_checks: int = 15
+    # consumer groups (messaging/groups.py): a member silent this long is gone, and its
+    # queues move (the rebalance bound is about session + heartbeat interval)
+    group_session_timeout_ms: int = 3_000
+    group_heartbeat_interval_ms: int = 1_000
     # security (docs/security.md)
     tls_ca: str = ""
     tls_cert: str = ""
@@ -312,6 +317,10 @@ _SECTIONS = {
     "schedule": {name: name for name in ("delay_levels", "max_timer_delay_s")},
     "transaction": {name: name for name in ("check_timeout_ms", "check_interval_ms", "max_checks")},
     "security": {name: name for name in ("peer_secret_file", "acl_file", "insecure")},
+    "groups": {
+        "session_timeout_ms": "group_session_timeout_ms",
+        "heartbeat_interval_ms": "group_heartbeat_interval_ms",
+    },
     "retention": {
         name: name
         for name in (
@@ -332,7 +341,8 @@ _AT_LEAST_ONE = (
     "max_append_entries", "max_inflight_msgs", "flush_interval_ms",
     "index_segment_bytes", "queues_per_topic", "cq_units_per_file", "index_slots",
     "index_entries", "max_pending_puts", "max_timer_delay_s", "check_timeout_ms",
-    "check_interval_ms", "max_checks",
+    "check_interval_ms", "max_checks", "group_session_timeout_ms",
+    "group_heartbeat_interval_ms",
 )  # fmt: skip
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _LEVEL = re.compile(r"^(\d+)(ms|s|m|h|d)$")

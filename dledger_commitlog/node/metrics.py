@@ -6,7 +6,7 @@ follower, fsync latency, role and term. Served over HTTP by `serve_metrics`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -51,6 +51,27 @@ class NodeMetrics:
         self.pending_halves = Gauge("dledger_transaction_pending_halves",
                                     "Half messages not yet committed or rolled back (leader)",
                                     registry=r)  # fmt: skip
+
+        self.group_lag = Gauge("dledger_group_lag_messages", "Messages past a consumer "
+                               "group's acked offsets (leader)", ["group"], registry=r)  # fmt: skip
+        self.group_members = Gauge("dledger_group_members", "Live members of a consumer "
+                                   "group (leader)", ["group"], registry=r)  # fmt: skip
+        self.group_retries = Gauge("dledger_group_retries_messages", "Messages a consumer "
+                                   "group sent to its retry topic", ["group"],
+                                   registry=r)  # fmt: skip
+        self.group_dead_letters = Gauge("dledger_group_dead_letters_messages", "Messages in "
+                                        "a consumer group's dead-letter topic", ["group"],
+                                        registry=r)  # fmt: skip
+
+    def set_groups(self, summaries: Mapping[str, Mapping[str, object]]) -> None:
+        """The consumer groups' gauges from `GroupService.summaries`."""
+        for group, s in summaries.items():
+            self.group_lag.labels(group).set(float(s["lag"]))  # type: ignore[arg-type]
+            self.group_members.labels(group).set(float(s["members"]))  # type: ignore[arg-type]
+            self.group_retries.labels(group).set(float(s["retries"]))  # type: ignore[arg-type]
+            self.group_dead_letters.labels(group).set(
+                float(s["dead_letters"])  # type: ignore[arg-type]
+            )
 
     def observe_fsync(self, _flushed: int, seconds: float) -> None:
         self.fsync_latency.observe(seconds)

@@ -1,7 +1,7 @@
 """The gRPC client service: every client RPC, one part per concern.
 
 `ClientService` joins the parts (`writes`, `transactions`, `message_reads`,
-`offsets`, `log_reads`, `admin`, `members`), each a `base.ServiceBase` over the
+`offsets` (over `groups`), `log_reads`, `admin`, `members`), each a `base.ServiceBase` over the
 node's facade (`node.RaftNode`) and its leader-side services (`messaging.services`);
 `server.serve` builds it. See `base` for what every RPC shares: authentication,
 forwarding to the leader, and how failures map to gRPC status codes.

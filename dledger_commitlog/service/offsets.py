@@ -14,15 +14,16 @@ import grpc
 
 from dispatch.dispatcher import OFFSETS_TOPIC, encode_offset_commit
 from dledger_commitlog.log.commitlog import OutcomeUnknown, Overloaded, PutFailed
-from dledger_commitlog.node.acl import Account, Perm, require_group, require_topics
-from dledger_commitlog.service.base import Context, ServiceBase
+from dledger_commitlog.node.acl import Perm, require_topics
+from dledger_commitlog.service.base import Context
+from dledger_commitlog.service.groups import GroupRpcs, group_rights
 from proto import dledger_pb2 as pb
 from raft import NotLeader
 from store.errors import InvalidMessage
 from store.message import check_name
 
 
-class OffsetRpcs(ServiceBase):
+class OffsetRpcs(GroupRpcs):
     async def QueueOffsets(
         self, request: pb.QueueOffsetsRequest, context: Context
     ) -> pb.QueueOffsetsResponse:
@@ -58,7 +59,7 @@ class OffsetRpcs(ServiceBase):
         """Record a group's offset through the Raft log (so it survives failover)."""
         r = request
         account = await self._allow(
-            context, "CommitOffset", lambda a: _group_rights(a, r.group, r.topic)
+            context, "CommitOffset", lambda a: group_rights(a, r.group, [r.topic])
         )
         try:
             wrong = self._check_cluster(r.cluster)
@@ -68,6 +69,15 @@ class OffsetRpcs(ServiceBase):
             self._check_queue(r.topic, r.queue_id)
             if r.offset < 0:
                 raise InvalidMessage(f"offset {r.offset} must not be negative")
+        except InvalidMessage as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if self.node.leading_term() is not None:
+            groups = self.services.groups
+            fenced = await self._run(context, "offset commit", groups.commit_fenced(
+                r.group, r.member_id, r.topic, r.queue_id, r.epoch, r.offset))  # fmt: skip
+            if fenced:
+                return pb.CommitOffsetResponse()  # the coordinator commits it with the acks
+        try:
             spec = self.node.prepare(
                 OFFSETS_TOPIC,
                 encode_offset_commit(r.group, r.topic, r.queue_id, r.offset),
@@ -93,7 +103,7 @@ class OffsetRpcs(ServiceBase):
         self, request: pb.FetchOffsetRequest, context: Context
     ) -> pb.FetchOffsetResponse:
         r = request
-        await self._allow(context, "FetchOffset", lambda a: _group_rights(a, r.group, r.topic))
+        await self._allow(context, "FetchOffset", lambda a: group_rights(a, r.group, [r.topic]))
         try:
             check_name(r.group, "group")
             if r.queue_id != -1:
@@ -114,8 +124,3 @@ class OffsetRpcs(ServiceBase):
                 for q in queues
             ]
         )
-
-
-def _group_rights(account: Account, group: str, topic: str) -> None:
-    require_group(account, group)
-    require_topics(account, [topic], Perm.SUB)

@@ -19,6 +19,8 @@ import grpc
 from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
 from dledger_commitlog.common.protocol import PUT_FRAMES_ACCEPTED, PutResult
 from dledger_commitlog.log.commitlog import OutcomeUnknown, Overloaded, PutFailed, PutSpec
+from dledger_commitlog.messaging.group_state import DLQ_PREFIX, RETRY_PREFIX
+from dledger_commitlog.messaging.groups import reserved_topic, sharding_queue
 from dledger_commitlog.messaging.schedule import SCHEDULE_TOPIC, schedule, scheduled_properties
 from dledger_commitlog.messaging.transactions import HALF_KEY_PREFIX, HALF_TOPIC, half_properties
 from dledger_commitlog.node.acl import Account, AuthError, Perm, require_topics
@@ -38,8 +40,15 @@ class WriteRpcs(ServiceBase):
 
         A message without a uniq_key gets one here, written into `m`: a forward of
         the request to the leader then carries the same key (one message, once)."""
-        if m.topic.startswith(SYSTEM_TOPIC_PREFIX):
-            raise InvalidMessage(f"topic {m.topic!r}: the prefix {SYSTEM_TOPIC_PREFIX} is reserved")
+        if reserved_topic(m.topic):
+            raise InvalidMessage(f"topic {m.topic!r}: the prefixes {SYSTEM_TOPIC_PREFIX}, "
+                                 f"{RETRY_PREFIX} and {DLQ_PREFIX} are reserved")  # fmt: skip
+        if m.sharding_key:
+            if m.has_queue_id:
+                raise InvalidMessage("give a queue id or a sharding key, not both")
+            m.queue_id = sharding_queue(m.sharding_key, self.cfg.queues_per_topic)
+            m.has_queue_id = True
+            m.sharding_key = ""  # a forward to the leader carries the queue it chose
         if not m.uniq_key:
             m.uniq_key = uuid.uuid4().hex.upper()
         topic, uniq, qid = m.topic, m.uniq_key, m.queue_id if m.has_queue_id else None

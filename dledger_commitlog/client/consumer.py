@@ -1,0 +1,494 @@
+"""Consumers of a group: `AsyncConsumer` (asyncio) and `Consumer` (blocking, threads).
+
+    def handle(m: ConsumedMessage) -> bool | None | Retry:
+        ...                       # None or True: done (acked); False, Retry(level)
+                                  # or an exception: retried later
+    with Consumer("127.0.0.1:7401,...", "billing", ["orders"], handle) as consumer:
+        consumer.run()            # until stop() (or max_messages, idle_exit_s)
+
+Delivery is at least once. The group's coordinator (the leader) divides the
+queues among its live members; each consumer heartbeats, fetches what its
+queues hold (filtered on the server), runs the handler, and acks what it handled,
+or nacks it: to the group's retry topic on the delay levels, then the dead-letter
+topic after `max_reconsume` (concurrent mode), or in place (orderly mode, one
+message at a time per queue, so a sharding key's order is kept). A message the
+handler has not finished within `ack_wait_ms` is delivered again.
+
+Across a leader failover the consumer carries on: its calls follow the new
+leader, and its heartbeats claim the queues it holds (with what it has not acked)
+so the new leader gives them back to it. A consumer whose heartbeats stop
+succeeding for the session timeout stops starting handlers of its queues (they
+are someone else's by then) until it heartbeats again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from dledger_commitlog.client.aio import AsyncClient
+from dledger_commitlog.client.errors import ClientError, GroupRefused, NotFound
+from dledger_commitlog.client.groups import Delivery, QueueLease, Subscription
+from dledger_commitlog.client.values import StoredMessage
+from proto import dledger_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+_FETCH_WAIT_MS = 1000
+_ERROR_PAUSE_S = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """A handler's answer: retry this message later, on `delay_level` (0: the group's
+    policy, the first retry level plus the times it was retried)."""
+
+    delay_level: int = 0
+
+
+HandlerResult = bool | None | Retry
+Handler = Callable[["ConsumedMessage"], HandlerResult | Awaitable[HandlerResult]]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumedMessage:
+    """A delivered message as a handler sees it: `topic` is the producer's topic,
+    `stored_topic`/`queue_id`/`queue_offset` where this copy is stored (a retried
+    message is stored in the group's retry topic)."""
+
+    delivery: Delivery
+
+    @property
+    def message(self) -> StoredMessage:
+        return self.delivery.message
+
+    @property
+    def topic(self) -> str:
+        return self.delivery.origin_topic
+
+    @property
+    def stored_topic(self) -> str:
+        return self.delivery.message.topic
+
+    @property
+    def queue_id(self) -> int:
+        return self.delivery.message.queue_id
+
+    @property
+    def queue_offset(self) -> int:
+        return self.delivery.message.queue_offset
+
+    @property
+    def body(self) -> bytes:
+        return self.delivery.message.body
+
+    @property
+    def msg_id(self) -> str:
+        return self.delivery.message.msg_id
+
+    @property
+    def reconsume_times(self) -> int:
+        return self.delivery.reconsume_times
+
+
+@dataclass(slots=True)
+class _Track:
+    """One queue as this member sees it: its lease and the deliveries not acked."""
+
+    epoch: int
+    next_offset: int = 0
+    unacked: set[int] = field(default_factory=set)
+
+
+Topics = Sequence[str | Subscription] | Mapping[str, str]
+
+
+def subscriptions_of(topics: Topics) -> list[Subscription]:
+    """Topics as given (names, Subscriptions, or topic -> tag expression)."""
+    if isinstance(topics, Mapping):
+        return [Subscription(t, e) for t, e in topics.items()]
+    if isinstance(topics, str):
+        topics = [topics]
+    return [t if isinstance(t, Subscription) else Subscription(t) for t in topics]
+
+
+class AsyncConsumer:
+    """A member of a consumer group on asyncio (see the module docstring). A plain
+    function handler runs in a thread pool of `concurrency` threads; a coroutine
+    function on the loop. At most `concurrency` handlers run at once."""
+
+    def __init__(
+        self,
+        client: AsyncClient | str | Sequence[str],
+        group: str,
+        topics: Topics,
+        handler: Handler,
+        *,
+        orderly: bool = False,
+        strategy: str = "average",
+        max_reconsume: int = 16,
+        ack_wait_ms: int = 30_000,
+        first_retry_level: int = 3,
+        batch: int = 32,
+        concurrency: int = 8,
+        member_id: str | None = None,
+        **client_kwargs: Any,
+    ) -> None:
+        self._own_client = not isinstance(client, AsyncClient)
+        self.client = client if isinstance(client, AsyncClient) else AsyncClient(
+            client, **client_kwargs
+        )  # fmt: skip
+        self.group = group
+        self.subscriptions = subscriptions_of(topics)
+        self.handler = handler
+        self.orderly = orderly
+        self.strategy = strategy
+        self.max_reconsume = max_reconsume
+        self.ack_wait_ms = ack_wait_ms
+        self.first_retry_level = first_retry_level
+        self.batch = batch
+        self.concurrency = concurrency
+        self.member_id = member_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.processed = 0  # handler calls that ended (acked or retried)
+        self.generation = 0
+        self.leases: tuple[QueueLease, ...] = ()
+        self._tracks: dict[tuple[str, int], _Track] = {}
+        self._executor: ThreadPoolExecutor | None = None
+        self._stopping = asyncio.Event()
+        self._heartbeat_now = asyncio.Event()
+        self._acks: list[tuple[str, int, int, int]] = []
+        self._ack_event = asyncio.Event()
+        self._slots = asyncio.Semaphore(concurrency)
+        self._running: set[asyncio.Task[None]] = set()
+        self._session_s = 3.0
+        self._interval_s = 1.0
+        self._last_heartbeat = 0.0
+        self._last_delivery = time.monotonic()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- running ---------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop after the handlers running now (callable from any thread)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._stopping.set)
+        else:
+            self._stopping.set()
+
+    async def run(self, *, max_messages: int = 0, idle_exit_s: float = 0.0) -> int:
+        """Consume until `stop()`, `max_messages` handled or `idle_exit_s` without a
+        delivery; then finish the handlers running, ack, and leave the group. Returns
+        how many messages the handler took. Bad settings (a filter that does not
+        parse, a strategy or mode the group's live members do not share) raise."""
+        self._loop = asyncio.get_running_loop()
+        if not inspect.iscoroutinefunction(self.handler):
+            self._executor = ThreadPoolExecutor(self.concurrency, f"consumer-{self.group}")
+        await self._heartbeat()  # raises on bad input or a conflict
+        tasks = [asyncio.create_task(self._heartbeats(), name="consumer-heartbeats"),
+                 asyncio.create_task(self._ack_loop(), name="consumer-acks")]  # fmt: skip
+        try:
+            await self._fetch_loop(max_messages, idle_exit_s)
+        finally:
+            if self._running:
+                await asyncio.wait(self._running, timeout=self.ack_wait_ms / 1000)
+            await self._flush_acks()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            with contextlib.suppress(ClientError):
+                await self.client.group_leave(self.group, self.member_id)
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+            if self._own_client:
+                await self.client.close()
+        return self.processed
+
+    def _done(self, max_messages: int, idle_exit_s: float) -> bool:
+        if self._stopping.is_set():
+            return True
+        if max_messages and self.processed >= max_messages:
+            return True
+        idle = time.monotonic() - self._last_delivery
+        return bool(idle_exit_s) and idle >= idle_exit_s and not self._running
+
+    async def _fetch_loop(self, max_messages: int, idle_exit_s: float) -> None:
+        while not self._done(max_messages, idle_exit_s):
+            room = self.batch
+            if max_messages:
+                room = min(room, max_messages - self.processed - len(self._running))
+            if room <= 0 or len(self._running) >= 2 * self.concurrency:
+                await asyncio.wait(self._running or {asyncio.create_task(asyncio.sleep(0.05))},
+                                   timeout=0.5, return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                continue
+            try:
+                fetched = await self.client.group_fetch(self.group, self.member_id, room,
+                                                        _FETCH_WAIT_MS)  # fmt: skip
+            except GroupRefused as exc:
+                log.info("consumer %s: %s", self.member_id, exc.message)
+                await self._heartbeat_soon()
+                continue
+            except ClientError as exc:
+                log.info("consumer %s: fetch failed (%s); retrying", self.member_id, exc)
+                await asyncio.sleep(_ERROR_PAUSE_S)
+                continue
+            self._take_leases(fetched.leases, fetched.generation)
+            if fetched.deliveries:
+                self._last_delivery = time.monotonic()
+            self._dispatch(fetched.deliveries)
+
+    def _dispatch(self, deliveries: Sequence[Delivery]) -> None:
+        for d in deliveries:
+            m = d.message
+            track = self._tracks.setdefault((m.topic, m.queue_id), _Track(d.epoch))
+            track.epoch = max(track.epoch, d.epoch)
+            track.unacked.add(m.queue_offset)
+            track.next_offset = max(track.next_offset, m.queue_offset + 1)
+        if self.orderly:
+            by_queue: dict[tuple[str, int], list[Delivery]] = {}
+            for d in deliveries:
+                by_queue.setdefault((d.message.topic, d.message.queue_id), []).append(d)
+            for run in by_queue.values():
+                self._spawn(self._in_order(run))
+        else:
+            for d in deliveries:
+                self._spawn(self._one(d))
+
+    def _spawn(self, work: Awaitable[object]) -> None:
+        async def guarded() -> None:
+            async with self._slots:
+                await work
+
+        task = asyncio.create_task(guarded())
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _in_order(self, run: Sequence[Delivery]) -> None:
+        """One queue's deliveries in offset order; a failure retries in place, and the
+        rest come again after it (the coordinator redelivers them)."""
+        for d in sorted(run, key=lambda d: d.message.queue_offset):
+            if not self._lease_fresh():
+                self._forget(d)
+                continue
+            if not await self._one(d):
+                for rest in run:
+                    if rest.message.queue_offset > d.message.queue_offset:
+                        self._forget(rest)
+                return
+
+    def _forget(self, d: Delivery) -> None:
+        track = self._tracks.get((d.message.topic, d.message.queue_id))
+        if track is not None:
+            track.unacked.discard(d.message.queue_offset)
+
+    async def _one(self, d: Delivery) -> bool:
+        """Run the handler on one delivery, then ack or nack it; whether it succeeded."""
+        try:
+            outcome = await self._call(ConsumedMessage(d))
+        except Exception:
+            log.exception("consumer %s: the handler failed on %s/%d@%d", self.member_id,
+                          d.message.topic, d.message.queue_id, d.message.queue_offset)  # fmt: skip
+            outcome = False
+        self.processed += 1
+        if outcome is None or outcome is True:
+            self._acks.append(d.handle)
+            self._ack_event.set()
+            return True
+        level = outcome.delay_level if isinstance(outcome, Retry) else 0
+        try:
+            await self.client.group_nack(self.group, self.member_id, d.handle, level)
+        except (GroupRefused, NotFound) as exc:
+            log.info("consumer %s: nack refused: %s", self.member_id, exc.message)
+        except ClientError as exc:
+            log.warning("consumer %s: nack failed (%s): redelivered after the ack wait",
+                        self.member_id, exc)  # fmt: skip
+        self._forget(d)
+        return False
+
+    async def _call(self, m: ConsumedMessage) -> HandlerResult:
+        if self._executor is None:
+            return await self.handler(m)  # type: ignore[misc,no-any-return]
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(self._executor, self.handler, m)
+        return result  # type: ignore[return-value]
+
+    # -- acks ------------------------------------------------------------------------
+
+    async def _ack_loop(self) -> None:
+        while True:
+            await self._ack_event.wait()
+            self._ack_event.clear()
+            await self._flush_acks()
+
+    async def _flush_acks(self) -> None:
+        handles, self._acks = self._acks, []
+        if not handles:
+            return
+        try:
+            await self.client.group_ack(self.group, self.member_id, handles)
+        except (GroupRefused, NotFound) as exc:
+            log.info("consumer %s: acks refused (%s): those messages go to the queue's "
+                     "owner again", self.member_id, exc.message)  # fmt: skip
+        except ClientError as exc:
+            log.warning("consumer %s: acks failed (%s): redelivered after the ack wait",
+                        self.member_id, exc)  # fmt: skip
+        for topic, queue_id, offset, _epoch in handles:
+            track = self._tracks.get((topic, queue_id))
+            if track is not None:
+                track.unacked.discard(offset)
+
+    # -- membership ------------------------------------------------------------------
+
+    def _lease_fresh(self) -> bool:
+        return time.monotonic() - self._last_heartbeat < self._session_s
+
+    async def _heartbeat_soon(self) -> None:
+        self._heartbeat_now.set()
+        await asyncio.sleep(_ERROR_PAUSE_S)
+
+    async def _heartbeats(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._interval_s):
+                    await self._heartbeat_now.wait()
+            self._heartbeat_now.clear()
+            try:
+                await self._heartbeat()
+            except ClientError as exc:
+                log.info("consumer %s: heartbeat failed: %s", self.member_id, exc)
+
+    async def _heartbeat(self) -> None:
+        if not self._lease_fresh():
+            self._tracks = {k: t for k, t in self._tracks.items() if t.unacked}
+        held = [
+            pb.QueueLease(
+                topic=t,
+                queue_id=q,
+                epoch=x.epoch,
+                next_offset=x.next_offset,
+                in_flight=len(x.unacked),
+                unacked_from=min(x.unacked, default=x.next_offset),
+            )
+            for (t, q), x in self._tracks.items()
+            if x.next_offset
+        ]
+        started = time.monotonic()
+        ms = await self.client.group_heartbeat(
+            self.group, self.member_id, self.subscriptions, strategy=self.strategy,
+            orderly=self.orderly, max_reconsume=self.max_reconsume,
+            ack_wait_ms=self.ack_wait_ms, first_retry_level=self.first_retry_level,
+            held=held, client_name=f"{socket.gethostname()}:{os.getpid()}",
+        )  # fmt: skip
+        self._last_heartbeat = started
+        self._session_s = ms.session_timeout_ms / 1000
+        self._interval_s = ms.heartbeat_interval_ms / 1000
+        self._take_leases(ms.leases, ms.generation)
+
+    def _take_leases(self, leases: Sequence[QueueLease], generation: int) -> None:
+        self.leases = tuple(leases)
+        self.generation = generation
+        held = {(x.topic, x.queue_id): x.epoch for x in leases}
+        for ref, epoch in held.items():
+            track = self._tracks.get(ref)
+            if track is None:
+                self._tracks[ref] = _Track(epoch)
+            else:
+                track.epoch = epoch
+        for ref in [r for r, t in self._tracks.items() if r not in held and not t.unacked]:
+            del self._tracks[ref]
+
+
+class Consumer:
+    """A blocking consumer: `run()` consumes in this thread until `stop()` (from another
+    thread or a signal handler) or its limits; `start()` runs it in a thread of its
+    own. The handler runs in a pool of `concurrency` threads. Same arguments as
+    `AsyncConsumer`, with the servers (or a cluster file's list) first."""
+
+    def __init__(
+        self,
+        servers: str | Sequence[str],
+        group: str,
+        topics: Topics,
+        handler: Callable[[ConsumedMessage], HandlerResult],
+        **kwargs: Any,
+    ) -> None:
+        self._args = (servers, group, topics, handler)
+        self._kwargs = kwargs
+        self._consumer: AsyncConsumer | None = None
+        self._ready = threading.Event()
+        self._stop_asked = False
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.processed = 0
+
+    @property
+    def member_id(self) -> str | None:
+        return None if self._consumer is None else self._consumer.member_id
+
+    @property
+    def leases(self) -> tuple[QueueLease, ...]:
+        return () if self._consumer is None else self._consumer.leases
+
+    def run(self, *, max_messages: int = 0, idle_exit_s: float = 0.0) -> int:
+        """Consume until stopped or a limit (see `AsyncConsumer.run`); how many handled."""
+
+        async def main() -> int:
+            self._consumer = AsyncConsumer(*self._args, **self._kwargs)
+            self._ready.set()
+            if self._stop_asked:
+                self._consumer.stop()
+            try:
+                return await self._consumer.run(max_messages=max_messages,
+                                                 idle_exit_s=idle_exit_s)  # fmt: skip
+            finally:
+                self.processed = self._consumer.processed
+
+        try:
+            return asyncio.run(main())
+        finally:
+            self._ready.set()
+
+    def start(self, **limits: Any) -> Self:
+        """Run in a background thread; `wait_ready` for its first heartbeat's leases."""
+
+        def target() -> None:
+            try:
+                self.run(**limits)
+            except BaseException as exc:  # reported by join()
+                self._error = exc
+
+        self._thread = threading.Thread(target=target, name="dledger-consumer", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop_asked = True
+        if self._consumer is not None:
+            self._consumer.stop()
+
+    def join(self, timeout_s: float | None = None) -> int:
+        """Wait for a started consumer to end; re-raise what ended it, if it failed."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if self._error is not None:
+            raise self._error
+        return self.processed
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        if self._thread is not None:
+            self.join(60.0)

@@ -1,0 +1,289 @@
+"""Consumer-group calls, written once for both clients, and what they return.
+
+Owns `GroupOps` (a mixin of `Client` and `AsyncClient`: heartbeat, fetch, ack,
+nack, leave, and the operators' list, describe, reset-offsets and dead-letter
+calls, each an `api.operation`), `Subscription`, and the values: `Delivery`,
+`QueueLease`, `GroupSummary`, `GroupDescription`. `consumer.AsyncConsumer` and
+`consumer.Consumer` are built on these; an operator's tool uses them directly.
+
+A refusal of the coordinator (a lease the member no longer holds, a member whose
+session ended, settings that disagree with the group's) is `GroupRefused`; an ack
+or nack of a message never delivered, or an unknown group, is `NotFound`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dledger_commitlog.client.api import operation
+from dledger_commitlog.client.errors import GroupRefused
+from dledger_commitlog.client.retry import Op
+from dledger_commitlog.client.values import StoredMessage, stored_message
+from proto import dledger_pb2 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """A topic a consumer takes, with a filter the server applies: `kind` "TAG" (the
+    expression is "*" or "TagA || TagB") or "SQL92" (e.g. "a > 5 AND region IN ('eu')")."""
+
+    topic: str
+    expression: str = "*"
+    kind: str = "TAG"
+
+    @classmethod
+    def sql(cls, topic: str, expression: str) -> Subscription:
+        return cls(topic, expression, "SQL92")
+
+    def to_pb(self) -> pb.Subscription:
+        return pb.Subscription(topic=self.topic, filter_kind=self.kind, expression=self.expression)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLease:
+    """A queue a member holds, under `epoch` (its acks carry it)."""
+
+    topic: str
+    queue_id: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message handed to a member: ack it (or nack it) by its handle."""
+
+    message: StoredMessage  # topic/queue_id/queue_offset: where it is stored
+    epoch: int
+    reconsume_times: int
+    origin_topic: str  # the producer's topic (a retry is stored in %RETRY%<group>)
+    delivery_count: int
+
+    @property
+    def handle(self) -> tuple[str, int, int, int]:
+        m = self.message
+        return (m.topic, m.queue_id, m.queue_offset, self.epoch)
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    deliveries: tuple[Delivery, ...]
+    leases: tuple[QueueLease, ...]
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """A heartbeat's answer: the member's queues and the coordinator's timing."""
+
+    leases: tuple[QueueLease, ...]
+    session_timeout_ms: int
+    heartbeat_interval_ms: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    group: str
+    members: int
+    lag: int
+    retries: int
+    dead_letters: int
+    strategy: str
+    orderly: bool
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupQueue:
+    topic: str
+    queue_id: int
+    committed: int  # -1: nothing committed
+    max_offset: int
+    lag: int
+    owner: str
+    epoch: int
+    in_flight: int
+    revoking: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMember:
+    member_id: str
+    client: str
+    last_seen_ms_ago: int
+    leases: tuple[QueueLease, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    summary: GroupSummary
+    members: tuple[GroupMember, ...]
+    queues: tuple[GroupQueue, ...]
+    subscriptions: tuple[Subscription, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetters:
+    messages: tuple[StoredMessage, ...]
+    resent: int
+    next_offset: int
+    max_offset: int
+
+
+def _leases(items: Sequence[pb.QueueLease]) -> tuple[QueueLease, ...]:
+    return tuple(QueueLease(x.topic, x.queue_id, x.epoch) for x in items)
+
+
+def _summary(s: pb.GroupSummary) -> GroupSummary:
+    return GroupSummary(s.group, s.members, s.lag, s.retries, s.dead_letters, s.strategy,
+                        s.orderly, s.generation)  # fmt: skip
+
+
+def _delivery(d: pb.Delivery) -> Delivery:
+    return Delivery(stored_message(d.message), d.epoch, d.reconsume_times, d.origin_topic,
+                    d.delivery_count)  # fmt: skip
+
+
+def _handle(h: tuple[str, int, int, int] | tuple[str, int, int, int, int]) -> pb.MessageHandle:
+    end = h[4] if len(h) == 5 else 0
+    return pb.MessageHandle(topic=h[0], queue_id=h[1], queue_offset=h[2], epoch=h[3],
+                            end_offset=end)  # fmt: skip
+
+
+class GroupOps:
+    """The consumer-group operations (mixed into `Client` and `AsyncClient`)."""
+
+    @operation
+    def group_heartbeat(
+        self,
+        group: str,
+        member_id: str,
+        subscriptions: Sequence[Subscription],
+        *,
+        strategy: str = "average",
+        orderly: bool = False,
+        max_reconsume: int = 16,
+        ack_wait_ms: int = 30_000,
+        first_retry_level: int = 3,
+        held: Sequence[pb.QueueLease] = (),
+        client_name: str = "",
+    ) -> Op[Membership]:
+        """Join or stay in `group`: the member's queues now."""
+        request = pb.GroupHeartbeatRequest(
+            group=group, member_id=member_id, subscriptions=[s.to_pb() for s in subscriptions],
+            strategy=strategy, orderly=orderly, max_reconsume=max_reconsume,
+            ack_wait_ms=ack_wait_ms, first_retry_level=first_retry_level, held=list(held),
+            client=client_name,
+        )  # fmt: skip
+
+        def convert(r: pb.GroupHeartbeatResponse) -> Membership:
+            return Membership(_leases(r.queues), r.session_timeout_ms, r.heartbeat_interval_ms,
+                              r.generation)  # fmt: skip
+
+        return Op("group_heartbeat", "GroupHeartbeat", request, convert, refusal=GroupRefused)
+
+    @operation
+    def group_fetch(
+        self, group: str, member_id: str, max_messages: int = 32, wait_ms: int = 1000
+    ) -> Op[Fetched]:
+        """Messages of the member's queues (long polling up to `wait_ms`)."""
+        request = pb.GroupFetchRequest(group=group, member_id=member_id,
+                                       max_messages=max_messages, wait_ms=wait_ms)  # fmt: skip
+
+        def convert(r: pb.GroupFetchResponse) -> Fetched:
+            return Fetched(tuple(_delivery(d) for d in r.deliveries), _leases(r.queues),
+                           r.generation)  # fmt: skip
+
+        return Op("group_fetch", "GroupFetch", request, convert, floor_s=1 + wait_ms / 1000,
+                  refusal=GroupRefused)  # fmt: skip
+
+    @operation
+    def group_ack(
+        self,
+        group: str,
+        member_id: str,
+        handles: Sequence[tuple[str, int, int, int] | tuple[str, int, int, int, int]],
+    ) -> Op[int]:
+        """Ack deliveries by handle (topic, queue, offset, epoch[, end: a range]): how
+        many were news."""
+        request = pb.GroupAckRequest(group=group, member_id=member_id,
+                                     handles=[_handle(h) for h in handles])  # fmt: skip
+        return Op("group_ack", "GroupAck", request, lambda r: r.acked, refusal=GroupRefused)
+
+    @operation
+    def group_nack(
+        self,
+        group: str,
+        member_id: str,
+        handle: tuple[str, int, int, int],
+        delay_level: int = 0,
+    ) -> Op[tuple[str, int, int]]:
+        """Retry a delivery later: (outcome "retry", "in-place" or "dead-letter",
+        reconsume times, delay in ms)."""
+        request = pb.GroupNackRequest(group=group, member_id=member_id, handle=_handle(handle),
+                                      delay_level=delay_level)  # fmt: skip
+        # Not retried blindly after an unknown outcome: the retry copy's UNIQ_KEY names
+        # the stored message, so a second nack of it is a duplicate the log drops.
+        return Op("group_nack", "GroupNack", request,
+                  lambda r: (r.outcome, r.reconsume_times, r.delay_ms),
+                  refusal=GroupRefused)  # fmt: skip
+
+    @operation
+    def group_leave(self, group: str, member_id: str) -> Op[None]:
+        """Leave the group at once (its queues move without waiting for the session)."""
+        request = pb.GroupLeaveRequest(group=group, member_id=member_id)
+        return Op("group_leave", "GroupLeave", request, lambda r: None, refusal=GroupRefused)
+
+    @operation
+    def group_list(self) -> Op[list[GroupSummary]]:
+        """Every group with offsets or live members, with its lag, retries, dead letters."""
+        return Op("group_list", "GroupList", pb.GroupListRequest(),
+                  lambda r: [_summary(s) for s in r.groups])  # fmt: skip
+
+    @operation
+    def group_describe(self, group: str) -> Op[GroupDescription]:
+        """Members, queue leases, offsets and lag of one group (NotFound: unknown group)."""
+
+        def convert(r: pb.GroupDescribeResponse) -> GroupDescription:
+            return GroupDescription(
+                _summary(r.summary),
+                tuple(GroupMember(m.member_id, m.client, m.last_seen_ms_ago, _leases(m.queues))
+                      for m in r.members),
+                tuple(GroupQueue(q.topic, q.queue_id, q.committed, q.max_offset, q.lag, q.owner,
+                                 q.epoch, q.in_flight, q.revoking) for q in r.queues),
+                tuple(Subscription(s.topic, s.expression, s.filter_kind) for s in r.subscriptions),
+            )  # fmt: skip
+
+        return Op("group_describe", "GroupDescribe", pb.GroupDescribeRequest(group=group),
+                  convert)  # fmt: skip
+
+    @operation
+    def group_reset_offsets(
+        self, group: str, topic: str, to: str, value: int = 0, *, queue_id: int = -1,
+        force: bool = False,
+    ) -> Op[dict[int, int]]:  # fmt: skip
+        """Move the group's offsets of `topic` to "earliest", "latest", "offset" (`value`)
+        or "time" (`value`: ms since the epoch): queue -> its new offset."""
+        request = pb.GroupResetOffsetsRequest(group=group, topic=topic, queue_id=queue_id,
+                                              to=to, value=value, force=force)  # fmt: skip
+        return Op("group_reset_offsets", "GroupResetOffsets", request,
+                  lambda r: {o.queue_id: o.offset for o in r.offsets},
+                  refusal=GroupRefused)  # fmt: skip
+
+    @operation
+    def group_dlq(
+        self, group: str, from_offset: int = 0, max_messages: int = 32, *,
+        resend: Sequence[int] = (), resend_all: bool = False,
+    ) -> Op[DeadLetters]:  # fmt: skip
+        """The group's dead letters from `from_offset`; `resend` (DLQ offsets) or
+        `resend_all` (those read) puts them again, to the group's retry topic."""
+        request = pb.GroupDlqRequest(group=group, from_offset=from_offset,
+                                     max_messages=max_messages, resend_offsets=list(resend),
+                                     resend_all=resend_all)  # fmt: skip
+
+        def convert(r: pb.GroupDlqResponse) -> DeadLetters:
+            return DeadLetters(tuple(stored_message(m) for m in r.messages), r.resent,
+                               r.next_offset, r.max_offset)  # fmt: skip
+
+        return Op("group_dlq", "GroupDlq", request, convert, write=bool(resend or resend_all))

@@ -1,0 +1,610 @@
+"""Consumer groups: the leader's coordinator over the replicated log.
+
+Owns `GroupService`, the I/O around `group_state.GroupState`: one state per group,
+rebuilt by every new leader (after `SystemLog.settle`, so the committed offsets it
+starts from are complete), the reads a fetch makes (with the subscription's
+filter, `filters.compile_filter`, applied here on the server), the puts a nack
+makes (to the group's retry topic `%RETRY%<group>` through the schedule topic on a
+delay level, or to its dead-letter topic `%DLQ%<group>` after the maximum), and
+the offset commits of acked messages (batched every FLUSH_INTERVAL_S through the
+Raft log, as the OFFSETS system topic, so a new leader resumes from them).
+
+Every change a consumer can observe after a failover is in the log: offsets,
+retries (messages), dead letters (messages); leases and deliveries in flight are
+the leader's memory, rebuilt from the members' heartbeats (see group_state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
+from dledger_commitlog.log.commitlog import PutSpec
+from dledger_commitlog.messaging.filters import MessageFilter, compile_filter
+from dledger_commitlog.messaging.group_state import (
+    DLQ_PREFIX,
+    RETRY_PREFIX,
+    Claim,
+    Epochs,
+    GroupState,
+    Lease,
+    QueueSource,
+    Read,
+    Settings,
+    StaleLease,
+    UnknownMessage,
+    dlq_topic,
+    retry_topic,
+)
+from dledger_commitlog.messaging.schedule import SCHEDULE_TOPIC, schedule, scheduled_properties
+from dledger_commitlog.messaging.system_log import SystemLog
+from raft import NotLeader
+from store.errors import InvalidMessage
+from store.message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Message, check_name
+
+log = logging.getLogger(__name__)
+
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"  # the producer's topic of a retried message
+PROPERTY_RECONSUME_TIMES = "RECONSUME_TIMES"
+PROPERTY_ORIGIN_MSG_ID = "ORIGIN_MESSAGE_ID"
+PROPERTY_DLQ_REASON = "DLQ_REASON"
+GROUP_PROPS = (PROPERTY_RETRY_TOPIC, PROPERTY_RECONSUME_TIMES, PROPERTY_ORIGIN_MSG_ID,
+               PROPERTY_DLQ_REASON)  # fmt: skip
+FLUSH_INTERVAL_S = 0.05
+TICK_INTERVAL_S = 0.1
+SETTLE_TIMEOUT_S = 10.0
+_PUT_TIMEOUT_S = 10.0
+_MAX_FETCH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """One message a fetch hands out."""
+
+    message: Message
+    size: int
+    epoch: int
+    reconsume_times: int
+    origin_topic: str
+    delivery_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class NackOutcome:
+    outcome: str  # "retry", "in-place" or "dead-letter"
+    reconsume_times: int
+    delay_ms: int
+
+
+def sharding_queue(key: str, queues: int) -> int:
+    """The queue of a sharding key: the same key, the same queue (its order kept)."""
+    return zlib.crc32(key.encode()) % queues
+
+
+def reserved_topic(topic: str) -> bool:
+    """A topic only the server puts to (system, retry and dead-letter topics)."""
+    return topic.startswith((SYSTEM_TOPIC_PREFIX, RETRY_PREFIX, DLQ_PREFIX))
+
+
+class GroupService:
+    """The consumer-group coordinator of one node; acts while the node leads."""
+
+    def __init__(
+        self,
+        system_log: SystemLog,
+        levels: Sequence[int],
+        *,
+        queues_per_topic: int,
+        session_timeout_ms: int,
+        heartbeat_interval_ms: int,
+        max_timer_delay_s: int,
+    ) -> None:
+        self._log = system_log
+        self._levels = tuple(levels)
+        self.queues_per_topic = queues_per_topic
+        self.session_timeout_ms = session_timeout_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self._max_timer_delay_s = max_timer_delay_s
+        self._term: int | None = None
+        self._led_since: tuple[int, int] | None = None  # (term, ms) this node leads since
+        self._groups: dict[str, GroupState] = {}
+        self._filters: dict[tuple[str, str], MessageFilter] = {}
+        self._epochs = Epochs(0)
+        self._ready: asyncio.Future[None] | None = None
+        self._changed = asyncio.Event()  # acks to commit, leases that moved
+        self._source = QueueSource(self.queue_count, self._start_offset)
+
+    # -- the state of this term ----------------------------------------------------------
+
+    async def _states(self) -> dict[str, GroupState]:
+        """This leader's groups (NotLeader otherwise); a new term starts them afresh."""
+        term = self._log.leading_term()
+        if term is None:
+            raise NotLeader(None)
+        if term != self._term:
+            self._term = term
+            self._groups = {}
+            self._epochs = Epochs(term)
+            self._ready = asyncio.get_running_loop().create_task(self._settle(term))
+        assert self._ready is not None
+        await asyncio.shield(self._ready)
+        if self._log.leading_term() != term:
+            raise NotLeader(None)
+        return self._groups
+
+    async def _settle(self, term: int) -> None:
+        try:
+            await self._log.settle(SETTLE_TIMEOUT_S)
+        except (NotLeader, TimeoutError):
+            if self._term == term:
+                self._term = None  # the next call tries again
+            raise NotLeader(None) from None
+
+    async def _group(self, group: str, create: bool = False) -> GroupState:
+        states = await self._states()
+        state = states.get(group)
+        if state is None:
+            if not create:
+                raise UnknownMessage(f"group {group!r} has no live members on this leader")
+            state = states[group] = GroupState(
+                group, self._source, self._epochs,
+                session_timeout_ms=self.session_timeout_ms,
+                grace_until_ms=self._led_since_ms() + self.session_timeout_ms,
+            )  # fmt: skip
+        return state
+
+    def _led_since_ms(self) -> int:
+        """When this node's leadership began (as the loop saw it): the grace period for
+        the old leader's leases runs from there, as the members' own session does."""
+        term = self._log.leading_term()
+        if self._led_since is None or self._led_since[0] != term:
+            self._led_since = (term or 0, _now_ms())
+        return self._led_since[1]
+
+    def queue_count(self, topic: str) -> int:
+        return 1 if reserved_topic(topic) else self.queues_per_topic
+
+    def _start_offset(self, group: str, topic: str, queue_id: int) -> int:
+        committed = self._log.group_offset(group, topic, queue_id)
+        low, _high = self._log.queue_bounds(topic, queue_id)
+        return max(committed, low)
+
+    @staticmethod
+    def now_ms() -> int:
+        return _now_ms()
+
+    def queue_end(self, topic: str, queue_id: int) -> int:
+        return self._log.queue_bounds(topic, queue_id)[1]
+
+    def managed(self, group: str) -> bool:
+        """Whether the group has live members here (its offsets are the coordinator's)."""
+        state = self._groups.get(group) if self._term == self._log.leading_term() else None
+        return state is not None and bool(state.members)
+
+    # -- members ---------------------------------------------------------------------
+
+    async def heartbeat(
+        self,
+        group: str,
+        member_id: str,
+        client: str,
+        subscriptions: Mapping[str, tuple[str, str]],
+        settings: Settings,
+        claims: Sequence[Claim],
+    ) -> tuple[list[Lease], int]:
+        """Register or refresh a member: its leases and the group's generation.
+        InvalidMessage for bad input (a filter that does not parse), GroupConflict."""
+        check_name(group, "group")
+        if not member_id:
+            raise InvalidMessage("member_id must not be empty")
+        if not subscriptions:
+            raise InvalidMessage("a member subscribes to at least one topic")
+        for topic, (kind, expression) in subscriptions.items():
+            check_name(topic)
+            if reserved_topic(topic):
+                raise InvalidMessage(f"topic {topic!r} is reserved: subscribe to user topics")
+            self._filter(kind, expression)
+        if not 1 <= settings.max_reconsume <= 1000:
+            raise InvalidMessage(f"max_reconsume {settings.max_reconsume} outside [1, 1000]")
+        if not 1 <= settings.first_retry_level <= len(self._levels):
+            raise InvalidMessage(f"first_retry_level {settings.first_retry_level} outside "
+                                 f"[1, {len(self._levels)}]")  # fmt: skip
+        if settings.ack_wait_ms < 100:
+            raise InvalidMessage(f"ack_wait_ms {settings.ack_wait_ms} is under 100 ms")
+        state = await self._group(group, create=True)
+        generation = state.generation
+        leases = state.heartbeat(member_id, client, subscriptions, settings, claims, _now_ms())
+        if state.generation != generation:
+            self._changed.set()
+        return leases, state.generation
+
+    async def leave(self, group: str, member_id: str) -> None:
+        states = await self._states()
+        state = states.get(group)
+        if state is not None:
+            state.leave(member_id, _now_ms())
+            self._changed.set()
+
+    def _filter(self, kind: str, expression: str) -> MessageFilter:
+        key = (kind.upper(), expression)
+        flt = self._filters.get(key)
+        if flt is None:
+            flt = compile_filter(kind, expression)  # FilterError: an InvalidMessage
+            if len(self._filters) > 4096:
+                self._filters.clear()
+            self._filters[key] = flt
+        return flt
+
+    # -- fetch -----------------------------------------------------------------------
+
+    async def fetch(
+        self, group: str, member_id: str, max_messages: int, wait_s: float
+    ) -> tuple[list[Delivered], list[Lease], int]:
+        """Messages of the member's queues (waiting up to `wait_s` for some), its leases
+        and the group's generation. StaleLease if it is not a live member."""
+        max_messages = max(1, min(max_messages or 32, _MAX_FETCH))
+        deadline = time.monotonic() + wait_s
+        while True:
+            state = await self._group(group)
+            out: list[Delivered] = []
+            for read in state.plan_fetch(member_id, max_messages - len(out), _now_ms()):
+                out.extend(self._read(state, member_id, read))
+                if len(out) >= max_messages:
+                    break
+            remaining = deadline - time.monotonic()
+            if out or remaining <= 0:
+                return out, state.leases_of(member_id), state.generation
+            waits = [asyncio.ensure_future(self._log.next_commit()),
+                     asyncio.ensure_future(self._changed_wait())]  # fmt: skip
+            try:
+                await asyncio.wait(waits, timeout=min(remaining, TICK_INTERVAL_S * 2),
+                                   return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            finally:
+                for w in waits:
+                    w.cancel()
+            await self._log.caught_up(SETTLE_TIMEOUT_S)
+
+    async def _changed_wait(self) -> None:
+        await self._changed.wait()
+
+    def _read(self, state: GroupState, member_id: str, read: Read) -> list[Delivered]:
+        """Read what `read` asks, filter it, record it; the deliveries."""
+        low, high = self._log.queue_bounds(read.topic, read.queue_id)
+        start = max(read.start, low)
+        skipped = list(range(read.start, start)) if read.start < start <= read.start + 4096 else []
+        picked: list[tuple[int, Message, int]] = []
+        for offset in read.redeliver:
+            if offset < low:
+                skipped.append(offset)
+                continue
+            units = self._log.units(read.topic, read.queue_id, offset, 1)
+            if units:
+                picked.append((offset, self._log.message(units[0]), units[0].size))
+        next_offset = start
+        if read.count > 0 and start < high:
+            member = state.members[member_id]
+            flt = None
+            if not read.topic.startswith(RETRY_PREFIX):
+                kind, expression = member.subscriptions.get(read.topic, ("TAG", "*"))
+                flt = self._filter(kind, expression)
+            for i, unit in enumerate(self._log.units(read.topic, read.queue_id, start,
+                                                     read.count)):  # fmt: skip
+                msg = self._log.message(unit)
+                if flt is None or flt.matches(msg.tags, _filter_props(msg)):
+                    picked.append((start + i, msg, unit.size))
+                else:
+                    skipped.append(start + i)
+                next_offset = start + i + 1
+        elif start > read.start:
+            next_offset = start
+        counts = state.record(member_id, read, [p[0] for p in picked], skipped, next_offset,
+                              _now_ms())  # fmt: skip
+        if counts is None:
+            return []
+        if skipped:
+            self._changed.set()
+        lease = state.leases[(read.topic, read.queue_id)]
+        return [
+            Delivered(
+                msg,
+                size,
+                read.epoch,
+                _reconsume_times(msg, lease, offset),
+                msg.properties.get(PROPERTY_RETRY_TOPIC, msg.topic),
+                n,
+            )
+            for (offset, msg, size), n in zip(picked, counts, strict=True)
+        ]
+
+    # -- acks and nacks --------------------------------------------------------------
+
+    async def ack(
+        self, group: str, member_id: str, handles: Sequence[tuple[str, int, int, int, int]]
+    ) -> int:
+        """Ack (topic, queue, offset, epoch, end) handles: how many were news."""
+        state = await self._group(group)
+        acked = 0
+        for topic, queue_id, offset, epoch, end in handles:
+            _low, high = self._log.queue_bounds(topic, queue_id)
+            acked += state.ack(member_id, topic, queue_id, epoch, offset, end, high)
+        self._changed.set()
+        return acked
+
+    async def nack(
+        self, group: str, member_id: str, handle: tuple[str, int, int, int], delay_level: int
+    ) -> NackOutcome:
+        """Retry a delivered message later (see the module docstring)."""
+        topic, queue_id, offset, epoch = handle
+        state = await self._group(group)
+        lease = state.check_lease(member_id, topic, queue_id, epoch)
+        state.delivered(lease, offset)
+        if delay_level and not 1 <= delay_level <= len(self._levels):
+            raise InvalidMessage(f"delay level {delay_level} outside [1, {len(self._levels)}]")
+        units = self._log.units(topic, queue_id, offset, 1)
+        if not units:
+            raise UnknownMessage(f"{topic}/{queue_id} offset {offset} is no longer stored")
+        msg = self._log.message(units[0])
+        settings = state.settings
+        if settings.orderly:
+            level = delay_level or 1
+            delay_ms = self._levels[level - 1]
+            tries = state.retry_in_place(lease, offset, delay_ms, _now_ms())
+            if tries < settings.max_reconsume:
+                self._changed.set()
+                return NackOutcome("in-place", tries, delay_ms)
+            await self._dead_letter(group, msg, units[0].commitlog_offset, tries, "orderly")
+            lease.suspended_until_ms = 0
+            lease.mark_acked(offset)
+            self._changed.set()
+            return NackOutcome("dead-letter", tries, 0)
+        times = _reconsume_times(msg, lease, offset) + 1
+        if times > settings.max_reconsume:
+            await self._dead_letter(group, msg, units[0].commitlog_offset, times - 1, "retries")
+            lease.mark_acked(offset)
+            self._changed.set()
+            return NackOutcome("dead-letter", times - 1, 0)
+        level = delay_level or min(settings.first_retry_level + times - 1, len(self._levels))
+        spec = self._retry_spec(group, msg, units[0].commitlog_offset, times, level)
+        await self._log.put([spec], _PUT_TIMEOUT_S)
+        lease.mark_acked(offset)
+        self._changed.set()
+        return NackOutcome("retry", times, self._levels[level - 1])
+
+    def _retry_spec(
+        self, group: str, msg: Message, commitlog_offset: int, times: int, level: int
+    ) -> PutSpec:
+        """A put of `msg` to the group's retry topic, through the schedule on `level`."""
+        props = _carried(msg, times)
+        uniq = f"retry:{group}:{commitlog_offset}"
+        placed = schedule(retry_topic(group), 0, uniq, delay_level=level, deliver_at_ms=0,
+                          levels=self._levels, max_timer_delay_s=self._max_timer_delay_s,
+                          now_ms=int(time.time() * 1000))  # fmt: skip
+        return self._prepare(msg, placed.uniq_key, SCHEDULE_TOPIC, placed.queue_id,
+                             scheduled_properties(props, placed))  # fmt: skip
+
+    async def _dead_letter(
+        self, group: str, msg: Message, commitlog_offset: int, times: int, reason: str
+    ) -> None:
+        props = _carried(msg, times)
+        props[PROPERTY_DLQ_REASON] = reason
+        uniq = f"dlq:{group}:{commitlog_offset}"
+        spec = self._prepare(msg, uniq, dlq_topic(group), 0, props)
+        await self._log.put([spec], _PUT_TIMEOUT_S)
+
+    def _prepare(
+        self, msg: Message, uniq: str, topic: str, queue_id: int, props: dict[str, str]
+    ) -> PutSpec:
+        props = dict(props)
+        if msg.keys:
+            props[PROPERTY_KEYS] = " ".join(msg.keys)
+        if msg.tags:
+            props[PROPERTY_TAGS] = msg.tags
+        return self._log.prepare(topic, msg.body, props, uniq_key=uniq, queue_id=queue_id,
+                                 born_timestamp_ms=msg.born_timestamp_ms)  # fmt: skip
+
+    # -- the dead-letter topic -------------------------------------------------------
+
+    async def dlq(
+        self, group: str, from_offset: int, max_messages: int, resend: Sequence[int] | None
+    ) -> tuple[list[tuple[Message, int]], int, int, int]:
+        """Read the dead-letter queue (messages, next offset, end) and resend some to the
+        group's retry topic (`resend`: their DLQ offsets; empty: all read). A resend is
+        idempotent: its UNIQ_KEY names the dead letter, and one already in the retry
+        topic is not put again."""
+        check_name(group, "group")
+        await self._states()
+        topic = dlq_topic(group)
+        low, high = self._log.queue_bounds(topic, 0)
+        start = max(from_offset, low)
+        count = max(1, min(max_messages or 32, _MAX_FETCH))
+        found = [(start + i, u) for i, u in enumerate(self._log.units(topic, 0, start, count))]
+        messages = [(self._log.message(u), u.size) for _o, u in found]
+        resent = 0
+        if resend is not None:
+            wanted = set(resend) if resend else {o for o, _u in found}
+            for offset in sorted(wanted):
+                units = self._log.units(topic, 0, offset, 1) if low <= offset < high else []
+                if not units:
+                    raise UnknownMessage(f"no dead letter at offset {offset} of {topic} "
+                                         f"(it holds [{low}, {high}))")  # fmt: skip
+                msg = self._log.message(units[0])
+                uniq = f"resend:{group}:{units[0].commitlog_offset}"
+                if self._log.find(retry_topic(group), uniq) is not None:
+                    continue
+                props = _carried(msg, 0)
+                props.pop(PROPERTY_DLQ_REASON, None)
+                await self._log.put([self._prepare(msg, uniq, retry_topic(group), 0, props)],
+                                    _PUT_TIMEOUT_S)  # fmt: skip
+                resent += 1
+        return messages, resent, start + len(found), high
+
+    # -- operators -------------------------------------------------------------------
+
+    async def commit_fenced(
+        self, group: str, member_id: str, topic: str, queue_id: int, epoch: int, offset: int
+    ) -> bool:
+        """A client's own offset commit in a group with live members: only from the
+        queue's owner under its lease (StaleLease), recorded as acks below `offset`.
+        False if the group has no live members here (the commit goes through as is)."""
+        states = await self._states()
+        state = states.get(group)
+        if state is None or not state.members:
+            return False
+        if not member_id:
+            raise StaleLease(f"group {group!r} has {len(state.members)} live member(s): an "
+                             "offset commit must name the member and its lease epoch")  # fmt: skip
+        lease = state.check_lease(member_id, topic, queue_id, epoch)
+        if offset > lease.cursor:
+            raise UnknownMessage(f"offset {offset} is past what {topic}/{queue_id} delivered "
+                                 f"to group {group!r} ({lease.cursor})")  # fmt: skip
+        for o in range(lease.frontier, offset):
+            lease.mark_acked(o)
+        self._changed.set()
+        return True
+
+    async def reset_offsets(
+        self, group: str, topic: str, queue_ids: Sequence[int], to: str, value: int, force: bool
+    ) -> list[tuple[int, int]]:
+        """Move the group's offsets of `topic` (earliest, latest, offset, time): the new
+        (queue, offset) pairs, committed through the log."""
+        check_name(group, "group")
+        states = await self._states()
+        state = states.get(group)
+        if state is not None and state.members and not force:
+            raise StaleLease(f"group {group!r} has {len(state.members)} live member(s): stop "
+                             "them first, or force it (their deliveries start over)")  # fmt: skip
+        targets = []
+        for q in queue_ids:
+            low, high = self._log.queue_bounds(topic, q)
+            if to == "earliest":
+                offset = low
+            elif to == "latest":
+                offset = high
+            elif to == "offset":
+                if not low <= value <= high:
+                    raise InvalidMessage(f"offset {value} is outside queue {topic}/{q}'s "
+                                         f"[{low}, {high}]")  # fmt: skip
+                offset = value
+            elif to == "time":
+                offset = self._log.offset_for_time(topic, q, value)
+            else:
+                raise InvalidMessage(f"reset to {to!r}: one of earliest, latest, offset, time")
+            targets.append((q, offset))
+        specs = [self._log.offset_commit(group, topic, q, o) for q, o in targets]
+        if specs:
+            await self._log.put(specs, _PUT_TIMEOUT_S)
+        if state is not None:
+            for q, offset in targets:
+                state.reset(topic, q, offset)
+        return targets
+
+    def summaries(self) -> dict[str, dict[str, int | str | bool]]:
+        """Every known group (committed offsets or live members): its figures now."""
+        offsets = self._log.group_offsets()
+        lag: dict[str, int] = {}
+        for (group, topic, q), committed in offsets.items():
+            if group.startswith(SYSTEM_TOPIC_PREFIX):
+                continue
+            _low, high = self._log.queue_bounds(topic, q)
+            state = self._groups.get(group)
+            lease = state.leases.get((topic, q)) if state is not None else None
+            done = lease.frontier if lease is not None else committed
+            lag[group] = lag.get(group, 0) + max(0, high - done)
+        states = self._groups if self._term == self._log.leading_term() else {}
+        out: dict[str, dict[str, int | str | bool]] = {}
+        for group in sorted(set(lag) | set(states)):
+            state = states.get(group)
+            extra = 0
+            if state is not None:
+                for (topic, q), lease in state.leases.items():
+                    if (group, topic, q) not in offsets:
+                        extra += max(0, self._log.queue_bounds(topic, q)[1] - lease.frontier)
+            out[group] = {
+                "members": len(state.members) if state is not None else 0,
+                "lag": lag.get(group, 0) + extra,
+                "retries": self._log.queue_bounds(retry_topic(group), 0)[1],
+                "dead_letters": self._log.queue_bounds(dlq_topic(group), 0)[1],
+                "strategy": state.settings.strategy if state is not None else "",
+                "orderly": state.settings.orderly if state is not None else False,
+                "generation": state.generation if state is not None else 0,
+            }
+        return out
+
+    async def state_of(self, group: str) -> GroupState | None:
+        states = await self._states()
+        return states.get(group)
+
+    # -- the loop --------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """While this node leads: expire members and move leases (every TICK_INTERVAL_S),
+        commit the acked frontiers (every FLUSH_INTERVAL_S when there are some)."""
+        last_tick = 0.0
+        while True:
+            try:
+                async with asyncio.timeout(FLUSH_INTERVAL_S):
+                    await self._changed.wait()
+            except TimeoutError:
+                pass
+            self._changed.clear()
+            self._led_since_ms()
+            if self._term is None or self._log.leading_term() != self._term:
+                continue
+            now = time.monotonic()
+            if now - last_tick >= TICK_INTERVAL_S:
+                last_tick = now
+                for state in list(self._groups.values()):
+                    if state.tick(_now_ms()):
+                        self._changed.set()
+            try:
+                await self._flush()
+            except Exception as exc:  # interrupted: the acks stay, the next pass commits
+                log.info("group offsets not committed this pass: %s", exc)
+                await asyncio.sleep(FLUSH_INTERVAL_S)
+
+    async def _flush(self) -> None:
+        pending = [(g, t, q, o) for g, s in self._groups.items() for t, q, o in s.unflushed()]
+        if not pending:
+            return
+        specs = [self._log.offset_commit(g, t, q, o) for g, t, q, o in pending]
+        await self._log.put(specs, _PUT_TIMEOUT_S)
+        for g, t, q, o in pending:
+            state = self._groups.get(g)
+            if state is not None:
+                state.flushed(t, q, o)
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def _filter_props(msg: Message) -> dict[str, str]:
+    props = dict(msg.properties)
+    if msg.keys:
+        props[PROPERTY_KEYS] = " ".join(msg.keys)
+    props.pop(PROPERTY_UNIQ_KEY, None)
+    return props
+
+
+def _reconsume_times(msg: Message, lease: Lease, offset: int) -> int:
+    if offset in lease.attempts:
+        return lease.attempts[offset]
+    try:
+        return int(msg.properties.get(PROPERTY_RECONSUME_TIMES, "0"))
+    except ValueError:
+        return 0
+
+
+def _carried(msg: Message, times: int) -> dict[str, str]:
+    """The properties a retried or dead-lettered copy of `msg` carries."""
+    props = {k: v for k, v in msg.properties.items()
+             if k not in (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY)}  # fmt: skip
+    props.setdefault(PROPERTY_RETRY_TOPIC, msg.topic)
+    props.setdefault(PROPERTY_ORIGIN_MSG_ID, msg.uniq_key or "")
+    props[PROPERTY_RECONSUME_TIMES] = str(times)
+    return props
