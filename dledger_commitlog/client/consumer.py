@@ -311,8 +311,11 @@ class AsyncConsumer:
         except (GroupRefused, NotFound) as exc:
             log.info("consumer %s: nack refused: %s", self.member_id, exc.message)
         except ClientError as exc:
+            # Still unacked (and claimed so after a failover): delivered again after the
+            # ack wait, never taken for done.
             log.warning("consumer %s: nack failed (%s): redelivered after the ack wait",
                         self.member_id, exc)  # fmt: skip
+            return False
         self._forget(d)
         return False
 

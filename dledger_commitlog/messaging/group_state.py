@@ -153,6 +153,15 @@ class Lease:
         self.cursor = self.frontier
         self.suspended_until_ms = 0
 
+    def skip_below(self, offset: int) -> None:
+        """Retention removed the queue below `offset`: nothing there is delivered again."""
+        if offset > self.frontier:
+            for gone in [o for o in self.in_flight if o < offset]:
+                del self.in_flight[gone]
+            self.acked = {o for o in self.acked if o >= offset}
+            self.frontier = offset
+            self._advance()
+
     def reset(self, offset: int) -> None:
         """An operator moved the group's offset here (reset-offsets)."""
         self.frontier = self.cursor = self.flushed = offset
@@ -396,6 +405,8 @@ class GroupState:
             if lease.suspended_until_ms > now_ms:
                 continue
             if self.settings.orderly:
+                if lease.in_flight and max(lease.in_flight.values()) <= now_ms:
+                    lease.rewind()  # the member never answered: deliver them again, in order
                 if not lease.in_flight:
                     reads.append(Read(lease.topic, lease.queue_id, lease.epoch, (),
                                       lease.cursor, share))  # fmt: skip

@@ -150,7 +150,8 @@ class GroupService:
         state = states.get(group)
         if state is None:
             if not create:
-                raise UnknownMessage(f"group {group!r} has no live members on this leader")
+                raise StaleLease(f"group {group!r} has no live members on this leader: "
+                                 "heartbeat (again) to join it")  # fmt: skip
             state = states[group] = GroupState(
                 group, self._source, self._epochs,
                 session_timeout_ms=self.session_timeout_ms,
@@ -276,7 +277,9 @@ class GroupService:
         """Read what `read` asks, filter it, record it; the deliveries."""
         low, high = self._log.queue_bounds(read.topic, read.queue_id)
         start = max(read.start, low)
-        skipped = list(range(read.start, start)) if read.start < start <= read.start + 4096 else []
+        if start > read.start:
+            state.leases[(read.topic, read.queue_id)].skip_below(start)
+        skipped: list[int] = []
         picked: list[tuple[int, Message, int]] = []
         for offset in read.redeliver:
             if offset < low:
