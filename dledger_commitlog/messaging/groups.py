@@ -121,6 +121,17 @@ class GroupService:
 
     # -- the state of this term ----------------------------------------------------------
 
+    @property
+    def log(self) -> SystemLog:
+        return self._log
+
+    def live_states(self) -> dict[str, GroupState]:
+        """The groups of the term this node leads now ({} when it does not)."""
+        return self._groups if self._term == self._log.leading_term() else {}
+
+    async def states(self) -> dict[str, GroupState]:
+        return await self._states()
+
     async def _states(self) -> dict[str, GroupState]:
         """This leader's groups (NotLeader otherwise); a new term starts them afresh."""
         term = self._log.leading_term()
@@ -382,24 +393,24 @@ class GroupService:
         self, group: str, msg: Message, commitlog_offset: int, times: int, level: int
     ) -> PutSpec:
         """A put of `msg` to the group's retry topic, through the schedule on `level`."""
-        props = _carried(msg, times)
+        props = carried(msg, times)
         uniq = f"retry:{group}:{commitlog_offset}"
         placed = schedule(retry_topic(group), 0, uniq, delay_level=level, deliver_at_ms=0,
                           levels=self._levels, max_timer_delay_s=self._max_timer_delay_s,
                           now_ms=int(time.time() * 1000))  # fmt: skip
-        return self._prepare(msg, placed.uniq_key, SCHEDULE_TOPIC, placed.queue_id,
+        return self.prepare_copy(msg, placed.uniq_key, SCHEDULE_TOPIC, placed.queue_id,
                              scheduled_properties(props, placed))  # fmt: skip
 
     async def _dead_letter(
         self, group: str, msg: Message, commitlog_offset: int, times: int, reason: str
     ) -> None:
-        props = _carried(msg, times)
+        props = carried(msg, times)
         props[PROPERTY_DLQ_REASON] = reason
         uniq = f"dlq:{group}:{commitlog_offset}"
-        spec = self._prepare(msg, uniq, dlq_topic(group), 0, props)
+        spec = self.prepare_copy(msg, uniq, dlq_topic(group), 0, props)
         await self._log.put([spec], _PUT_TIMEOUT_S)
 
-    def _prepare(
+    def prepare_copy(
         self, msg: Message, uniq: str, topic: str, queue_id: int, props: dict[str, str]
     ) -> PutSpec:
         props = dict(props)
@@ -409,42 +420,6 @@ class GroupService:
             props[PROPERTY_TAGS] = msg.tags
         return self._log.prepare(topic, msg.body, props, uniq_key=uniq, queue_id=queue_id,
                                  born_timestamp_ms=msg.born_timestamp_ms)  # fmt: skip
-
-    # -- the dead-letter topic -------------------------------------------------------
-
-    async def dlq(
-        self, group: str, from_offset: int, max_messages: int, resend: Sequence[int] | None
-    ) -> tuple[list[tuple[Message, int]], int, int, int]:
-        """Read the dead-letter queue (messages, next offset, end) and resend some to the
-        group's retry topic (`resend`: their DLQ offsets; empty: all read). A resend is
-        idempotent: its UNIQ_KEY names the dead letter, and one already in the retry
-        topic is not put again."""
-        check_name(group, "group")
-        await self._states()
-        topic = dlq_topic(group)
-        low, high = self._log.queue_bounds(topic, 0)
-        start = max(from_offset, low)
-        count = max(1, min(max_messages or 32, _MAX_FETCH))
-        found = [(start + i, u) for i, u in enumerate(self._log.units(topic, 0, start, count))]
-        messages = [(self._log.message(u), u.size) for _o, u in found]
-        resent = 0
-        if resend is not None:
-            wanted = set(resend) if resend else {o for o, _u in found}
-            for offset in sorted(wanted):
-                units = self._log.units(topic, 0, offset, 1) if low <= offset < high else []
-                if not units:
-                    raise UnknownMessage(f"no dead letter at offset {offset} of {topic} "
-                                         f"(it holds [{low}, {high}))")  # fmt: skip
-                msg = self._log.message(units[0])
-                uniq = f"resend:{group}:{units[0].commitlog_offset}"
-                if self._log.find(retry_topic(group), uniq) is not None:
-                    continue
-                props = _carried(msg, 0)
-                props.pop(PROPERTY_DLQ_REASON, None)
-                await self._log.put([self._prepare(msg, uniq, retry_topic(group), 0, props)],
-                                    _PUT_TIMEOUT_S)  # fmt: skip
-                resent += 1
-        return messages, resent, start + len(found), high
 
     # -- operators -------------------------------------------------------------------
 
@@ -469,74 +444,6 @@ class GroupService:
             lease.mark_acked(o)
         self._changed.set()
         return True
-
-    async def reset_offsets(
-        self, group: str, topic: str, queue_ids: Sequence[int], to: str, value: int, force: bool
-    ) -> list[tuple[int, int]]:
-        """Move the group's offsets of `topic` (earliest, latest, offset, time): the new
-        (queue, offset) pairs, committed through the log."""
-        check_name(group, "group")
-        states = await self._states()
-        state = states.get(group)
-        if state is not None and state.members and not force:
-            raise StaleLease(f"group {group!r} has {len(state.members)} live member(s): stop "
-                             "them first, or force it (their deliveries start over)")  # fmt: skip
-        targets = []
-        for q in queue_ids:
-            low, high = self._log.queue_bounds(topic, q)
-            if to == "earliest":
-                offset = low
-            elif to == "latest":
-                offset = high
-            elif to == "offset":
-                if not low <= value <= high:
-                    raise InvalidMessage(f"offset {value} is outside queue {topic}/{q}'s "
-                                         f"[{low}, {high}]")  # fmt: skip
-                offset = value
-            elif to == "time":
-                offset = self._log.offset_for_time(topic, q, value)
-            else:
-                raise InvalidMessage(f"reset to {to!r}: one of earliest, latest, offset, time")
-            targets.append((q, offset))
-        specs = [self._log.offset_commit(group, topic, q, o) for q, o in targets]
-        if specs:
-            await self._log.put(specs, _PUT_TIMEOUT_S)
-        if state is not None:
-            for q, offset in targets:
-                state.reset(topic, q, offset)
-        return targets
-
-    def summaries(self) -> dict[str, dict[str, int | str | bool]]:
-        """Every known group (committed offsets or live members): its figures now."""
-        offsets = self._log.group_offsets()
-        lag: dict[str, int] = {}
-        for (group, topic, q), committed in offsets.items():
-            if group.startswith(SYSTEM_TOPIC_PREFIX):
-                continue
-            _low, high = self._log.queue_bounds(topic, q)
-            state = self._groups.get(group)
-            lease = state.leases.get((topic, q)) if state is not None else None
-            done = lease.frontier if lease is not None else committed
-            lag[group] = lag.get(group, 0) + max(0, high - done)
-        states = self._groups if self._term == self._log.leading_term() else {}
-        out: dict[str, dict[str, int | str | bool]] = {}
-        for group in sorted(set(lag) | set(states)):
-            state = states.get(group)
-            extra = 0
-            if state is not None:
-                for (topic, q), lease in state.leases.items():
-                    if (group, topic, q) not in offsets:
-                        extra += max(0, self._log.queue_bounds(topic, q)[1] - lease.frontier)
-            out[group] = {
-                "members": len(state.members) if state is not None else 0,
-                "lag": lag.get(group, 0) + extra,
-                "retries": self._log.queue_bounds(retry_topic(group), 0)[1],
-                "dead_letters": self._log.queue_bounds(dlq_topic(group), 0)[1],
-                "strategy": state.settings.strategy if state is not None else "",
-                "orderly": state.settings.orderly if state is not None else False,
-                "generation": state.generation if state is not None else 0,
-            }
-        return out
 
     async def state_of(self, group: str) -> GroupState | None:
         states = await self._states()
@@ -603,7 +510,7 @@ def _reconsume_times(msg: Message, lease: Lease, offset: int) -> int:
         return 0
 
 
-def _carried(msg: Message, times: int) -> dict[str, str]:
+def carried(msg: Message, times: int) -> dict[str, str]:
     """The properties a retried or dead-lettered copy of `msg` carries."""
     props = {k: v for k, v in msg.properties.items()
              if k not in (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY)}  # fmt: skip

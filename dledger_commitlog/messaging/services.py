@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 
+from dledger_commitlog.messaging.group_admin import GroupAdmin
 from dledger_commitlog.messaging.groups import GroupService
 from dledger_commitlog.messaging.schedule import ScheduleService
 from dledger_commitlog.messaging.system_log import SystemLog
@@ -42,6 +43,7 @@ class LeaderServices:
             heartbeat_interval_ms=cfg.group_heartbeat_interval_ms,
             max_timer_delay_s=cfg.max_timer_delay_s,
         )  # fmt: skip
+        self.group_admin = GroupAdmin(self.groups)
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -65,7 +67,7 @@ class LeaderServices:
             await asyncio.sleep(GAUGES_INTERVAL_S)
             metrics.scheduled_backlog.set(self.schedule.backlog())
             metrics.pending_halves.set(self.transactions.pending)
-            metrics.set_groups(self.groups.summaries())
+            metrics.set_groups(self.group_admin.summaries())
 
     async def close(self) -> None:
         for task in self._tasks:

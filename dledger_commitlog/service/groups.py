@@ -156,7 +156,7 @@ class GroupRpcs(ServiceBase):
         groups = self.services.groups
         await self._run(context, "list", groups.state_of(""))  # leader only, settled
         out = []
-        for group, s in groups.summaries().items():
+        for group, s in self.services.group_admin.summaries().items():
             if account is not None:
                 try:
                     require_group(account, group)
@@ -176,7 +176,7 @@ class GroupRpcs(ServiceBase):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         groups = self.services.groups
         state = await self._run(context, "describe", groups.state_of(r.group))
-        summary = groups.summaries().get(r.group)
+        summary = self.services.group_admin.summaries().get(r.group)
         if summary is None:
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"unknown group {r.group!r}: no offsets committed and no live "
@@ -228,7 +228,7 @@ class GroupRpcs(ServiceBase):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         groups = self.services.groups
         queues = [r.queue_id] if r.queue_id != -1 else list(range(groups.queue_count(r.topic)))
-        moved = await self._run(context, "reset-offsets", groups.reset_offsets(
+        moved = await self._run(context, "reset-offsets", self.services.group_admin.reset_offsets(
             r.group, r.topic, queues, r.to, r.value, r.force))  # fmt: skip
         return pb.GroupResetOffsetsResponse(
             offsets=[pb.GroupOffset(topic=r.topic, queue_id=q, offset=o) for q, o in moved]
@@ -239,7 +239,7 @@ class GroupRpcs(ServiceBase):
         await self._allow(context, "GroupDlq", lambda a: require_group(a, r.group))
         resend = list(r.resend_offsets) if (r.resend_offsets or r.resend_all) else None
         messages, resent, next_offset, high = await self._run(
-            context, "dlq", self.services.groups.dlq(r.group, r.from_offset, r.max_messages,
+            context, "dlq", self.services.group_admin.dlq(r.group, r.from_offset, r.max_messages,
                                                      resend),
         )  # fmt: skip
         return pb.GroupDlqResponse(
