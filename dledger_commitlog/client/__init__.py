@@ -8,16 +8,19 @@ Both discover the leader, follow redirects and retry with back-off through one
 core (`retry.py`); every operation is written once (`api.py`); `blocking.py` and
 `aio.py` only perform its steps. Values in and out are in `values.py`, errors in
 `errors.py`, TLS and credentials in `access.py`, coalesced single puts in
-`put_pipe.py`, transaction check-backs in `tx_producer.py`. The client imports
+`put_pipe.py`, transaction check-backs in `tx_producer.py`, consumer groups in
+`groups.py` (the calls) and `consumer.py` (`Consumer`, `AsyncConsumer`). The client imports
 nothing of the server side.
 """
 
 from dledger_commitlog.client.access import Access, cluster_security, load_credentials
 from dledger_commitlog.client.aio import AsyncClient
 from dledger_commitlog.client.blocking import Client
+from dledger_commitlog.client.consumer import AsyncConsumer, ConsumedMessage, Consumer, Retry
 from dledger_commitlog.client.errors import (
     ChangeRefused,
     ClientError,
+    GroupRefused,
     InvalidArgument,
     NotFound,
     OffsetOutOfRange,
@@ -28,6 +31,13 @@ from dledger_commitlog.client.errors import (
     Unauthenticated,
     Unavailable,
     WrongCluster,
+)
+from dledger_commitlog.client.groups import (
+    DeadLetters,
+    Delivery,
+    GroupDescription,
+    GroupSummary,
+    Subscription,
 )
 from dledger_commitlog.client.tx_producer import (
     AsyncTransactionProducer,
@@ -57,11 +67,19 @@ from dledger_commitlog.client.values import (
 __all__ = [
     "Access",
     "AsyncClient",
+    "AsyncConsumer",
     "AsyncTransactionProducer",
     "ChangeRefused",
     "CleanResult",
     "Client",
     "ClientError",
+    "ConsumedMessage",
+    "Consumer",
+    "DeadLetters",
+    "Delivery",
+    "GroupDescription",
+    "GroupRefused",
+    "GroupSummary",
     "HalfResult",
     "InvalidArgument",
     "MemberChange",
@@ -78,8 +96,10 @@ __all__ = [
     "QueueOffset",
     "ReadRangeResult",
     "ResourceExhausted",
+    "Retry",
     "StatusError",
     "StoredMessage",
+    "Subscription",
     "TransactionCheck",
     "TransactionConflict",
     "TransactionEnd",
