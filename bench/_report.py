@@ -16,16 +16,23 @@ def machine() -> str:
     return f"{platform.node()} {platform.machine()} {cpus} cpus, Python {platform.python_version()}"
 
 
-def report(name: str, rows: list[tuple[str, str, str]], metrics: dict[str, float]) -> Path:
-    """Print `rows` (label, value, note) as a table; write metrics + machine + when as JSON."""
+def report(
+    name: str,
+    rows: list[tuple[str, str, str]],
+    metrics: dict[str, float],
+    *,
+    out: Path | None = None,
+) -> Path:
+    """Print `rows` (label, value, note) as a table; write metrics + machine + when as
+    JSON to `out` (default bench/results/NAME.json)."""
     width = max((len(r[0]) for r in rows), default=10)
     vwidth = max((len(r[1]) for r in rows), default=10)
     print(f"\n{name}")
     print("-" * (width + vwidth + 40))
     for label, value, note in rows:
         print(f"{label:<{width}}  {value:>{vwidth}}  {note}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"{name}.json"
+    out = RESULTS / f"{name}.json" if out is None else out
+    out.parent.mkdir(parents=True, exist_ok=True)
     payload: dict[str, float | str] = {k: round(v, 3) for k, v in metrics.items()}
     payload["machine"] = machine()
     payload["when"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
