@@ -12,6 +12,11 @@ which side was the bound), latency p50/p99 from the send time written in the bod
 is part of it), and duplicates (handler calls beyond one per message; 0 without
 failures).
 
+(c) Drain (the consumers' own capacity, which (a) does not reach when the
+producer is the bound): 1 and then 3 consumers settle in a fresh group, then
+`--backlog` messages (20,000) are put in batches of 256, faster than they are
+handled; msgs/s from the first handler call to the last.
+
 (b) Rebalance: 3 consumers on 8 queues while a producer puts 200 msgs/s on all
 8; once the group is settled and every consumer has handled messages, SIGKILL
 one. Measured from the kill: until the group's describe (polled every 20 ms)
@@ -50,7 +55,7 @@ from bench._proc import loadavg
 from bench._report import report
 from bench.cluster import async_client
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client import Client, ClientError
+from dledger_commitlog.client import Client, ClientError, MessageSpec
 from dledger_commitlog.client.consumer import AsyncConsumer, ConsumedMessage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -320,6 +325,41 @@ def e2e_rows(m: dict[str, float], consumers: int) -> list[Row]:
     ]  # fmt: skip
 
 
+# -- (c) drain ------------------------------------------------------------------------
+
+
+def drain_case(cl: LocalCluster, consumers: int, backlog: int) -> dict[str, float]:
+    """`consumers` settled in a fresh group, then `backlog` messages put in batches of
+    256 (faster than they are handled): msgs/s from the first handler call to the last."""
+    name = f"drain{consumers}c"
+    workers = [Worker(cl, name, name, f"{name}-{i}") for i in range(consumers)]
+    try:
+        with cl.client(timeout_s=30) as client:
+            wait_for(f"{consumers} consumers to settle", lambda: owned_by(
+                client, name, name, [w.member_id for w in workers]), SETTLE_TIMEOUT_S)  # fmt: skip
+            for start in range(0, backlog, 256):
+                client.put_batch([MessageSpec(name, HEAD.pack(seq, time.time()) + PAD)
+                                  for seq in range(start, min(backlog, start + 256))])  # fmt: skip
+        wait_for(f"{consumers} consumers to drain {backlog:,}",
+                 lambda: len({s.seq for w in workers for s in w.seen}) >= backlog,
+                 DRAIN_TIMEOUT_S * 2, poll_s=0.05)  # fmt: skip
+    finally:
+        stop_all(workers)
+    seen = [s for w in workers for s in w.seen]
+    first, last = min(s.handled_s for s in seen), max(s.handled_s for s in seen)
+    p = f"drain_{consumers}c"
+    return {f"{p}_msgs_per_s": backlog / max(1e-9, last - first),
+            f"{p}_duplicates": len(seen) - len({s.seq for s in seen})}  # fmt: skip
+
+
+def drain_rows(m: dict[str, float], consumers: int) -> list[Row]:
+    p = f"drain_{consumers}c"
+    label = f"(c) drain, {consumers} consumer{'s' if consumers > 1 else ''}"
+    return [(label, f"{m[f'{p}_msgs_per_s']:,.0f} msgs/s",
+             f"put in batches, faster than handled (first to last handler call); "
+             f"{m[f'{p}_duplicates']:.0f} duplicates")]  # fmt: skip
+
+
 # -- (b) rebalance --------------------------------------------------------------------
 
 
@@ -396,6 +436,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=0.0,
                     help="pace the e2e producer to this many msgs/s (0: unpaced)")  # fmt: skip
     ap.add_argument("--trials", type=int, default=3, help="rebalance trials")
+    ap.add_argument("--backlog", type=int, default=20_000, help="messages each drain case handles")
     ap.add_argument("--quick", action="store_true", help="2 s per e2e case, 1 rebalance trial")
     ap.add_argument("--out", type=Path, default=None,
                     help="the JSON file (default bench/results/consumer_groups.json)")  # fmt: skip
@@ -409,7 +450,7 @@ def main() -> None:
         asyncio.run(worker_main(args.servers.split(","), args.group, args.topic, args.member))
         return
     if args.quick:
-        args.seconds, args.trials = 2.0, 1
+        args.seconds, args.trials, args.backlog = 2.0, 1, 2_000
     if args.trials < 1:
         ap.error("--trials must be at least 1")
     rows: list[Row] = [("loadavg at start", loadavg(), "")]
@@ -420,6 +461,9 @@ def main() -> None:
         for consumers in (1, 3):
             m |= e2e_case(cl, consumers, args.seconds, args.rate)
             rows += e2e_rows(m, consumers)
+        for consumers in (1, 3):
+            m |= drain_case(cl, consumers, args.backlog)
+            rows += drain_rows(m, consumers)
         rebalance_rows, rebalance_m = rebalance(cl, args.trials)
         rows += rebalance_rows
         m |= rebalance_m
