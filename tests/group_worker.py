@@ -77,7 +77,8 @@ class Workers:
         argv = [sys.executable, "-m", "tests.group_worker", "--servers", self.servers,
                 "--cluster", self.cluster, "--group", group, "--topic", topic,
                 "--member-id", member, *extra]  # fmt: skip
-        with out_path.open("wb") as out, (self.directory / f"worker-{member}.err").open("wb") as err:
+        err_path = self.directory / f"worker-{member}.err"
+        with out_path.open("wb") as out, err_path.open("wb") as err:
             process = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=err)
         worker = Worker(member, process, out_path)
         self.started.append(worker)

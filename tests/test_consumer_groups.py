@@ -10,6 +10,7 @@ every worker process is killed at the end of its test, also on failure.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -105,9 +106,10 @@ class Producer:
                 self._stop.wait(self.pause_s)
 
 
-def owners(d: GroupDescription) -> dict[str, set[int]]:
-    """Member -> the queues the coordinator leases to it."""
-    return {m.member_id: {x.queue_id for x in m.leases} for m in d.members}
+def owners(d: GroupDescription, topic: str) -> dict[str, set[int]]:
+    """Member -> the queues of `topic` the coordinator leases to it (a member also
+    holds queues of the group's retry topic)."""
+    return {m.member_id: {x.queue_id for x in m.leases if x.topic == topic} for m in d.members}
 
 
 def split_among(members: set[str]) -> Callable[[dict[str, set[int]]], bool]:
@@ -139,7 +141,7 @@ def test_dead_member_queues_move_within_bound_and_nothing_is_lost(
             for m in members:
                 procs.spawn(m, group, topic)
             by_member = wait_until(
-                lambda: owners(client.group_describe(group)), PROGRESS_S,
+                lambda: owners(client.group_describe(group), topic), PROGRESS_S,
                 "three members to split the 8 queues", ok=split_among(set(members)),
                 interval_s=0.2,
             )  # fmt: skip
@@ -155,7 +157,7 @@ def test_dead_member_queues_move_within_bound_and_nothing_is_lost(
             victim.kill()
             live = set(members) - {victim.member}
             after = wait_until(
-                lambda: owners(client.group_describe(group)), 30,
+                lambda: owners(client.group_describe(group), topic), 30,
                 f"the live members {sorted(live)} to own every queue", ok=split_among(live),
             )  # fmt: skip
             moved_s = time.monotonic() - killed_at
@@ -211,7 +213,7 @@ def test_orderly_group_keeps_each_key_in_order_across_consumer_and_leader_deaths
         for m in ["o0", "o1"]:
             procs.spawn(m, group, topic, "--orderly", "--work-ms", "5")
         wait_until(
-            lambda: owners(client.group_describe(group)), PROGRESS_S,
+            lambda: owners(client.group_describe(group), topic), PROGRESS_S,
             "two orderly members to split the queues", ok=split_among({"o0", "o1"}),
             interval_s=0.2,
         )  # fmt: skip
@@ -247,6 +249,6 @@ def test_orderly_group_keeps_each_key_in_order_across_consumer_and_leader_deaths
     order = first_processing_order(records)
     assert sorted(order) == sorted(KEYS)
     for key, seqs in order.items():
-        out_of_order = [(a, b) for a, b in zip(seqs, seqs[1:], strict=False) if b <= a]
+        out_of_order = [(a, b) for a, b in itertools.pairwise(seqs) if b <= a]
         assert not out_of_order, f"{key}: first processed out of order at {out_of_order[:5]}"
         assert seqs == list(range(PER_KEY)), f"{key}: processed {seqs}"
