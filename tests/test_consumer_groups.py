@@ -153,6 +153,7 @@ def test_dead_member_queues_move_within_bound_and_nothing_is_lost(
             )  # fmt: skip
 
             victim = procs.started[0]
+            killed_ns = time.monotonic_ns()  # the workers stamp this clock too
             killed_at = time.monotonic()
             victim.kill()
             live = set(members) - {victim.member}
@@ -164,6 +165,26 @@ def test_dead_member_queues_move_within_bound_and_nothing_is_lost(
             print(f"the killed member's queues moved in {moved_s:.2f} s: {after}")
             assert moved_s <= REBALANCE_BOUND_S, (
                 f"queues moved {moved_s:.2f} s after the kill (bound {REBALANCE_BOUND_S} s)"
+            )
+            # and the live members handle the moved queues' messages within the bound
+            orphaned = by_member[victim.member]
+
+            def taken_over() -> dict[int, int]:
+                first: dict[int, int] = {}
+                for r in procs.records():
+                    q, t_ns = r["queue_id"], r["t_ns"]
+                    mine = r["member"] in live and r["stored_topic"] == topic
+                    if mine and q in orphaned and t_ns > killed_ns:
+                        first[q] = min(first.get(q, t_ns), t_ns)
+                return first
+
+            taken = wait_until(taken_over, 30, f"live members to handle queues {orphaned}",
+                               ok=lambda t: set(t) == orphaned, interval_s=0.1)  # fmt: skip
+            handled_s = (max(taken.values()) - killed_ns) / 1e9
+            print(f"the live members handled every moved queue {handled_s:.2f} s after the kill")
+            assert handled_s <= REBALANCE_BOUND_S, (
+                f"the moved queues were handled {handled_s:.2f} s after the kill "
+                f"(bound {REBALANCE_BOUND_S} s)"
             )
             # the producer goes on through and after the move
             mark = len(producer.acked)
