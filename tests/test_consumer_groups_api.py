@@ -216,15 +216,8 @@ def test_stale_owner_is_fenced_and_its_message_goes_to_the_new_owner(
                    ok=lambda ls: {x.queue_id for x in ls} == every, interval_s=0.5)  # fmt: skip
         with pytest.raises(GroupRefused):
             client.group_ack(group, "A", [delivery.handle])
-        leader = cluster.leader_id()
-        with node_stubs(cluster) as stubs:
-            request = pb.CommitOffsetRequest(group=group, topic=topic, queue_id=0, offset=1,
-                                             cluster=cluster.cluster, member_id="A",
-                                             epoch=old_epoch)  # fmt: skip
-            with pytest.raises(grpc.RpcError) as refused:
-                stubs[leader].CommitOffset(request, timeout=5.0)
-        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.value
-        print(f"A's stale commit refused: {refused.value.details()}")
+        refused = refused_commit(cluster, group, topic, "A", old_epoch)
+        print(f"A's commit after its session ended refused: {refused}")
         assert client.fetch_offset(group, topic, 0).get(0, -1) < 1
 
         def fetch_as_b() -> tuple[Delivery, ...]:
@@ -237,6 +230,39 @@ def test_stale_owner_is_fenced_and_its_message_goes_to_the_new_owner(
         assert again[0].message.body == b"unacked"
         assert again[0].epoch > old_epoch
         assert client.group_ack(group, "B", [again[0].handle]) == 1
+
+        # A comes back as a live member: its old epoch still does not commit, while
+        # queue 0's owner commits with the epoch it holds now
+        def split() -> dict[str, set[int]]:
+            held = {m: {x.queue_id for x in leases_of(client, group, m, topic)} for m in "AB"}
+            return held if all(held.values()) and set().union(*held.values()) == every else {}
+
+        wait_until(split, LEASES_S, "A and B to split the queues", interval_s=0.5)
+        refused = refused_commit(cluster, group, topic, "A", old_epoch)
+        print(f"A's commit under its old epoch refused: {refused}")
+        queue0 = next(q for q in client.group_describe(group).queues
+                      if q.topic == topic and q.queue_id == 0)  # fmt: skip
+        commit(cluster, group, topic, queue0.owner, queue0.epoch)
+        wait_until(lambda: client.fetch_offset(group, topic, 0).get(0), PROGRESS_S,
+                   "the owner's commit of queue 0", ok=lambda o: o == 1)  # fmt: skip
+
+
+def commit(cluster: LocalCluster, group: str, topic: str, member: str, epoch: int) -> None:
+    """CommitOffset of queue 0 to offset 1 as `member` under `epoch`, at the leader (the
+    client's `commit_offset` does not send a member or an epoch)."""
+    request = pb.CommitOffsetRequest(group=group, topic=topic, queue_id=0, offset=1,
+                                     cluster=cluster.cluster, member_id=member,
+                                     epoch=epoch)  # fmt: skip
+    with node_stubs(cluster) as stubs:
+        stubs[cluster.leader_id()].CommitOffset(request, timeout=5.0)
+
+
+def refused_commit(cluster: LocalCluster, group: str, topic: str, member: str, epoch: int) -> str:
+    """`commit` must be refused with FAILED_PRECONDITION: the refusal's message."""
+    with pytest.raises(grpc.RpcError) as refused:
+        commit(cluster, group, topic, member, epoch)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.value
+    return str(refused.value.details())
 
 
 # ------------------------------------------------------------------ filters, bad input
