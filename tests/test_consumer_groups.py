@@ -139,7 +139,7 @@ def test_dead_member_queues_move_within_bound_and_nothing_is_lost(
             wait_until(lambda: len(producer.acked), 30, "the first puts", ok=lambda n: n >= 20)
             members = ["c0", "c1", "c2"]
             for m in members:
-                procs.spawn(m, group, topic)
+                procs.spawn(m, group, topic, "--work-ms", "20")  # some in flight at the kill
             by_member = wait_until(
                 lambda: owners(client.group_describe(group), topic), PROGRESS_S,
                 "three members to split the 8 queues", ok=split_among(set(members)),
