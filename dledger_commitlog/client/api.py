@@ -31,7 +31,12 @@ from dledger_commitlog.client.access import (
     cluster_security,
     load_credentials,
 )
-from dledger_commitlog.client.errors import ChangeRefused, InvalidArgument, WrongCluster
+from dledger_commitlog.client.errors import (
+    ChangeRefused,
+    GroupRefused,
+    InvalidArgument,
+    WrongCluster,
+)
 from dledger_commitlog.client.put_pipe import PipeFailure, PutPipe
 from dledger_commitlog.client.retry import NO_ANSWER, Attempt, Failure, Op, Router
 from dledger_commitlog.client.values import (
@@ -355,13 +360,19 @@ class ClientBase:
         return Op("queue_offsets", "QueueOffsets", request, convert)
 
     @operation
-    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> Op[None]:
-        """Record `offset` (the next to consume) for `group` through the Raft log."""
+    def commit_offset(
+        self, group: str, topic: str, queue_id: int, offset: int, *, member_id: str = "",
+        epoch: int = 0,
+    ) -> Op[None]:  # fmt: skip
+        """Record `offset` (the next to consume) for `group` through the Raft log. A group
+        with live members (docs/consumer-groups.md) takes it only from the queue's owner:
+        `member_id` and its lease `epoch` (GroupRefused otherwise)."""
         request = pb.CommitOffsetRequest(
-            group=group, topic=topic, queue_id=queue_id, offset=offset, cluster=self.cluster
-        )
+            group=group, topic=topic, queue_id=queue_id, offset=offset, cluster=self.cluster,
+            member_id=member_id, epoch=epoch,
+        )  # fmt: skip
         # Setting an offset twice is harmless: a retry after an unknown outcome is safe.
-        return Op("commit_offset", "CommitOffset", request, lambda r: None)
+        return Op("commit_offset", "CommitOffset", request, lambda r: None, refusal=GroupRefused)
 
     @operation
     def fetch_offset(

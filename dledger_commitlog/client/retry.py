@@ -118,7 +118,8 @@ class Failure:
             return errors.InvalidArgument(why, code=self.code, address=address)
         retried = errors.Unavailable if self.code in _RETRIED else errors.ClientError
         kind = _NOT_RETRIED.get(self.code, _AUTH.get(self.code, retried))
-        if refusal is not None and self.code == "FAILED_PRECONDITION":
+        if (refusal is not None and self.code == "FAILED_PRECONDITION"
+                and not self.details.startswith("wrong cluster")):  # fmt: skip
             kind = refusal
         return kind(self.details or self.code, code=self.code, address=address)
 
