@@ -12,10 +12,12 @@ import pytest
 
 from dledger_commitlog.messaging.group_state import (
     MAX_IN_FLIGHT_PER_QUEUE,
+    NOBODY,
     Claim,
     Epochs,
     GroupConflict,
     GroupState,
+    Lease,
     QueueSource,
     Read,
     Settings,
@@ -66,7 +68,14 @@ def owners(s: GroupState) -> dict[tuple[str, int], str | None]:
     return {ref: x.owner for ref, x in sorted(s.leases.items())}
 
 
-def deliver(s: GroupState, member: str, now_ms: int, end: int = 10, batch: int = 32) -> dict:
+def where(lease: Lease) -> tuple[str | None, str | None, int]:
+    """Who holds the lease, whom it goes to, its cursor (read afresh each time)."""
+    return lease.owner, lease.target, lease.cursor
+
+
+def deliver(
+    s: GroupState, member: str, now_ms: int, end: int = 10, batch: int = 32
+) -> dict[tuple[str, int], list[int]]:
     """A fetch as the service does it, every message of the queues up to `end`: the
     offsets delivered per queue (redeliveries first)."""
     out: dict[tuple[str, int], list[int]] = {}
@@ -111,6 +120,31 @@ def test_a_queue_nobody_subscribes_to_any_more_is_released() -> None:
     assert {ref for ref, o in owners(s).items() if o == "m1"} == {
         ("A", 0), ("A", 1), ("A", 2), ("A", 3), (RETRY, 0)}  # fmt: skip
     assert s.leases[("B", 0)].owner is None
+
+
+def test_a_queue_nobody_subscribes_to_waits_for_its_deliveries_before_it_is_free() -> None:
+    # a bug fixed: it was freed at once, and a member subscribing next got it while
+    # the one that dropped the topic still had its messages in hand
+    s = state()
+    join(s, "m1", 0, ALL_AB)
+    deliver(s, "m1", 0, end=2)
+    epoch = s.leases[("B", 0)].epoch
+    join(s, "m1", 10, ALL_A)  # B dropped with 2 of B/0 in flight
+    lease = s.leases[("B", 0)]
+    assert (lease.owner, lease.target) == ("m1", NOBODY)
+    assert all((r.topic, r.queue_id) != ("B", 0) for r in s.plan_fetch("m1", 32, 20))
+    join(s, "m2", 20, ALL_B)
+    assert (lease.owner, lease.target) == ("m1", "m2")  # revoking, to m2 now
+    s.ack("m1", "B", 0, epoch, 0, 2, 2)
+    s.tick(30)
+    assert lease.owner == "m2" and lease.frontier == 2
+    s.leave("m2", 40)
+    join(s, "m1", 40, ALL_AB)
+    deliver(s, "m1", 40, end=4)
+    join(s, "m1", 50, ALL_A)
+    assert lease.target == NOBODY
+    s.tick(40 + ACK_WAIT_MS)  # the ack-wait ran out: free
+    assert where(lease) == (None, None, 2)
 
 
 # -- session expiry ------------------------------------------------------------------
@@ -159,10 +193,10 @@ def test_revocation_waits_for_the_owners_deliveries_to_be_acked() -> None:
     assert s.plan_fetch("m2", 10, 30) == []  # and m2 none of it yet
     assert s.ack("m1", "A", 3, epoch, 0, 1, 2) == 1  # acks still count while revoking
     s.tick(40)
-    assert lease.owner == "m1"
+    assert where(lease)[0] == "m1"
     assert s.ack("m1", "A", 3, epoch, 1, 2, 2) == 1
     assert s.tick(50)
-    assert lease.owner == "m2" and lease.epoch > epoch and lease.target is None
+    assert where(lease)[:2] == ("m2", None) and lease.epoch > epoch
     assert lease.frontier == lease.cursor == 2
     with pytest.raises(StaleLease, match="held by 'm2'"):
         s.ack("m1", "A", 3, epoch, 0, 1, 2)
@@ -190,6 +224,17 @@ def test_a_read_planned_before_a_revocation_is_dropped() -> None:
     join(s, "m2", 20, ALL_A)  # A/3 revoking (1 in flight), A/2 moved (1 in flight too)
     assert s.record("m1", reads[("A", 3)], [1], [], 2, 30) is None
     assert s.leases[("A", 3)].cursor == 1
+
+
+def test_a_read_under_an_epoch_gone_is_dropped_even_for_the_same_owner() -> None:
+    s = state()
+    join(s, "m1", 0, ALL_A)
+    (read,) = [r for r in s.plan_fetch("m1", 32, 0) if (r.topic, r.queue_id) == ("A", 0)]
+    s.leave("m1", 10)
+    join(s, "m1", 20, ALL_A)  # the same member holds it again, under a new epoch
+    assert s.leases[("A", 0)].epoch > read.epoch
+    assert s.record("m1", read, [0, 1], [], 2, 30) is None
+    assert s.leases[("A", 0)].cursor == 0
 
 
 # -- epochs --------------------------------------------------------------------------
@@ -320,6 +365,43 @@ def test_in_flight_messages_are_delivered_again_after_the_ack_wait() -> None:
     assert lease.in_flight[2] == 2 * ACK_WAIT_MS  # a new ack-wait from the redelivery
 
 
+def test_a_rewound_queue_delivers_again_only_what_is_not_acked() -> None:
+    # a bug fixed: the new owner got the acked offsets again, and they stayed in flight
+    # for ever (an ack of an acked offset did not clear it): redelivered every ack-wait
+    s = state()
+    join(s, "m1", 0, ALL_A)
+    deliver(s, "m1", 0, end=6)
+    lease = s.leases[("A", 2)]
+    s.ack("m1", "A", 2, lease.epoch, 1, 3, 6)  # 1, 2 (0 is still out)
+    s.ack("m1", "A", 2, lease.epoch, 4, 0, 6)
+    join(s, "m2", 0, ALL_A)
+    s.tick(ACK_WAIT_MS)
+    join(s, "m2", ACK_WAIT_MS, ALL_A)
+    assert lease.owner == "m2" and (lease.frontier, lease.cursor) == (0, 0)
+    reads = [r for r in s.plan_fetch("m2", 32, ACK_WAIT_MS) if r.queue_id == 2]
+    assert [(r.start, r.count) for r in reads] == [(0, 1)]  # up to the first acked
+    assert s.record("m2", reads[0], [0], [], 1, ACK_WAIT_MS) == [2]
+    assert lease.cursor == 3  # past 1 and 2, acked
+    got = deliver(s, "m2", ACK_WAIT_MS, end=6)
+    assert got[("A", 2)] == [3]
+    got = deliver(s, "m2", ACK_WAIT_MS, end=6)
+    assert got[("A", 2)] == [5] and lease.cursor == 6
+    assert sorted(lease.in_flight) == [0, 3, 5]
+    assert s.ack("m2", "A", 2, lease.epoch, 0, 6, 6) == 3
+    assert lease.frontier == 6 and lease.in_flight == {}
+
+
+def test_an_ack_of_an_acked_offset_still_ends_its_delivery() -> None:
+    s = state()
+    join(s, "m1", 0, ALL_A)
+    deliver(s, "m1", 0, end=2)
+    lease = s.leases[("A", 0)]
+    s.ack("m1", "A", 0, lease.epoch, 1, 0, 2)
+    lease.in_flight[1] = 10**9  # in flight and acked, as a claim may leave it
+    assert s.ack("m1", "A", 0, lease.epoch, 1, 0, 2) == 0
+    assert 1 not in lease.in_flight
+
+
 def test_a_queue_with_too_much_in_flight_gets_nothing_new() -> None:
     s = state()
     join(s, "m1", 0, ALL_A)
@@ -362,6 +444,20 @@ def test_orderly_nack_retries_in_place_after_the_delay() -> None:
     assert s.retry_in_place(lease, 1, 1000, 1200) == 2  # the count of in-place retries
     with pytest.raises(UnknownMessage):
         s.ack("m1", "A", 0, lease.epoch, 2, 0, 4)  # rewound: 2 is not delivered now
+
+
+def test_orderly_delivers_again_from_the_frontier_once_the_ack_wait_passed() -> None:
+    # a bug fixed: nothing acked (say the fetch's answer was lost) stalled the queue for
+    # as long as its owner lived
+    s = state()
+    join(s, "m1", 0, ALL_A, ORDERLY)
+    deliver(s, "m1", 0, end=3)
+    lease = s.leases[("A", 0)]
+    s.ack("m1", "A", 0, lease.epoch, 0, 0, 3)
+    assert ("A", 0) not in deliver(s, "m1", ACK_WAIT_MS - 1, end=3)
+    join(s, "m1", ACK_WAIT_MS - 1, ALL_A, ORDERLY)
+    assert deliver(s, "m1", ACK_WAIT_MS, end=4)[("A", 0)] == [1, 2, 3]
+    assert lease.deliveries == {1: 2, 2: 2, 3: 1}
 
 
 # -- the grace period after an election ----------------------------------------------
