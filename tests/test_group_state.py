@@ -492,8 +492,9 @@ def test_claims_are_adopted_with_their_in_flight_offsets() -> None:
     assert lease.tenure_epoch == old_epoch and lease.epoch > 2 << 32
     assert s.ack("m1", "A", 1, old_epoch, 6, 8, 10) == 2  # its old epoch is still good
     assert s.ack("m1", "A", 1, lease.epoch, 8, 0, 10) == 1  # and the new one
-    with pytest.raises(StaleLease):
-        s.ack("m1", "A", 1, old_epoch - 1, 9, 0, 10)
+    for never_held in (old_epoch - 1, old_epoch + 1, lease.epoch - 1, lease.epoch + 1):
+        with pytest.raises(StaleLease):  # a bug fixed: all between the two were good
+            s.ack("m1", "A", 1, never_held, 9, 0, 10)
     other = s.leases[("A", 2)]
     assert (other.frontier, other.cursor, other.in_flight) == (4, 4, {})
     assert s.unflushed() == [("A", 1, 9), ("A", 2, 4)]

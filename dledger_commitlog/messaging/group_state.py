@@ -118,7 +118,7 @@ class Lease:
     flushed: int  # the frontier last committed through the log
     owner: str | None = None
     epoch: int = 0
-    tenure_epoch: int = 0  # the owner's acks are good from this epoch on
+    tenure_epoch: int = 0  # the owner's acks are good under this epoch and `epoch`
     target: str | None = None  # revoking: the member it goes to next (NOBODY: none)
     in_flight: dict[int, int] = field(default_factory=dict)  # offset -> ack deadline (ms)
     deliveries: dict[int, int] = field(default_factory=dict)  # offset -> times delivered
@@ -392,8 +392,9 @@ class GroupState:
             raise StaleLease(f"{member_id!r} is not a live member of group {self.group!r} "
                              "(session expired or never joined): heartbeat again")  # fmt: skip
         lease = self.leases.get((topic, queue_id))
-        if lease is None or lease.owner != member_id or not (
-            lease.tenure_epoch <= epoch <= lease.epoch
+        # the epoch of its grant, or the one it claimed and this leader's on adopting it
+        if lease is None or lease.owner != member_id or epoch not in (
+            lease.tenure_epoch, lease.epoch
         ):  # fmt: skip
             holder = "nobody" if lease is None or lease.owner is None else repr(lease.owner)
             now = 0 if lease is None else lease.epoch
