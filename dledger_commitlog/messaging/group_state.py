@@ -25,6 +25,8 @@ through `QueueSource`. `messaging.groups.GroupService` does the I/O around it.
 - Orderly mode: a queue is served only while nothing of it is in flight, in
   offset order; a nack retries the message in place (the queue pauses for the
   delay, then delivers it and what follows again) up to the group's maximum.
+  Once the ack-wait of all it has in flight passed, it delivers again from the
+  frontier (a fetch's answer may have been lost: the queue must not stall).
 - A new leader knows nothing of the old one's leases: for `session_timeout_ms`
   after it starts (`grace_until_ms`) it grants no queue, and members claim the
   queues they hold in their heartbeats (adopted, with what they still have in
@@ -49,6 +51,7 @@ DEFAULT_MAX_RECONSUME = 16
 DEFAULT_ACK_WAIT_MS = 30_000
 DEFAULT_FIRST_RETRY_LEVEL = 3
 MAX_IN_FLIGHT_PER_QUEUE = 1024  # a member gets no more of a queue until it acks
+NOBODY = ""  # a lease's target while it is revoked for no member (nobody subscribes)
 
 
 def retry_topic(group: str) -> str:
@@ -115,8 +118,8 @@ class Lease:
     flushed: int  # the frontier last committed through the log
     owner: str | None = None
     epoch: int = 0
-    tenure_epoch: int = 0  # the owner's acks are good from this epoch on
-    target: str | None = None  # revoking: the member it goes to next
+    tenure_epoch: int = 0  # the owner's acks are good under this epoch and `epoch`
+    target: str | None = None  # revoking: the member it goes to next (NOBODY: none)
     in_flight: dict[int, int] = field(default_factory=dict)  # offset -> ack deadline (ms)
     deliveries: dict[int, int] = field(default_factory=dict)  # offset -> times delivered
     acked: set[int] = field(default_factory=set)  # acked offsets above the frontier
@@ -140,12 +143,23 @@ class Lease:
 
     def mark_acked(self, offset: int) -> bool:
         """Record `offset` done; whether it was news."""
+        self.in_flight.pop(offset, None)  # even if acked before: it is not in flight now
         if offset < self.frontier or offset in self.acked:
             return False
-        self.in_flight.pop(offset, None)
         self.acked.add(offset)
         self._advance()
         return True
+
+    def readable(self, limit: int) -> int:
+        """How many of `limit` offsets from the cursor a read may take: up to the first
+        one acked already (a rewound queue delivers again only what is not acked)."""
+        above = [o for o in self.acked if o >= self.cursor]
+        return min(limit, min(above) - self.cursor) if above else limit
+
+    def skip_acked(self) -> None:
+        """Move the cursor past offsets acked already (after a read up to them)."""
+        while self.cursor in self.acked:
+            self.cursor += 1
 
     def rewind(self) -> None:
         """Forget every delivery: the next owner gets what is not acked again."""
@@ -283,6 +297,7 @@ class GroupState:
         for lease in self.leases.values():
             if lease.owner == member_id:
                 lease.owner = None
+                lease.target = None
                 lease.rewind()
 
     def _adopt(self, member_id: str, claim: Claim, now_ms: int) -> None:
@@ -361,7 +376,12 @@ class GroupState:
                 moved = True
         for ref, lease in self.leases.items():
             if ref not in self._plan and lease.owner is not None:
-                lease.owner = None  # nobody subscribes to it any more
+                # nobody subscribes to it any more: revoked like any other, then free
+                if any(deadline > now_ms for deadline in lease.in_flight.values()):
+                    lease.target = NOBODY
+                    continue
+                lease.owner = None
+                lease.target = None
                 lease.rewind()
                 moved = True
         if moved:
@@ -381,8 +401,9 @@ class GroupState:
             raise StaleLease(f"{member_id!r} is not a live member of group {self.group!r} "
                              "(session expired or never joined): heartbeat again")  # fmt: skip
         lease = self.leases.get((topic, queue_id))
-        if lease is None or lease.owner != member_id or not (
-            lease.tenure_epoch <= epoch <= lease.epoch
+        # the epoch of its grant, or the one it claimed and this leader's on adopting it
+        if lease is None or lease.owner != member_id or epoch not in (
+            lease.tenure_epoch, lease.epoch
         ):  # fmt: skip
             holder = "nobody" if lease is None or lease.owner is None else repr(lease.owner)
             now = 0 if lease is None else lease.epoch
@@ -405,14 +426,16 @@ class GroupState:
             if lease.suspended_until_ms > now_ms:
                 continue
             if self.settings.orderly:
-                if lease.in_flight and max(lease.in_flight.values()) <= now_ms:
-                    lease.rewind()  # the member never answered: deliver them again, in order
+                if lease.in_flight and all(d <= now_ms for d in lease.in_flight.values()):
+                    lease.rewind()  # nothing acked in time (a lost answer?): again, in order
                 if not lease.in_flight:
                     reads.append(Read(lease.topic, lease.queue_id, lease.epoch, (),
-                                      lease.cursor, share))  # fmt: skip
+                                      lease.cursor, lease.readable(share)))  # fmt: skip
                 continue
             due = tuple(sorted(o for o, d in lease.in_flight.items() if d <= now_ms))[:share]
-            room = min(share - len(due), MAX_IN_FLIGHT_PER_QUEUE - len(lease.in_flight))
+            room = lease.readable(
+                min(share - len(due), MAX_IN_FLIGHT_PER_QUEUE - len(lease.in_flight))
+            )
             if due or room > 0:
                 reads.append(Read(lease.topic, lease.queue_id, lease.epoch, due,
                                   lease.cursor, max(0, room)))  # fmt: skip
@@ -446,6 +469,7 @@ class GroupState:
             lease.mark_acked(offset)
         if next_offset > lease.cursor and read.count:
             lease.cursor = next_offset
+            lease.skip_acked()
         return counts
 
     def ack(
