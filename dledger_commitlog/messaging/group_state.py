@@ -28,9 +28,11 @@ through `QueueSource`. `messaging.groups.GroupService` does the I/O around it.
   Once the ack-wait of all it has in flight passed, it delivers again from the
   frontier (a fetch's answer may have been lost: the queue must not stall).
 - A new leader knows nothing of the old one's leases: for `session_timeout_ms`
-  after it starts (`grace_until_ms`) it grants no queue, and members claim the
-  queues they hold in their heartbeats (adopted, with what they still have in
-  flight). After that it rebalances as usual.
+  after it starts (`grace_until_ms`) it grants no queue and serves no fetch, and
+  members claim the queues they hold in their heartbeats (adopted, with what they
+  still have in flight; of two claims of a queue the one of the newer epoch
+  wins: the other member lost it before the election). After that it serves and
+  rebalances as usual.
 
 Lost with a leader (and stated in docs/consumer-groups.md): acks not yet
 committed as an offset (those messages are delivered again: at least once), and
@@ -119,6 +121,7 @@ class Lease:
     owner: str | None = None
     epoch: int = 0
     tenure_epoch: int = 0  # the owner's acks are good under this epoch and `epoch`
+    claimed: bool = False  # adopted from a claim in the grace period (a newer claim wins)
     target: str | None = None  # revoking: the member it goes to next (NOBODY: none)
     in_flight: dict[int, int] = field(default_factory=dict)  # offset -> ack deadline (ms)
     deliveries: dict[int, int] = field(default_factory=dict)  # offset -> times delivered
@@ -202,7 +205,8 @@ class Epochs:
     """Lease epochs of one leader: above every epoch an earlier term could give."""
 
     def __init__(self, term: int) -> None:
-        self._next = term << 32
+        self.floor = term << 32  # every epoch of this term is above it, every older one not
+        self._next = self.floor
 
     def next(self) -> int:
         self._next += 1
@@ -303,16 +307,20 @@ class GroupState:
     def _adopt(self, member_id: str, claim: Claim, now_ms: int) -> None:
         """A new leader takes a member's word for a queue it held under the old one."""
         ref = (claim.topic, claim.queue_id)
+        if now_ms >= self.grace_until_ms or claim.epoch > self._epochs.floor:
+            return  # claims are for the grace period after an election, of older epochs
         lease = self.leases.get(ref)
-        if lease is not None and lease.owner is not None:
-            return  # already settled here: the heartbeat answer tells the member
-        if now_ms >= self.grace_until_ms or claim.epoch >= self._epochs.next() - 1:
-            return  # claims are only for the grace period after an election
+        if lease is not None and lease.owner is not None and not (
+            lease.claimed and claim.epoch > lease.tenure_epoch
+        ):  # fmt: skip
+            return  # settled here: the heartbeat's answer tells the member
         lease = self._lease(ref)
         lease.owner = member_id
         lease.epoch = self._epochs.next()
         lease.tenure_epoch = claim.epoch
         lease.target = None
+        lease.claimed = True
+        lease.rewind()  # a newer claim replaces an older one's deliveries
         acked_to = claim.next_offset if claim.in_flight == 0 else claim.unacked_from
         if acked_to > lease.frontier:
             lease.frontier = lease.cursor = acked_to
@@ -389,6 +397,7 @@ class GroupState:
         return moved
 
     def _grant(self, lease: Lease, member_id: str) -> None:
+        lease.claimed = False
         lease.owner = member_id
         lease.epoch = lease.tenure_epoch = self._epochs.next()
         lease.target = None
@@ -420,6 +429,8 @@ class GroupState:
                              "(session expired or never joined): heartbeat again")  # fmt: skip
         member.last_seen_ms = now_ms
         reads: list[Read] = []
+        if now_ms < self.grace_until_ms:
+            return reads  # claims still come in: the newest of a queue's wins, then it serves
         leases = [x for x in self.leases_of(member_id) if x.target is None]
         share = max(1, max_messages // max(1, len(leases)))
         for lease in leases:
