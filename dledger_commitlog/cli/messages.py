@@ -3,7 +3,10 @@ query, consume.
 
 Each opens a client from the connection options (`commands.make_client`), makes
 one call or a loop of them, and prints the result as a table or, with --json,
-one JSON document (consume: one JSON line per message). A put's body comes from
+one JSON document. `consume` is a member of its consumer group (a blocking
+`client.consumer.Consumer`): the group's members share its queues, each message
+going to one of them, which prints it (one line; with --json one JSON object a
+line) and acks it; it leaves the group when it stops. A put's body comes from
 --body or --body-file ('-': standard input) and is sent as given. Times a
 delayed put names are checked here only for form (an ISO 8601 time needs a
 zone; a duration is one number and unit); whether one is too far ahead is the
