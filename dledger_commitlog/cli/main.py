@@ -8,9 +8,9 @@ same connection and output options (`--cluster FILE | --servers H:P,...`,
 `--cluster-name`, `--timeout`, `--json`: one JSON document on stdout, otherwise
 readable tables). Subcommands register with `@command("admin clean-now", ...)`
 (`commands.py`, which also has the helpers they share): the message commands in
-`messages.py`, the operator's in `admin.py`, membership in `members.py`, and the
-plugins `build_parser` loads (`analytics.commands`, `chaos.commands`). A space in
-the name makes a command group.
+`messages.py`, the operator's in `admin.py`, membership in `members.py`, consumer
+groups in `groups.py`, and the plugins `build_parser` loads (`analytics.commands`,
+`chaos.commands`). A space in the name makes a command group.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dledger_commitlog.cli import admin as admin  # registers the operator's commands
+from dledger_commitlog.cli import groups as groups  # registers the consumer-group commands
 from dledger_commitlog.cli import members as members  # registers the membership commands
 from dledger_commitlog.cli import messages as messages  # registers the message commands
 from dledger_commitlog.cli.commands import _REGISTRY, FIELD_TYPES, UsageError, command, load_plugins

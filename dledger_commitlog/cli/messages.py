@@ -3,7 +3,10 @@ query, consume.
 
 Each opens a client from the connection options (`commands.make_client`), makes
 one call or a loop of them, and prints the result as a table or, with --json,
-one JSON document (consume: one JSON line per message). A put's body comes from
+one JSON document. `consume` is a member of its consumer group (a blocking
+`client.consumer.Consumer`): the group's members share its queues, each message
+going to one of them, which prints it (one line; with --json one JSON object a
+line) and acks it; it leaves the group when it stops. A put's body comes from
 --body or --body-file ('-': standard input) and is sent as given. Times a
 delayed put names are checked here only for form (an ISO 8601 time needs a
 zone; a duration is one number and unit); whether one is too far ahead is the
@@ -19,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +40,9 @@ from dledger_commitlog.cli.commands import (
     preview,
     table,
 )
-from dledger_commitlog.client import Client, PullResult, PutResult, StoredMessage
+from dledger_commitlog.client import PullResult, PutResult
+from dledger_commitlog.client.consumer import ConsumedMessage, Consumer
+from dledger_commitlog.client.groups import Subscription
 from dledger_commitlog.node.config import parse_levels
 
 
@@ -63,7 +69,7 @@ def _put_args(p: argparse.ArgumentParser) -> None:
     )
     later.add_argument("--deliver-in", type=_duration_ms, metavar="DURATION", dest="deliver_in_ms",
                        help="deliver DURATION from now: 90s, 10m, 2h")  # fmt: skip
-    later.add_argument("--deliver-at", type=_deliver_at, metavar="TIME",
+    later.add_argument("--deliver-at", type=epoch_ms, metavar="TIME",
                        help="deliver at TIME: ISO 8601 with a zone (YYYY-MM-DDTHH:MM:SSZ) or "
                        "ms since the epoch")  # fmt: skip
 
@@ -79,8 +85,8 @@ def _duration_ms(text: str) -> int:
     return durations[0]
 
 
-def _deliver_at(text: str) -> int:
-    """ISO 8601 (a zone is required) or ms since the epoch -> ms since the epoch."""
+def epoch_ms(text: str) -> int:
+    """An argument type: ISO 8601 (a zone is required) or ms since the epoch -> the latter."""
     if text.isdigit():
         return int(text)
     try:
@@ -249,75 +255,117 @@ def _query(args: argparse.Namespace) -> int:
 def _consume_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group", required=True, metavar="G", help="consumer group")
     p.add_argument("--topic", required=True)
-    p.add_argument("--tag-expr", default="*", metavar="E", help="'*' or 'TagA || TagB'")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--tag-expr", default="*", metavar="E", help="'*' or 'TagA || TagB'")
+    which.add_argument("--sql", metavar="EXPR",
+                       help="SQL92 filter on properties: \"region = 'eu' AND a > 5\"")  # fmt: skip
     p.add_argument("--max", type=non_negative, default=0, metavar="N",
                    help="stop after N messages (0: no limit)")  # fmt: skip
     p.add_argument("--idle-exit", type=float, default=0.0, metavar="S",
                    help="stop after S seconds without a new message (0: never)")  # fmt: skip
-    p.add_argument("--batch", type=int, default=32, metavar="B", help="messages per pull")
+    p.add_argument("--batch", type=positive, default=32, metavar="B", help="messages per fetch")
+    p.add_argument("--orderly", action="store_true",
+                   help="one at a time per queue, in order; a retry waits in place")  # fmt: skip
+    p.add_argument("--strategy", choices=("average", "consistent-hash"), default="average",
+                   help="how the group divides its queues among its members")  # fmt: skip
+    p.add_argument("--max-reconsume", type=positive, default=16, metavar="N",
+                   help="retries before a message is a dead letter (default 16)")  # fmt: skip
+    p.add_argument("--ack-wait-ms", type=positive, default=30_000, metavar="MS",
+                   help="a message not acked in MS is delivered again (default 30000)")  # fmt: skip
 
 
-@command("consume", "tail a topic from the group's committed offsets, committing as it goes",
+@command("consume", "consume a topic as a member of a group (its members share the queues)",
          _consume_args)  # fmt: skip
 def _consume(args: argparse.Namespace) -> int:
-    """Pull every queue of the topic from the group's offset; commit after each batch.
+    """Join the group, print what its coordinator hands this member, ack it; leave at the end.
 
-    Ctrl-C (SIGINT) stops it between calls, never inside one: the handler only
-    records it, and the loop ends after the call in flight (a long poll waits at
-    most a second). A KeyboardInterrupt raised inside a blocking gRPC call could
-    leave the call's cleanup waiting forever (seen: a consume still running 30 s
-    after SIGINT)."""
+    Ctrl-C (SIGINT) stops it between calls, never inside one: the handler only asks
+    the consumer to stop, and it ends after the call in flight (a long poll waits at
+    most a second), finishing what it printed, acking it and leaving the group, so
+    its queues move to the other members at once. A KeyboardInterrupt raised inside
+    a blocking gRPC call could leave the call's cleanup waiting forever (seen: a
+    consume still running 30 s after SIGINT)."""
+    subscription = (Subscription.sql(args.topic, args.sql) if args.sql is not None
+                    else Subscription(args.topic, args.tag_expr))  # fmt: skip
+    printer = _Printer(args.json)
+    servers, connection = _connection(args)
+    consumer = Consumer(
+        servers, args.group, [subscription], printer, orderly=args.orderly,
+        strategy=args.strategy, max_reconsume=args.max_reconsume, ack_wait_ms=args.ack_wait_ms,
+        batch=args.batch, concurrency=1, **connection,
+    )  # fmt: skip
+    printer.on_broken = consumer.stop
     interrupted = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.set())
+
+    def on_sigint(signum: int, frame: object) -> None:
+        interrupted.set()
+        consumer.stop()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        with make_client(args) as client:
-            consumed = _consume_until(args, client, interrupted)
+        consumer.run(max_messages=args.max, idle_exit_s=args.idle_exit)
     finally:
         signal.signal(signal.SIGINT, previous)
+    if printer.broken:
+        raise BrokenPipeError  # `main` leaves quietly
     if interrupted.is_set():
         raise KeyboardInterrupt  # here, outside any call: `main` says "interrupted"
     if not args.json:
-        print(f"consumed {consumed} messages", file=sys.stderr)
+        print(f"consumed {printer.printed} messages", file=sys.stderr)
     return 0
 
 
-def _consume_until(args: argparse.Namespace, client: Client, interrupted: threading.Event) -> int:
-    """The consume loop, until `--max`, `--idle-exit` or `interrupted`; how many it consumed."""
-    consumed = 0
-    idle_since = time.monotonic()
-    positions: dict[int, int] = {}
-    wait_ms = 0
-    while not (args.max and consumed >= args.max) and not interrupted.is_set():
-        for q in client.queue_offsets(args.topic):
-            if q.queue_id not in positions:
-                committed = client.fetch_offset(args.group, args.topic, q.queue_id)
-                start = committed.get(q.queue_id, -1)
-                positions[q.queue_id] = start if start >= 0 else q.min_offset
-        got = 0
-        for queue_id, offset in sorted(positions.items()):
-            limit = args.batch if not args.max else min(args.batch, args.max - consumed)
-            if limit <= 0 or interrupted.is_set():
-                break
-            r = client.pull(args.topic, queue_id, offset, limit, args.tag_expr, wait_ms=wait_ms)
-            for m in r.messages:
-                _print_consumed(args, m)
-            got += len(r.messages)
-            consumed += len(r.messages)
-            if r.next_offset != offset:
-                client.commit_offset(args.group, args.topic, queue_id, r.next_offset)
-                positions[queue_id] = r.next_offset
-        if got:
-            idle_since, wait_ms = time.monotonic(), 0
-        else:
-            if args.idle_exit and time.monotonic() - idle_since >= args.idle_exit:
-                break
-            wait_ms = max(50, 1000 // max(1, len(positions)))
-    return consumed
+def _connection(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
+    """The servers and client settings the connection options name (as `make_client`)."""
+    with make_client(args) as client:
+        return client.servers, {
+            "timeout_s": client.timeout_s,
+            "cluster": client.cluster or None,
+            "tls_ca": client.access.tls_ca,
+            "credentials": client.access.credentials,
+        }
 
 
-def _print_consumed(args: argparse.Namespace, m: StoredMessage) -> None:
-    if args.json:
-        print(json.dumps(message_json(m)), flush=True)
-    else:
-        print(f"{m.topic}/{m.queue_id}@{m.queue_offset}  {m.msg_id}  tags={m.tags or '-'}  "
-              f"keys={','.join(m.keys) or '-'}  {preview(m.body)}", flush=True)  # fmt: skip
+class _Printer:
+    """The consumer's handler: print each message (one line; JSON with --json). A
+    reader that left (a closed pipe) stops the consumer; what it could not print is
+    retried, not acked."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.printed = 0
+        self.broken = False
+        self.on_broken: Callable[[], None] = lambda: None
+
+    def __call__(self, m: ConsumedMessage) -> bool:
+        if self.broken:
+            return False
+        try:
+            sys.stdout.write(consumed_line(m, self.as_json) + "\n")
+            sys.stdout.flush()
+        except OSError:  # BrokenPipeError: `dledger consume | head`
+            self.broken = True
+            self.on_broken()
+            return False
+        self.printed += 1
+        return True
+
+
+def consumed_json(m: ConsumedMessage) -> dict[str, Any]:
+    """`message_json` of the stored copy, with `topic` the producer's (a retried message
+    is stored in the group's retry topic: `stored_topic`) and its `reconsume_times`."""
+    doc = message_json(m.message)
+    doc["stored_topic"] = doc["topic"]
+    doc["topic"] = m.topic
+    doc["reconsume_times"] = m.reconsume_times
+    return doc
+
+
+def consumed_line(m: ConsumedMessage, as_json: bool) -> str:
+    if as_json:
+        return json.dumps(consumed_json(m))
+    s = m.message
+    retried = m.stored_topic != m.topic
+    retry = f"  origin={m.topic} reconsumed={m.reconsume_times}" if retried else ""
+    return (f"{m.stored_topic}/{m.queue_id}@{m.queue_offset}  {m.msg_id}  tags={s.tags or '-'}  "
+            f"keys={','.join(s.keys) or '-'}{retry}  {preview(m.body)}")  # fmt: skip
