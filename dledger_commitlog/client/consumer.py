@@ -169,6 +169,7 @@ class AsyncConsumer:
         self._heartbeat_now = asyncio.Event()
         self._acks: list[tuple[str, int, int, int]] = []
         self._ack_event = asyncio.Event()
+        self._closing = False
         self._slots = asyncio.Semaphore(concurrency)
         self._running: set[asyncio.Task[None]] = set()
         self._session_s = 3.0
@@ -196,17 +197,22 @@ class AsyncConsumer:
         if not inspect.iscoroutinefunction(self.handler):
             self._executor = ThreadPoolExecutor(self.concurrency, f"consumer-{self.group}")
         await self._heartbeat()  # raises on bad input or a conflict
-        tasks = [asyncio.create_task(self._heartbeats(), name="consumer-heartbeats"),
-                 asyncio.create_task(self._ack_loop(), name="consumer-acks")]  # fmt: skip
+        heartbeats = asyncio.create_task(self._heartbeats(), name="consumer-heartbeats")
+        acks = asyncio.create_task(self._ack_loop(), name="consumer-acks")
         try:
             await self._fetch_loop(max_messages, idle_exit_s)
         finally:
             if self._running:
                 await asyncio.wait(self._running, timeout=self.ack_wait_ms / 1000)
+            # The ack loop ends after the call it makes now (never cut in the middle of
+            # one: those acks would be lost), then the rest go in one last call.
+            self._closing = True
+            self._ack_event.set()
+            await asyncio.wait([acks], timeout=self.client.timeout_s)
             await self._flush_acks()
-            for task in tasks:
+            for task in (heartbeats, acks):
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(heartbeats, acks, return_exceptions=True)
             with contextlib.suppress(ClientError):
                 await self.client.group_leave(self.group, self.member_id)
             if self._executor is not None:
@@ -279,18 +285,22 @@ class AsyncConsumer:
         rest come again after it (the coordinator redelivers them)."""
         for d in sorted(run, key=lambda d: d.message.queue_offset):
             if not self._lease_fresh():
-                self._forget(d)
+                self._forget(d, done=False)
                 continue
             if not await self._one(d):
                 for rest in run:
                     if rest.message.queue_offset > d.message.queue_offset:
-                        self._forget(rest)
+                        self._forget(rest, done=False)
                 return
 
-    def _forget(self, d: Delivery) -> None:
+    def _forget(self, d: Delivery, *, done: bool) -> None:
+        """No longer ours to ack. Not `done` (to be delivered again): a claim of the queue
+        after a failover must not say it was, so the claimed next offset drops to it."""
         track = self._tracks.get((d.message.topic, d.message.queue_id))
         if track is not None:
             track.unacked.discard(d.message.queue_offset)
+            if not done:
+                track.next_offset = min(track.next_offset, d.message.queue_offset)
 
     async def _one(self, d: Delivery) -> bool:
         """Run the handler on one delivery, then ack or nack it; whether it succeeded."""
@@ -307,16 +317,22 @@ class AsyncConsumer:
             return True
         level = outcome.delay_level if isinstance(outcome, Retry) else 0
         try:
-            await self.client.group_nack(self.group, self.member_id, d.handle, level)
+            kind, _times, _delay_ms = await self.client.group_nack(
+                self.group, self.member_id, d.handle, level
+            )
         except (GroupRefused, NotFound) as exc:
             log.info("consumer %s: nack refused: %s", self.member_id, exc.message)
+            self._forget(d, done=False)
+            return False
         except ClientError as exc:
             # Still unacked (and claimed so after a failover): delivered again after the
             # ack wait, never taken for done.
             log.warning("consumer %s: nack failed (%s): redelivered after the ack wait",
                         self.member_id, exc)  # fmt: skip
             return False
-        self._forget(d)
+        # A retry copy or a dead letter is made (done here); retried in place (orderly),
+        # it comes again.
+        self._forget(d, done=kind != "in-place")
         return False
 
     async def _call(self, m: ConsumedMessage) -> HandlerResult:
@@ -329,7 +345,7 @@ class AsyncConsumer:
     # -- acks ------------------------------------------------------------------------
 
     async def _ack_loop(self) -> None:
-        while True:
+        while not self._closing:
             await self._ack_event.wait()
             self._ack_event.clear()
             await self._flush_acks()
