@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -169,6 +170,13 @@ def test_always_failing_message_lands_in_the_dlq_and_a_resend_delivers_it_again(
                              "group_list to count the dead letter",
                              ok=lambda s: s is not None and s.dead_letters >= 1)  # fmt: skip
         assert summary.dead_letters == 1
+        # the leader's metrics say the same (gauges refreshed every second)
+        leader = cluster.specs[cluster.leader_id()]
+        wait_until(lambda: group_metrics(leader.metrics, group), PROGRESS_S,
+                   "the leader's group gauges",
+                   ok=lambda g: g.get("dledger_group_dead_letters_messages") == 1.0
+                   and g.get("dledger_group_retries_messages") == 3.0
+                   and g.get("dledger_group_members") == 1.0)  # fmt: skip
 
         healed.set()
         resent = client.group_dlq(group, resend=[letter.queue_offset])
@@ -179,6 +187,18 @@ def test_always_failing_message_lands_in_the_dlq_and_a_resend_delivers_it_again(
         assert again[-1].ok
         assert again[-1].stored_topic == f"%RETRY%{group}"
         assert len(handler.of("fine")) == 1
+
+
+def group_metrics(address: str, group: str) -> dict[str, float]:
+    """The leader's `dledger_group_*` gauges of `group`, from its /metrics page."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("dledger_group_") and f'group="{group}"' in line:
+            name, value = line.split("{")[0], line.rsplit(" ", 1)[1]
+            found[name] = float(value)
+    return found
 
 
 # ------------------------------------------------------------------ stale owners
