@@ -286,31 +286,31 @@ def _constant(value: bool) -> Predicate:
 
 
 def _all(parts: list[Predicate]) -> Predicate:
-    if any(p is _never for p in parts):
-        return _never
-    rest = tuple(p for p in parts if p is not _always)
-    if not rest:
-        return _always
-    if len(rest) == 1:
-        return rest[0]
-    if len(rest) == 2:
-        first, second = rest
-        return lambda t, p: first(t, p) and second(t, p)
-    return lambda t, p: all(part(t, p) for part in rest)
+    return _fold(parts, absorbing=_never, neutral=_always, either=False)
 
 
 def _any(parts: list[Predicate]) -> Predicate:
-    if any(p is _always for p in parts):
-        return _always
-    rest = tuple(p for p in parts if p is not _never)
+    return _fold(parts, absorbing=_always, neutral=_never, either=True)
+
+
+def _fold(parts: list[Predicate], absorbing: Predicate, neutral: Predicate,
+          either: bool) -> Predicate:  # fmt: skip
+    """AND (`either` False) or OR of `parts`, constants folded: one that decides the
+    whole (`absorbing`) is the answer, one that changes nothing (`neutral`) is dropped."""
+    if any(p is absorbing for p in parts):
+        return absorbing
+    rest = tuple(p for p in parts if p is not neutral)
     if not rest:
-        return _never
+        return neutral
     if len(rest) == 1:
         return rest[0]
     if len(rest) == 2:
         first, second = rest
-        return lambda t, p: first(t, p) or second(t, p)
-    return lambda t, p: any(part(t, p) for part in rest)
+        if either:
+            return lambda t, p: first(t, p) or second(t, p)
+        return lambda t, p: first(t, p) and second(t, p)
+    combine = any if either else all
+    return lambda t, p: combine(part(t, p) for part in rest)
 
 
 def _not(inner: Predicate) -> Predicate:

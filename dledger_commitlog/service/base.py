@@ -285,6 +285,13 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         except TimeoutError:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "dispatch did not catch up in time")
 
+    def _check_queues(self, topic: str, queue_id: int) -> None:
+        """A queue of `topic`, or (-1) every queue of it: InvalidMessage if not."""
+        if queue_id != -1:
+            self._check_queue(topic, queue_id)
+        else:
+            check_name(topic)
+
     def _check_queue(self, topic: str, queue_id: int) -> None:
         check_name(topic)
         limit = 1 if topic.startswith(SYSTEM_TOPIC_PREFIX) else self.cfg.queues_per_topic

@@ -220,10 +220,7 @@ class GroupRpcs(ServiceBase):
             context, "GroupResetOffsets", lambda a: group_rights(a, r.group, [r.topic])
         )
         try:
-            if r.queue_id != -1:
-                self._check_queue(r.topic, r.queue_id)
-            else:
-                check_name(r.topic)
+            self._check_queues(r.topic, r.queue_id)
         except InvalidMessage as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         groups = self.services.groups

@@ -106,10 +106,7 @@ class OffsetRpcs(GroupRpcs):
         await self._allow(context, "FetchOffset", lambda a: group_rights(a, r.group, [r.topic]))
         try:
             check_name(r.group, "group")
-            if r.queue_id != -1:
-                self._check_queue(r.topic, r.queue_id)
-            else:
-                check_name(r.topic)
+            self._check_queues(r.topic, r.queue_id)
         except InvalidMessage as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if r.linearizable:
