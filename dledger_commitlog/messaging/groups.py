@@ -343,8 +343,11 @@ class GroupService:
         """Ack (topic, queue, offset, epoch, end) handles: how many were news."""
         state = await self._group(group)
         acked = 0
+        ends: dict[tuple[str, int], int] = {}  # a queue's end, once per call
         for topic, queue_id, offset, epoch, end in handles:
-            _low, high = self._log.queue_bounds(topic, queue_id)
+            high = ends.get((topic, queue_id))
+            if high is None:
+                high = ends[(topic, queue_id)] = self.queue_end(topic, queue_id)
             acked += state.ack(member_id, topic, queue_id, epoch, offset, end, high)
         self._changed.set()
         return acked
