@@ -15,7 +15,9 @@ failures).
 (c) Drain (the consumers' own capacity, which (a) does not reach when the
 producer is the bound): 1 and then 3 consumers settle in a fresh group, then
 `--backlog` messages (20,000) are put in batches of 256, faster than they are
-handled; msgs/s from the first handler call to the last.
+handled; msgs/s from the first handler call to the last, and each node's CPU
+per message over the case (the busiest node is the leader: the batched puts, and
+every fetch and ack).
 
 (b) Rebalance: 3 consumers on 8 queues while a producer puts 200 msgs/s on all
 8; once the group is settled and every consumer has handled messages, SIGKILL
@@ -51,7 +53,7 @@ from typing import Any, NamedTuple, Self
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._proc import loadavg
+from bench._proc import loadavg, process_usage
 from bench._report import report
 from bench.cluster import async_client
 from dledger_commitlog.cli.launcher import LocalCluster
@@ -337,19 +339,26 @@ def drain_case(cl: LocalCluster, consumers: int, backlog: int) -> dict[str, floa
         with cl.client(timeout_s=30) as client:
             wait_for(f"{consumers} consumers to settle", lambda: owned_by(
                 client, name, name, [w.member_id for w in workers]), SETTLE_TIMEOUT_S)  # fmt: skip
+            pids = [pid for i in cl.specs if (pid := cl.pid(i)) is not None]
+            cpu0 = [process_usage(pid)[0] for pid in pids]
             for start in range(0, backlog, 256):
                 client.put_batch([MessageSpec(name, HEAD.pack(seq, time.time()) + PAD)
                                   for seq in range(start, min(backlog, start + 256))])  # fmt: skip
         wait_for(f"{consumers} consumers to drain {backlog:,}",
                  lambda: len({s.seq for w in workers for s in w.seen}) >= backlog,
                  DRAIN_TIMEOUT_S * 2, poll_s=0.05)  # fmt: skip
+        # The busiest node is the leader: it stores the puts and serves every fetch and
+        # ack (the followers only replicate).
+        cpu = [process_usage(pid)[0] - c for pid, c in zip(pids, cpu0, strict=True)]
     finally:
         stop_all(workers)
     seen = [s for w in workers for s in w.seen]
     first, last = min(s.handled_s for s in seen), max(s.handled_s for s in seen)
     p = f"drain_{consumers}c"
     return {f"{p}_msgs_per_s": backlog / max(1e-9, last - first),
-            f"{p}_duplicates": len(seen) - len({s.seq for s in seen})}  # fmt: skip
+            f"{p}_duplicates": len(seen) - len({s.seq for s in seen}),
+            f"{p}_leader_cpu_us_per_msg": max(cpu) / backlog * 1e6,
+            f"{p}_follower_cpu_us_per_msg": min(cpu) / backlog * 1e6}  # fmt: skip
 
 
 def drain_rows(m: dict[str, float], consumers: int) -> list[Row]:
@@ -357,7 +366,10 @@ def drain_rows(m: dict[str, float], consumers: int) -> list[Row]:
     label = f"(c) drain, {consumers} consumer{'s' if consumers > 1 else ''}"
     return [(label, f"{m[f'{p}_msgs_per_s']:,.0f} msgs/s",
              f"put in batches, faster than handled (first to last handler call); "
-             f"{m[f'{p}_duplicates']:.0f} duplicates")]  # fmt: skip
+             f"{m[f'{p}_duplicates']:.0f} duplicates"),
+            ("    CPU per message", f"{m[f'{p}_leader_cpu_us_per_msg']:,.0f} us leader",
+             f"its batched put and its fetch and ack; a follower "
+             f"{m[f'{p}_follower_cpu_us_per_msg']:,.0f} us")]  # fmt: skip
 
 
 # -- (b) rebalance --------------------------------------------------------------------
