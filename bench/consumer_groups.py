@@ -39,6 +39,8 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
+import pstats
 import signal
 import statistics
 import struct
@@ -330,7 +332,9 @@ def e2e_rows(m: dict[str, float], consumers: int) -> list[Row]:
 # -- (c) drain ------------------------------------------------------------------------
 
 
-def drain_case(cl: LocalCluster, consumers: int, backlog: int) -> dict[str, float]:
+def drain_case(
+    cl: LocalCluster, consumers: int, backlog: int, profile: bool = False
+) -> dict[str, float]:
     """`consumers` settled in a fresh group, then `backlog` messages put in batches of
     256 (faster than they are handled): msgs/s from the first handler call to the last."""
     name = f"drain{consumers}c"
@@ -341,6 +345,8 @@ def drain_case(cl: LocalCluster, consumers: int, backlog: int) -> dict[str, floa
                 client, name, name, [w.member_id for w in workers]), SETTLE_TIMEOUT_S)  # fmt: skip
             pids = [pid for i in cl.specs if (pid := cl.pid(i)) is not None]
             cpu0 = [process_usage(pid)[0] for pid in pids]
+            for pid in pids if profile else ():
+                os.kill(pid, signal.SIGUSR1)  # bench/_profiled_node.py: start
             for start in range(0, backlog, 256):
                 client.put_batch([MessageSpec(name, HEAD.pack(seq, time.time()) + PAD)
                                   for seq in range(start, min(backlog, start + 256))])  # fmt: skip
@@ -350,6 +356,8 @@ def drain_case(cl: LocalCluster, consumers: int, backlog: int) -> dict[str, floa
         # The busiest node is the leader: it stores the puts and serves every fetch and
         # ack (the followers only replicate).
         cpu = [process_usage(pid)[0] - c for pid, c in zip(pids, cpu0, strict=True)]
+        for pid in pids if profile else ():
+            os.kill(pid, signal.SIGUSR2)  # stop, and write DLEDGER_PROFILE_DIR/node-PID.prof
     finally:
         stop_all(workers)
     seen = [s for w in workers for s in w.seen]
@@ -370,6 +378,32 @@ def drain_rows(m: dict[str, float], consumers: int) -> list[Row]:
             ("    CPU per message", f"{m[f'{p}_leader_cpu_us_per_msg']:,.0f} us leader",
              f"its batched put and its fetch and ack; a follower "
              f"{m[f'{p}_follower_cpu_us_per_msg']:,.0f} us")]  # fmt: skip
+
+
+def drain_profile(backlog: int, top: int = 25) -> None:
+    """The 1-consumer drain with the nodes under cProfile; the leader's top functions."""
+    prof_dir = Path(tempfile.mkdtemp(prefix="cg-profile-"))
+    os.environ["DLEDGER_PROFILE_DIR"] = str(prof_dir)
+    prefix = lambda _i: [sys.executable, str(ROOT / "bench" / "_profiled_node.py")]  # noqa: E731
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LocalCluster(Path(tmp), extra_config=CONFIG, command_prefix=prefix) as cl,
+    ):
+        cl.up()
+        cl.wait_for_leader()
+        m = drain_case(cl, 1, backlog, profile=True)
+    for row in drain_rows(m, 1):
+        print(*row)
+    profiles = [pstats.Stats(str(f)) for f in prof_dir.glob("node-*.prof")]
+    busiest = max(profiles, key=lambda st: st.total_tt)  # type: ignore[attr-defined]
+    table = busiest.stats  # type: ignore[attr-defined]
+    print("\nthe leader's event loop under cProfile (idle epoll waits left out), per message")
+    idle = "<method 'poll' of 'select.epoll' objects>"
+    for key in sorted((k for k in table if k[2] != idle), key=lambda k: -table[k][3])[:top]:
+        _primitive, calls, own, cum, _callers = table[key]
+        where = f"{Path(key[0]).name}:{key[1]}({key[2]})"
+        print(f"{own / backlog * 1e6:8.1f} us own {cum / backlog * 1e6:8.1f} cum {calls:>8}  "
+              f"{where}")  # fmt: skip
 
 
 # -- (b) rebalance --------------------------------------------------------------------
@@ -449,6 +483,9 @@ def main() -> None:
                     help="pace the e2e producer to this many msgs/s (0: unpaced)")  # fmt: skip
     ap.add_argument("--trials", type=int, default=3, help="rebalance trials")
     ap.add_argument("--backlog", type=int, default=20_000, help="messages each drain case handles")
+    ap.add_argument("--cprofile", action="store_true",
+                    help="only the 1-consumer drain, the nodes under cProfile: the "
+                    "leader's loop functions per message; writes no results")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="2 s per e2e case, 1 rebalance trial")
     ap.add_argument("--out", type=Path, default=None,
                     help="the JSON file (default bench/results/consumer_groups.json)")  # fmt: skip
@@ -465,6 +502,9 @@ def main() -> None:
         args.seconds, args.trials, args.backlog = 2.0, 1, 2_000
     if args.trials < 1:
         ap.error("--trials must be at least 1")
+    if args.cprofile:
+        drain_profile(args.backlog)
+        return
     rows: list[Row] = [("loadavg at start", loadavg(), "")]
     m: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp, LocalCluster(Path(tmp), extra_config=CONFIG) as cl:
