@@ -30,6 +30,7 @@ from dledger_commitlog.client import (
     MessageSpec,
     PermissionDenied,
     StatusError,
+    Subscription,
     Unauthenticated,
     Unavailable,
     load_credentials,
@@ -246,6 +247,8 @@ def test_acl_authenticates_every_call_and_checks_rights(
             app.put("audit", b"x")
         with pytest.raises(PermissionDenied, match="no SUB right"):
             app.pull("orders", put.queue_id, 0)
+        with pytest.raises(PermissionDenied, match="no SUB right"):
+            app.group_heartbeat("billing", "a1", [Subscription("orders")])
         with pytest.raises(PermissionDenied, match="not an admin"):
             app.clean_now(cluster.specs[leader].client, force=True)
         with pytest.raises(PermissionDenied, match="not an admin"):
@@ -261,6 +264,14 @@ def test_acl_authenticates_every_call_and_checks_rights(
             reader.commit_offset("other", "orders", put.queue_id, 1)
         with pytest.raises(PermissionDenied, match="'%SYS%OFFSETS'"):  # every group's offsets
             reader.pull("%SYS%OFFSETS", 0, 0)
+        # A consumer group's calls need the group's right and SUB on its topics.
+        joined = reader.group_heartbeat("billing", "r1", [Subscription("orders")])
+        assert {x.topic for x in joined.leases} <= {"orders", "%RETRY%billing"}
+        with pytest.raises(PermissionDenied, match="group 'other'"):
+            reader.group_heartbeat("other", "r1", [Subscription("orders")])
+        with pytest.raises(PermissionDenied, match="group 'other'"):
+            reader.group_fetch("other", "r1")
+        reader.group_leave("billing", "r1")
     with cluster.client() as admin:
         audit = admin.put("audit", b"admin-only")
         assert admin.clean_now(cluster.specs[leader].client, force=True).deleted_segments == 0
