@@ -105,6 +105,40 @@ def consuming(
         consumer.join(60)
 
 
+# ------------------------------------------------------------------ orderly, slow handler
+
+
+def test_an_orderly_run_slower_than_its_ack_wait_is_neither_overlapped_nor_repeated(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """A run of one queue that outlives its ack wait is delivered again while the
+    consumer still works on it: the new run waits for the old one and skips (acks
+    again) what it handled, so one key's messages are handled once each, in order,
+    one at a time."""
+    cluster = make_cluster("slow-orderly", **GROUP_CONFIG)
+    group, topic, count = "slow-group", "slow-topic", 16
+
+    def slow(body: str, nth: int) -> bool:
+        time.sleep(0.25)  # a fetch hands out a few of the queue: their run takes > 0.5 s
+        return False
+
+    handler = Recorder(fail=slow)  # never fails: `slow` only takes its time
+    with cluster.client() as client:
+        for i in range(count):
+            client.put(topic, f"k:{i}", sharding_key="k")
+        with consuming(cluster, group, [topic], handler, orderly=True, ack_wait_ms=500):
+            wait_until(handler.bodies, PROGRESS_S, f"all {count} handled",
+                       ok=lambda seen: len(seen) == count)  # fmt: skip
+            # settled: every delivery acked, so nothing can come again
+            wait_until(lambda: client.group_describe(group).queues, PROGRESS_S,
+                       "the group's queues acked to their ends",
+                       ok=lambda qs: all(q.lag == 0 and q.in_flight == 0 for q in qs))  # fmt: skip
+    calls = sorted(handler.calls, key=lambda c: c.started)
+    assert [int(c.body.split(":")[1]) for c in calls] == list(range(count))
+    for before, after in itertools.pairwise(calls):
+        assert after.started >= before.ended, f"{after.body} overlapped {before.body}"
+
+
 # ------------------------------------------------------------------ retries, DLQ
 
 

@@ -109,6 +109,10 @@ class _Track:
     epoch: int
     next_offset: int = 0
     unacked: set[int] = field(default_factory=set)
+    # orderly: one run of the queue at a time, and what this member has handled of it
+    # (a run that outlived its ack wait is delivered again: not handled twice)
+    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
+    done: set[int] = field(default_factory=set)
 
 
 Topics = Sequence[str | Subscription] | Mapping[str, str]
@@ -281,17 +285,31 @@ class AsyncConsumer:
         task.add_done_callback(self._running.discard)
 
     async def _in_order(self, run: Sequence[Delivery]) -> None:
-        """One queue's deliveries in offset order; a failure retries in place, and the
-        rest come again after it (the coordinator redelivers them)."""
-        for d in sorted(run, key=lambda d: d.message.queue_offset):
-            if not self._lease_fresh():
-                self._forget(d, done=False)
-                continue
-            if not await self._one(d):
-                for rest in run:
-                    if rest.message.queue_offset > d.message.queue_offset:
-                        self._forget(rest, done=False)
-                return
+        """One queue's deliveries in offset order, after the queue's previous run; a
+        failure retries in place, and the rest come again after it (the coordinator
+        redelivers them). What this member handled already (delivered again because
+        its run outlived the ack wait) is acked again, not handled twice."""
+        ordered = sorted(run, key=lambda d: d.message.queue_offset)
+        track = self._tracks.setdefault((run[0].message.topic, run[0].message.queue_id),
+                                        _Track(run[0].epoch))  # fmt: skip
+        async with track.turn:
+            first = ordered[0].message.queue_offset
+            track.done = {o for o in track.done if o >= first}
+            for d in ordered:
+                offset = d.message.queue_offset
+                if offset in track.done:
+                    self._acks.append(d.handle)
+                    self._ack_event.set()
+                    continue
+                if not self._lease_fresh():
+                    self._forget(d, done=False)
+                    continue
+                if not await self._one(d):
+                    for rest in ordered:
+                        if rest.message.queue_offset > offset:
+                            self._forget(rest, done=False)
+                    return
+                track.done.add(offset)
 
     def _forget(self, d: Delivery, *, done: bool) -> None:
         """No longer ours to ack. Not `done` (to be delivered again): a claim of the queue
