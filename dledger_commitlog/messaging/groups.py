@@ -60,6 +60,7 @@ TICK_INTERVAL_S = 0.1
 SETTLE_TIMEOUT_S = 10.0
 _PUT_TIMEOUT_S = 10.0
 _MAX_FETCH = 256
+_FETCH_ROUNDS = 4  # a fetch's share of each queue, again while some had more
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,9 +265,13 @@ class GroupService:
         while True:
             state = await self._group(group)
             out: list[Delivered] = []
-            for read in state.plan_fetch(member_id, max_messages - len(out), _now_ms()):
-                out.extend(self._read(state, member_id, read))
-                if len(out) >= max_messages:
+            for _round in range(_FETCH_ROUNDS):  # a busy queue gets what idle ones leave
+                got = len(out)
+                for read in state.plan_fetch(member_id, max_messages - len(out), _now_ms()):
+                    out.extend(self._read(state, member_id, read))
+                    if len(out) >= max_messages:
+                        break
+                if len(out) in (got, max_messages):
                     break
             remaining = deadline - time.monotonic()
             if out or remaining <= 0:
