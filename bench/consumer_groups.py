@@ -13,11 +13,12 @@ is part of it), and duplicates (handler calls beyond one per message; 0 without
 failures).
 
 (c) Drain (the consumers' own capacity, which (a) does not reach when the
-producer is the bound): 1 and then 3 consumers settle in a fresh group, then
-`--backlog` messages (20,000) are put in batches of 256, faster than they are
-handled; msgs/s from the first handler call to the last, and each node's CPU
-per message over the case (the busiest node is the leader: the batched puts, and
-every fetch and ack).
+producer is the bound): `--backlog` messages (20,000) stored first, then one
+consumer started; then 1 and 3 consumers settled in a fresh group while the
+backlog is put in batches of 256, faster than they are handled. Msgs/s from the
+first handler call to the last, and each node's CPU per message over the case
+(the busiest node is the leader: every fetch and ack, and the puts when they run
+meanwhile).
 
 (b) Rebalance: 3 consumers on 8 queues while a producer puts 200 msgs/s on all
 8; once the group is settled and every consumer has handled messages, SIGKILL
@@ -333,55 +334,67 @@ def e2e_rows(m: dict[str, float], consumers: int) -> list[Row]:
 
 
 def drain_case(
-    cl: LocalCluster, consumers: int, backlog: int, profile: bool = False
-) -> dict[str, float]:
+    cl: LocalCluster, consumers: int, backlog: int, *, stored: bool = False,
+    profile: bool = False,
+) -> dict[str, float]:  # fmt: skip
     """`consumers` settled in a fresh group, then `backlog` messages put in batches of
-    256 (faster than they are handled): msgs/s from the first handler call to the last."""
-    name = f"drain{consumers}c"
-    workers = [Worker(cl, name, name, f"{name}-{i}") for i in range(consumers)]
-    try:
-        with cl.client(timeout_s=30) as client:
-            wait_for(f"{consumers} consumers to settle", lambda: owned_by(
-                client, name, name, [w.member_id for w in workers]), SETTLE_TIMEOUT_S)  # fmt: skip
-            pids = [pid for i in cl.specs if (pid := cl.pid(i)) is not None]
-            cpu0 = [process_usage(pid)[0] for pid in pids]
-            for pid in pids if profile else ():
-                os.kill(pid, signal.SIGUSR1)  # bench/_profiled_node.py: start
-            for start in range(0, backlog, 256):
-                client.put_batch([MessageSpec(name, HEAD.pack(seq, time.time()) + PAD)
-                                  for seq in range(start, min(backlog, start + 256))])  # fmt: skip
-        wait_for(f"{consumers} consumers to drain {backlog:,}",
-                 lambda: len({s.seq for w in workers for s in w.seen}) >= backlog,
-                 DRAIN_TIMEOUT_S * 2, poll_s=0.05)  # fmt: skip
-        # The busiest node is the leader: it stores the puts and serves every fetch and
-        # ack (the followers only replicate).
-        cpu = [process_usage(pid)[0] - c for pid, c in zip(pids, cpu0, strict=True)]
+    256 (faster than they are handled); or (`stored`) the backlog put first, then the
+    consumers started: msgs/s from the first handler call to the last, and each node's
+    CPU per message meanwhile (the busiest node is the leader: it serves every fetch
+    and ack, and stores the puts; a follower only replicates)."""
+    name = f"drain{'stored' if stored else ''}{consumers}c"
+
+    def put_backlog(client: Client) -> None:
+        for start in range(0, backlog, 256):
+            client.put_batch([MessageSpec(name, HEAD.pack(seq, time.time()) + PAD)
+                              for seq in range(start, min(backlog, start + 256))])  # fmt: skip
+
+    with cl.client(timeout_s=30) as client:
+        if stored:
+            put_backlog(client)
+        pids = [pid for i in cl.specs if (pid := cl.pid(i)) is not None]
+        cpu0 = [process_usage(pid)[0] for pid in pids]
         for pid in pids if profile else ():
-            os.kill(pid, signal.SIGUSR2)  # stop, and write DLEDGER_PROFILE_DIR/node-PID.prof
-    finally:
-        stop_all(workers)
+            os.kill(pid, signal.SIGUSR1)  # bench/_profiled_node.py: start
+        workers = [Worker(cl, name, name, f"{name}-{i}") for i in range(consumers)]
+        try:
+            if not stored:
+                members = [w.member_id for w in workers]
+                settled = lambda: owned_by(client, name, name, members)  # noqa: E731
+                wait_for(f"{consumers} consumers to settle", settled, SETTLE_TIMEOUT_S)
+                put_backlog(client)
+            wait_for(f"{consumers} consumers to drain {backlog:,}",
+                     lambda: len({s.seq for w in workers for s in w.seen}) >= backlog,
+                     DRAIN_TIMEOUT_S * 2, poll_s=0.05)  # fmt: skip
+            cpu = [process_usage(pid)[0] - c for pid, c in zip(pids, cpu0, strict=True)]
+            for pid in pids if profile else ():
+                os.kill(pid, signal.SIGUSR2)  # stop; writes DLEDGER_PROFILE_DIR/node-PID.prof
+        finally:
+            stop_all(workers)
     seen = [s for w in workers for s in w.seen]
     first, last = min(s.handled_s for s in seen), max(s.handled_s for s in seen)
-    p = f"drain_{consumers}c"
+    p = f"drain_{'stored_' if stored else ''}{consumers}c"
     return {f"{p}_msgs_per_s": backlog / max(1e-9, last - first),
             f"{p}_duplicates": len(seen) - len({s.seq for s in seen}),
             f"{p}_leader_cpu_us_per_msg": max(cpu) / backlog * 1e6,
             f"{p}_follower_cpu_us_per_msg": min(cpu) / backlog * 1e6}  # fmt: skip
 
 
-def drain_rows(m: dict[str, float], consumers: int) -> list[Row]:
-    p = f"drain_{consumers}c"
+def drain_rows(m: dict[str, float], consumers: int, stored: bool = False) -> list[Row]:
+    p = f"drain_{'stored_' if stored else ''}{consumers}c"
     label = f"(c) drain, {consumers} consumer{'s' if consumers > 1 else ''}"
+    how = ("the backlog stored before the consumer starts" if stored
+           else "put in batches, faster than handled")  # fmt: skip
     return [(label, f"{m[f'{p}_msgs_per_s']:,.0f} msgs/s",
-             f"put in batches, faster than handled (first to last handler call); "
-             f"{m[f'{p}_duplicates']:.0f} duplicates"),
+             f"{how} (first to last handler call); {m[f'{p}_duplicates']:.0f} duplicates"),
             ("    CPU per message", f"{m[f'{p}_leader_cpu_us_per_msg']:,.0f} us leader",
-             f"its batched put and its fetch and ack; a follower "
-             f"{m[f'{p}_follower_cpu_us_per_msg']:,.0f} us")]  # fmt: skip
+             f"a follower {m[f'{p}_follower_cpu_us_per_msg']:,.0f} us"
+             + ("" if stored else "; the leader's includes storing the puts"))]  # fmt: skip
 
 
 def drain_profile(backlog: int, top: int = 25) -> None:
-    """The 1-consumer drain with the nodes under cProfile; the leader's top functions."""
+    """The 1-consumer drain of a stored backlog with the nodes under cProfile: the
+    leader's top functions (its fetches and acks only)."""
     prof_dir = Path(tempfile.mkdtemp(prefix="cg-profile-"))
     os.environ["DLEDGER_PROFILE_DIR"] = str(prof_dir)
     prefix = lambda _i: [sys.executable, str(ROOT / "bench" / "_profiled_node.py")]  # noqa: E731
@@ -391,8 +404,8 @@ def drain_profile(backlog: int, top: int = 25) -> None:
     ):
         cl.up()
         cl.wait_for_leader()
-        m = drain_case(cl, 1, backlog, profile=True)
-    for row in drain_rows(m, 1):
+        m = drain_case(cl, 1, backlog, stored=True, profile=True)
+    for row in drain_rows(m, 1, stored=True):
         print(*row)
     profiles = [pstats.Stats(str(f)) for f in prof_dir.glob("node-*.prof")]
     busiest = max(profiles, key=lambda st: st.total_tt)  # type: ignore[attr-defined]
@@ -513,6 +526,8 @@ def main() -> None:
         for consumers in (1, 3):
             m |= e2e_case(cl, consumers, args.seconds, args.rate)
             rows += e2e_rows(m, consumers)
+        m |= drain_case(cl, 1, args.backlog, stored=True)
+        rows += drain_rows(m, 1, stored=True)
         for consumers in (1, 3):
             m |= drain_case(cl, consumers, args.backlog)
             rows += drain_rows(m, consumers)
