@@ -440,6 +440,8 @@ class GroupService:
         states = await self._states()
         state = states.get(group)
         if state is None or not state.members:
+            if state is not None:
+                state.reset(topic, queue_id, offset)  # members that join start from it
             return False
         if not member_id:
             raise StaleLease(f"group {group!r} has {len(state.members)} live member(s): an "
