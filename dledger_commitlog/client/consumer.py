@@ -143,7 +143,7 @@ class AsyncConsumer:
         strategy: str = "average",
         max_reconsume: int = 16,
         ack_wait_ms: int = 30_000,
-        first_retry_level: int = 3,
+        first_retry_level: int = 0,
         batch: int = 32,
         concurrency: int = 8,
         member_id: str | None = None,

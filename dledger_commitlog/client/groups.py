@@ -165,7 +165,7 @@ class GroupOps:
         orderly: bool = False,
         max_reconsume: int = 16,
         ack_wait_ms: int = 30_000,
-        first_retry_level: int = 3,
+        first_retry_level: int = 0,
         held: Sequence[pb.QueueLease] = (),
         client_name: str = "",
     ) -> Op[Membership]:

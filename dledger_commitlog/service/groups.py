@@ -79,7 +79,9 @@ class GroupRpcs(ServiceBase):
             orderly=r.orderly,
             max_reconsume=r.max_reconsume or DEFAULT_MAX_RECONSUME,
             ack_wait_ms=r.ack_wait_ms or DEFAULT_ACK_WAIT_MS,
-            first_retry_level=r.first_retry_level or DEFAULT_FIRST_RETRY_LEVEL,
+            # default: 3 (RocketMQ's first retry, 10 s), or the last level if fewer
+            first_retry_level=r.first_retry_level
+            or min(DEFAULT_FIRST_RETRY_LEVEL, len(self.services.schedule.levels)),
         )
         claims = [Claim(h.topic, h.queue_id, h.epoch, h.next_offset, h.in_flight,
                         h.unacked_from) for h in r.held]  # fmt: skip
