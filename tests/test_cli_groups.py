@@ -184,7 +184,7 @@ def test_consume_filters_with_sql_on_the_server(cluster: LocalCluster) -> None:
         for i in range(10):
             client.put(topic, f"n{i}", properties={"n": str(i), "region": "eu" if i % 2 else "us"})
     done = dledger(cluster, "consume", "--group", unique("sqlg"), "--topic", topic, "--sql",
-                   "n >= 5 AND region = 'eu'", "--idle-exit", "2", "--json")  # fmt: skip
+                   "n >= 5 AND region = 'eu'", "--idle-exit", "5", "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert sorted(m["body"] for m in json_lines(done.stdout)) == ["n5", "n7", "n9"]
     # without --json: a line per message, and the count on stderr
@@ -225,7 +225,9 @@ def test_group_list_and_describe_show_the_lag(
 
     row = wait_until(listed, 10.0, f"{group} listed with lag 4",
                      lambda gs: gs.get(group, {}).get("lag") == 4)[group]  # fmt: skip
-    assert row["members"] == 0 and row["dead_letters"] == 0 and row["strategy"] == "average"
+    assert row["members"] == 0 and row["dead_letters"] == 0
+    # the strategy is its live members' (the leader forgets a group without any soon)
+    assert row["strategy"] in ("", "average")
     text = dledger(cluster, "group", "list").stdout
     assert any(line.split()[:3] == [group, "0", "4"] for line in text.splitlines()), text
 

@@ -537,8 +537,10 @@ def test_claimed_queue_planned_elsewhere_is_revoked_like_any_other() -> None:
     claim3 = Claim("A", 3, (1 << 32) + 2, next_offset=3, in_flight=1, unacked_from=2)
     join(s, "m1", 20, ALL_A, claims=(claim3,))  # A/3 is m2's in the plan
     lease = s.leases[("A", 3)]
-    assert lease.owner == "m1" and lease.target == "m2"
-    for now in range(1000, ACK_WAIT_MS + 20, 1000):
+    assert where(lease)[:2] == ("m1", None)  # nothing moves in the grace period
+    join(s, "m1", SESSION_MS, ALL_A)
+    assert where(lease)[:2] == ("m1", "m2")  # then it is revoked
+    for now in range(SESSION_MS + 1000, ACK_WAIT_MS + 20, 1000):
         join(s, "m1", now, ALL_A)
         join(s, "m2", now, ALL_A)
         assert lease.owner == "m1", now

@@ -302,7 +302,16 @@ class Sim:
                     self.nack(m)
         self.now += rng.choice([0, 10, 50])
         self.state.tick(self.now)
+        self.dead_letter_poisoned()
         self.observe()
+
+    def dead_letter_poisoned(self) -> None:
+        """As the service's loop does: a message whose ack wait ran out more than
+        max_reconsume times goes to the dead-letter topic (acked here)."""
+        for lease, offset in self.state.poisoned(self.now):
+            self.note(f"dead-letters {lease.ref}@{offset} (ack wait ran out too often)")
+            lease.mark_acked(offset)
+            self.acked[lease.ref].add(offset)
 
     def change_membership(self) -> None:
         rng = self.rng
@@ -474,6 +483,7 @@ class Sim:
                             self.acked[ref].add(offset)
                     view.unacked.clear()
             self.state.tick(self.now)
+            self.dead_letter_poisoned()
             self.observe()
         topics = {t for x in self.state.members.values() for t in x.subscriptions}
         for ref in REFS:

@@ -301,8 +301,8 @@ class AsyncConsumer:
                     self._acks.append(d.handle)
                     self._ack_event.set()
                     continue
-                if not self._lease_fresh():
-                    self._forget(d, done=False)
+                if not self._holds(d):
+                    self._forget(d, done=False)  # the queue is someone else's now
                     continue
                 if not await self._one(d):
                     for rest in ordered:
@@ -310,6 +310,14 @@ class AsyncConsumer:
                             self._forget(rest, done=False)
                     return
                 track.done.add(offset)
+
+    def _holds(self, d: Delivery) -> bool:
+        """Whether this member still holds `d`'s queue: its heartbeats are fresh and the
+        coordinator's last answer (a heartbeat's or a fetch's) lists the queue."""
+        m = d.message
+        return self._lease_fresh() and any(
+            x.topic == m.topic and x.queue_id == m.queue_id for x in self.leases
+        )
 
     def _forget(self, d: Delivery, *, done: bool) -> None:
         """No longer ours to ack. Not `done` (to be delivered again): a claim of the queue

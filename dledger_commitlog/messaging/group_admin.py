@@ -98,13 +98,20 @@ class GroupAdmin:
             else:
                 raise InvalidMessage(f"reset to {to!r}: one of earliest, latest, offset, time")
             targets.append((q, offset))
+        # The leases first (nothing of the old frontiers is left to flush after ours),
+        # and again after the put: a member may have joined the group meanwhile.
+        self._reset_leases(group, topic, targets)
         specs = [self._log.offset_commit(group, topic, q, o) for q, o in targets]
         if specs:
             await self._log.put(specs, _PUT_TIMEOUT_S)
+        self._reset_leases(group, topic, targets)
+        return targets
+
+    def _reset_leases(self, group: str, topic: str, targets: Sequence[tuple[int, int]]) -> None:
+        state = self._groups.live_states().get(group)
         if state is not None:
             for q, offset in targets:
                 state.reset(topic, q, offset)
-        return targets
 
     def summaries(self) -> dict[str, dict[str, int | str | bool]]:
         """Every known group (committed offsets or live members): its figures now."""

@@ -176,6 +176,8 @@ class Lease:
             for gone in [o for o in self.in_flight if o < offset]:
                 del self.in_flight[gone]
             self.acked = {o for o in self.acked if o >= offset}
+            self.deliveries = {o: n for o, n in self.deliveries.items() if o >= offset}
+            self.attempts = {o: n for o, n in self.attempts.items() if o >= offset}
             self.frontier = offset
             self._advance()
 
@@ -366,14 +368,16 @@ class GroupState:
             self._release(member_id)
             self._replan()
             moved = True
+        if now_ms < self.grace_until_ms:  # claims still come in: nothing moves yet
+            if moved:
+                self.generation += 1
+            return moved
         for ref, member_id in self._plan.items():
             lease = self._lease(ref)
             if lease.owner == member_id:
                 lease.target = None
                 continue
             if lease.owner is None:
-                if now_ms < self.grace_until_ms:
-                    continue  # a member may still claim it
                 self._grant(lease, member_id)
                 moved = True
                 continue
@@ -443,7 +447,10 @@ class GroupState:
                     reads.append(Read(lease.topic, lease.queue_id, lease.epoch, (),
                                       lease.cursor, lease.readable(share)))  # fmt: skip
                 continue
-            due = tuple(sorted(o for o, d in lease.in_flight.items() if d <= now_ms))[:share]
+            limit = self.settings.max_reconsume  # past it: `poisoned`, dead-lettered
+            expired = [o for o, d in lease.in_flight.items()
+                       if d <= now_ms and lease.deliveries.get(o, 0) <= limit]  # fmt: skip
+            due = tuple(sorted(expired))[:share]
             room = lease.readable(
                 min(share - len(due), MAX_IN_FLIGHT_PER_QUEUE - len(lease.in_flight))
             )
@@ -485,10 +492,13 @@ class GroupState:
 
     def ack(
         self, member_id: str, topic: str, queue_id: int, epoch: int, start: int, end: int,
-        queue_end: int,
+        queue_end: int, now_ms: int | None = None,
     ) -> int:  # fmt: skip
         """Ack [start, end) of a queue (end <= start: just `start`); newly acked count.
-        StaleLease, or UnknownMessage for an offset never delivered to the group."""
+        StaleLease, or UnknownMessage for an offset never delivered to the group. In
+        orderly mode an ack (at `now_ms`) is the run's progress: the ack wait of what
+        the run still has in flight starts again, so a run of many slow messages does
+        not expire while it advances (and its queue does not move under it)."""
         lease = self.check_lease(member_id, topic, queue_id, epoch)
         end = max(end, start + 1)
         if start < 0:
@@ -499,7 +509,23 @@ class GroupState:
                 f"no message at {topic}/{queue_id} offset {first} was delivered to group "
                 f"{self.group!r} (delivered up to {lease.cursor}, the queue ends at {queue_end})"
             )
-        return sum(lease.mark_acked(offset) for offset in range(start, end))
+        acked = sum(lease.mark_acked(offset) for offset in range(start, end))
+        if acked and now_ms is not None and self.settings.orderly:
+            deadline = now_ms + self.settings.ack_wait_ms
+            for offset in lease.in_flight:
+                lease.in_flight[offset] = deadline
+        return acked
+
+    def poisoned(self, now_ms: int) -> list[tuple[Lease, int]]:
+        """Concurrent mode: messages whose ack wait ran out more than `max_reconsume`
+        times (a handler that never finishes, or kills its consumer): the caller
+        dead-letters them instead of delivering them again (never in plan_fetch)."""
+        if self.settings.orderly:
+            return []
+        limit = self.settings.max_reconsume
+        return [(lease, o) for lease in self.leases.values()
+                for o, d in lease.in_flight.items()
+                if d <= now_ms and lease.deliveries.get(o, 0) > limit]  # fmt: skip
 
     def delivered(self, lease: Lease, offset: int) -> None:
         """UnknownMessage unless `offset` is in flight or acked-pending on `lease`."""

@@ -31,6 +31,7 @@ from dledger_commitlog.messaging.group_state import (
     RETRY_PREFIX,
     Claim,
     Epochs,
+    GroupError,
     GroupState,
     Lease,
     QueueSource,
@@ -349,12 +350,21 @@ class GroupService:
         state = await self._group(group)
         acked = 0
         ends: dict[tuple[str, int], int] = {}  # a queue's end, once per call
-        for topic, queue_id, offset, epoch, end in handles:
-            high = ends.get((topic, queue_id))
-            if high is None:
-                high = ends[(topic, queue_id)] = self.queue_end(topic, queue_id)
-            acked += state.ack(member_id, topic, queue_id, epoch, offset, end, high)
-        self._changed.set()
+        refused: GroupError | None = None
+        now = _now_ms()
+        try:
+            for topic, queue_id, offset, epoch, end in handles:
+                high = ends.get((topic, queue_id))
+                if high is None:
+                    high = ends[(topic, queue_id)] = self.queue_end(topic, queue_id)
+                try:
+                    acked += state.ack(member_id, topic, queue_id, epoch, offset, end, high, now)
+                except GroupError as exc:  # the others still count: the first is reported
+                    refused = refused or exc
+        finally:
+            self._changed.set()
+        if refused is not None:
+            raise refused
         return acked
 
     async def nack(
@@ -478,9 +488,12 @@ class GroupService:
             now = time.monotonic()
             if now - last_tick >= TICK_INTERVAL_S:
                 last_tick = now
-                for state in list(self._groups.values()):
+                for name, state in list(self._groups.items()):
                     if state.tick(_now_ms()):
                         self._changed.set()
+                    if not state.members and not state.unflushed():
+                        del self._groups[name]  # members that come back start afresh
+                await self._dead_letter_poisoned()
             if now - last_flush < FLUSH_INTERVAL_S:
                 continue  # acks of the next FLUSH_INTERVAL_S go in one put
             last_flush = now
@@ -489,6 +502,21 @@ class GroupService:
             except Exception as exc:  # interrupted: the acks stay, the next pass commits
                 log.info("group offsets not committed this pass: %s", exc)
                 await asyncio.sleep(FLUSH_INTERVAL_S)
+
+    async def _dead_letter_poisoned(self) -> None:
+        """Messages no handler finished within the ack wait, `max_reconsume` + 1 times
+        (concurrent mode), go to the dead-letter topic: they stall the frontier
+        otherwise, and would be delivered for ever."""
+        for group, state in list(self._groups.items()):
+            for lease, offset in state.poisoned(_now_ms()):
+                units = self._log.units(lease.topic, lease.queue_id, offset, 1)
+                if units:
+                    msg = self._log.message(units[0])
+                    times = lease.deliveries.get(offset, 0) - 1
+                    await self._dead_letter(group, msg, units[0].commitlog_offset, times,
+                                            "ack-wait")  # fmt: skip
+                lease.mark_acked(offset)
+                self._changed.set()
 
     async def _flush(self) -> None:
         pending = [(g, t, q, o) for g, s in self._groups.items() for t, q, o in s.unflushed()]
