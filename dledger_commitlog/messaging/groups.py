@@ -193,11 +193,6 @@ class GroupService:
     def queue_end(self, topic: str, queue_id: int) -> int:
         return self._log.queue_bounds(topic, queue_id)[1]
 
-    def managed(self, group: str) -> bool:
-        """Whether the group has live members here (its offsets are the coordinator's)."""
-        state = self._groups.get(group) if self._term == self._log.leading_term() else None
-        return state is not None and bool(state.members)
-
     # -- members ---------------------------------------------------------------------
 
     async def heartbeat(
@@ -310,6 +305,8 @@ class GroupService:
             if not read.topic.startswith(RETRY_PREFIX):
                 kind, expression = member.subscriptions.get(read.topic, ("TAG", "*"))
                 flt = self._filter(kind, expression)
+                if flt.accepts_all:
+                    flt = None  # "*": no per-message work
             for i, unit in enumerate(self._log.units(read.topic, read.queue_id, start,
                                                      read.count)):  # fmt: skip
                 msg = self._log.message(unit)
