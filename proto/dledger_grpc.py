@@ -146,6 +146,14 @@ class DLedgerClientBase(abc.ABC):
     async def GroupDlq(self, stream: 'grpclib.server.Stream[proto.dledger_pb2.GroupDlqRequest, proto.dledger_pb2.GroupDlqResponse]') -> None:
         pass
 
+    @abc.abstractmethod
+    async def Route(self, stream: 'grpclib.server.Stream[proto.dledger_pb2.RouteRequest, proto.dledger_pb2.RouteResponse]') -> None:
+        pass
+
+    @abc.abstractmethod
+    async def TopicUpdate(self, stream: 'grpclib.server.Stream[proto.dledger_pb2.TopicUpdateRequest, proto.dledger_pb2.TopicUpdateResponse]') -> None:
+        pass
+
     def __mapping__(self) -> typing.Dict[str, grpclib.const.Handler]:
         return {
             '/dledger.v1.DLedgerClient/Put': grpclib.const.Handler(
@@ -345,6 +353,18 @@ class DLedgerClientBase(abc.ABC):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 proto.dledger_pb2.GroupDlqRequest,
                 proto.dledger_pb2.GroupDlqResponse,
+            ),
+            '/dledger.v1.DLedgerClient/Route': grpclib.const.Handler(
+                self.Route,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                proto.dledger_pb2.RouteRequest,
+                proto.dledger_pb2.RouteResponse,
+            ),
+            '/dledger.v1.DLedgerClient/TopicUpdate': grpclib.const.Handler(
+                self.TopicUpdate,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                proto.dledger_pb2.TopicUpdateRequest,
+                proto.dledger_pb2.TopicUpdateResponse,
             ),
         }
 
@@ -549,6 +569,18 @@ class DLedgerClientStub:
             '/dledger.v1.DLedgerClient/GroupDlq',
             proto.dledger_pb2.GroupDlqRequest,
             proto.dledger_pb2.GroupDlqResponse,
+        )
+        self.Route = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/dledger.v1.DLedgerClient/Route',
+            proto.dledger_pb2.RouteRequest,
+            proto.dledger_pb2.RouteResponse,
+        )
+        self.TopicUpdate = grpclib.client.UnaryUnaryMethod(
+            channel,
+            '/dledger.v1.DLedgerClient/TopicUpdate',
+            proto.dledger_pb2.TopicUpdateRequest,
+            proto.dledger_pb2.TopicUpdateResponse,
         )
 
 

@@ -958,7 +958,7 @@ class TransactionCheck(_message.Message):
     def __init__(self, transaction_id: _Optional[str] = ..., half_offset: _Optional[int] = ..., check_times: _Optional[int] = ..., message: _Optional[_Union[StoredMessage, _Mapping]] = ...) -> None: ...
 
 class RaftMessage(_message.Message):
-    __slots__ = ("type", "src", "dst", "term", "index", "log_term", "commit", "entries", "reject", "hint_index", "hint_term", "ctx", "pre_vote", "transfer", "granted", "snapshot", "quiet", "conf", "conf_index")
+    __slots__ = ("type", "src", "dst", "term", "index", "log_term", "commit", "entries", "reject", "hint_index", "hint_term", "ctx", "pre_vote", "transfer", "granted", "snapshot", "quiet", "conf", "conf_index", "group")
     class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         APPEND: _ClassVar[RaftMessage.Type]
@@ -1000,6 +1000,7 @@ class RaftMessage(_message.Message):
     QUIET_FIELD_NUMBER: _ClassVar[int]
     CONF_FIELD_NUMBER: _ClassVar[int]
     CONF_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     type: RaftMessage.Type
     src: int
     dst: int
@@ -1019,7 +1020,88 @@ class RaftMessage(_message.Message):
     quiet: bool
     conf: bytes
     conf_index: int
-    def __init__(self, type: _Optional[_Union[RaftMessage.Type, str]] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., term: _Optional[int] = ..., index: _Optional[int] = ..., log_term: _Optional[int] = ..., commit: _Optional[int] = ..., entries: _Optional[bytes] = ..., reject: _Optional[bool] = ..., hint_index: _Optional[int] = ..., hint_term: _Optional[int] = ..., ctx: _Optional[bytes] = ..., pre_vote: _Optional[bool] = ..., transfer: _Optional[bool] = ..., granted: _Optional[bool] = ..., snapshot: _Optional[bytes] = ..., quiet: _Optional[bool] = ..., conf: _Optional[bytes] = ..., conf_index: _Optional[int] = ...) -> None: ...
+    group: int
+    def __init__(self, type: _Optional[_Union[RaftMessage.Type, str]] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., term: _Optional[int] = ..., index: _Optional[int] = ..., log_term: _Optional[int] = ..., commit: _Optional[int] = ..., entries: _Optional[bytes] = ..., reject: _Optional[bool] = ..., hint_index: _Optional[int] = ..., hint_term: _Optional[int] = ..., ctx: _Optional[bytes] = ..., pre_vote: _Optional[bool] = ..., transfer: _Optional[bool] = ..., granted: _Optional[bool] = ..., snapshot: _Optional[bytes] = ..., quiet: _Optional[bool] = ..., conf: _Optional[bytes] = ..., conf_index: _Optional[int] = ..., group: _Optional[int] = ...) -> None: ...
+
+class GroupQueues(_message.Message):
+    __slots__ = ("group", "queues")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    group: int
+    queues: int
+    def __init__(self, group: _Optional[int] = ..., queues: _Optional[int] = ...) -> None: ...
+
+class TopicRoute(_message.Message):
+    __slots__ = ("topic", "groups", "configured")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    CONFIGURED_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    groups: _containers.RepeatedCompositeFieldContainer[GroupQueues]
+    configured: bool
+    def __init__(self, topic: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[GroupQueues, _Mapping]]] = ..., configured: _Optional[bool] = ...) -> None: ...
+
+class GroupLeader(_message.Message):
+    __slots__ = ("group", "leader_id", "leader", "members")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    group: int
+    leader_id: int
+    leader: str
+    members: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, group: _Optional[int] = ..., leader_id: _Optional[int] = ..., leader: _Optional[str] = ..., members: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RouteRequest(_message.Message):
+    __slots__ = ("cluster", "topic")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    topic: str
+    def __init__(self, cluster: _Optional[str] = ..., topic: _Optional[str] = ...) -> None: ...
+
+class RouteResponse(_message.Message):
+    __slots__ = ("data_groups", "queues_per_topic", "routes", "leaders", "version")
+    DATA_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_PER_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
+    LEADERS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    data_groups: int
+    queues_per_topic: int
+    routes: _containers.RepeatedCompositeFieldContainer[TopicRoute]
+    leaders: _containers.RepeatedCompositeFieldContainer[GroupLeader]
+    version: int
+    def __init__(self, data_groups: _Optional[int] = ..., queues_per_topic: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[TopicRoute, _Mapping]]] = ..., leaders: _Optional[_Iterable[_Union[GroupLeader, _Mapping]]] = ..., version: _Optional[int] = ...) -> None: ...
+
+class TopicUpdateRequest(_message.Message):
+    __slots__ = ("cluster", "topic", "op", "groups")
+    class Op(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        CREATE: _ClassVar[TopicUpdateRequest.Op]
+        UPDATE: _ClassVar[TopicUpdateRequest.Op]
+        DELETE: _ClassVar[TopicUpdateRequest.Op]
+    CREATE: TopicUpdateRequest.Op
+    UPDATE: TopicUpdateRequest.Op
+    DELETE: TopicUpdateRequest.Op
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    topic: str
+    op: TopicUpdateRequest.Op
+    groups: _containers.RepeatedCompositeFieldContainer[GroupQueues]
+    def __init__(self, cluster: _Optional[str] = ..., topic: _Optional[str] = ..., op: _Optional[_Union[TopicUpdateRequest.Op, str]] = ..., groups: _Optional[_Iterable[_Union[GroupQueues, _Mapping]]] = ...) -> None: ...
+
+class TopicUpdateResponse(_message.Message):
+    __slots__ = ("route", "version")
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    route: TopicRoute
+    version: int
+    def __init__(self, route: _Optional[_Union[TopicRoute, _Mapping]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class RaftBatch(_message.Message):
     __slots__ = ("cluster", "messages")

@@ -199,6 +199,16 @@ class DLedgerClientStub:
                 request_serializer=proto_dot_dledger__pb2.GroupDlqRequest.SerializeToString,
                 response_deserializer=proto_dot_dledger__pb2.GroupDlqResponse.FromString,
                 _registered_method=True)
+        self.Route = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/Route',
+                request_serializer=proto_dot_dledger__pb2.RouteRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.RouteResponse.FromString,
+                _registered_method=True)
+        self.TopicUpdate = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/TopicUpdate',
+                request_serializer=proto_dot_dledger__pb2.TopicUpdateRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.TopicUpdateResponse.FromString,
+                _registered_method=True)
 
 
 class DLedgerClientServicer:
@@ -409,6 +419,22 @@ class DLedgerClientServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Route(self, request, context):
+        """Multi-Raft (docs/scaling.md). Every call names its Raft group in the metadata
+        "dledger-group" (absent: group 1). Route: topics -> groups and queues, and the
+        leaders this process knows; TopicUpdate: create, update or delete a topic's route
+        through the metadata group 0 (its leader; others redirect).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TopicUpdate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DLedgerClientServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -576,6 +602,16 @@ def add_DLedgerClientServicer_to_server(servicer, server):
                     servicer.GroupDlq,
                     request_deserializer=proto_dot_dledger__pb2.GroupDlqRequest.FromString,
                     response_serializer=proto_dot_dledger__pb2.GroupDlqResponse.SerializeToString,
+            ),
+            'Route': grpc.unary_unary_rpc_method_handler(
+                    servicer.Route,
+                    request_deserializer=proto_dot_dledger__pb2.RouteRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.RouteResponse.SerializeToString,
+            ),
+            'TopicUpdate': grpc.unary_unary_rpc_method_handler(
+                    servicer.TopicUpdate,
+                    request_deserializer=proto_dot_dledger__pb2.TopicUpdateRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.TopicUpdateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1469,6 +1505,60 @@ class DLedgerClient:
             '/dledger.v1.DLedgerClient/GroupDlq',
             proto_dot_dledger__pb2.GroupDlqRequest.SerializeToString,
             proto_dot_dledger__pb2.GroupDlqResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Route(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/Route',
+            proto_dot_dledger__pb2.RouteRequest.SerializeToString,
+            proto_dot_dledger__pb2.RouteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TopicUpdate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/TopicUpdate',
+            proto_dot_dledger__pb2.TopicUpdateRequest.SerializeToString,
+            proto_dot_dledger__pb2.TopicUpdateResponse.FromString,
             options,
             channel_credentials,
             insecure,

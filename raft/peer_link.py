@@ -205,9 +205,14 @@ class PeerGate:
         members: Collection[int] | Callable[[], Collection[int]] = (),
         security: PeerSecurity | None = None,
         on_reject: Callable[[str], None] | None = None,
+        groups: Callable[[int], Callable[[Message], None] | None] | None = None,
     ) -> None:
         self.cluster = cluster
         self._deliver = deliver
+        # Multi-Raft (raft/multiplex.py): the deliver of the group a message names (None:
+        # the process hosts no such group); without it every message goes to `deliver`.
+        self._groups = groups
+        self._unknown_groups: set[int] = set()
         self._me = me
         # The live membership (a callable: the node's, which changes) or a fixed set.
         fixed = frozenset(members) if not callable(members) else frozenset()
@@ -264,15 +269,40 @@ class PeerGate:
         except ValueError as exc:
             raise self.refuse(peer, "INVALID_ARGUMENT", "malformed",
                               f"malformed raft message: {exc}") from None  # fmt: skip
-        for msg in messages:
+        delivers = self._delivers(batch) if self._groups is not None else None
+        for i, msg in enumerate(messages):
             try:
                 if sender is not None and msg.src != sender:
                     raise InvalidPeerMessage(
                         f"message from node {msg.src} on node {sender}'s stream",
                         membership=True,
                     )
-                self._deliver(msg)
+                if delivers is None:
+                    self._deliver(msg)
+                elif delivers[i] is not None:
+                    delivers[i](msg)  # type: ignore[misc]
             except InvalidPeerMessage as exc:
                 code = "PERMISSION_DENIED" if exc.membership else "INVALID_ARGUMENT"
                 reason = "membership" if exc.membership else "invalid"
                 raise self.refuse(peer, code, reason, exc.reason) from None
+
+    def _delivers(self, batch: pb.RaftBatch) -> list[Callable[[Message], None] | None]:
+        """Per message of `batch`, the deliver of the group it names (absent: group 1);
+        None for a group this process does not host (logged once per group: a peer
+        configured with a group this process was not; the rest of the batch is
+        delivered, so that one misplaced group never stalls the others)."""
+        assert self._groups is not None
+        out: list[Callable[[Message], None] | None] = []
+        for p in batch.messages:
+            group = p.group if p.HasField("group") else 1
+            deliver = self._groups(group)
+            if deliver is None and group not in self._unknown_groups:
+                self._unknown_groups.add(group)
+                log.error(
+                    "node %d got Raft messages of group %d, which this process does "
+                    "not host: dropped (check the peers' host_groups)",
+                    self._me,
+                    group,
+                )
+            out.append(deliver)
+        return out

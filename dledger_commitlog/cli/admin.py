@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dledger_commitlog.cli.cluster_layout import groups_config, saved_extra_config
 from dledger_commitlog.cli.commands import (
     FIELD_TYPES,
     UsageError,
@@ -151,6 +152,10 @@ def _clean_now(args: argparse.Namespace) -> int:
 def _cluster_up_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", metavar="D", help="cluster directory (holds cluster.json)")
     p.add_argument("--nodes", type=int, default=3, choices=(1, 3, 5))
+    p.add_argument("--groups", type=int, metavar="N",
+                   help="Raft groups of data, every node process hosting all of them, plus the "
+                        "route group 0 (docs/scaling.md; default 1: one group, no group 0; "
+                        "a single-group directory opens as group 1)")  # fmt: skip
     p.add_argument("--base-port", type=int, metavar="P", help="default: free ports")
     p.add_argument("--flush-mode", choices=("sync", "async"))
     p.add_argument("--set", action="append", type=key_value, default=[], metavar="FIELD=V")
@@ -182,12 +187,21 @@ def _extra_config(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
 @command("cluster up", "start a local cluster (or restart a stopped one)", _cluster_up_args)
 def _cluster_up(args: argparse.Namespace) -> int:
     try:
+        extra = _extra_config(args.set)
+        if args.groups is not None:
+            saved = saved_extra_config(cluster_dir(args))
+            had = int(saved.get("data_groups", 1))
+            if args.groups < had:
+                raise UsageError(f"--groups {args.groups}: the cluster has {had} groups, "
+                                 "and their data stays theirs (groups are added, "
+                                 "not removed)")  # fmt: skip
+            extra = {**saved, **extra, **groups_config(args.groups)}
         cluster = LocalCluster(
             cluster_dir(args),
             nodes=args.nodes,
             base_port=args.base_port,
             flush_mode=args.flush_mode,
-            extra_config=_extra_config(args.set) or None,
+            extra_config=extra or None,
             cluster=args.cluster_name or "dledger",
             tls=args.tls,
             acl=args.acl,

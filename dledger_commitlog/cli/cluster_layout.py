@@ -160,6 +160,8 @@ def node_toml(config: NodeConfig) -> str:
 
 
 def _toml_value(value: object) -> str:
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -223,6 +225,8 @@ class ClusterLayout:
             self.base_port = base_port
             self.links = {}
             self.tls, self.acl = bool(tls), bool(acl)
+        if isinstance(self.extra_config.get("host_groups"), list):  # as cluster.json keeps it
+            self.extra_config["host_groups"] = tuple(self.extra_config["host_groups"])
         bad = _PER_NODE & set(self.extra_config)
         if bad:
             raise ValueError(f"extra_config cannot set per-node settings: {sorted(bad)}")
@@ -438,6 +442,32 @@ class ClusterLayout:
 
     def __iter__(self) -> Iterator[NodeSpec]:
         return iter(self.specs.values())
+
+    @property
+    def data_groups(self) -> int:
+        """The cluster's data groups (1: a single-group cluster; docs/scaling.md)."""
+        return int(self.extra_config.get("data_groups", 1))
+
+
+def saved_extra_config(directory: Path) -> dict[str, Any]:
+    """The settings a cluster directory's cluster.json keeps for every node ({}: none)."""
+    try:
+        doc = json.loads((directory / "cluster.json").read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ClusterError(f"{directory / 'cluster.json'}: unreadable ({exc})") from exc
+    return dict(doc.get("extra_config") or {})
+
+
+def groups_config(groups: int) -> dict[str, Any]:
+    """The settings of a cluster of `groups` data groups whose every node process hosts
+    every group (and group 0, the routes, when there are several); {} for one."""
+    if groups < 1:
+        raise ValueError(f"a cluster has at least 1 data group, not {groups}")
+    if groups == 1:
+        return {}
+    return {"data_groups": groups, "host_groups": tuple(range(groups + 1))}
 
 
 def _link_key(text: str) -> tuple[int, int]:

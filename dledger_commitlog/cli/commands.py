@@ -73,9 +73,11 @@ def load_plugins() -> None:
                   file=sys.stderr)  # fmt: skip
 
 
-def make_client(args: argparse.Namespace) -> Client:
-    """The client the connection options (or DLEDGER_SERVERS / DLEDGER_CLUSTER) name."""
+def make_client(args: argparse.Namespace, group: int | None = None) -> Client:
+    """The client the connection options (or DLEDGER_SERVERS / DLEDGER_CLUSTER) name,
+    of Raft group `group` (default: --raft-group, else 1)."""
     kw: dict[str, Any] = {"timeout_s": args.timeout, "cluster": args.cluster_name}
+    kw["group"] = group if group is not None else getattr(args, "raft_group", None) or 1
     servers = args.servers or os.environ.get("DLEDGER_SERVERS")
     cluster_file = args.cluster or os.environ.get("DLEDGER_CLUSTER")
     try:
@@ -142,6 +144,14 @@ def _bool(text: str) -> bool:
     raise ValueError(f"{text!r} is not true or false")
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    """ "0,1,2" -> (0, 1, 2) (`--host-groups`, `--set host_groups=...`)."""
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma-separated list of integers") from None
+
+
 # The parser of each NodeConfig field's type, by the type's name (`serve`'s options, `--set`).
 FIELD_TYPES: dict[str, Callable[[str], Any]] = {
     "int": int,
@@ -149,6 +159,7 @@ FIELD_TYPES: dict[str, Callable[[str], Any]] = {
     "str": str,
     "int | None": int,
     "bool": _bool,
+    "tuple[int, ...]": _int_list,
 }
 
 

@@ -26,6 +26,7 @@ from dledger_commitlog.cli import admin as admin  # registers the operator's com
 from dledger_commitlog.cli import groups as groups  # registers the consumer-group commands
 from dledger_commitlog.cli import members as members  # registers the membership commands
 from dledger_commitlog.cli import messages as messages  # registers the message commands
+from dledger_commitlog.cli import scaleout as scaleout  # registers the topic and groups commands
 from dledger_commitlog.cli.commands import _REGISTRY, FIELD_TYPES, UsageError, command, load_plugins
 from dledger_commitlog.cli.launcher import ClusterError
 from dledger_commitlog.client import ClientError
@@ -53,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     conn.add_argument("--credentials", metavar="FILE",
                       help="access_key and secret_key (TOML) to sign calls with")  # fmt: skip
     conn.add_argument("--json", action="store_true", help="print one JSON document")
+    conn.add_argument("--raft-group", type=int, metavar="N",
+                      help="the Raft group of a multi-Raft cluster to speak to (default 1; "
+                           "docs/scaling.md)")  # fmt: skip
     parser = argparse.ArgumentParser(prog="dledger", description="dledger-py commit log")
     groups: dict[tuple[str, ...], Any] = {(): parser.add_subparsers(dest="command", metavar="CMD")}
     for path, cmd in sorted(_REGISTRY.items()):

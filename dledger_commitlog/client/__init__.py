@@ -9,8 +9,9 @@ core (`retry.py`); every operation is written once (`api.py`); `blocking.py` and
 `aio.py` only perform its steps. Values in and out are in `values.py`, errors in
 `errors.py`, TLS and credentials in `access.py`, coalesced single puts in
 `put_pipe.py`, transaction check-backs in `tx_producer.py`, consumer groups in
-`groups.py` (the calls) and `consumer.py` (`Consumer`, `AsyncConsumer`). The client imports
-nothing of the server side.
+`groups.py` (the calls) and `consumer.py` (`Consumer`, `AsyncConsumer`), the routed
+clients of a multi-Raft cluster in `routing.py` (`RoutedClient`, `AsyncRoutedClient`).
+The client imports nothing of the server side.
 """
 
 from dledger_commitlog.client.access import Access, cluster_security, load_credentials
@@ -39,6 +40,7 @@ from dledger_commitlog.client.groups import (
     GroupSummary,
     Subscription,
 )
+from dledger_commitlog.client.routing import AsyncRoutedClient, RoutedClient
 from dledger_commitlog.client.tx_producer import (
     AsyncTransactionProducer,
     TransactionCheck,
@@ -46,6 +48,7 @@ from dledger_commitlog.client.tx_producer import (
 )
 from dledger_commitlog.client.values import (
     CleanResult,
+    GroupLeader,
     HalfResult,
     MemberChange,
     MemberInfo,
@@ -56,8 +59,10 @@ from dledger_commitlog.client.values import (
     PutResult,
     QueueOffset,
     ReadRangeResult,
+    Routes,
     StatusError,
     StoredMessage,
+    TopicRoute,
     TransactionEnd,
     node_status,
     put_result,
@@ -68,6 +73,7 @@ __all__ = [
     "Access",
     "AsyncClient",
     "AsyncConsumer",
+    "AsyncRoutedClient",
     "AsyncTransactionProducer",
     "ChangeRefused",
     "CleanResult",
@@ -78,6 +84,7 @@ __all__ = [
     "DeadLetters",
     "Delivery",
     "GroupDescription",
+    "GroupLeader",
     "GroupRefused",
     "GroupSummary",
     "HalfResult",
@@ -97,9 +104,12 @@ __all__ = [
     "ReadRangeResult",
     "ResourceExhausted",
     "Retry",
+    "RoutedClient",
+    "Routes",
     "StatusError",
     "StoredMessage",
     "Subscription",
+    "TopicRoute",
     "TransactionCheck",
     "TransactionConflict",
     "TransactionEnd",

@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 import grpc.aio
 
+from dledger_commitlog.common.protocol import group_metadata
 from dledger_commitlog.common.signing import sign
 from proto import dledger_pb2_grpc as pb_grpc
 
@@ -64,6 +65,18 @@ class Access:
     def metadata(self, method: str) -> tuple[tuple[str, str], ...] | None:
         """The signature of a call of RPC `method` made now (None: no credentials)."""
         return sign(*self.credentials, method) if self.credentials else None
+
+    def group_metadata(self, group: int) -> Callable[[str], tuple[tuple[str, str], ...] | None]:
+        """`metadata` for calls of Raft group `group` (docs/scaling.md): the group named
+        in every call's metadata besides the signature (group 1: `metadata` itself)."""
+        named = group_metadata(group)
+        if not named:
+            return self.metadata
+
+        def metadata(method: str) -> tuple[tuple[str, str], ...]:
+            return (*(self.metadata(method) or ()), *named)
+
+        return metadata
 
 
 def cluster_security(doc: Mapping[str, Any]) -> tuple[str | None, str | None]:

@@ -50,13 +50,17 @@ from dledger_commitlog.client.values import (
     PutResult,
     QueueOffset,
     ReadRangeResult,
+    Routes,
     StoredMessage,
+    TopicRoute,
     TransactionEnd,
     member_change,
     member_infos,
     node_status,
     put_result,
+    routes,
     stored_message,
+    topic_route,
 )
 from proto import dledger_pb2 as pb
 
@@ -94,6 +98,23 @@ class operation(Generic[P, R]):
         return client._run(self._build(client, *args, **kwargs))
 
 
+def cluster_file_args(path: str | Path, kwargs: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The servers and the client arguments (`kwargs` first) a `cluster.json` gives."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        servers = [str(node["client"]) for node in doc["nodes"] if not node.get("removed")]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a readable cluster file ({exc})") from exc
+    kwargs = dict(kwargs)
+    kwargs.setdefault("cluster", doc.get("cluster") or None)
+    tls_ca, credentials = cluster_security(doc)
+    if tls_ca:
+        kwargs.setdefault("tls_ca", tls_ca)
+    if credentials and kwargs.get("credentials") is None:
+        kwargs["credentials"] = load_credentials(credentials)
+    return servers, kwargs
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -127,12 +148,15 @@ class ClientBase:
         tls_ca: str | bytes | None = None,
         credentials: tuple[str, str] | None = None,
         framed: bool = True,
+        group: int = 1,
     ) -> None:
         """`tls_ca`: the CA (PEM path or bytes) that signed the servers' certificates:
         the client then speaks TLS. `credentials`: (access key, secret key) to sign
         every call with, for a cluster with an ACL. `framed`: single puts travel over
         one PutFrames stream per server, concurrent ones coalesced into frames (False:
-        one unary Put each, as servers before PutFrames need)."""
+        one unary Put each, as servers before PutFrames need). `group`: the Raft group of a
+        multi-Raft cluster every call is for (docs/scaling.md; `routing.RoutedClient`
+        sends each call to its topic's groups)."""
         if isinstance(servers, str):
             servers = servers.split(",")
         if timeout_s <= 0 or max_retries < 0 or backoff_base_s < 0:
@@ -148,7 +172,10 @@ class ClientBase:
         if isinstance(tls_ca, str):
             tls_ca = Path(tls_ca).read_bytes()
         self.access = Access(tls_ca, credentials)
-        self._metadata = self.access.metadata
+        if isinstance(group, bool) or not isinstance(group, int) or group < 0:
+            raise ValueError(f"group must be a group id (an integer >= 0), not {group!r}")
+        self.group = group
+        self._metadata = self.access.group_metadata(group)
         # asyncio channels: the pipes' (and AsyncClient's calls'), opened in their loop
         self._aio = Channels(lambda address: self.access.aio_channel(address, CHANNEL_OPTIONS))
         self._pipes: dict[str, PutPipe] = {}
@@ -157,17 +184,7 @@ class ClientBase:
     def from_cluster_file(cls, path: str | Path, **kwargs: Any) -> Self:
         """A client of the cluster a `cluster.json` describes (`cli/cluster_layout.py`;
         nodes marked removed from the group are left out)."""
-        try:
-            doc = json.loads(Path(path).read_text())
-            servers = [str(node["client"]) for node in doc["nodes"] if not node.get("removed")]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{path}: not a readable cluster file ({exc})") from exc
-        kwargs.setdefault("cluster", doc.get("cluster") or None)
-        tls_ca, credentials = cluster_security(doc)
-        if tls_ca:
-            kwargs.setdefault("tls_ca", tls_ca)
-        if credentials and kwargs.get("credentials") is None:
-            kwargs["credentials"] = load_credentials(credentials)
+        servers, kwargs = cluster_file_args(path, kwargs)
         return cls(servers, **kwargs)
 
     @property
@@ -466,6 +483,33 @@ class ClientBase:
 
         request = pb.CleanNowRequest(force=force)
         return Op("clean_now", "CleanNow", request, convert, pinned=server, timeout_s=timeout_s)
+
+    @operation
+    def route(self, topic: str = "") -> Op[Routes]:
+        """The cluster's routes (docs/scaling.md): with `topic`, that topic's (configured
+        or default); without, every configured one. A single-group cluster answers one
+        group and the default route."""
+        return Op("route", "Route", pb.RouteRequest(cluster=self.cluster, topic=topic), routes)
+
+    @operation
+    def topic_update(
+        self, op: str, topic: str, groups: Mapping[int, int] | None = None
+    ) -> Op[TopicRoute | None]:
+        """Create, update or delete (`op`) `topic`'s route through group 0: `groups` maps
+        each group to the topic's queues there. The route made (None: deleted)."""
+        ops = {"create": pb.TopicUpdateRequest.CREATE, "update": pb.TopicUpdateRequest.UPDATE,
+               "delete": pb.TopicUpdateRequest.DELETE}  # fmt: skip
+        if op not in ops:
+            raise InvalidArgument(f"op must be one of {', '.join(ops)}, not {op!r}")
+        request = pb.TopicUpdateRequest(
+            cluster=self.cluster, topic=topic, op=ops[op],
+            groups=[pb.GroupQueues(group=g, queues=n) for g, n in (groups or {}).items()],
+        )  # fmt: skip
+
+        def convert(r: pb.TopicUpdateResponse) -> TopicRoute | None:
+            return topic_route(r.route) if r.HasField("route") else None
+
+        return Op("topic_update", "TopicUpdate", request, convert, unknown_on_timeout=True)
 
     @operation
     def status(self, server: str | None = None, timeout_s: float | None = None) -> Op[NodeStatus]:

@@ -18,6 +18,7 @@ from typing import Any, cast
 from dledger_commitlog.client.errors import ClientError, InvalidArgument
 from dledger_commitlog.common.protocol import MAX_MESSAGE_BYTES_LIMIT
 from dledger_commitlog.common.protocol import PutResult as PutResult
+from dledger_commitlog.common.routes import TopicRoute as TopicRoute
 from proto import dledger_pb2 as pb
 
 
@@ -237,3 +238,48 @@ def member_infos(members: Sequence[pb.Member]) -> tuple[MemberInfo, ...]:
 
 def member_change(msg: pb.MemberChangeResponse) -> MemberChange:
     return MemberChange(msg.config_index, member_infos(msg.members))
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLeader:
+    """A Raft group of a multi-Raft cluster as the answering process knows it."""
+
+    group: int
+    leader_id: int | None
+    leader: str | None  # its client address
+    members: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Routes:
+    """A multi-Raft cluster's routes (docs/scaling.md): the data groups, the queues per
+    topic a group holds by default, the configured routes by topic (a topic asked for
+    by name is here even with the default route), the leaders the answering process
+    knows, and the table's version."""
+
+    data_groups: int
+    queues_per_topic: int
+    routes: Mapping[str, TopicRoute]
+    leaders: Mapping[int, GroupLeader]
+    version: int
+
+    def route(self, topic: str) -> TopicRoute:
+        """`topic`'s route: the configured one, or every data group's default queues."""
+        found = self.routes.get(topic)
+        if found is not None:
+            return found
+        default = tuple((g, self.queues_per_topic) for g in range(1, self.data_groups + 1))
+        return TopicRoute(topic, default)
+
+
+def topic_route(msg: pb.TopicRoute) -> TopicRoute:
+    return TopicRoute(msg.topic, tuple((q.group, q.queues) for q in msg.groups), msg.configured)
+
+
+def routes(msg: pb.RouteResponse) -> Routes:
+    leaders = {
+        x.group: GroupLeader(x.group, x.leader_id or None, x.leader or None, tuple(x.members))
+        for x in msg.leaders
+    }
+    table = {r.topic: topic_route(r) for r in msg.routes}
+    return Routes(msg.data_groups, msg.queues_per_topic, table, leaders, msg.version)

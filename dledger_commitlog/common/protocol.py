@@ -4,7 +4,8 @@ Owns `PutResult` (what a put answers, on both sides of the wire: the node's
 commit log builds it, the clients convert the proto into it) and the limit on a
 message's size that both enforce: a put is one gRPC message (64 MiB limit on
 client and server) and one Raft entry. Also the initial metadata by which a
-server says it accepted a PutFrames stream (`PUT_FRAMES_ACCEPTED`).
+server says it accepted a PutFrames stream (`PUT_FRAMES_ACCEPTED`), and the
+metadata that names a call's Raft group (`GROUP_HEADER`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,15 @@ MAX_MESSAGE_BYTES_LIMIT = 32 << 20
 # writes no frame before it: a frame that races the refusal makes gRPC report the
 # lost write (INTERNAL "Internal error from Core") instead of the server's status.
 PUT_FRAMES_ACCEPTED = "dledger-put-frames-accepted"
+
+# Multi-Raft (docs/scaling.md): the Raft group a call is for, in its metadata. A
+# call without it is for group 1, the only group of a single-group cluster.
+GROUP_HEADER = "dledger-group"
+
+
+def group_metadata(group: int) -> tuple[tuple[str, str], ...]:
+    """The metadata that names `group` (none for group 1: calls stay as they were)."""
+    return () if group == 1 else ((GROUP_HEADER, str(group)),)
 
 
 @dataclass(frozen=True, slots=True)

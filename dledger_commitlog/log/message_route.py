@@ -16,6 +16,7 @@ import socket
 import struct
 from typing import NamedTuple
 
+from dledger_commitlog.common.routes import GROUP_ZERO_CODE
 from store.errors import InvalidMessage
 from store.message import (
     BODY_LENGTH_POS,
@@ -111,12 +112,26 @@ def msg_id_of(encoded: bytes, commitlog_offset: int) -> str:
     return (host + _I64.pack(commitlog_offset)).hex().upper()
 
 
-def offset_of_msg_id(msg_id: str) -> int:
-    """The commit-log offset a message id names; InvalidMessage if it is no id."""
+# Multi-Raft (docs/scaling.md): the store host's port field carries the message's Raft
+# group above the port's 16 bits, so that ids of two groups led by one process never
+# collide (a single-group cluster's ids, group 1's, are RocketMQ's layout unchanged);
+# `common.routes.group_of_msg_id` reads it back.
+def group_port(port: int, group: int) -> int:
+    """The store host port field of group `group`'s messages stored at `port`."""
+    code = 0 if group == 1 else GROUP_ZERO_CODE if group == 0 else group
+    return port | code << 16
+
+
+def _raw_msg_id(msg_id: str) -> bytes:
     try:
         raw = bytes.fromhex(msg_id)
     except ValueError as exc:
         raise InvalidMessage(f"message id {msg_id!r} is not hex") from exc
     if len(raw) != _MSG_ID.size:
         raise InvalidMessage(f"message id {msg_id!r} must be {2 * _MSG_ID.size} hex digits")
-    return int(_MSG_ID.unpack(raw)[2])
+    return raw
+
+
+def offset_of_msg_id(msg_id: str) -> int:
+    """The commit-log offset a message id names; InvalidMessage if it is no id."""
+    return int(_MSG_ID.unpack(_raw_msg_id(msg_id))[2])

@@ -25,6 +25,9 @@ The TOML layout (every key optional but `node_id`, `data_dir` and `peers`):
     [schedule]  delay_levels = "1s 5s 10s 30s 1m ... 2h", max_timer_delay_s
     [transaction] check_timeout_ms, check_interval_ms, max_checks
     [groups]  session_timeout_ms = 3000, heartbeat_interval_ms = 1000  # consumer groups
+    [multiraft]                        # docs/scaling.md
+    groups = 1                         # the cluster's data groups: 1..groups (1: no group 0)
+    host = [1]                         # the Raft groups this process hosts (0: metadata)
     [tls]     ca, cert, key            # PEM paths: TLS on both ports, mTLS between peers
     [security]
     peer_secret_file = "cluster.secret"  # peers prove membership with HMAC tokens
@@ -45,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from dledger_commitlog.common.protocol import MAX_MESSAGE_BYTES_LIMIT
+from dledger_commitlog.common.routes import preferred_leader
 from raft.wire import TRANSPORTS
 from store.entry_format import FILLER_MIN, HEADER_SIZE, INDEX_UNIT_SIZE
 from store.message import max_encoded_size
@@ -136,6 +140,13 @@ class NodeConfig:
     # queues move (the rebalance bound is about session + heartbeat interval)
     group_session_timeout_ms: int = 3_000
     group_heartbeat_interval_ms: int = 1_000
+    # multi-Raft (docs/scaling.md): the cluster's data groups are 1..data_groups, plus
+    # the metadata group 0 (topic routes) when there are several; this process hosts
+    # `host_groups`, each with its own data directory (`group_dir`). `group` is the one
+    # group a per-group config (`group_config`) describes.
+    data_groups: int = 1
+    host_groups: tuple[int, ...] = (1,)
+    group: int = 1
     # security (docs/security.md)
     tls_ca: str = ""
     tls_cert: str = ""
@@ -177,6 +188,7 @@ class NodeConfig:
             for what in (p.raft, p.client):
                 parse_address(what)
         self._check_routes(ids)
+        self._check_groups()
         self._check_security()
         try:
             levels = parse_levels(self.delay_levels)
@@ -195,6 +207,26 @@ class NodeConfig:
             if r.id in peer_ids:
                 raise ConfigError(f"routes: node {r.id} is a peer (its peer entry is its route)")
             parse_address(r.raft)
+
+    def _check_groups(self) -> None:
+        hosted = self.host_groups
+        if (
+            not isinstance(hosted, tuple)
+            or not hosted
+            or any(isinstance(g, bool) or not isinstance(g, int) for g in hosted)
+        ):
+            raise ConfigError(
+                f"multiraft.host must be a non-empty list of group ids, not {hosted!r}"
+            )
+        top = self.data_groups
+        if len(set(hosted)) != len(hosted) or not all(0 <= g <= top for g in hosted):
+            raise ConfigError(f"multiraft.host {list(hosted)}: distinct groups in 0..{top} "
+                              f"(multiraft.groups is {top})")  # fmt: skip
+        if top == 1 and 0 in hosted:
+            raise ConfigError("multiraft.host: group 0 (topic routes) exists only with "
+                              "multiraft.groups > 1")  # fmt: skip
+        if self.group not in hosted and hosted != (1,):
+            raise ConfigError(f"group {self.group} is not among multiraft.host {list(hosted)}")
 
     def _check_types(self) -> None:
         for f in dataclasses.fields(self):
@@ -253,6 +285,33 @@ class NodeConfig:
     @property
     def raft_address(self) -> str:
         return self.listen_raft or self.me.raft
+
+
+def group_dir(data_dir: str, group: int) -> str:
+    """Group `group`'s data directory under a node's `data_dir`: group 1 is the
+    directory itself (a single-group node's directory opens as group 1 as it is),
+    any other group `data_dir/groups/<group>`."""
+    return data_dir if group == 1 else str(Path(data_dir) / "groups" / str(group))
+
+
+def preferred_leader_of(cfg: NodeConfig, group: int) -> int | None:
+    """Group `group`'s preferred leader: the configured one for a single-group cluster,
+    else the bootstrap peers taken in turn (`common.routes.preferred_leader`), so that
+    the leaders of a cluster's groups spread evenly over its nodes (docs/scaling.md)."""
+    if cfg.data_groups == 1 or cfg.join:
+        return cfg.preferred_leader
+    return preferred_leader(group, [p.id for p in cfg.peers])
+
+
+def group_config(cfg: NodeConfig, group: int) -> NodeConfig:
+    """The config of hosted group `group`: its own data directory and preferred leader,
+    the process's ports and settings otherwise."""
+    return dataclasses.replace(
+        cfg,
+        group=group,
+        data_dir=group_dir(cfg.data_dir, group),
+        preferred_leader=preferred_leader_of(cfg, group),
+    )
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -321,6 +380,7 @@ _SECTIONS = {
         "session_timeout_ms": "group_session_timeout_ms",
         "heartbeat_interval_ms": "group_heartbeat_interval_ms",
     },
+    "multiraft": {"groups": "data_groups", "host": "host_groups"},
     "retention": {
         name: name
         for name in (
@@ -357,6 +417,7 @@ _BOUNDS: dict[str, tuple[float, float | None]] = {
     "catch_up_mb_s": (0, None),
     "file_reserved_hours": (0, None),
     "delete_when_hour": (0, 23),
+    "data_groups": (1, 1000),  # message ids carry the group in 15 bits (message_route)
 }
 
 
@@ -425,7 +486,9 @@ def _flatten(doc: dict[str, Any], where: str) -> dict[str, Any]:
             for sub, v in value.items():
                 if sub not in names:
                     raise ConfigError(f"{where}: unknown setting {key}.{sub}")
-                out[names[sub]] = v
+                out[names[sub]] = (
+                    tuple(v) if names[sub] == "host_groups" and isinstance(v, list) else v
+                )
         else:
             raise ConfigError(f"{where}: unknown setting {key!r}")
     return out

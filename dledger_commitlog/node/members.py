@@ -33,6 +33,7 @@ from raft import RaftCore, Role
 from raft.errors import MembershipError
 from raft.membership import ChangeOp, ConfChange, Member, Membership
 from raft.messages import AppendEntries, Heartbeat, Message, Snapshot
+from raft.multiplex import GroupLink, LinkPool
 from raft.peer_auth import PeerSecurity
 from raft.peer_link import PeerLink
 from raft.transport import open_link
@@ -49,8 +50,10 @@ class NodeMembers:
         kick: Callable[[], None],
         wait_for_commit: Callable[[], Awaitable[None]],
         committed_index: Callable[[], int],
+        links: LinkPool | None = None,
     ) -> None:
         self._cfg = cfg
+        self._pool = links  # multi-Raft: this group's links are views of the process's
         self._core = core
         self._kick = kick
         self._wait_for_commit = wait_for_commit
@@ -60,7 +63,7 @@ class NodeMembers:
         self._known: dict[int, Member] = {}
         self._conf: Membership | None = None
         self.ids: frozenset[int] = frozenset()
-        self.links: dict[int, PeerLink] = {}
+        self.links: dict[int, PeerLink | GroupLink] = {}
         self._security: PeerSecurity | None = None
         self._started = False
         self._was_member = False
@@ -124,10 +127,16 @@ class NodeMembers:
             if m is None or not m.raft:
                 log.error("node %d: no Raft address for member %d", me, node_id)
                 continue
-            link = open_link(self._cfg.raft_transport, self._cfg.cluster, node_id, m.raft,
-                             me=me, security=self._security)  # fmt: skip
-            link.start()
-            self.links[node_id] = link
+            cfg = self._cfg
+            if self._pool is not None:
+                self.links[node_id] = self._pool.open(cfg.group, cfg.raft_transport, cfg.cluster,
+                                                      node_id, m.raft, me=me,
+                                                      security=self._security)  # fmt: skip
+                continue
+            own = open_link(cfg.raft_transport, cfg.cluster, node_id, m.raft,
+                            me=me, security=self._security)  # fmt: skip
+            own.start()
+            self.links[node_id] = own
         for node_id in self.links.keys() - wanted:
             link = self.links.pop(node_id)
             asyncio.get_running_loop().create_task(link.close(), name=f"close-link-{node_id}")

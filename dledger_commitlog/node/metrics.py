@@ -89,10 +89,11 @@ class NodeMetrics:
                 self.replication_lag.labels(str(peer)).set(max(0, core.last_index - pr.match))
 
 
-def serve_metrics(metrics: NodeMetrics, address: str) -> Callable[[], None]:
+def serve_metrics(metrics: NodeMetrics | CollectorRegistry, address: str) -> Callable[[], None]:
     """Start the HTTP endpoint (a daemon thread) at HOST:PORT; return what stops it."""
     host, _, port = address.rpartition(":")
-    httpd, thread = start_http_server(int(port), addr=host, registry=metrics.registry)
+    registry = metrics.registry if isinstance(metrics, NodeMetrics) else metrics
+    httpd, thread = start_http_server(int(port), addr=host, registry=registry)
 
     def stop() -> None:
         httpd.shutdown()

@@ -73,6 +73,7 @@ from raft import HardState, LogDiverged, Message, NotLeader, Role
 from raft.driver import ReadyDriver
 from raft.membership import Member
 from raft.messages import AppendEntries, Snapshot
+from raft.multiplex import LinkPool
 from raft.types import EntryKind, ReadState, SnapshotMeta
 from raft.validate import InvalidPeerMessage, check_peer_message
 from raft.wire import to_wire
@@ -97,6 +98,7 @@ class RaftNode:
         *,
         security: NodeSecurity | None = None,
         on_fatal: Callable[[], None] | None = None,
+        links: LinkPool | None = None,
     ) -> None:
         """Open and recover `cfg.data_dir`; `security`: what the peer links present and
         check (`NodeSecurity.load`); `on_fatal`: called once when the node stops itself
@@ -107,6 +109,7 @@ class RaftNode:
         # "recover" the live node's files under it.
         self._dir_lock = DirectoryLock(data / LOCK_FILE)
         try:
+            self._links = links  # multi-Raft: the process's shared peer links
             self._open(cfg, metrics or NodeMetrics(cfg.node_id), data)
             self.security = security or NodeSecurity()
             self.on_fatal = on_fatal
@@ -164,7 +167,8 @@ class RaftNode:
                                            self.wait_for_commit, self._committed_index)  # fmt: skip
         self._members = NodeMembers(cfg, self.core, kick=self._kick,
                                     wait_for_commit=self.wait_for_commit,
-                                    committed_index=self._committed_index)  # fmt: skip
+                                    committed_index=self._committed_index,
+                                    links=self._links)  # fmt: skip
         self.loops = NodeLoops(
             cfg.node_id, self.core, tick_ms=cfg.tick_ms, tick=self._tick, kick=self._kick,
             metrics=metrics,

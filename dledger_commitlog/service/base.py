@@ -33,7 +33,7 @@ from typing import Any, NoReturn, ParamSpec, Protocol, TypeAlias, TypeVar
 import grpc
 
 from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
-from dledger_commitlog.common.protocol import PutResult
+from dledger_commitlog.common.protocol import PutResult, group_metadata
 from dledger_commitlog.common.signing import metadata_value
 from dledger_commitlog.log import reads
 from dledger_commitlog.log.message_route import make_msg_id
@@ -192,7 +192,7 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
     ) -> tuple[tuple[str, str], ...]:
         """A forwarded call of RPC `method`: marked (never forwarded again), vouched for
         with the cluster secret, on behalf of the access key this node authenticated."""
-        meta = [(_FORWARDED, str(self.cfg.node_id))]
+        meta = [(_FORWARDED, str(self.cfg.node_id)), *group_metadata(self.cfg.group)]
         leader = self.node.leader_id
         on_behalf = account.access_key if account is not None else ""
         if self.security.peers is not None and leader is not None:

@@ -62,11 +62,18 @@ def checked_handlers(services: Services) -> list[tuple[str, dict[str, Any]]]:
     (what `add_services` registers; `grpclib_port` serves the same handlers)."""
     out = []
     for add, servicer in services:
-        table = _Table()
-        add(servicer, table)
-        assert table.service, f"{add.__name__} registered no method handlers"
-        out.append((table.service, {name: _checked(h) for name, h in table.handlers.items()}))
+        service, handlers = handler_table(add, servicer)
+        out.append((service, {name: _checked(h) for name, h in handlers.items()}))
     return out
+
+
+def handler_table(add: Callable[[Any, Any], None], servicer: object) -> tuple[str, dict[str, Any]]:
+    """The service name and the grpc.RpcMethodHandlers by method name that the
+    generated `add` registers for `servicer` (as they are: not yet checked)."""
+    table = _Table()
+    add(servicer, table)
+    assert table.service, f"{add.__name__} registered no method handlers"
+    return table.service, dict(table.handlers)
 
 
 class _Table:

@@ -15,6 +15,7 @@ import time
 import grpc
 
 from dispatch.dispatcher import parse_tag_expression
+from dledger_commitlog.common.routes import group_of_msg_id
 from dledger_commitlog.log import entry_reads, reads
 from dledger_commitlog.log.message_route import offset_of_msg_id
 from dledger_commitlog.node.acl import Perm, require_topics
@@ -48,6 +49,10 @@ class ReadRpcs(ServiceBase):
         try:
             if which == "msg_id":
                 offset = offset_of_msg_id(request.msg_id)
+                group = group_of_msg_id(request.msg_id)
+                if group != self.cfg.group:  # multi-Raft: the id names another group
+                    raise KeyError(f"message id {request.msg_id} names group {group}, "
+                                   f"not group {self.cfg.group}")  # fmt: skip
             elif which == "commitlog_offset":
                 offset = request.commitlog_offset
             else:

@@ -1,12 +1,13 @@
-"""The process: a node and its gRPC servers, from start to a clean shutdown.
+"""The process: its Raft groups and its gRPC servers, from start to a clean shutdown.
 
-`run` is `dledger serve`'s entry point; `serve` builds the `RaftNode` from the
-config, binds the Raft peer port, the client port (the client service, gRPC
-health; a request there that does not parse is INVALID_ARGUMENT, see `decoding`)
-and the metrics port, starts them, and on SIGTERM/SIGINT (or a fatal failure of
-the node) stops them in the reverse order. This is the one module
-that builds the node (`node.RaftNode`), its leader-side services
-(`messaging.services.LeaderServices`) and the client service over them.
+`run` is `dledger serve`'s entry point; `serve` opens the groups the config says
+the process hosts (`hosted.Groups`: per group a `RaftNode`, its leader-side
+services and its client service; one group, group 1, unless the cluster is
+multi-Raft), binds the Raft peer port (one for every group), the client port (the
+groups' client services, gRPC health; a request there that does not parse is
+INVALID_ARGUMENT, see `decoding`) and the metrics port, starts them, and on
+SIGTERM/SIGINT (or a fatal failure: of the node, or of every group) stops them in
+the reverse order.
 
 A port that cannot be bound is a `ListenError` naming the address and the cause,
 raised before the node serves anything.
@@ -26,17 +27,15 @@ from typing import Any, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from dledger_commitlog.messaging.services import LeaderServices
 from dledger_commitlog.node.config import ListenError, NodeConfig
-from dledger_commitlog.node.metrics import NodeMetrics, serve_metrics
+from dledger_commitlog.node.metrics import serve_metrics
 from dledger_commitlog.node.node import RaftNode
 from dledger_commitlog.node.security import NodeSecurity
 from dledger_commitlog.service import grpclib_port
-from dledger_commitlog.service.client_service import ClientService
 from dledger_commitlog.service.decoding import Services, add_services
-from proto import dledger_pb2_grpc as pb_grpc
+from dledger_commitlog.service.hosted import Groups
 from raft.peer_auth import TlsIdentity
-from raft.transport import GRPC_OPTIONS, PeerGate, PeerServer, open_peer_server
+from raft.transport import GRPC_OPTIONS, PeerServer, open_peer_server
 
 log = logging.getLogger(__name__)
 
@@ -44,44 +43,39 @@ _T = TypeVar("_T")
 
 
 async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseException | None:
-    """Run a node until `stop` is set (or SIGTERM/SIGINT); return what stopped it if fatal."""
+    """Run a node process until `stop` is set (or SIGTERM/SIGINT); return what stopped
+    it if fatal. It hosts the Raft groups `cfg.host_groups` (one, group 1, unless the
+    cluster is multi-Raft: docs/scaling.md)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     security = NodeSecurity.load(cfg)  # before anything opens: a bad file is one line
-    metrics = NodeMetrics(cfg.node_id)
-    node = RaftNode(cfg, metrics, security=security, on_fatal=stop.set)
-    services = LeaderServices(node, cfg, metrics)
-    _TERM.node = node
+    groups = Groups(cfg, stop, security)
+    await groups.open()  # a group that cannot open: the ones opened before it close again
     stop_metrics: Callable[[], None] | None = None
     raft_server: PeerServer | None = None
     client_server: ClientPort | None = None
-    service: ClientService | None = None
     health_servicer: health.aio.HealthServicer | None = None
     try:
+        _TERM.node = groups.first.node
         if cfg.listen_metrics:
             at = cfg.listen_metrics
-            stop_metrics = _listen("metrics", at, lambda: serve_metrics(metrics, at))
+            stop_metrics = _listen("metrics", at, lambda: serve_metrics(groups.registry(), at))
         tls = security.tls
-        raft_server = open_peer_server(cfg.raft_transport, PeerGate(
-            cfg.cluster, node.deliver, me=cfg.node_id, members=node.member_ids,
-            security=security, on_reject=lambda why: metrics.peer_rejects.labels(why).inc(),
-        ))  # fmt: skip
+        raft_server = open_peer_server(cfg.raft_transport, groups.gate())
         _listen_checked(raft_server.bind, "Raft peers", cfg.raft_address)
-        service = ClientService(cfg, node, services, metrics=metrics, security=security)
-        service.start()
+        groups.start_services()
         health_servicer = health.aio.HealthServicer()
         # Every request that does not parse is INVALID_ARGUMENT, naming the field.
         client_services = (
-            (pb_grpc.add_DLedgerClientServicer_to_server, service),
+            *groups.client_services(),
             (health_pb2_grpc.add_HealthServicer_to_server, health_servicer),
         )
         client_server = ClientPort(cfg, client_services, tls)
         await raft_server.start()
-        await node.start()
-        services.start()
+        await groups.start()
         await client_server.start()
         # What start-up made (modules, classes, the recovered state) lives as long as
         # the process: out of the collector's sight, a full collection, which runs on
@@ -91,10 +85,10 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
         await health_servicer.set(
             "dledger.v1.DLedgerClient", health_pb2.HealthCheckResponse.SERVING
         )
-        log.info("node %d serving clients on %s (%s, %s), raft on %s (peers: %s)", cfg.node_id,
-                 cfg.client_address, "TLS" if tls else "plaintext",
+        log.info("node %d serving clients on %s (%s, %s), raft on %s (peers: %s)%s",
+                 cfg.node_id, cfg.client_address, "TLS" if tls else "plaintext",
                  "ACL" if security.acl else "no client authentication", cfg.raft_address,
-                 security.peer_mode)  # fmt: skip
+                 security.peer_mode, groups.describe())  # fmt: skip
         if cfg.insecure:
             log.warning("node %d runs with --insecure: %s", cfg.node_id, "; ".join(
                 why for why, weak in (
@@ -103,21 +97,18 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
                     ("traffic is not encrypted", tls is None),
                 ) if weak) or "nothing is weakened")  # fmt: skip
         await stop.wait()
-    finally:  # also after a failed start: the recovered node closes cleanly
+    finally:  # also after a failed start: the recovered nodes close cleanly
         log.info("node %d shutting down", cfg.node_id)
         if health_servicer is not None:
             await health_servicer.enter_graceful_shutdown()
         if client_server is not None:
             await client_server.stop(grace_s=1.0)
-        if service is not None:
-            await service.close()
-        await services.close()
-        await node.close()
+        await groups.close()
         if raft_server is not None:
             await raft_server.stop(grace_s=0.5)
         if stop_metrics is not None:
             stop_metrics()
-    return node.fatal
+    return groups.fatal
 
 
 class ClientPort:

@@ -1,0 +1,216 @@
+"""Multi-Raft commands (docs/scaling.md): topic routes and the leaders of the groups.
+
+- `topic route [TOPIC]`: the configured routes (or one topic's, configured or
+  default), each group's queues of it and the group's leader.
+- `topic create|update TOPIC --queues G:N[,G:N...]`, `topic delete TOPIC`: a route
+  change through group 0 (the admin right with an ACL).
+- `groups status`: group x node, each one's role, term and lag behind its leader.
+- `groups balance [--dry-run]`: move leaders by transfer so that each group is led
+  by its preferred node when that one is up (`common.routes.preferred_leader`),
+  else by the live voter leading the fewest groups, so that no node leads more
+  than ceil(groups / nodes); prints each move, and the leaders after.
+
+Each speaks to the cluster through per-group clients (`Client(group=g)`): the
+route calls through any node, the status of each group from each node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections import Counter
+from typing import Any
+
+from dledger_commitlog.cli.commands import UsageError, command, emit, make_client, table
+from dledger_commitlog.client import ClientError, NodeStatus, TopicRoute
+from dledger_commitlog.common.routes import preferred_leader
+
+
+def _queues(text: str) -> dict[int, int]:
+    """ "2:4,3:2" -> {2: 4, 3: 2} (group: queues)."""
+    out: dict[int, int] = {}
+    for part in text.split(","):
+        group, sep, count = part.strip().partition(":")
+        if not sep or not group.isdigit() or not count.isdigit():
+            raise argparse.ArgumentTypeError(f"{part!r} is not GROUP:QUEUES")
+        out[int(group)] = int(count)
+    return out
+
+
+def _topic_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("topic")
+    p.add_argument("--queues", type=_queues, required=True, metavar="G:N,...",
+                   help="the topic's queues per group, e.g. 1:4,2:4")  # fmt: skip
+
+
+def _route_json(route: TopicRoute) -> dict[str, Any]:
+    return {"topic": route.topic, "configured": route.configured,
+            "groups": [{"group": g, "queues": n} for g, n in route.groups]}  # fmt: skip
+
+
+def _change(args: argparse.Namespace, op: str, groups: dict[int, int] | None) -> int:
+    with make_client(args, group=0) as client:
+        try:
+            route = client.topic_update(op, args.topic, groups)
+        except ClientError as exc:
+            raise UsageError(str(exc)) from exc
+    if route is None:
+        emit(args, {"deleted": args.topic}, f"deleted the route of {args.topic}")
+    else:
+        spread = ", ".join(f"group {g}: {n} queues" for g, n in route.groups)
+        emit(args, _route_json(route), f"{op}d {args.topic}: {spread}")
+    return 0
+
+
+@command("topic create", "give a topic its route: queues per Raft group", _topic_args)
+def _topic_create(args: argparse.Namespace) -> int:
+    return _change(args, "create", args.queues)
+
+
+@command("topic update", "change a topic's route", _topic_args)
+def _topic_update(args: argparse.Namespace) -> int:
+    return _change(args, "update", args.queues)
+
+
+def _delete_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("topic")
+
+
+@command("topic delete", "drop a topic's route (it takes the default again)", _delete_args)
+def _topic_delete(args: argparse.Namespace) -> int:
+    return _change(args, "delete", None)
+
+
+def _route_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("topic", nargs="?", default="", help="default: every configured topic")
+
+
+@command("topic route", "topics' routes: groups, queues, leaders", _route_args)
+def _topic_route(args: argparse.Namespace) -> int:
+    with make_client(args) as client:
+        routes = client.route(args.topic)
+    shown = [routes.route(args.topic)] if args.topic else list(routes.routes.values())
+    rows = []
+    for r in shown:
+        for g, n in r.groups:
+            leader = routes.leaders.get(g)
+            who = leader.leader_id if leader is not None else None
+            rows.append((r.topic, g, n, who or "-", "configured" if r.configured else "default"))
+    doc = {"data_groups": routes.data_groups, "version": routes.version,
+           "routes": [_route_json(r) for r in shown],
+           "leaders": {str(g): x.leader_id for g, x in routes.leaders.items()}}  # fmt: skip
+    text = table(("topic", "group", "queues", "leader", "route"), rows) if rows else (
+        f"no configured routes: every topic has {routes.queues_per_topic} queues in each of "
+        f"groups 1..{routes.data_groups}")  # fmt: skip
+    emit(args, doc, text)
+    return 0
+
+
+def _statuses(args: argparse.Namespace) -> tuple[list[int], dict[int, dict[int, Any]], int]:
+    """(groups, {group: {node: NodeStatus | StatusError}}, data groups)."""
+    with make_client(args) as client:
+        routes = client.route()
+    groups = ([0] if routes.data_groups > 1 else []) + list(range(1, routes.data_groups + 1))
+    out: dict[int, dict[int, Any]] = {}
+    for g in groups:
+        with make_client(args, group=g) as client:
+            by_node: dict[int, Any] = {}
+            for i, st in enumerate(client.status_all(timeout_s=2.0)):
+                key = st.node_id if isinstance(st, NodeStatus) else -(i + 1)
+                by_node[key] = st
+            out[g] = by_node
+    return groups, out, routes.data_groups
+
+
+def _leaders(statuses: dict[int, dict[int, Any]]) -> dict[int, int | None]:
+    out: dict[int, int | None] = {}
+    for g, nodes in statuses.items():
+        out[g] = next((n for n, st in nodes.items()
+                       if isinstance(st, NodeStatus) and st.role == "leader"), None)  # fmt: skip
+    return out
+
+
+@command("groups status", "Raft groups x nodes: roles, terms and lag")
+def _groups_status(args: argparse.Namespace) -> int:
+    groups, statuses, _ = _statuses(args)
+    nodes = sorted({n for by in statuses.values() for n in by if n > 0})
+    rows: list[tuple[Any, ...]] = []
+    doc: dict[str, dict[str, Any]] = {}
+    for g in groups:
+        by = statuses[g]
+        top = max((st.last_index for st in by.values() if isinstance(st, NodeStatus)), default=0)
+        cells, doc[str(g)] = [], {}
+        for n in nodes:
+            st = by.get(n)
+            if not isinstance(st, NodeStatus):
+                cells.append("down")
+                doc[str(g)][str(n)] = None
+                continue
+            lag = top - st.last_index
+            cells.append(f"{st.role} t{st.term}" + (f" lag {lag}" if lag else ""))
+            doc[str(g)][str(n)] = {"role": st.role, "term": st.term, "lag": lag,
+                                   "last_index": st.last_index}  # fmt: skip
+        rows.append((g, *cells))
+    led = Counter(n for n in _leaders(statuses).values() if n is not None)
+    text = table(("group", *(f"node {n}" for n in nodes)), rows)
+    text += "\nleads: " + ", ".join(f"node {n}: {led.get(n, 0)}" for n in nodes)
+    emit(args, {"groups": doc, "leads": {str(n): led.get(n, 0) for n in nodes}}, text)
+    return 0
+
+
+def _balance_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true", help="print the moves, make none")
+
+
+def plan_moves(leaders: dict[int, int | None], live: list[int]) -> list[tuple[int, int, int]]:
+    """(group, from node, to node) moves: each group to its preferred node when that one
+    is live, else to the live node leading fewest, so no node leads more than
+    ceil(groups / live nodes). Groups without a leader are left to their election."""
+    if not live:
+        return []
+    cap = math.ceil(len(leaders) / len(live))
+    load = Counter(n for n in leaders.values() if n is not None)
+    moves = []
+    for g, now in sorted(leaders.items()):
+        if now is None:
+            continue
+        want = preferred_leader(g, live)
+        if want == now:
+            continue
+        if now in live and load[now] <= cap and load[want] >= cap:
+            continue  # already within the bound, and the preferred one is full
+        if load[want] >= cap:
+            want = min(live, key=lambda n: (load[n], n))
+            if want == now or load[want] >= load[now] - 1:
+                continue
+        moves.append((g, now, want))
+        load[now] -= 1
+        load[want] += 1
+    return moves
+
+
+@command("groups balance", "spread the groups' leaders over the nodes", _balance_args)
+def _groups_balance(args: argparse.Namespace) -> int:
+    groups, statuses, _ = _statuses(args)
+    nodes = sorted({n for by in statuses.values() for n in by if n > 0})
+    live = [n for n in nodes if all(isinstance(statuses[g].get(n), NodeStatus) for g in groups)]
+    moves = plan_moves(_leaders(statuses), live)
+    lines, done = [], []
+    for g, src, dst in moves:
+        if args.dry_run:
+            lines.append(f"group {g}: would move the leader from node {src} to node {dst}")
+            continue
+        with make_client(args, group=g) as client:
+            try:
+                now = client.transfer_leadership(dst)
+            except ClientError as exc:
+                lines.append(f"group {g}: moving the leader to node {dst} failed: {exc}")
+                continue
+        done.append({"group": g, "from": src, "to": now})
+        lines.append(f"group {g}: leader moved from node {src} to node {now}")
+    led = Counter(n for n in _leaders(_statuses(args)[1]).values() if n is not None)
+    lines.append("leads: " + ", ".join(f"node {n}: {led.get(n, 0)}" for n in nodes))
+    emit(args, {"moves": done if not args.dry_run else [list(m) for m in moves],
+                "leads": {str(n): led.get(n, 0) for n in nodes}},
+         "\n".join(lines) if moves else "balanced: no move needed\n" + lines[-1])  # fmt: skip
+    return 0

@@ -1,0 +1,207 @@
+"""Clients of a multi-Raft cluster: each call goes to the group that owns its queue.
+
+    from dledger_commitlog.client import RoutedClient
+    with RoutedClient.from_cluster_file("/tmp/c1/cluster.json") as client:
+        result = client.put("orders", b"hello", sharding_key="customer-7")
+        client.get(result.msg_id)          # the id names its group
+
+A topic's queues lie in one or more Raft groups (docs/scaling.md); the route (topic
+-> groups and queues per group) is kept by the cluster's group 0 and served by
+every node (`Route`). `RoutedClient` (blocking) and `AsyncRoutedClient` fetch a
+topic's route once and cache it, number the topic's queues across its groups (the
+topic's queue k is the k-th of the route's concatenation, `TopicRoute.locate`), and
+send each call through one per-group client (`Client(group=g)`: it finds and
+follows that group's leader itself). A put goes to the next queue in turn, or to
+the queue of its sharding key (crc32 over all the topic's queues: one key, one
+queue of one group, in order), or to the queue it names. A refusal that says the
+route changed (a queue the group does not have) refreshes the route and tries
+once more; `refresh_routes` drops the cache. A message id names its group, so
+`get` needs no route. Everything else is a call of one group: `client(g)`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Generic, Self, TypeVar
+
+from dledger_commitlog.client.aio import AsyncClient
+from dledger_commitlog.client.api import cluster_file_args
+from dledger_commitlog.client.blocking import Client
+from dledger_commitlog.client.errors import InvalidArgument
+from dledger_commitlog.client.values import PutResult, Routes, StoredMessage, TopicRoute
+from dledger_commitlog.common.routes import group_of_msg_id
+
+C = TypeVar("C", Client, AsyncClient)
+_ROUTE_CHANGED = "outside"  # InvalidArgument "queue id N outside [0, M)": the route moved
+
+
+class _Routing(Generic[C]):
+    """What both routed clients share: the per-group clients, the route cache, the choice."""
+
+    _kind: type[C]
+
+    def __init__(self, servers: Any, **kwargs: Any) -> None:
+        """`servers` and `kwargs` as `Client` takes them (every group's client gets them)."""
+        kwargs.pop("group", None)
+        self._servers = servers
+        self._kwargs = kwargs
+        self._clients: dict[int, C] = {}
+        self._routes: dict[str, TopicRoute] = {}
+        self._turn: dict[str, Iterator[int]] = {}
+
+    @classmethod
+    def from_cluster_file(cls, path: str | Path, **kwargs: Any) -> Self:
+        """A routed client of the cluster a `cluster.json` describes."""
+        servers, kwargs = cluster_file_args(path, kwargs)
+        return cls(servers, **kwargs)
+
+    def client(self, group: int) -> C:
+        """The client of Raft group `group` (made once)."""
+        found = self._clients.get(group)
+        if found is None:
+            found = self._clients[group] = self._kind(self._servers, group=group, **self._kwargs)
+        return found
+
+    def _choose(self, route: TopicRoute, queue: int | None, sharding_key: str) -> tuple[int, int]:
+        """(group, queue id there) of a put (see the module doc)."""
+        total = route.total_queues
+        if queue is not None:
+            if not 0 <= queue < total:
+                raise InvalidArgument(f"queue {queue} outside the {total} queues of "
+                                      f"{route.topic!r}")  # fmt: skip
+            return route.locate(queue)
+        if sharding_key:
+            return route.locate(route.queue_of_key(sharding_key))
+        turn = self._turn.get(route.topic)
+        if turn is None:
+            turn = self._turn[route.topic] = itertools.cycle(range(total))
+        return route.locate(next(turn) % total)
+
+    def _cached(self, routes: Routes, topic: str) -> TopicRoute:
+        route = routes.route(topic)
+        if route.total_queues == 0:
+            raise InvalidArgument(f"topic {topic!r} has no queues in its route")
+        self._routes[topic] = route
+        self._turn.pop(topic, None)
+        return route
+
+    def refresh_routes(self) -> None:
+        """Forget the cached routes: the next call of each topic asks again."""
+        self._routes.clear()
+        self._turn.clear()
+
+
+class RoutedClient(_Routing[Client]):
+    """The blocking routed client (see the module doc)."""
+
+    _kind = Client
+
+    def route(self, topic: str) -> TopicRoute:
+        """`topic`'s route (cached)."""
+        found = self._routes.get(topic)
+        return found if found is not None else self._cached(self.routes(topic), topic)
+
+    def routes(self, topic: str = "") -> Routes:
+        """The cluster's routes as a node answers them now (not cached)."""
+        return self.client(1).route(topic)
+
+    def put(
+        self, topic: str, body: bytes | str, *, queue: int | None = None,
+        sharding_key: str = "", **kwargs: Any,
+    ) -> PutResult:  # fmt: skip
+        """Put to the group of the chosen queue (`Client.put`'s other arguments);
+        `queue`: the topic's queue number across its groups. The result's queue_id
+        is the queue id within the group its msg_id names."""
+        for attempt in range(2):
+            group, queue_id = self._choose(self.route(topic), queue, sharding_key)
+            try:
+                return self.client(group).put(topic, body, queue_id=queue_id, **kwargs)
+            except InvalidArgument as exc:
+                if attempt or _ROUTE_CHANGED not in str(exc):
+                    raise
+                self.refresh_routes()
+        raise AssertionError("unreachable")
+
+    def get(self, msg_id: str, linearizable: bool = False) -> StoredMessage:
+        """The message a message id names, from the group the id names."""
+        try:
+            group = group_of_msg_id(msg_id)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        return self.client(group).get(msg_id, linearizable=linearizable)
+
+    def topic_update(
+        self, op: str, topic: str, groups: Mapping[int, int] | None = None
+    ) -> TopicRoute | None:
+        """Create, update or delete a topic's route (through group 0; needs the admin
+        right with an ACL); the cached route of `topic` is dropped."""
+        made = self.client(0).topic_update(op, topic, groups)
+        self._routes.pop(topic, None)
+        self._turn.pop(topic, None)
+        return made
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+    def __enter__(self) -> RoutedClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncRoutedClient(_Routing[AsyncClient]):
+    """The asyncio routed client (see the module doc)."""
+
+    _kind = AsyncClient
+
+    async def route(self, topic: str) -> TopicRoute:
+        found = self._routes.get(topic)
+        return found if found is not None else self._cached(await self.routes(topic), topic)
+
+    async def routes(self, topic: str = "") -> Routes:
+        return await self.client(1).route(topic)
+
+    async def put(
+        self, topic: str, body: bytes | str, *, queue: int | None = None,
+        sharding_key: str = "", **kwargs: Any,
+    ) -> PutResult:  # fmt: skip
+        for attempt in range(2):
+            group, queue_id = self._choose(await self.route(topic), queue, sharding_key)
+            try:
+                return await self.client(group).put(topic, body, queue_id=queue_id, **kwargs)
+            except InvalidArgument as exc:
+                if attempt or _ROUTE_CHANGED not in str(exc):
+                    raise
+                self.refresh_routes()
+        raise AssertionError("unreachable")
+
+    async def get(self, msg_id: str, linearizable: bool = False) -> StoredMessage:
+        try:
+            group = group_of_msg_id(msg_id)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        return await self.client(group).get(msg_id, linearizable=linearizable)
+
+    async def topic_update(
+        self, op: str, topic: str, groups: Mapping[int, int] | None = None
+    ) -> TopicRoute | None:
+        made = await self.client(0).topic_update(op, topic, groups)
+        self._routes.pop(topic, None)
+        self._turn.pop(topic, None)
+        return made
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()
+
+    async def __aenter__(self) -> AsyncRoutedClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

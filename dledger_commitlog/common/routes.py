@@ -1,0 +1,65 @@
+"""A topic's route in a multi-Raft cluster, as a node and a client both see it.
+
+Owns `TopicRoute` (which groups hold a topic's queues, and how the topic's queue k
+maps to a (group, queue id) pair) and the group that a message id names
+(`group_of_msg_id`; the id's layout is `log.message_route`'s). The node keeps the
+table in group 0 (`messaging.routes`); the clients cache it (`client.routing`).
+docs/scaling.md describes the model.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+GROUP_ZERO_CODE = 0x7FFF  # group 0's code in a message id (0 is group 1's; see below)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRoute:
+    """Where a topic's queues live: (group, queue count) in the order the topic's
+    queues are numbered (its queue k is the k-th queue of this concatenation).
+    `configured`: set through group 0 (else the default: every data group)."""
+
+    topic: str
+    groups: tuple[tuple[int, int], ...]
+    configured: bool = False
+
+    @property
+    def total_queues(self) -> int:
+        return sum(n for _, n in self.groups)
+
+    def locate(self, queue: int) -> tuple[int, int]:
+        """The topic's queue `queue` (0..total_queues-1) as (group, queue id there)."""
+        if queue >= 0:
+            for group, count in self.groups:
+                if queue < count:
+                    return group, queue
+                queue -= count
+        raise IndexError(f"queue {queue} outside the {self.total_queues} queues of "
+                         f"{self.topic!r}")  # fmt: skip
+
+    def queue_of_key(self, key: str) -> int:
+        """The topic's queue a sharding key maps to (crc32, as a node maps it in one
+        group): every message of the key goes to one queue of one group, in order."""
+        return zlib.crc32(key.encode()) % self.total_queues
+
+
+def preferred_leader(group: int, node_ids: Sequence[int]) -> int:
+    """Group `group`'s preferred leader among the bootstrap nodes `node_ids`: the nodes
+    taken in turn (group g: the (g mod n)-th in id order), so that the leaders of a
+    cluster's groups spread evenly and no node leads more than ceil(groups / nodes)."""
+    ids = sorted(node_ids)
+    return ids[group % len(ids)]
+
+
+def group_of_msg_id(msg_id: str) -> int:
+    """The Raft group a message id names (1 for a single-group cluster's ids): the
+    store host's port field carries it above the port's 16 bits. ValueError if
+    `msg_id` is no message id."""
+    raw = bytes.fromhex(msg_id)
+    if len(raw) != 16:
+        raise ValueError(f"message id {msg_id!r} must be 32 hex digits")
+    code = int.from_bytes(raw[4:8], "big", signed=True) >> 16 & GROUP_ZERO_CODE
+    return 1 if code == 0 else 0 if code == GROUP_ZERO_CODE else code

@@ -1,0 +1,163 @@
+"""Topic routes of a multi-Raft cluster, kept in the metadata group 0's log.
+
+A cluster of several data groups (docs/scaling.md) spreads each topic's queues
+over groups, as RocketMQ spreads a topic over broker groups behind its name
+server. The route of a topic names, per group, how many queues of it that group
+holds (queues 0..n-1 there). A topic nobody configured has the default route:
+every data group, `queues_per_topic` queues each. `TopicUpdate` writes a route
+change as one message of ROUTES_TOPIC in group 0 holding the whole table after
+it (so the last record is the table, whatever retention removed before it); every
+node that hosts group 0 answers `Route` from its own committed copy, and a new
+leader of group 0 knows every change its predecessor committed.
+
+Owns `RouteTable` (pure: the table a record holds, the validation of a change,
+the default route) and `RouteStore` (group 0's side: reads the committed records
+through `SystemLog`, writes a change through Raft on the leader).
+
+Invariants: the table is a pure function of group 0's last committed record
+(every replica that dispatched it holds the same table); changes are made one at a
+time on the leader; a change is validated against the table
+the leader holds after `settle` (every earlier committed change applied) and
+refused whole; a group named by a route is one of the cluster's data groups and
+never holds more than `queues_per_topic` queues of a topic (the queue bound every
+group's server enforces).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+
+from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
+from dledger_commitlog.common.routes import TopicRoute
+from dledger_commitlog.messaging.system_log import SystemLog
+from store.errors import InvalidMessage
+from store.message import check_name
+
+ROUTES_TOPIC = SYSTEM_TOPIC_PREFIX + "ROUTES"
+OPS = ("create", "update", "delete")
+_SETTLE_S = 5.0
+
+
+class RouteError(ValueError):
+    """A route change that cannot be made; the message says why."""
+
+
+class RouteTable:
+    """The route of every topic, folded from group 0's change records."""
+
+    def __init__(self, data_groups: int, queues_per_topic: int) -> None:
+        self.data_groups = data_groups
+        self.queues_per_topic = queues_per_topic
+        self.configured: dict[str, TopicRoute] = {}
+        self.version = 0  # the group-0 queue offset after the last record applied
+
+    def route(self, topic: str) -> TopicRoute:
+        """`topic`'s configured route, or the default one."""
+        found = self.configured.get(topic)
+        if found is not None:
+            return found
+        return TopicRoute(topic, tuple((g, self.queues_per_topic)
+                                       for g in range(1, self.data_groups + 1)))  # fmt: skip
+
+    def check(self, op: str, topic: str, groups: Sequence[tuple[int, int]]) -> TopicRoute | None:
+        """The route `op` makes of `topic` (None: deleted); RouteError if it cannot."""
+        if op not in OPS:
+            raise RouteError(f"unknown route operation {op!r} (one of {', '.join(OPS)})")
+        try:
+            check_name(topic)
+        except InvalidMessage as exc:
+            raise RouteError(str(exc)) from None
+        if topic.startswith(SYSTEM_TOPIC_PREFIX) or topic.startswith("%"):
+            raise RouteError(f"{topic!r}: system topics live in every group; they have no route")
+        exists = topic in self.configured
+        if op == "create" and exists:
+            raise RouteError(f"topic {topic!r} already has a route (update it instead)")
+        if op in ("update", "delete") and not exists:
+            raise RouteError(f"topic {topic!r} has no configured route to {op}")
+        if op == "delete":
+            return None
+        if not groups:
+            raise RouteError("a route names at least one group")
+        seen: set[int] = set()
+        for group, count in groups:
+            if not 1 <= group <= self.data_groups:
+                raise RouteError(f"group {group} is not a data group (1..{self.data_groups})")
+            if group in seen:
+                raise RouteError(f"group {group} is named twice")
+            seen.add(group)
+            if not 1 <= count <= self.queues_per_topic:
+                raise RouteError(f"group {group}: {count} queues, not in 1..{self.queues_per_topic}"
+                                 " (store.queues_per_topic)")  # fmt: skip
+        return TopicRoute(topic, tuple((int(g), int(n)) for g, n in groups), configured=True)
+
+    def changed(self, route: TopicRoute | None, topic: str) -> dict[str, list[list[int]]]:
+        """The whole table after a checked change (what a record holds)."""
+        routes = {t: [list(g) for g in r.groups] for t, r in self.configured.items()}
+        if route is None:
+            routes.pop(topic, None)
+        else:
+            routes[topic] = [list(g) for g in route.groups]
+        return routes
+
+    def load(self, record: Mapping[str, object], version: int) -> None:
+        """Take the table a committed record holds (each record is the whole table, so
+        the last one is all a replica needs, whatever retention removed before it)."""
+        self.version = version
+        raw = record.get("routes")
+        if not isinstance(raw, dict):
+            return
+        table: dict[str, TopicRoute] = {}
+        for topic, groups in raw.items():
+            try:
+                pairs = tuple((int(g), int(n)) for g, n in groups)
+                table[str(topic)] = TopicRoute(str(topic), pairs, configured=True)
+            except (TypeError, ValueError):
+                continue
+        self.configured = table
+
+
+def encode_table(routes: Mapping[str, list[list[int]]], op: str, topic: str) -> bytes:
+    return json.dumps({"routes": routes, "op": op, "topic": topic}, sort_keys=True).encode()
+
+
+class RouteStore:
+    """Group 0's routes on one node: the table of its last committed record, and changes."""
+
+    def __init__(self, system_log: SystemLog, data_groups: int, queues_per_topic: int) -> None:
+        self._log = system_log
+        self.table = RouteTable(data_groups, queues_per_topic)
+        self._changing = asyncio.Lock()  # one change at a time: each record is the whole table
+
+    def current(self) -> RouteTable:
+        """The table of the last record this node has dispatched."""
+        end = self._log.queue_end(ROUTES_TOPIC, 0)
+        if end > self.table.version:
+            units = self._log.units(ROUTES_TOPIC, 0, end - 1, 1)
+            record: object = {}
+            if units:
+                try:
+                    record = json.loads(self._log.message(units[0]).body)
+                except ValueError:
+                    record = {}
+            self.table.load(record if isinstance(record, dict) else {}, end)
+        return self.table
+
+    async def change(
+        self, op: str, topic: str, groups: Sequence[tuple[int, int]], timeout_s: float
+    ) -> tuple[TopicRoute | None, int]:
+        """Validate and commit one change on group 0's leader (NotLeader elsewhere);
+        the route it made (None: deleted) and the table's version with it."""
+        async with self._changing:
+            await self._log.settle(min(timeout_s, _SETTLE_S))
+            table = self.current()
+            route = table.check(op, topic, groups)
+            body = encode_table(table.changed(route, topic), op, topic)
+            spec = self._log.prepare(ROUTES_TOPIC, body, {}, uniq_key=uuid.uuid4().hex.upper(),
+                                     queue_id=0)  # fmt: skip
+            result = (await self._log.put([spec], timeout_s))[0]
+            await self._log.caught_up(timeout_s)
+            self.current()
+            return route, result.queue_offset + 1

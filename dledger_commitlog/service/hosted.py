@@ -1,0 +1,200 @@
+"""The Raft groups one node process hosts, built, started and closed together.
+
+Owns `Groups`: per hosted group (`NodeConfig.host_groups`; one, group 1, in a
+single-group cluster) its config (`config.group_config`: its own data directory),
+`RaftNode`, leader-side services (`messaging.services.LeaderServices`), metrics
+and client service (`client_service.ClientService`), and what the groups of a
+process share (docs/scaling.md): the event loop, the Raft peer port (`gate`: each
+message goes to the group it names), one outgoing stream per peer process
+(`raft.multiplex.LinkPool`), the client port (`client_services`: each call goes to
+the group it names, `multigroup`), the metrics port (`registry`: every group's
+metrics with a `group` label) and, with group 0, the route table
+(`messaging.routes.RouteStore`, served by `service.routes`).
+
+A group's failure (corruption, a full disk) stops that group, not the process: its
+node stops itself as a single node does (`RaftNode.stop_on`), and the others keep
+serving; the process stops when every group it hosts has failed. A single-group
+process keeps the behaviour it always had: its node's failure stops the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from dledger_commitlog.messaging.routes import RouteStore
+from dledger_commitlog.messaging.services import LeaderServices
+from dledger_commitlog.node.config import NodeConfig, group_config
+from dledger_commitlog.node.metrics import NodeMetrics
+from dledger_commitlog.node.node import RaftNode
+from dledger_commitlog.node.security import NodeSecurity
+from dledger_commitlog.service.client_service import ClientService
+from dledger_commitlog.service.decoding import Services
+from dledger_commitlog.service.multigroup import group_services
+from dledger_commitlog.service.routes import Host
+from proto import dledger_pb2_grpc as pb_grpc
+from raft.messages import Message
+from raft.multiplex import LinkPool
+from raft.transport import PeerGate, open_link
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Hosted:
+    """One hosted group."""
+
+    group: int
+    cfg: NodeConfig
+    metrics: NodeMetrics
+    node: RaftNode
+    services: LeaderServices
+    client: ClientService | None = None
+
+
+class Groups:
+    def __init__(self, cfg: NodeConfig, stop: asyncio.Event, security: NodeSecurity) -> None:
+        self.cfg = cfg
+        self._stop = stop
+        self.security = security
+        self.multi = cfg.data_groups > 1 or cfg.host_groups != (1,)
+        self._pool = LinkPool(open_link) if self.multi else None
+        self.hosted: dict[int, Hosted] = {}
+        self._failed: set[int] = set()
+        self.host = Host(cfg.data_groups, cfg.queues_per_topic)
+
+    @property
+    def first(self) -> Hosted:
+        return next(iter(self.hosted.values()))
+
+    async def open(self) -> None:
+        """Open (recover) every hosted group's data directory, in ascending group order;
+        if one cannot be opened, close the ones opened before it and raise."""
+        try:
+            self._open()
+        except BaseException:
+            await self.close()
+            raise
+
+    def _open(self) -> None:
+        for group in sorted(self.cfg.host_groups):
+            gcfg = group_config(self.cfg, group) if self.multi else self.cfg
+            metrics = NodeMetrics(self.cfg.node_id)
+            on_fatal = self._stop.set if not self.multi else self._failure_of(group)
+            node = RaftNode(gcfg, metrics, security=self.security, on_fatal=on_fatal,
+                            links=self._pool)  # fmt: skip
+            self.hosted[group] = Hosted(group, gcfg, metrics, node,
+                                        LeaderServices(node, gcfg, metrics))  # fmt: skip
+        self.host.nodes = {g: h.node for g, h in self.hosted.items()}
+        if 0 in self.hosted:
+            self.host.routes = RouteStore(
+                self.hosted[0].services.system_log, self.cfg.data_groups, self.cfg.queues_per_topic
+            )
+
+    def _failure_of(self, group: int) -> Callable[[], None]:
+        def failed() -> None:
+            self._failed.add(group)
+            log.critical("node %d: group %d stopped (%s); the process's other groups "
+                         "keep serving", self.cfg.node_id, group,
+                         self.hosted[group].node.fatal)  # fmt: skip
+            if self._failed >= set(self.hosted):
+                self._stop.set()
+
+        return failed
+
+    def gate(self) -> PeerGate:
+        """The Raft port's gate: every stream checked once, each message to its group."""
+        cfg = self.cfg
+        reject = self.first.metrics.peer_rejects
+
+        def members() -> frozenset[int]:
+            out: frozenset[int] = frozenset()
+            for h in self.hosted.values():
+                out |= frozenset(h.node.member_ids())
+            return out
+
+        def deliver_of(group: int) -> Callable[[Message], None] | None:
+            hosted = self.hosted.get(group)
+            return None if hosted is None else hosted.node.deliver
+
+        return PeerGate(cfg.cluster, self.first.node.deliver, me=cfg.node_id, members=members,
+                        security=self.security, on_reject=lambda why: reject.labels(why).inc(),
+                        groups=deliver_of if self.multi else None)  # fmt: skip
+
+    def start_services(self) -> None:
+        """Build and start each group's client service (on the serving loop)."""
+        for h in self.hosted.values():
+            h.client = ClientService(h.cfg, h.node, h.services, metrics=h.metrics,
+                                     security=self.security)  # fmt: skip
+            h.client.host = self.host
+            h.client.start()
+
+    def client_services(self) -> Services:
+        add = pb_grpc.add_DLedgerClientServicer_to_server
+        clients = {g: h.client for g, h in self.hosted.items()}
+        if not self.multi:
+            return ((add, clients[1]),)
+        return group_services(add, clients)
+
+    async def start(self) -> None:
+        for h in self.hosted.values():
+            await h.node.start()
+            h.services.start()
+
+    def describe(self) -> str:
+        if not self.multi:
+            return ""
+        return (f", groups {sorted(self.hosted)} of 1..{self.cfg.data_groups}"
+                f"{' and 0 (routes)' if 0 in self.hosted else ''}")  # fmt: skip
+
+    def registry(self) -> CollectorRegistry:
+        """What the metrics port serves: the one group's registry, or every group's
+        metrics in one registry, each sample labelled with its `group`."""
+        if not self.multi:
+            return self.first.metrics.registry
+        merged = CollectorRegistry()
+        merged.register(_Labelled({g: h.metrics.registry for g, h in self.hosted.items()}))
+        return merged
+
+    async def close(self) -> None:
+        """Close in reverse order of opening: services, client services, nodes."""
+        for h in reversed(list(self.hosted.values())):
+            if h.client is not None:
+                await h.client.close()
+            await h.services.close()
+            await h.node.close()
+
+    @property
+    def fatal(self) -> BaseException | None:
+        """What stopped a group, if anything did (the first group's first)."""
+        for h in self.hosted.values():
+            if h.node.fatal is not None:
+                return h.node.fatal
+        return None
+
+
+class _Labelled(Collector):
+    """Several registries' metrics as one, each sample labelled with its group."""
+
+    def __init__(self, registries: dict[int, CollectorRegistry]) -> None:
+        self._registries = registries
+
+    def collect(self) -> list[Metric]:
+        families: dict[str, Metric] = {}
+        for group, registry in self._registries.items():
+            for family in registry.collect():
+                merged = families.get(family.name)
+                if merged is None:
+                    merged = families[family.name] = Metric(
+                        family.name, family.documentation, family.type, family.unit
+                    )
+                for sample in family.samples:
+                    merged.samples.append(sample._replace(
+                        labels={**sample.labels, "group": str(group)}))  # fmt: skip
+        return list(families.values())
