@@ -288,9 +288,9 @@ class PeerGate:
 
     def _delivers(self, batch: pb.RaftBatch) -> list[Callable[[Message], None] | None]:
         """Per message of `batch`, the deliver of the group it names (absent: group 1);
-        None for a group this process does not host (logged once per group: a peer
-        configured with a group this process was not; the rest of the batch is
-        delivered, so that one misplaced group never stalls the others)."""
+        None for a group this process does not serve (logged once per group: a peer
+        configured with a group this process was not, or a group stopped here); the
+        rest of the batch is delivered, so that one such group never stalls the others."""
         assert self._groups is not None
         out: list[Callable[[Message], None] | None] = []
         for p in batch.messages:
@@ -300,7 +300,7 @@ class PeerGate:
                 self._unknown_groups.add(group)
                 log.error(
                     "node %d got Raft messages of group %d, which this process does "
-                    "not host: dropped (check the peers' host_groups)",
+                    "not serve (not hosted, or stopped): dropped",
                     self._me,
                     group,
                 )

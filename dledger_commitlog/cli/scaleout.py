@@ -106,10 +106,11 @@ def _topic_route(args: argparse.Namespace) -> int:
     return 0
 
 
-def _statuses(args: argparse.Namespace) -> tuple[list[int], dict[int, dict[int, Any]], int]:
-    """(groups, {group: {node: NodeStatus | StatusError}}, data groups)."""
+def _statuses(args: argparse.Namespace) -> tuple[list[int], dict[int, dict[int, Any]], list[int]]:
+    """(groups, {group: {node: NodeStatus | StatusError}}, the nodes: members of any group)."""
     with make_client(args) as client:
         routes = client.route()
+    members = {n for x in routes.leaders.values() for n in x.members}
     groups = ([0] if routes.data_groups > 1 else []) + list(range(1, routes.data_groups + 1))
     out: dict[int, dict[int, Any]] = {}
     for g in groups:
@@ -119,7 +120,8 @@ def _statuses(args: argparse.Namespace) -> tuple[list[int], dict[int, dict[int, 
                 key = st.node_id if isinstance(st, NodeStatus) else -(i + 1)
                 by_node[key] = st
             out[g] = by_node
-    return groups, out, routes.data_groups
+    nodes = sorted(members | {n for by in out.values() for n in by if n > 0})
+    return groups, out, nodes
 
 
 def _leaders(statuses: dict[int, dict[int, Any]]) -> dict[int, int | None]:
@@ -132,8 +134,7 @@ def _leaders(statuses: dict[int, dict[int, Any]]) -> dict[int, int | None]:
 
 @command("groups status", "Raft groups x nodes: roles, terms and lag")
 def _groups_status(args: argparse.Namespace) -> int:
-    groups, statuses, _ = _statuses(args)
-    nodes = sorted({n for by in statuses.values() for n in by if n > 0})
+    groups, statuses, nodes = _statuses(args)
     rows: list[tuple[Any, ...]] = []
     doc: dict[str, dict[str, Any]] = {}
     for g in groups:
@@ -162,39 +163,43 @@ def _balance_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the moves, make none")
 
 
-def plan_moves(leaders: dict[int, int | None], live: list[int]) -> list[tuple[int, int, int]]:
-    """(group, from node, to node) moves: each group to its preferred node when that one
-    is live, else to the live node leading fewest, so no node leads more than
-    ceil(groups / live nodes). Groups without a leader are left to their election."""
-    if not live:
+def plan_moves(
+    leaders: dict[int, int | None], candidates: dict[int, list[int]], nodes: list[int]
+) -> list[tuple[int, int, int]]:
+    """(group, from node, to node) moves: each group to its preferred node (among all
+    `nodes`) when that one serves the group (`candidates[g]`), then, from any node
+    that would lead more than ceil(groups / nodes serving), to the candidate leading
+    fewest. Groups without a leader are left to their election."""
+    serving = sorted({n for c in candidates.values() for n in c})
+    if not serving:
         return []
-    cap = math.ceil(len(leaders) / len(live))
-    load = Counter(n for n in leaders.values() if n is not None)
-    moves = []
-    for g, now in sorted(leaders.items()):
-        if now is None:
+    cap = math.ceil(len(leaders) / len(serving))
+    target: dict[int, int] = {}
+    for g, now in leaders.items():
+        if now is not None:
+            want = preferred_leader(g, nodes)
+            target[g] = want if want in candidates.get(g, ()) else now
+    load = Counter(target.values())
+    for g in sorted(target):
+        here = target[g]
+        if load[here] <= cap:
             continue
-        want = preferred_leader(g, live)
-        if want == now:
-            continue
-        if now in live and load[now] <= cap and load[want] >= cap:
-            continue  # already within the bound, and the preferred one is full
-        if load[want] >= cap:
-            want = min(live, key=lambda n: (load[n], n))
-            if want == now or load[want] >= load[now] - 1:
-                continue
-        moves.append((g, now, want))
-        load[now] -= 1
-        load[want] += 1
-    return moves
+        free = [n for n in candidates.get(g, ()) if load[n] < cap]
+        if free:
+            to = min(free, key=lambda n: (load[n], n))
+            load[here] -= 1
+            load[to] += 1
+            target[g] = to
+    return [(g, now, target[g]) for g, now in sorted(leaders.items())
+            if now is not None and target[g] != now]  # fmt: skip
 
 
 @command("groups balance", "spread the groups' leaders over the nodes", _balance_args)
 def _groups_balance(args: argparse.Namespace) -> int:
-    groups, statuses, _ = _statuses(args)
-    nodes = sorted({n for by in statuses.values() for n in by if n > 0})
-    live = [n for n in nodes if all(isinstance(statuses[g].get(n), NodeStatus) for g in groups)]
-    moves = plan_moves(_leaders(statuses), live)
+    groups, statuses, nodes = _statuses(args)
+    candidates = {g: [n for n, st in statuses[g].items() if isinstance(st, NodeStatus)]
+                  for g in groups}  # fmt: skip
+    moves = plan_moves(_leaders(statuses), candidates, nodes)
     lines, done = [], []
     for g, src, dst in moves:
         if args.dry_run:

@@ -11,9 +11,12 @@ the group it names, `multigroup`), the metrics port (`registry`: every group's
 metrics with a `group` label) and, with group 0, the route table
 (`messaging.routes.RouteStore`, served by `service.routes`).
 
-A group's failure (corruption, a full disk) stops that group, not the process: its
-node stops itself as a single node does (`RaftNode.stop_on`), and the others keep
-serving; the process stops when every group it hosts has failed. A single-group
+A group's failure (corruption, a full disk) stops that group, not the process: a
+group whose directory cannot be opened (recovery refuses it) is left closed, and a
+group that fails later stops itself as a single node does (`RaftNode.stop_on`);
+either way its calls are UNAVAILABLE naming why (`stopped`), its peers' messages
+are dropped, and the other groups keep serving. The process stops when every group
+it hosts has failed, and refuses to start when none can be opened. A single-group
 process keeps the behaviour it always had: its node's failure stops the process.
 """
 
@@ -66,7 +69,9 @@ class Groups:
         self.multi = cfg.data_groups > 1 or cfg.host_groups != (1,)
         self._pool = LinkPool(open_link) if self.multi else None
         self.hosted: dict[int, Hosted] = {}
-        self._failed: set[int] = set()
+        # Groups that stopped on this node (could not open, or failed since), and why:
+        # their calls are UNAVAILABLE (`multigroup`), their Raft messages dropped.
+        self.stopped: dict[int, str] = {}
         self.host = Host(cfg.data_groups, cfg.queues_per_topic)
 
     @property
@@ -83,14 +88,27 @@ class Groups:
             raise
 
     def _open(self) -> None:
+        first: Exception | None = None
         for group in sorted(self.cfg.host_groups):
             gcfg = group_config(self.cfg, group) if self.multi else self.cfg
             metrics = NodeMetrics(self.cfg.node_id)
             on_fatal = self._stop.set if not self.multi else self._failure_of(group)
-            node = RaftNode(gcfg, metrics, security=self.security, on_fatal=on_fatal,
-                            links=self._pool)  # fmt: skip
+            try:
+                node = RaftNode(gcfg, metrics, security=self.security, on_fatal=on_fatal,
+                                links=self._pool)  # fmt: skip
+            except Exception as exc:
+                if not self.multi:
+                    raise
+                first = first or exc
+                self.stopped[group] = (f"group {group} is stopped on node {self.cfg.node_id}: "
+                                       f"it could not be opened ({exc})")  # fmt: skip
+                log.critical("node %d: %s; the process's other groups serve on",
+                             self.cfg.node_id, self.stopped[group])  # fmt: skip
+                continue
             self.hosted[group] = Hosted(group, gcfg, metrics, node,
                                         LeaderServices(node, gcfg, metrics))  # fmt: skip
+        if not self.hosted and first is not None:
+            raise first  # no group opened (a second copy of the process, say): as one node
         self.host.nodes = {g: h.node for g, h in self.hosted.items()}
         if 0 in self.hosted:
             self.host.routes = RouteStore(
@@ -99,11 +117,11 @@ class Groups:
 
     def _failure_of(self, group: int) -> Callable[[], None]:
         def failed() -> None:
-            self._failed.add(group)
+            why = self.hosted[group].node.fatal
+            self.stopped[group] = f"group {group} is stopped on node {self.cfg.node_id}: {why}"
             log.critical("node %d: group %d stopped (%s); the process's other groups "
-                         "keep serving", self.cfg.node_id, group,
-                         self.hosted[group].node.fatal)  # fmt: skip
-            if self._failed >= set(self.hosted):
+                         "keep serving", self.cfg.node_id, group, why)  # fmt: skip
+            if set(self.stopped) >= set(self.hosted):
                 self._stop.set()
 
         return failed
@@ -121,7 +139,7 @@ class Groups:
 
         def deliver_of(group: int) -> Callable[[Message], None] | None:
             hosted = self.hosted.get(group)
-            return None if hosted is None else hosted.node.deliver
+            return None if hosted is None or group in self.stopped else hosted.node.deliver
 
         return PeerGate(cfg.cluster, self.first.node.deliver, me=cfg.node_id, members=members,
                         security=self.security, on_reject=lambda why: reject.labels(why).inc(),
@@ -140,7 +158,7 @@ class Groups:
         clients = {g: h.client for g, h in self.hosted.items()}
         if not self.multi:
             return ((add, clients[1]),)
-        return group_services(add, clients)
+        return group_services(add, clients, self.stopped)
 
     async def start(self) -> None:
         for h in self.hosted.values():

@@ -32,9 +32,14 @@ Add = Callable[[Any, Any], None]
 _FIXED: dict[str, int | str] = {"Route": "any", "TopicUpdate": 0}
 
 
-def group_services(add: Add, servicers: Mapping[int, object]) -> Services:
+def group_services(
+    add: Add, servicers: Mapping[int, object], stopped: Mapping[int, str] | None = None
+) -> Services:
     """The (add function, servicer) pair that registers `servicers`' handlers (one
-    servicer per group, all of one generated service `add`) as one dispatching table."""
+    servicer per group, all of one generated service `add`) as one dispatching table.
+    `stopped`: the groups of the process that stopped (could not open, or failed), and
+    why: a call for one is UNAVAILABLE saying so (the client tries another node)."""
+    stopped = stopped if stopped is not None else {}
     tables = {g: handler_table(add, s) for g, s in servicers.items()}
     service = next(iter(tables.values()))[0]
     names = next(iter(tables.values()))[1].keys()
@@ -45,9 +50,9 @@ def group_services(add: Add, servicers: Mapping[int, object]) -> Services:
         fixed = _FIXED.get(name)
         if fixed is not None:  # a call of the process, or of one group, whatever it names
             group = min(by_group) if fixed == "any" else int(fixed)
-            handlers[name] = by_group.get(group) or _dispatch(by_group, hosted)
+            handlers[name] = by_group.get(group) or _dispatch(by_group, hosted, stopped)
         else:
-            handlers[name] = _dispatch(by_group, hosted)
+            handlers[name] = _dispatch(by_group, hosted, stopped)
 
     def add_joined(_servicer: object, server: Any) -> None:
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
@@ -57,20 +62,30 @@ def group_services(add: Add, servicers: Mapping[int, object]) -> Services:
     return ((add_joined, None),)
 
 
-async def _group(context: Any, behaviors: Mapping[int, Any], hosted: str) -> Any:
+async def _group(
+    context: Any, behaviors: Mapping[int, Any], hosted: str, stopped: Mapping[int, str]
+) -> Any:
     """The behavior of the group the call names, or abort."""
+    group = 1
     for key, value in context.invocation_metadata() or ():
         if key == GROUP_HEADER:
             text = value.decode() if isinstance(value, bytes) else value
             if not text.isdigit():
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     f"{GROUP_HEADER} {text!r} is no group id")  # fmt: skip
-            found = behaviors.get(int(text))
-            if found is None:
-                await context.abort(grpc.StatusCode.NOT_FOUND,
-                                    f"this node process hosts groups {hosted}, not "
-                                    f"group {text}")  # fmt: skip
-            return found
+            group = int(text)
+            break
+    if stopped:
+        why = stopped.get(group)
+        if why is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, why)
+    if group != 1:
+        found = behaviors.get(group)
+        if found is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"this node process hosts groups {hosted}, not "
+                                f"group {group}")  # fmt: skip
+        return found
     found = behaviors.get(1)
     if found is None:
         await context.abort(grpc.StatusCode.NOT_FOUND,
@@ -79,7 +94,7 @@ async def _group(context: Any, behaviors: Mapping[int, Any], hosted: str) -> Any
     return found
 
 
-def _dispatch(by_group: Mapping[int, Any], hosted: str) -> Any:
+def _dispatch(by_group: Mapping[int, Any], hosted: str, stopped: Mapping[int, str]) -> Any:
     """One grpc.RpcMethodHandler that runs the handler of the call's group."""
     first = next(iter(by_group.values()))
     if first.request_streaming:
@@ -90,14 +105,14 @@ def _dispatch(by_group: Mapping[int, Any], hosted: str) -> Any:
     if inspect.isasyncgenfunction(getattr(first, kind)):
 
         async def answers(request: Any, context: Any) -> AsyncIterator[Any]:
-            behavior = await _group(context, behaviors, hosted)
+            behavior = await _group(context, behaviors, hosted, stopped)
             async for answer in behavior(request, context):
                 yield answer
 
         return first._replace(**{kind: answers})
 
     async def answer(request: Any, context: Any) -> Any:
-        behavior = await _group(context, behaviors, hosted)
+        behavior = await _group(context, behaviors, hosted, stopped)
         return await behavior(request, context)
 
     return first._replace(**{kind: answer})
