@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import random
 import signal
 import sys
 import threading
@@ -43,6 +44,7 @@ from dledger_commitlog.cli.commands import (
 from dledger_commitlog.client import PullResult, PutResult
 from dledger_commitlog.client.consumer import ConsumedMessage, Consumer
 from dledger_commitlog.client.groups import Subscription
+from dledger_commitlog.common.routes import group_of_msg_id
 from dledger_commitlog.node.config import parse_levels
 
 
@@ -122,6 +124,25 @@ def _result_doc(r: PutResult) -> dict[str, Any]:
     }
 
 
+def _put_target(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """(Raft group, queue id there) of a put: on a multi-Raft cluster without
+    --raft-group, the topic's route decides (docs/scaling.md): --queue numbers the
+    topic's queues across its groups, else one is drawn at random; (None, --queue)
+    on a single-group cluster or with --raft-group."""
+    if args.raft_group is not None:
+        return None, args.queue
+    with make_client(args) as client:
+        routes = client.route(args.topic)
+    if routes.data_groups == 1:
+        return None, args.queue
+    route = routes.route(args.topic)
+    queue = args.queue if args.queue is not None else random.randrange(route.total_queues)
+    try:
+        return route.locate(queue)
+    except IndexError as exc:
+        raise UsageError(f"--queue: {exc}") from None
+
+
 @command("put", "put one message (--delay-level/--deliver-in/--deliver-at: delivered later)",
          _put_args)  # fmt: skip
 def _put(args: argparse.Namespace) -> int:
@@ -129,7 +150,8 @@ def _put(args: argparse.Namespace) -> int:
     deliver_at_ms = args.deliver_at or 0
     if args.deliver_in_ms is not None:
         deliver_at_ms = time.time_ns() // 1_000_000 + args.deliver_in_ms
-    with make_client(args) as client:
+    group, queue = _put_target(args)
+    with make_client(args, group=group) as client:
         r = client.put(
             args.topic,
             body,
@@ -137,11 +159,13 @@ def _put(args: argparse.Namespace) -> int:
             tags=args.tag,
             properties=dict(args.property),
             uniq_key=args.uniq_key,
-            queue_id=args.queue,
+            queue_id=queue,
             delay_level=args.delay_level or 0,
             deliver_at_ms=deliver_at_ms,
         )
     doc = _result_doc(r)
+    if group is not None:
+        doc["group"] = group
     emit(args, doc, table(tuple(doc), [tuple(doc.values())]))
     return 0
 
@@ -202,7 +226,13 @@ def _get_args(p: argparse.ArgumentParser) -> None:
 
 @command("get", "one message by id or commit-log offset", _get_args)
 def _get(args: argparse.Namespace) -> int:
-    with make_client(args) as client:
+    group = None  # a message id names its group (an offset is --raft-group's)
+    if args.msg_id is not None and args.raft_group is None:
+        try:
+            group = group_of_msg_id(args.msg_id)
+        except ValueError as exc:
+            raise UsageError(f"--msg-id: {exc}") from None
+    with make_client(args, group=group) as client:
         m = client.get(msg_id=args.msg_id, offset=args.offset, linearizable=args.linearizable)
     doc = message_json(m)
     text = "\n".join(f"{k:<18} {cell(v)}" for k, v in doc.items())

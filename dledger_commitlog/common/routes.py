@@ -32,11 +32,12 @@ class TopicRoute:
 
     def locate(self, queue: int) -> tuple[int, int]:
         """The topic's queue `queue` (0..total_queues-1) as (group, queue id there)."""
-        if queue >= 0:
+        left = queue
+        if left >= 0:
             for group, count in self.groups:
-                if queue < count:
-                    return group, queue
-                queue -= count
+                if left < count:
+                    return group, left
+                left -= count
         raise IndexError(f"queue {queue} outside the {self.total_queues} queues of "
                          f"{self.topic!r}")  # fmt: skip
 
