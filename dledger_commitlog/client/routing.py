@@ -13,7 +13,10 @@ topic's queue k is the k-th of the route's concatenation, `TopicRoute.locate`), 
 send each call through one per-group client (`Client(group=g)`: it finds and
 follows that group's leader itself). A put goes to the next queue in turn, or to
 the queue of its sharding key (crc32 over all the topic's queues: one key, one
-queue of one group, in order), or to the queue it names. A refusal that says the
+queue of one group, in order), or to the queue it names; so does a transactional
+half message, whose commit or rollback goes to the group its id names. Consumer
+groups live in each Raft group (`AsyncRoutedClient.consumers`: one consumer per
+data group). A refusal that says the
 route changed (a queue the group does not have) refreshes the route and tries
 once more; `refresh_routes` drops the cache. A message id names its group, so
 `get` needs no route. Everything else is a call of one group: `client(g)`.
@@ -29,11 +32,28 @@ from typing import Any, Generic, Self, TypeVar
 from dledger_commitlog.client.aio import AsyncClient
 from dledger_commitlog.client.api import cluster_file_args
 from dledger_commitlog.client.blocking import Client
+from dledger_commitlog.client.consumer import AsyncConsumer
 from dledger_commitlog.client.errors import InvalidArgument
-from dledger_commitlog.client.values import PutResult, Routes, StoredMessage, TopicRoute
+from dledger_commitlog.client.values import (
+    HalfResult,
+    PutResult,
+    Routes,
+    StoredMessage,
+    TopicRoute,
+    TransactionEnd,
+)
 from dledger_commitlog.common.routes import group_of_msg_id
 
 C = TypeVar("C", Client, AsyncClient)
+
+
+def _group_of(msg_id: str) -> int:
+    try:
+        return group_of_msg_id(msg_id)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+
+
 _ROUTE_CHANGED = "outside"  # InvalidArgument "queue id N outside [0, M)": the route moved
 
 
@@ -126,11 +146,19 @@ class RoutedClient(_Routing[Client]):
 
     def get(self, msg_id: str, linearizable: bool = False) -> StoredMessage:
         """The message a message id names, from the group the id names."""
-        try:
-            group = group_of_msg_id(msg_id)
-        except ValueError as exc:
-            raise InvalidArgument(str(exc)) from None
-        return self.client(group).get(msg_id, linearizable=linearizable)
+        return self.client(_group_of(msg_id)).get(msg_id, linearizable=linearizable)
+
+    def put_half(self, topic: str, body: bytes | str, **kwargs: Any) -> HalfResult:
+        """A transactional message (`Client.put_half`) in the group of the next queue
+        (or of `queue` / `sharding_key`); its transaction lives in that group."""
+        queue, key = kwargs.pop("queue", None), kwargs.pop("sharding_key", "")
+        group, queue_id = self._choose(self.route(topic), queue, key)
+        return self.client(group).put_half(topic, body, queue_id=queue_id, **kwargs)
+
+    def end_transaction(self, half: HalfResult, *, commit: bool) -> TransactionEnd:
+        """Commit or roll back in the group the half message lies in."""
+        group = _group_of(half.result.msg_id)
+        return self.client(group).end_transaction(half, commit=commit)
 
     def topic_update(
         self, op: str, topic: str, groups: Mapping[int, int] | None = None
@@ -181,11 +209,26 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
         raise AssertionError("unreachable")
 
     async def get(self, msg_id: str, linearizable: bool = False) -> StoredMessage:
-        try:
-            group = group_of_msg_id(msg_id)
-        except ValueError as exc:
-            raise InvalidArgument(str(exc)) from None
-        return await self.client(group).get(msg_id, linearizable=linearizable)
+        return await self.client(_group_of(msg_id)).get(msg_id, linearizable=linearizable)
+
+    async def put_half(self, topic: str, body: bytes | str, **kwargs: Any) -> HalfResult:
+        queue, key = kwargs.pop("queue", None), kwargs.pop("sharding_key", "")
+        group, queue_id = self._choose(await self.route(topic), queue, key)
+        return await self.client(group).put_half(topic, body, queue_id=queue_id, **kwargs)
+
+    async def end_transaction(self, half: HalfResult, *, commit: bool) -> TransactionEnd:
+        group = _group_of(half.result.msg_id)
+        return await self.client(group).end_transaction(half, commit=commit)
+
+    async def consumers(
+        self, group: str, topics: Any, handler: Any, **kwargs: Any
+    ) -> list[AsyncConsumer]:
+        """One `AsyncConsumer` of consumer group `group` per data group of the cluster
+        (a consumer group lives in each Raft group, as a topic's queues do): run them
+        together, e.g. `asyncio.gather(*(c.run() for c in consumers))`."""
+        routes = await self.routes()
+        return [AsyncConsumer(self.client(g), group, topics, handler, **kwargs)
+                for g in range(1, routes.data_groups + 1)]  # fmt: skip
 
     async def topic_update(
         self, op: str, topic: str, groups: Mapping[int, int] | None = None
