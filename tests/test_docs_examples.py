@@ -71,6 +71,12 @@ def readme_commands() -> list[str]:
     return first
 
 
+def readme_scaleout_commands() -> list[str]:
+    """The README's "Scaling out" block (the section's second): a cluster of 3 groups."""
+    _, second, *_ = sh_blocks(section(README.read_text(), "## Using a cluster"))
+    return second
+
+
 def delayed_tx_commands() -> list[str]:
     return [line for block in sh_blocks(DELAYED_TX.read_text()) for line in block]
 
@@ -80,6 +86,8 @@ def test_the_docs_hold_commands_to_run() -> None:
     readme = readme_commands()
     assert readme[0].startswith(".venv/bin/dledger cluster up ") and len(readme) >= 15
     assert any(c.startswith(".venv/bin/dledger cluster down ") for c in readme)
+    scaleout = readme_scaleout_commands()
+    assert scaleout[0].startswith(".venv/bin/dledger cluster up ") and "--groups" in scaleout[0]
     docs = delayed_tx_commands()
     assert any("--delay-level" in c for c in docs) and any("tx rollback" in c for c in docs)
 
@@ -224,9 +232,9 @@ class DocRun:
         if check is not None:
             check(self, args, done.stdout)
 
-    def client(self) -> Client:
+    def client(self, group: int = 1) -> Client:
         assert self.cluster_dir is not None, "a command needs a cluster before `cluster up`"
-        return LocalCluster(self.cluster_dir).client()
+        return LocalCluster(self.cluster_dir).client(group=group)
 
     def consume(self, line: str, args: list[str]) -> None:
         """`consume` tails until interrupted: it must print every message its topic holds
@@ -323,7 +331,11 @@ def check_put(run: DocRun, args: list[str], out: str) -> None:
     assert printed["duplicate"] == "False" and int(printed["commitlog_offset"]) > 0
     run.puts.append(put)
     body = put.body.encode()
-    with run.client() as c:
+    if "group" in printed:  # a multi-Raft cluster: the topic's route chose the group
+        with run.client(int(printed["group"])) as c:
+            routes = c.route(put.topic)
+        assert int(printed["group"]) in dict(routes.route(put.topic).groups), (routes, printed)
+    with run.client(int(printed.get("group", 1))) as c:
         if not later:
             assert c.get(msg_id=printed["msg_id"]).body == body
         elif "--delay-level" not in args:  # minutes or more ahead: stored, not delivered yet
@@ -446,6 +458,46 @@ def check_tx_end(run: DocRun, args: list[str], out: str) -> None:
             assert body not in bodies_of(c, half.topic)
 
 
+def check_topic_create(run: DocRun, args: list[str], out: str) -> None:
+    topic = next(a for a in args[2:] if not a.startswith("-") and "/" not in a)
+    spread = dict(
+        (int(g), int(n)) for g, n in (x.split(":") for x in option(args, "--queues").split(","))
+    )
+    with run.client() as c:
+        route = c.route(topic).route(topic)
+    assert route.configured and dict(route.groups) == spread, route
+    assert out.startswith(f"created {topic}: "), out
+
+
+def check_topic_route(run: DocRun, args: list[str], out: str) -> None:
+    rows = table_rows(out)
+    with run.client() as c:
+        routes = c.route()
+    shown = {(r["topic"], int(r["group"]), int(r["queues"])) for r in rows}
+    assert shown and shown <= {(t, g, n) for t, r in routes.routes.items() for g, n in r.groups}
+    for r in rows:  # each group's leader as the node knows it
+        assert int(r["leader"]) == routes.leaders[int(r["group"])].leader_id, (r, routes)
+
+
+def check_groups_status(run: DocRun, args: list[str], out: str) -> None:
+    table, leads = out.rstrip("\n").rsplit("\n", 1)
+    rows = table_rows(table)
+    assert [r["group"] for r in rows] == ["0", "1", "2", "3"], out
+    for r in rows:  # one leader per group, every node a member
+        cells = [v for k, v in r.items() if k.startswith("node ")]
+        assert len(cells) == 3 and sum(v.startswith("leader") for v in cells) == 1, out
+    assert leads.startswith("leads: ")
+    counts = [int(x.rsplit(": ", 1)[1]) for x in leads.removeprefix("leads: ").split(", ")]
+    assert sum(counts) == 4, out
+
+
+def check_groups_balance(run: DocRun, args: list[str], out: str) -> None:
+    """Leaders spread: no node leads more than ceil(4 groups / 3 nodes) = 2."""
+    leads = out.rstrip("\n").rsplit("\n", 1)[1]
+    counts = [int(x.rsplit(": ", 1)[1]) for x in leads.removeprefix("leads: ").split(", ")]
+    assert sum(counts) == 4 and max(counts) <= 2, out
+
+
 def check_verify(run: DocRun, args: list[str], out: str) -> None:
     result = {r["check"]: r["result"] for r in table_rows(out)}
     assert result["ok"] == "True" and int(result["entries_checked"]) > 0, out
@@ -468,6 +520,10 @@ CHECKS: dict[tuple[str, ...], Callable[[DocRun, list[str], str], None]] = {
     ("tx", "commit"): check_tx_end,
     ("tx", "rollback"): check_tx_end,
     ("verify",): check_verify,
+    ("topic", "create"): check_topic_create,
+    ("topic", "route"): check_topic_route,
+    ("groups", "status"): check_groups_status,
+    ("groups", "balance"): check_groups_balance,
 }
 
 
@@ -476,6 +532,7 @@ CHECKS: dict[tuple[str, ...], Callable[[DocRun, list[str], str], None]] = {
     "commands",
     [
         pytest.param(readme_commands, id="README"),
+        pytest.param(readme_scaleout_commands, id="README-scaleout"),
         pytest.param(delayed_tx_commands, id="delayed-tx"),
     ],
 )
