@@ -1,0 +1,105 @@
+"""Several Raft groups on one peer stream (raft/multiplex.py), over a real gRPC port.
+
+A process hosting several groups keeps one stream per peer process: each group's
+messages are stamped with their group (group 1's are not: a single-group node's
+stream is what it always was), travel in the same batches, and the gate hands
+each to its group, in order. What the groups send in one loop iteration (their
+heartbeats on an aligned tick) leaves as one batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from proto import dledger_pb2 as pb
+from raft.messages import Heartbeat, Message
+from raft.multiplex import LinkPool
+from raft.peer_link import PeerGate
+from raft.transport import open_link
+from raft.wire import TRANSPORTS, to_wire
+from tests.test_peer_link import CLUSTER, messages, peer_server, until
+
+
+class CountingGate(PeerGate):
+    """A gate that also keeps every batch it received, as parsed protobuf."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.batches: list[pb.RaftBatch] = []
+
+    def receive(self, raw: bytes, sender: int | None, peer: str) -> None:
+        self.batches.append(pb.RaftBatch.FromString(raw))
+        super().receive(raw, sender, peer)
+
+
+def delivered_by_group(
+    groups: tuple[int, ...],
+) -> tuple[dict[int, list[Message]], Callable[..., object]]:
+    got: dict[int, list[Message]] = {g: [] for g in groups}
+
+    def deliver_of(group: int) -> Callable[[Message], None] | None:
+        return got[group].append if group in got else None
+
+    return got, deliver_of
+
+
+@pytest.mark.parametrize("stack", TRANSPORTS)
+def test_three_groups_share_one_stream_each_message_reaching_its_group_in_order(
+    stack: str,
+) -> None:
+    groups = (0, 1, 2)
+    sent = {g: messages(300) for g in groups}
+    got, deliver_of = delivered_by_group(groups)
+
+    async def main() -> CountingGate:
+        gate = CountingGate(CLUSTER, lambda m: None, me=2, members=(1, 2, 3),
+                            groups=deliver_of)  # fmt: skip
+        async with peer_server(stack, gate) as port:
+            pool = LinkPool(open_link)
+            links = {g: pool.open(g, stack, CLUSTER, 2, f"127.0.0.1:{port}", me=1) for g in groups}
+            assert pool.links == 1  # one stream to the peer, whatever the groups
+            for i in range(0, 300, 50):  # the groups' Readies interleave
+                for g in groups:
+                    links[g].send([to_wire(m) for m in sent[g][i : i + 50]])
+                await asyncio.sleep(0)
+            await until(lambda: all(len(got[g]) == 300 for g in groups), 10, "all delivered")
+            for g in groups:
+                await links[g].close()
+            assert pool.links == 0  # closed with its last group
+        return gate
+
+    gate = asyncio.run(main())
+    assert got == sent
+    stamped = {(p.HasField("group"), p.group) for b in gate.batches for p in b.messages}
+    assert stamped == {(True, 0), (False, 0), (True, 2)}  # group 1 travels unstamped
+
+
+def test_what_the_groups_send_in_one_loop_iteration_leaves_as_one_batch() -> None:
+    """Heartbeats of three groups ticking together: one RaftBatch to the peer, not three."""
+    groups = (1, 2, 3)
+    got, deliver_of = delivered_by_group(groups)
+
+    async def main() -> CountingGate:
+        gate = CountingGate(CLUSTER, lambda m: None, me=2, members=(1, 2),
+                            groups=deliver_of)  # fmt: skip
+        async with peer_server("grpcio", gate) as port:
+            pool = LinkPool(open_link)
+            links = {
+                g: pool.open(g, "grpcio", CLUSTER, 2, f"127.0.0.1:{port}", me=1) for g in groups
+            }
+            await until(lambda: links[1].connected, 10, "the stream is open")
+            for tick in range(1, 21):
+                for g in groups:  # one tick of every group, no await between them
+                    links[g].send([to_wire(Heartbeat(1, 2, tick, 0, b""))])
+                await until(lambda t=tick: all(len(got[g]) == t for g in groups), 10,  # type: ignore[misc]
+                            f"tick {tick} delivered")  # fmt: skip
+            for g in groups:
+                await links[g].close()
+        return gate
+
+    gate = asyncio.run(main())
+    assert [len(b.messages) for b in gate.batches] == [3] * 20
+    assert all([m.term for m in got[g]] == list(range(1, 21)) for g in groups)
