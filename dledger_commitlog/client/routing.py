@@ -18,13 +18,16 @@ half message, whose commit or rollback goes to the group its id names. Consumer
 groups live in each Raft group (`AsyncRoutedClient.consumers`: one consumer per
 data group). A refusal that says the
 route changed (a queue the group does not have) refreshes the route and tries
-once more; `refresh_routes` drops the cache. A message id names its group, so
-`get` needs no route. Everything else is a call of one group: `client(g)`.
+once more; a cached route is asked for again after `route_ttl_s` (30 s, as
+RocketMQ's clients poll their name server), and `refresh_routes` drops the cache.
+A message id names its group, so `get` needs no route. Everything else is a call of
+one group: `client(g)`.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Generic, Self, TypeVar
@@ -62,13 +65,15 @@ class _Routing(Generic[C]):
 
     _kind: type[C]
 
-    def __init__(self, servers: Any, **kwargs: Any) -> None:
-        """`servers` and `kwargs` as `Client` takes them (every group's client gets them)."""
+    def __init__(self, servers: Any, *, route_ttl_s: float = 30.0, **kwargs: Any) -> None:
+        """`servers` and `kwargs` as `Client` takes them (every group's client gets them);
+        `route_ttl_s`: how long a topic's route is used before it is asked for again."""
         kwargs.pop("group", None)
+        self.route_ttl_s = route_ttl_s
         self._servers = servers
         self._kwargs = kwargs
         self._clients: dict[int, C] = {}
-        self._routes: dict[str, TopicRoute] = {}
+        self._routes: dict[str, tuple[TopicRoute, float]] = {}  # topic -> (route, expiry)
         self._turn: dict[str, Iterator[int]] = {}
 
     @classmethod
@@ -103,9 +108,15 @@ class _Routing(Generic[C]):
         route = routes.route(topic)
         if route.total_queues == 0:
             raise InvalidArgument(f"topic {topic!r} has no queues in its route")
-        self._routes[topic] = route
+        self._routes[topic] = (route, time.monotonic() + self.route_ttl_s)
         self._turn.pop(topic, None)
         return route
+
+    def _fresh(self, topic: str) -> TopicRoute | None:
+        found = self._routes.get(topic)
+        if found is None or found[1] < time.monotonic():
+            return None
+        return found[0]
 
     def refresh_routes(self) -> None:
         """Forget the cached routes: the next call of each topic asks again."""
@@ -120,7 +131,7 @@ class RoutedClient(_Routing[Client]):
 
     def route(self, topic: str) -> TopicRoute:
         """`topic`'s route (cached)."""
-        found = self._routes.get(topic)
+        found = self._fresh(topic)
         return found if found is not None else self._cached(self.routes(topic), topic)
 
     def routes(self, topic: str = "") -> Routes:
@@ -188,7 +199,7 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
     _kind = AsyncClient
 
     async def route(self, topic: str) -> TopicRoute:
-        found = self._routes.get(topic)
+        found = self._fresh(topic)
         return found if found is not None else self._cached(await self.routes(topic), topic)
 
     async def routes(self, topic: str = "") -> Routes:
