@@ -24,6 +24,7 @@ caller's rights on what it touches before doing anything.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -96,6 +97,11 @@ class Context(Protocol):
 
 class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
     """The state and helpers every part of the client service uses."""
+
+    # Multi-Raft (docs/scaling.md): the process's groups and routes (`routes.Host`), set
+    # by the server; None: this node's one group.
+    host: Any = None
+    _next_queue = itertools.count()  # puts without a queue id, within a route's part
 
     def __init__(
         self,
@@ -284,6 +290,18 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             await self.node.wait_dispatched(self.node.committed_pos, self._timeout(context))
         except TimeoutError:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "dispatch did not catch up in time")
+
+    def _routed_queues(self, topic: str) -> int | None:
+        """How many queues of `topic` this group holds by a configured route (None: no
+        route says: a single-group cluster, a process without group 0, or the default
+        route, which is queues_per_topic in every data group)."""
+        host = self.host
+        if host is None or host.routes is None or self.cfg.group == 0:
+            return None
+        route = host.routes.current().configured.get(topic)
+        if route is None:
+            return None
+        return int(dict(route.groups).get(self.cfg.group, 0))
 
     def _check_queues(self, topic: str, queue_id: int) -> None:
         """A queue of `topic`, or (-1) every queue of it: InvalidMessage if not."""

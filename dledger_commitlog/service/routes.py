@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 import grpc
 
@@ -66,12 +67,10 @@ def route_pb(route: TopicRoute) -> pb.TopicRoute:
 
 
 class RouteRpcs(ServiceBase):
-    host: Host | None = None  # set by the server; None: a single-group view of this node
-
     def _host(self) -> Host:
         if self.host is None:
             self.host = Host(1, self.cfg.queues_per_topic, {self.cfg.group: self.node})
-        return self.host
+        return cast(Host, self.host)
 
     async def Route(self, request: pb.RouteRequest, context: Context) -> pb.RouteResponse:
         await self._caller(context, "Route")

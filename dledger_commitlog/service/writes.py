@@ -43,12 +43,25 @@ class WriteRpcs(ServiceBase):
         if reserved_topic(m.topic):
             raise InvalidMessage(f"topic {m.topic!r}: the prefixes {SYSTEM_TOPIC_PREFIX}, "
                                  f"{RETRY_PREFIX} and {DLQ_PREFIX} are reserved")  # fmt: skip
+        routed = self._routed_queues(m.topic)  # multi-Raft: this group's part of the route
         if m.sharding_key:
             if m.has_queue_id:
                 raise InvalidMessage("give a queue id or a sharding key, not both")
-            m.queue_id = sharding_queue(m.sharding_key, self.cfg.queues_per_topic)
+            m.queue_id = sharding_queue(m.sharding_key, routed or self.cfg.queues_per_topic)
             m.has_queue_id = True
             m.sharding_key = ""  # a forward to the leader carries the queue it chose
+        if routed is not None:
+            if routed == 0:
+                raise InvalidMessage(
+                    f"topic {m.topic!r} has no queues in group {self.cfg.group}:"
+                    " a put here is outside its route (dledger topic route)"
+                )
+            if not m.has_queue_id:
+                m.queue_id, m.has_queue_id = next(self._next_queue) % routed, True
+            elif m.queue_id >= routed:
+                raise InvalidMessage(f"queue id {m.queue_id} outside [0, {routed}): topic "
+                                     f"{m.topic!r} has {routed} queues in group {self.cfg.group} "
+                                     "(its route changed: dledger topic route)")  # fmt: skip
         if not m.uniq_key:
             m.uniq_key = uuid.uuid4().hex.upper()
         topic, uniq, qid = m.topic, m.uniq_key, m.queue_id if m.has_queue_id else None
