@@ -20,6 +20,7 @@ from dledger_commitlog.client import (
     NotFound,
     PullResult,
     PutResult,
+    Routes,
     StatusError,
     StoredMessage,
     Unavailable,
@@ -97,12 +98,16 @@ class FakeClient:
         self._record("transfer_leadership", *args)
         return 2
 
+    def route(self, topic: str = "") -> Routes:
+        """A single-group cluster's answer (a put asks which group its topic's queue is in)."""
+        return Routes(1, 4, {}, {}, 0)
+
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
     client = FakeClient()
     for module in (messages, admin):  # the modules whose commands open clients
-        monkeypatch.setattr(module, "make_client", lambda args: client)
+        monkeypatch.setattr(module, "make_client", lambda args, group=None: client)
     return client
 
 
