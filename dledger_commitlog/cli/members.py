@@ -5,6 +5,9 @@ a follower redirects); the runbooks that use them are docs/operations.md. The
 `cluster` ones run a local cluster's processes (`launcher.LocalCluster`) around
 them:
 
+A node of a multi-Raft cluster (docs/scaling.md) hosts every group, so these
+add it to, or remove it from, each group in turn (`raft_groups`).
+
 - `cluster add-node --dir D` picks the next id and ports of D's scheme, records
   the node in D (configured to join, with the current members as its peers; with
   TLS a certificate naming it from D's CA), starts it, adds it as a learner and,
@@ -112,6 +115,13 @@ def _local(args: argparse.Namespace) -> LocalCluster:
     return LocalCluster(directory)
 
 
+def raft_groups(cluster: LocalCluster) -> list[int]:
+    """The Raft groups of a local cluster: [1], or with several data groups 0..N (every
+    node process hosts them all: docs/scaling.md)."""
+    n = cluster.data_groups
+    return [1] if n == 1 else list(range(n + 1))
+
+
 def _add_node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", metavar="D", help="cluster directory (holds cluster.json)")
     p.add_argument("--learner", action="store_true", help="leave it a learner (a read replica)")
@@ -131,8 +141,10 @@ def _add_node(args: argparse.Namespace) -> int:
         try:
             cluster.start(spec.id)
             _wait_serving(cluster, client, spec, deadline)
-            _until_accepted(lambda: client.member_add(spec.id, spec.raft, spec.client,
-                                                      learner=True), deadline)  # fmt: skip
+            for group in raft_groups(cluster):  # multi-Raft: the node joins every group
+                with cluster.client(timeout_s=args.timeout, group=group) as each:
+                    add = partial(each.member_add, spec.id, spec.raft, spec.client, learner=True)
+                    _until_accepted(add, deadline)
         except BaseException:
             cluster.stop(spec.id)
             cluster.retire(spec.id)
@@ -140,7 +152,9 @@ def _add_node(args: argparse.Namespace) -> int:
         cluster.detach()  # added: it runs beyond this command, whatever comes next
         role = "learner"
         if not args.learner:
-            _promote_when_caught_up(client, spec.id, deadline)
+            for group in raft_groups(cluster):
+                with cluster.client(timeout_s=args.timeout, group=group) as each:
+                    _promote_when_caught_up(each, spec.id, deadline)
             role = "voter"
     doc: dict[str, Any] = {"id": spec.id, "raft": spec.raft, "client": spec.client, "role": role}
     emit(args, doc, str(spec.id))
@@ -202,9 +216,11 @@ def _remove_node(args: argparse.Namespace) -> int:
         gone = "was removed already" if args.id in cluster.retired else "is not in this cluster"
         raise UsageError(f"node {args.id} {gone}")
     deadline = time.monotonic() + args.timeout
-    with cluster.client(timeout_s=args.timeout) as client:
-        if args.id in {m.id for m in client.member_list()}:
-            _until_accepted(partial(client.member_remove, args.id, args.timeout_ms), deadline)
+    for group in raft_groups(cluster):  # multi-Raft: the node leaves every group
+        with cluster.client(timeout_s=args.timeout, group=group) as client:
+            if args.id in {m.id for m in client.member_list()}:
+                _until_accepted(partial(client.member_remove, args.id, args.timeout_ms),
+                                deadline)  # fmt: skip
     cluster.stop(args.id)
     cluster.retire(args.id)
     emit(args, {"id": args.id, "removed": True}, f"removed node {args.id} and stopped it")
