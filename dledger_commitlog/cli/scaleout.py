@@ -182,7 +182,9 @@ def plan_moves(
     load = Counter(target.values())
     for g in sorted(target):
         here = target[g]
-        if load[here] <= cap:
+        # A node prefers at most ceil(groups / nodes) <= cap groups: what exceeds the
+        # cap is groups kept where their preferred node cannot take them.
+        if load[here] <= cap or here == preferred_leader(g, nodes):
             continue
         free = [n for n in candidates.get(g, ()) if load[n] < cap]
         if free:
