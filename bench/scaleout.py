@@ -11,7 +11,9 @@ every node process and of this load generator, as CPU microseconds per put.
   leaders spread by preferred leader (group g: node sorted(ids)[g % 3]).
 - Layout B, one process per group: 3 x G processes; group g's 3 processes form
   their own `LocalCluster` (own ports, data dirs, secret) whose configs host only g
-  (`host_groups=(g,)`; group 1's also host group 0 when G > 1). Same code, other
+  (`host_groups=(g,)`; group 1's also host group 0 when G > 1), written by the
+  layout (`cluster_layout.node_toml`) and started as `dledger serve --config`
+  (`GroupCluster`, a `LocalCluster` whose calls name its group). Same code, other
   config: how groups map to processes is a setting.
 
 Per role: in B a process leads or follows one data group, so leader CPU per put
@@ -21,7 +23,7 @@ is reported per put of all groups, and L and F are fitted (least squares of
 cpu_p = L * puts led by p + F * puts followed by p) where the processes' mixes
 differ enough (not with G = 3 leaders spread 1-1-1: every process has the same
 mix). The `model_*` figures are docs/scaling.md's model applied to L and F of
-`--model-from` (default b_g1).
+`--model-from` (default: the medians over the cases that measured L and F).
 
 Everything here shares this machine's cores: 3 to 9 node processes and the load
 generator (its own CPU is reported); the machine's busy % says whether a case was
@@ -36,6 +38,7 @@ import asyncio
 import contextlib
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -160,8 +163,9 @@ class Case:
     loop_cpu: dict[Proc, float]  # of which its main thread (the event loop)
     loadgen_cpu: float
     leaders: dict[int, int]
-    machine_busy: float  # of all CPUs, by anything (0..1)
+    machine_busy: float  # of all CPUs, by anyone (0..1)
     machine_iowait: float
+    moved: bool = False  # a group's leader changed during the run
 
 
 def machine_ticks() -> tuple[int, int, int]:
@@ -293,13 +297,14 @@ def case_results(dep: Deployment, case: Case) -> tuple[list[Row], dict[str, floa
         f"{key}_busiest_loop_pct": max(case.loop_cpu.values()) / case.window_s * 100,
         f"{key}_distinct_leader_nodes": len(set(case.leaders.values())),
     }
-    if dep.layout == "b":  # each process one role: direct
+    m[f"{key}_leader_moved"] = float(case.moved)  # then who led what is unknown: no L, F
+    if dep.layout == "b" and not case.moved:  # each process one role: direct
         lead = sum(case.cpu[dep.replica[(g, n)]] for g, n in case.leaders.items())
         follow = sum(case.cpu[dep.replica[(g, n)]] / 2 for g, n in dep.replica
                      if case.leaders[g] != n)  # fmt: skip
         m[f"{key}_leader_cpu_us_per_put"] = lead / total * 1e6
         m[f"{key}_follower_cpu_us_per_put"] = follow / total * 1e6
-    elif (lf := fit(dep, case)) is not None:
+    elif not case.moved and (lf := fit(dep, case)) is not None:
         m[f"{key}_leader_cpu_us_per_put"], m[f"{key}_follower_cpu_us_per_put"] = lf
     per_group = ", ".join(f"g{g} {n / case.window_s:,.0f}" for g, n in sorted(case.puts.items()))
     led = ", ".join(f"g{g}@node{n}" for g, n in sorted(case.leaders.items()))
@@ -323,8 +328,12 @@ def case_results(dep: Deployment, case: Case) -> tuple[list[Row], dict[str, floa
                      f"{m[f'{key}_follower_cpu_us_per_put']:,.0f}",
                      f"per put of its group ({how})"))  # fmt: skip
     else:
-        rows.append(("    CPU us/put: leader L | follower F", "-",
-                     "not separable: every process leads and follows the same mix"))  # fmt: skip
+        why = (
+            "a leader moved during the run"
+            if case.moved
+            else "not separable: every process leads and follows the same mix"
+        )
+        rows.append(("    CPU us/put: leader L | follower F", "-", why))  # fmt: skip
     mix = roles(dep, case)
     rows.append(("    per node process", "CPU us/put", "per put of the groups it hosts"))
     for p in sorted(case.cpu, key=lambda q: (q[1], q[0])):
@@ -380,7 +389,9 @@ def main() -> None:
     ap.add_argument("--layouts", default="a,b", help="a: process per node, b: per group")
     ap.add_argument("--leader-wait-s", type=float, default=20.0,
                     help="how long to wait for the preferred leaders")  # fmt: skip
-    ap.add_argument("--model-from", default="b_g1", help="the case whose L and F feed the model")
+    ap.add_argument("--model-from", default="median",
+                    help="the case whose L and F feed the model (default: the median of "
+                    "every case that measured them)")  # fmt: skip
     ap.add_argument("--segment-mb", type=int, default=SMALL_SEGMENTS["data_segment_bytes"] >> 20,
                     help="data segment size (MiB); bench/cluster.py uses 256")  # fmt: skip
     args = ap.parse_args()
@@ -400,6 +411,7 @@ def main() -> None:
                 with start(Path(tmp), groups, store) as dep:
                     led = asyncio.run(leaders(dep, args.leader_wait_s))
                     case = asyncio.run(run_load(dep, args.seconds, args.warmup_s, led))
+                    case.moved = asyncio.run(leaders(dep, 0.0)) != led
             case_rows, case_m = case_results(dep, case)
             rows += case_rows
             m |= case_m
@@ -407,12 +419,17 @@ def main() -> None:
             gen_puts += sum(case.puts.values())
             print("\n".join(f"{a}  {b}  {c}" for a, b, c in case_rows), flush=True)
     m["loadgen_cpu_us_per_put"] = gen_cpu / max(gen_puts, 1) * 1e6
-    src = args.model_from
-    if f"{src}_leader_cpu_us_per_put" in m:
-        lead, follow = m[f"{src}_leader_cpu_us_per_put"], m[f"{src}_follower_cpu_us_per_put"]
-        model_rows, model_m = model(lead, follow, f"{src} (bench/scaleout.py)")
+    tail = "_leader_cpu_us_per_put"
+    cases = [k.removesuffix(tail) for k in m if k.endswith(tail)]
+    if args.model_from != "median":
+        cases = [c for c in cases if c == args.model_from]
+    if cases:
+        lead = statistics.median(m[f"{c}{tail}"] for c in cases)
+        follow = statistics.median(m[f"{c}_follower_cpu_us_per_put"] for c in cases)
+        how = f"median of {', '.join(cases)}" if len(cases) > 1 else cases[0]
+        model_rows, model_m = model(lead, follow, f"{how} (bench/scaleout.py)")
         rows += model_rows
-        m |= model_m
+        m |= model_m | {"model_cases": len(cases)}
     for key in ("a", "b"):
         if f"{key}_g1_puts_per_s" in m:
             most = max(m[f"{key}_g{g}_puts_per_s"] for g in counts)
