@@ -11,6 +11,7 @@ from dledger_commitlog.log.message_route import make_msg_id, offset_of_msg_id
 from dledger_commitlog.node.config import (
     SMALL_SEGMENTS,
     ConfigError,
+    group_config,
     load_config,
     parse_peer,
     segment_bytes_for,
@@ -172,6 +173,20 @@ def test_unusable_settings_are_refused_naming_the_setting(
     section = toml.split("\n", maxsplit=1)[0]
     path.write_text(f"{head}{section}\n")  # the section alone: the defaults are usable
     assert load_config(path).node_id == 1
+
+
+def test_a_process_may_host_only_a_group_other_than_1(tmp_path: Path) -> None:
+    """One process per group (bench/scaleout.py, docs/scaling.md): a node hosting
+    group 2 alone is a valid config, its group's data under data_dir/groups/2."""
+    path = tmp_path / "n1.toml"
+    head = 'node_id = 1\ndata_dir = "d"\npeers = [{id = 1, raft = "h:1", client = "h:2"}]\n'
+    path.write_text(f"{head}[multiraft]\ngroups = 3\nhost = [2]\n")
+    cfg = load_config(path)
+    assert cfg.host_groups == (2,)
+    assert group_config(cfg, 2).data_dir == str(Path("d") / "groups" / "2")
+    path.write_text(f"{head}[multiraft]\ngroups = 3\nhost = [2, 4]\n")
+    with pytest.raises(ConfigError, match=r"multiraft.host \[2, 4\]: distinct groups in 0..3"):
+        load_config(path)
 
 
 def test_the_smallest_segment_the_config_allows_holds_the_largest_message(

@@ -225,7 +225,9 @@ class NodeConfig:
         if top == 1 and 0 in hosted:
             raise ConfigError("multiraft.host: group 0 (topic routes) exists only with "
                               "multiraft.groups > 1")  # fmt: skip
-        if self.group not in hosted and hosted != (1,):
+        # `group` names the group of a per-group config (`group_config`); a process's
+        # config keeps the default 1, which it need not host (one process per group).
+        if self.group != 1 and self.group not in hosted:
             raise ConfigError(f"group {self.group} is not among multiraft.host {list(hosted)}")
 
     def _check_types(self) -> None:
