@@ -65,12 +65,19 @@ class _Routing(Generic[C]):
 
     _kind: type[C]
 
-    def __init__(self, servers: Any, *, route_ttl_s: float = 30.0, **kwargs: Any) -> None:
+    def __init__(
+        self, servers: Any, *, route_ttl_s: float = 30.0,
+        group_servers: Mapping[int, Any] | None = None, **kwargs: Any,
+    ) -> None:  # fmt: skip
         """`servers` and `kwargs` as `Client` takes them (every group's client gets them);
-        `route_ttl_s`: how long a topic's route is used before it is asked for again."""
+        `route_ttl_s`: how long a topic's route is used before it is asked for again;
+        `group_servers`: the servers of each group where not every node process hosts
+        every group (one process per group, docs/scaling.md: routes are asked of
+        group 0's), `servers` for the groups it does not name."""
         kwargs.pop("group", None)
         self.route_ttl_s = route_ttl_s
         self._servers = servers
+        self._group_servers = dict(group_servers or {})
         self._kwargs = kwargs
         self._clients: dict[int, C] = {}
         self._routes: dict[str, tuple[TopicRoute, float]] = {}  # topic -> (route, expiry)
@@ -86,7 +93,8 @@ class _Routing(Generic[C]):
         """The client of Raft group `group` (made once)."""
         found = self._clients.get(group)
         if found is None:
-            found = self._clients[group] = self._kind(self._servers, group=group, **self._kwargs)
+            servers = self._group_servers.get(group, self._servers)
+            found = self._clients[group] = self._kind(servers, group=group, **self._kwargs)
         return found
 
     def _choose(self, route: TopicRoute, queue: int | None, sharding_key: str) -> tuple[int, int]:
@@ -135,8 +143,8 @@ class RoutedClient(_Routing[Client]):
         return found if found is not None else self._cached(self.routes(topic), topic)
 
     def routes(self, topic: str = "") -> Routes:
-        """The cluster's routes as a node answers them now (not cached)."""
-        return self.client(1).route(topic)
+        """The cluster's routes as a node of group 0 answers them now (not cached)."""
+        return self.client(0).route(topic)
 
     def put(
         self, topic: str, body: bytes | str, *, queue: int | None = None,
@@ -203,7 +211,7 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
         return found if found is not None else self._cached(await self.routes(topic), topic)
 
     async def routes(self, topic: str = "") -> Routes:
-        return await self.client(1).route(topic)
+        return await self.client(0).route(topic)
 
     async def put(
         self, topic: str, body: bytes | str, *, queue: int | None = None,
