@@ -39,6 +39,8 @@ class Replicas(Protocol):
     @property
     def current(self) -> str: ...
 
+    def metadata(self, method: str) -> Any: ...
+
     def channel(self, address: str) -> Any: ...
 
     def fail_over(self) -> None: ...
@@ -82,7 +84,7 @@ class LogStream:
         )
         request = pb.ReadLogRequest(from_pos=pos, end_pos=self.end, chunk_bytes=_LOG_CHUNK)
         self._call = call(
-            request, timeout=max(60.0, store.timeout_s), metadata=store.access.metadata("ReadLog")
+            request, timeout=max(60.0, store.timeout_s), metadata=store.metadata("ReadLog")
         )
         self._it = iter(self._call)
         self._pos = pos
