@@ -35,7 +35,7 @@ import datetime as dt
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from analytics.errors import OptionError, SourceError
 from analytics.options import EARLIEST, LATEST, OffsetSpec, ReadOptions, TimeSpec
@@ -52,6 +52,7 @@ from analytics.sources import (
 )
 
 Offsets = dict[QueueKey, int]
+K = TypeVar("K", bound=QueueKey)  # offsets of any keys (group 1's alone: (topic, queue id))
 TimeQuery = tuple[str, int, int] | tuple[str, int, int, int]  # see the module doc
 Lookup = Callable[[Sequence[TimeQuery]], list[int]]  # store.offsets_for_times
 
@@ -233,7 +234,7 @@ def resolve(
     return out
 
 
-def ranges(start: Offsets, end: Offsets) -> list[Slice]:
+def ranges(start: Mapping[K, int], end: Mapping[K, int]) -> list[Slice]:
     """Non-empty [start, end) per queue of `end` (a queue missing from `start` starts at 0)."""
     out = []
     for key, hi in sorted(end.items(), key=lambda kv: key_parts(kv[0])):
@@ -249,11 +250,15 @@ def ranges(start: Offsets, end: Offsets) -> list[Slice]:
 
 
 def stream_ranges(
-    start: Offsets, end: Offsets, queues: Iterable[QueueInfo], fail_on_data_loss: bool = True
+    start: Mapping[K, int],
+    end: Mapping[K, int],
+    queues: Iterable[QueueInfo],
+    fail_on_data_loss: bool = True,
 ) -> list[Slice]:
     """A micro-batch's ranges: queues new since `start` begin at their earliest offset, and
     a queue whose start retention has deleted meanwhile fails (or skips ahead)."""
-    begin = dict(start)
+    begin: Offsets = dict(start.items())
+    ends: Offsets = dict(end.items())
     for q in queues:
         key = q.key
         if key not in end:
@@ -267,11 +272,11 @@ def stream_ranges(
                     "deleted by retention before this query read them; set "
                     "failOnDataLoss=false to skip them"
                 )
-            begin[key] = min(q.min_offset, end[key])
-    return ranges(begin, end)
+            begin[key] = min(q.min_offset, ends[key])
+    return ranges(begin, ends)
 
 
-def cap(start: Offsets, latest: Offsets, max_messages: int | None) -> Offsets:
+def cap(start: Mapping[K, int], latest: Mapping[K, int], max_messages: int | None) -> dict[K, int]:
     """`latest`, moved back so that at most `max_messages` are read after `start`.
 
     The budget is shared in proportion to what each queue has available (as
@@ -288,7 +293,7 @@ def cap(start: Offsets, latest: Offsets, max_messages: int | None) -> Offsets:
     return out
 
 
-def to_json(offsets: Offsets) -> dict[str, dict[str, int]]:
+def to_json(offsets: Mapping[K, int]) -> dict[str, dict[str, int]]:
     """Offsets as Spark stores them in checkpoints: {"topic": {"queue id": offset}}, or,
     when any queue is of a group but 1, {"topic": {"group:queue id": offset}}."""
     grouped = any(key_parts(k)[2] != 1 for k in offsets)
