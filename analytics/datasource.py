@@ -16,7 +16,7 @@ user schema that is a subset of the source's
 
 Batch: the planner (driver side) asks the store for each queue's committed
 range, resolves offsets (and timestamps), applies the filters Spark pushed down
-(`pushFilters`: topic, queue_id, queue_offset exactly; store_timestamp bounds as
+(`pushFilters`: topic, queue_id, queue_offset, raft_group = / IN exactly; store_timestamp bounds as
 offsets, rechecked by Spark) and cuts partitions: commit-log ranges read in one
 pass each (`LogPiece`: most of the log) or queue-offset ranges of one queue
 (`Slice`: a few topics of many). Each partition is read on an executor (a local
@@ -267,7 +267,7 @@ class DLedgerFilteringBatchReader(DLedgerBatchReader):
             return False
         column = attribute[0]
         if isinstance(f, IsNotNull):
-            return column in SPARK_TYPES and column != "tags"  # only tags is ever null
+            return column in _TYPES and column != "tags"  # only tags is ever null
         value: Any = getattr(f, "value", None)
         what = f"{type(f).__name__}({column}, {value!r})"
         equal = isinstance(f, EqualTo | EqualNullSafe)
@@ -277,6 +277,14 @@ class DLedgerFilteringBatchReader(DLedgerBatchReader):
                 return True
             if isinstance(f, In) and all(isinstance(v, str) for v in value):
                 self.narrowing = n.with_topics(value, what)
+                return True
+            return False
+        if column == "raft_group":  # a metadata column: only = and IN select groups
+            if equal and _is_int(value):
+                self.narrowing = n.with_groups([value], what)
+                return True
+            if isinstance(f, In) and all(_is_int(v) for v in value):
+                self.narrowing = n.with_groups(value, what)
                 return True
             return False
         if column in ("queue_id", "queue_offset"):

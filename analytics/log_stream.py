@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
-from analytics.errors import RETRIED_CODES, RpcFailed, SourceError
+from analytics.errors import RpcFailed, SourceError, retried
 from dledger_commitlog.client import Access
 from dledger_commitlog.common.protowire import read_varint
 
@@ -107,7 +107,7 @@ class LogStream:
             except grpc.RpcError as exc:
                 code = getattr(exc.code(), "name", str(exc.code()))
                 address = self.store.current
-                if code not in RETRIED_CODES:
+                if not retried(code, exc.details()):
                     raise RpcFailed(f"ReadLog: {address} answered {code}: "
                                     f"{exc.details() or code}", code) from None  # fmt: skip
                 self._lagging(f"ReadLog: {address}: {code}")

@@ -9,7 +9,7 @@ offsets in Spark's checkpoints as JSON (`to_json`, `from_json`), and `cap`
 bounds a micro-batch (Kafka's maxOffsetsPerTrigger).
 
 Filters Spark pushes down (`pushFilters`) narrow the read: `topic` = / IN and
-`queue_id` comparisons select queues exactly, `queue_offset` comparisons cut
+`queue_id` comparisons and `raft_group` = / IN select queues exactly, `queue_offset` comparisons cut
 each queue's range exactly, and `store_timestamp` bounds become offsets by binary
 search, widened by `timestampSlackMs` (a leader's clock may step back a little);
 Spark checks those rows again.
@@ -330,6 +330,7 @@ class Narrowing:
 
     topics: frozenset[str] | None = None
     queue_ids: frozenset[int] | None = None
+    groups: frozenset[int] | None = None  # raft_group = / IN
     queue_id_range: tuple[int | None, int | None] = (None, None)
     offset_range: tuple[int | None, int | None] = (None, None)
     time_range: tuple[int | None, int | None] = (None, None)  # store timestamps, ms
@@ -339,6 +340,11 @@ class Narrowing:
         new = frozenset(names)
         topics = new if self.topics is None else self.topics & new
         return replace(self, topics=topics, pushed=(*self.pushed, what))
+
+    def with_groups(self, ids: Iterable[int], what: str) -> Narrowing:
+        new = frozenset(ids)
+        got = new if self.groups is None else self.groups & new
+        return replace(self, groups=got, pushed=(*self.pushed, what))
 
     def with_queue_ids(self, ids: Iterable[int], what: str) -> Narrowing:
         new = frozenset(ids)
@@ -365,6 +371,7 @@ class Narrowing:
             for q in queues
             if (self.topics is None or q.topic in self.topics)
             and (self.queue_ids is None or q.queue_id in self.queue_ids)
+            and (self.groups is None or q.group in self.groups)
             and (lo is None or q.queue_id >= lo)
             and (hi is None or q.queue_id < hi)
         ]

@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 from analytics.codec import COLUMNS, Expected, Int64s, decode, decode_heads, walk
-from analytics.errors import RETRIED_CODES, RpcFailed, SourceError
+from analytics.errors import RpcFailed, SourceError, retried
 from analytics.file_store import LocalFiles, NotHere, OfflineStore, this_boot_id
 from analytics.log_stream import LogStream
 from analytics.rows import BATCH_ROWS, Rows, Units, batch_slices, span_from_ends
@@ -178,7 +178,7 @@ class ServerStore:
                 except grpc.RpcError as exc:
                     code = getattr(exc.code(), "name", str(exc.code()))
                     details = exc.details() or code
-                    if code not in RETRIED_CODES:
+                    if not retried(code, exc.details()):
                         why = f"{what}: {address} answered {code}: {details}"
                         raise RpcFailed(why, code) from None
                     errors[address] = f"{code}: {details}"
@@ -460,7 +460,7 @@ class ServerStore:
                     return future.result()
                 except grpc.RpcError as exc:
                     code = getattr(exc.code(), "name", str(exc.code()))
-                    if code not in RETRIED_CODES:
+                    if not retried(code, exc.details()):
                         details = exc.details() or code
                         raise SourceError(f"{what}: {address} answered {code}: {details}") from None
                     self.fail_over()

@@ -11,9 +11,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from analytics.errors import OptionError
+from analytics.errors import OptionError, retried
 from analytics.group_stores import GroupedStore, file_groups, with_group
 from analytics.offsets import (
+    Narrowing,
     Offsets,
     choose,
     from_json,
@@ -158,3 +159,17 @@ def test_a_node_directory_holds_group_one_at_its_root_and_the_others_under_group
         assert store.queues() == []  # no consume queues yet
     finally:
         store.close()
+
+
+def test_raft_group_filters_select_groups() -> None:
+    n = Narrowing().with_groups([2, 3], "in").with_groups([2, 1], "eq")
+    assert [q.key for q in n.queues(QUEUES)] == [("orders", 0, 2), ("orders", 1, 2)]
+    assert Narrowing().with_groups([1], "eq").queues(QUEUES) == QUEUES[:2]
+
+
+def test_a_process_that_does_not_host_a_group_sends_the_read_to_another() -> None:
+    assert retried("UNAVAILABLE", None)
+    assert retried("NOT_FOUND", "this node process hosts groups 0, 1, not group 2")
+    assert not retried("NOT_FOUND", "queue offset 7 of t/0 was deleted by retention")
+    assert retried("FAILED_PRECONDITION", "node 2's process does not host group 0 (the routes)")
+    assert not retried("FAILED_PRECONDITION", "this is cluster a, not b")

@@ -124,6 +124,9 @@ def test_a_batch_reads_every_group_of_a_topic_exactly_once(
     by_group = {r["raft_group"]: r["n"] for r in counts.groupBy("raft_group").count()
                 .withColumnRenamed("count", "n").collect()}  # fmt: skip
     assert by_group == {g: sum(1 for v in want.values() if v[0] == g) for g in (1, 2, 3)}
+    # raft_group = / IN are pushed down (groups chosen before reading), and exact.
+    two = read(spark, topic, servers=servers, columns="msg_id,raft_group").where("raft_group = 2")
+    assert {r["msg_id"] for r in two.collect()} == {m for m, v in want.items() if v[0] == 2}
     # Offsets by group and queue: start group 2's queue 0 at its end, read the rest.
     end = max(o for g, q, o in want.values() if (g, q) == (2, 0)) + 1
     start = json.dumps({topic: {"2:0": end}})
