@@ -16,7 +16,7 @@ user schema that is a subset of the source's
 
 Batch: the planner (driver side) asks the store for each queue's committed
 range, resolves offsets (and timestamps), applies the filters Spark pushed down
-(`pushFilters`: topic, queue_id, queue_offset exactly; store_timestamp bounds as
+(`pushFilters`: topic, queue_id, queue_offset, raft_group = / IN exactly; store_timestamp bounds as
 offsets, rechecked by Spark) and cuts partitions: commit-log ranges read in one
 pass each (`LogPiece`: most of the log) or queue-offset ranges of one queue
 (`Slice`: a few topics of many). Each partition is read on an executor (a local
@@ -27,6 +27,13 @@ committed offsets `{"topic": {"queue": next offset}}`; each micro-batch reads
 `maxOffsetsPerTrigger`, held back by `minOffsetsPerTrigger` until
 `maxTriggerDelay` has passed; Spark checkpoints the offsets, so a restarted
 query resumes exactly where it stopped. Only committed messages are ever read.
+
+Multi-Raft clusters (docs/analytics.md): the store is every data group
+(`analytics.group_stores`, groups asked once, by the first planning), a queue
+is keyed by its group too (`"G:Q"` in offsets JSON and checkpoints; a
+single-group read's are as before), partitions are cut per group, never across
+groups, and `raft_group` is a metadata column: not in the default schema,
+decoded when the schema or `columns` names it.
 
 Filter pushdown needs `spark.sql.python.filterPushdown.enabled=true` (what
 `analytics.session.register` sets). Spark refuses a reader that implements
@@ -66,16 +73,17 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from analytics import offsets, partitions
-from analytics.codec import COLUMNS, SPARK_DDL, SPARK_TYPES
+from analytics.codec import SPARK_DDL, SPARK_TYPES
 from analytics.errors import OptionError
-from analytics.file_store import LocalFiles, OfflineStore
+from analytics.file_store import LocalFiles
+from analytics.group_stores import GroupedStore
 from analytics.offsets import Narrowing, Offsets
 from analytics.options import ReadOptions, columns_option, parse_options
-from analytics.server_store import ServerStore
-from analytics.sources import SYSTEM_TOPIC_PREFIX, LogPiece, QueueInfo, Slice
-from analytics.stores import open_store
+from analytics.sources import METADATA_COLUMNS, SYSTEM_TOPIC_PREFIX, LogPiece, QueueInfo, Slice
+from analytics.stores import open_groups
 
 FORMAT = "dledger"
+_TYPES = {**SPARK_TYPES, **METADATA_COLUMNS}  # every column a schema may name
 _PUSHDOWN_PLANNER = "pyspark.sql.worker.data_source_pushdown_filters"
 
 
@@ -107,7 +115,7 @@ class DLedgerDataSource(DataSource):
         columns = columns_option(self.options)
         if columns is None:
             return SPARK_DDL
-        return ", ".join(f"{c} {SPARK_TYPES[c]}" for c in columns)
+        return ", ".join(f"{c} {_TYPES[c]}" for c in columns)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         options = parse_options(self.options, streaming=False)
@@ -129,11 +137,11 @@ def columns_of(schema: StructType, wanted: tuple[str, ...] | None = None) -> lis
     """The source columns a (user) schema asks for, checked against the source schema."""
     out = []
     for field in schema.fields:
-        want = SPARK_TYPES.get(field.name)
+        want = _TYPES.get(field.name)
         if want is None:
             raise OptionError(
                 f"schema: {field.name!r} is not a column of the dledger source "
-                f"(columns: {', '.join(COLUMNS)})"
+                f"(columns: {', '.join(_TYPES)})"
             )
         got = field.dataType.simpleString()
         if got != want:
@@ -154,57 +162,64 @@ class _Base:
         self.options = options
         self.columns = columns_of(schema, options.columns)
         self.narrowing = Narrowing()
+        self._groups: list[int] | None = None  # the data groups, once a planner asked
 
-    def _store(self, prefer: int = 0) -> ServerStore | OfflineStore:
+    def _store(self, prefer: int = 0, groups: list[int] | None = None) -> GroupedStore:
+        """Every data group (`groups`: known ones; else the planner's, or asked once)."""
         opts = self.options
-        return open_store(
-            opts.servers, opts.path, opts.timeout_s, prefer, _access(opts), opts.local_reads
-        )
+        return open_groups(opts.servers, opts.path, opts.timeout_s, prefer, _access(opts),
+                           opts.local_reads, groups or self._groups)  # fmt: skip
 
-    def _queues(self, store: ServerStore | OfflineStore) -> list[QueueInfo]:
+    def _queues(self, store: GroupedStore) -> list[QueueInfo]:
         opts = self.options
         found = store.queues()  # user topics
         for topic in offsets.named_topics(opts):
             if topic.startswith(SYSTEM_TOPIC_PREFIX):  # only when asked for by name
                 found += store.queues(topic)
+        self._groups = store.groups()
         return self.narrowing.queues(offsets.choose(found, opts))
 
-    def _partitions(
-        self, store: ServerStore | OfflineStore, slices: list[Slice]
-    ) -> list[InputPartition]:
+    def _partitions(self, store: GroupedStore, slices: list[Slice]) -> list[InputPartition]:
+        """Each group's slices cut as one read's (`analytics.partitions`), never across
+        groups; log pieces shared among the groups by their bytes."""
         opts = self.options
-        slices = [s for s in slices if s.start < s.end]
-        files = isinstance(store, OfflineStore)
-        local = store.offered if isinstance(store, ServerStore) and opts.local_reads else None
-        span = store.unit_span(slices) if slices and opts.partitioning != "queue" else None
-        if span is not None and partitions.use_log_ranges(opts.partitioning, files, span):
-            segment = store.segment_bytes if isinstance(store, OfflineStore) else None
-            count = partitions.default_partitions(opts)
-            pieces = partitions.log_pieces(slices, span, count, segment,
-                                           exact=opts.min_partitions_given)  # fmt: skip
-            return [DLedgerLogPartition(p, k, local) for k, p in enumerate(pieces)]
-        cut = partitions.split(slices, opts.messages_per_partition, opts.min_partitions)
-        return [DLedgerPartition(p, k, local) for k, p in enumerate(cut)]
+        per_group = partitions.by_group(slices)
+        spans = {
+            g: store.unit_span(ss) if opts.partitioning != "queue" else None
+            for g, ss in per_group.items()
+        }
+        files = store.offline
+        logged = {
+            g: span
+            for g, span in spans.items()
+            if span is not None and partitions.use_log_ranges(opts.partitioning, files, span)
+        }
+        counts = partitions.shares(partitions.default_partitions(opts),
+                                   [span[2] for span in logged.values()])  # fmt: skip
+        share = dict(zip(logged, counts, strict=True))
+        out: list[InputPartition] = []
+        for g, ss in per_group.items():
+            local = store.offered(g) if opts.local_reads else None
+            span = logged.get(g)
+            if span is not None:
+                pieces = partitions.log_pieces(ss, span, share[g], store.segment_bytes(g),
+                                               exact=opts.min_partitions_given)  # fmt: skip
+                out += [DLedgerLogPartition(p, len(out) + k, local) for k, p in enumerate(pieces)]
+            else:
+                cut = partitions.split(ss, opts.messages_per_partition, opts.min_partitions)
+                out += [DLedgerPartition(p, len(out) + k, local) for k, p in enumerate(cut)]
+        return out
 
     def _read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if partition is None or partition.value is None:  # Spark's stand-in when there are none
             return
         kind, piece, prefer, local = partition.value
-        store = self._store(prefer)
+        store = self._store(prefer, [piece.group])
         try:
-            if isinstance(store, OfflineStore):
-                batches = (
-                    store.read_piece(piece, self.columns)
-                    if kind == "log"
-                    else store.read(
-                        piece.topic, piece.queue_id, piece.start, piece.end, self.columns
-                    )
-                )
-            elif kind == "log":
+            if kind == "log":
                 batches = store.read_piece(piece, self.columns, local)
             else:
-                batches = store.read(piece.topic, piece.queue_id, piece.start, piece.end,
-                                     self.columns, local)  # fmt: skip
+                batches = store.read(piece, self.columns, local)
             for batch in batches:
                 if batch.num_rows:
                     yield batch
@@ -252,7 +267,7 @@ class DLedgerFilteringBatchReader(DLedgerBatchReader):
             return False
         column = attribute[0]
         if isinstance(f, IsNotNull):
-            return column in SPARK_TYPES and column != "tags"  # only tags is ever null
+            return column in _TYPES and column != "tags"  # only tags is ever null
         value: Any = getattr(f, "value", None)
         what = f"{type(f).__name__}({column}, {value!r})"
         equal = isinstance(f, EqualTo | EqualNullSafe)
@@ -262,6 +277,14 @@ class DLedgerFilteringBatchReader(DLedgerBatchReader):
                 return True
             if isinstance(f, In) and all(isinstance(v, str) for v in value):
                 self.narrowing = n.with_topics(value, what)
+                return True
+            return False
+        if column == "raft_group":  # a metadata column: only = and IN select groups
+            if equal and _is_int(value):
+                self.narrowing = n.with_groups([value], what)
+                return True
+            if isinstance(f, In) and all(_is_int(v) for v in value):
+                self.narrowing = n.with_groups(value, what)
                 return True
             return False
         if column in ("queue_id", "queue_offset"):
@@ -333,7 +356,7 @@ class DLedgerStreamReader(_Base, DataSourceStreamReader, SupportsTriggerAvailabl
         """Record the committed ends now: this query reads up to them (rate-limited), no further."""
         store = self._store()
         try:
-            self._target = {(q.topic, q.queue_id): q.max_offset for q in self._queues(store)}
+            self._target = {q.key: q.max_offset for q in self._queues(store)}
         finally:
             store.close()
 
@@ -347,7 +370,7 @@ class DLedgerStreamReader(_Base, DataSourceStreamReader, SupportsTriggerAvailabl
         finally:
             store.close()
         for q in queues:
-            key = (q.topic, q.queue_id)
+            key = q.key
             end = q.max_offset
             if self._target is not None:
                 if key not in self._target:

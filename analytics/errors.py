@@ -17,6 +17,19 @@ class SourceError(AnalyticsError):
 
 # gRPC status codes (by name) worth another server; any other refusal is `RpcFailed`.
 RETRIED_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "RESOURCE_EXHAUSTED"})
+_NOT_HOSTED = "this node process hosts groups"  # service.multigroup's NOT_FOUND
+_NO_ROUTES = "does not host group 0"  # Route's FAILED_PRECONDITION (service.routes)
+
+
+def retried(code: str, details: str | None) -> bool:
+    """Worth another server: a retried code, or a process that does not host the Raft
+    group the call names (multi-Raft: another process may)."""
+    text = details or ""
+    return (
+        code in RETRIED_CODES
+        or (code == "NOT_FOUND" and _NOT_HOSTED in text)
+        or (code == "FAILED_PRECONDITION" and _NO_ROUTES in text)
+    )
 
 
 class RpcFailed(SourceError):

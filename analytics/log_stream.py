@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
-from analytics.errors import RETRIED_CODES, RpcFailed, SourceError
+from analytics.errors import RpcFailed, SourceError, retried
 from dledger_commitlog.client import Access
 from dledger_commitlog.common.protowire import read_varint
 
@@ -38,6 +38,8 @@ class Replicas(Protocol):
 
     @property
     def current(self) -> str: ...
+
+    def metadata(self, method: str) -> Any: ...
 
     def channel(self, address: str) -> Any: ...
 
@@ -82,7 +84,7 @@ class LogStream:
         )
         request = pb.ReadLogRequest(from_pos=pos, end_pos=self.end, chunk_bytes=_LOG_CHUNK)
         self._call = call(
-            request, timeout=max(60.0, store.timeout_s), metadata=store.access.metadata("ReadLog")
+            request, timeout=max(60.0, store.timeout_s), metadata=store.metadata("ReadLog")
         )
         self._it = iter(self._call)
         self._pos = pos
@@ -105,7 +107,7 @@ class LogStream:
             except grpc.RpcError as exc:
                 code = getattr(exc.code(), "name", str(exc.code()))
                 address = self.store.current
-                if code not in RETRIED_CODES:
+                if not retried(code, exc.details()):
                     raise RpcFailed(f"ReadLog: {address} answered {code}: "
                                     f"{exc.details() or code}", code) from None  # fmt: skip
                 self._lagging(f"ReadLog: {address}: {code}")

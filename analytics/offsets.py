@@ -9,10 +9,19 @@ offsets in Spark's checkpoints as JSON (`to_json`, `from_json`), and `cap`
 bounds a micro-batch (Kafka's maxOffsetsPerTrigger).
 
 Filters Spark pushes down (`pushFilters`) narrow the read: `topic` = / IN and
-`queue_id` comparisons select queues exactly, `queue_offset` comparisons cut
+`queue_id` comparisons and `raft_group` = / IN select queues exactly, `queue_offset` comparisons cut
 each queue's range exactly, and `store_timestamp` bounds become offsets by binary
 search, widened by `timestampSlackMs` (a leader's clock may step back a little);
 Spark checks those rows again.
+
+Raft groups (a multi-Raft cluster, docs/analytics.md): a queue is keyed by
+(topic, queue id) in group 1 and (topic, queue id, group) in any other
+(`analytics.sources.QueueKey`), so everything about a single-group read, its
+checkpoints included, is as it always was. In JSON (options and checkpoints) a
+queue is "Q" (group 1) or "G:Q" (group G): `to_json` writes every queue of a
+read that holds any group but 1 as "G:Q", else as "Q"; `from_json` takes both.
+A store's timestamp lookups are (topic, queue id, ms) in group 1 and (topic,
+queue id, ms, group) otherwise (`time_query`).
 
 Invariants: the offsets `resolve` and `resolve_times` give lie within each
 queue's [min_offset, max_offset] (an offset outside is an `OptionError` naming
@@ -26,15 +35,40 @@ import datetime as dt
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from analytics.errors import OptionError, SourceError
 from analytics.options import EARLIEST, LATEST, OffsetSpec, ReadOptions, TimeSpec
-from analytics.sources import SYSTEM_TOPIC_PREFIX, QueueInfo, Slice
+from analytics.sources import (
+    SYSTEM_TOPIC_PREFIX,
+    QueueInfo,
+    QueueKey,
+    Slice,
+    key_parts,
+    parse_queue_ref,
+    queue_label,
+    queue_name,
+    ref_key,
+)
 
-QueueKey = tuple[str, int]
 Offsets = dict[QueueKey, int]
-Lookup = Callable[[Sequence[tuple[str, int, int]]], list[int]]  # store.offsets_for_times
+K = TypeVar("K", bound=QueueKey)  # offsets of any keys (group 1's alone: (topic, queue id))
+TimeQuery = tuple[str, int, int] | tuple[str, int, int, int]  # see the module doc
+Lookup = Callable[[Sequence[TimeQuery]], list[int]]  # store.offsets_for_times
+
+
+def time_query(key: QueueKey, ts: int) -> TimeQuery:
+    """The lookup of the first offset of queue `key` stored at or after `ts`."""
+    topic, queue_id, group = key_parts(key)
+    return (topic, queue_id, ts) if group == 1 else (topic, queue_id, ts, group)
+
+
+def queue_ids(queues: Iterable[QueueInfo], topic: str) -> list[int] | list[str]:
+    """A topic's queues, for messages: ids (group 1 only), else "G:Q" names."""
+    keys = sorted((q.group, q.queue_id) for q in queues if q.topic == topic)
+    if all(g == 1 for g, _ in keys):
+        return [q for _, q in keys]
+    return [f"{g}:{q}" for g, q in keys]
 
 
 def select(queues: Iterable[QueueInfo], topics: tuple[str, ...] | None) -> list[QueueInfo]:
@@ -65,13 +99,16 @@ def choose(queues: Iterable[QueueInfo], opts: ReadOptions) -> list[QueueInfo]:
         ]
     if opts.assign is not None:
         chosen = select(queues, tuple(opts.assign))
-        have = {(q.topic, q.queue_id) for q in chosen}
-        for topic, ids in opts.assign.items():
-            missing = [q for q in ids if (topic, q) not in have]
+        have = {q.key for q in chosen}
+        wanted = set()
+        for topic, refs in opts.assign.items():
+            keys = [ref_key(topic, r) for r in refs]
+            missing = [queue_name(k) if len(k) > 2 else k[1] for k in keys if k not in have]
             if missing:
-                known = sorted(q for t, q in have if t == topic)
+                known = queue_ids(chosen, topic)
                 raise OptionError(f"assign: {topic} has no queue(s) {missing} (queues: {known})")
-        return [q for q in chosen if q.queue_id in opts.assign[q.topic]]
+            wanted.update(keys)
+        return [q for q in chosen if q.key in wanted]
     return select(queues, opts.topics)
 
 
@@ -92,7 +129,7 @@ def resolve_start(opts: ReadOptions, queues: Sequence[QueueInfo], lookup: Lookup
     found = resolve_times(opts.starting_ts, queues, lookup, name, EARLIEST)
     out = resolve("earliest", queues, "startingOffsets")
     for q in queues:
-        key = (q.topic, q.queue_id)
+        key = q.key
         if key not in found:
             continue
         if (
@@ -102,7 +139,7 @@ def resolve_start(opts: ReadOptions, queues: Sequence[QueueInfo], lookup: Lookup
         ):
             ts = opts.starting_ts if isinstance(opts.starting_ts, int) else "the given timestamp"
             raise OptionError(
-                f"{name}: no message of {q.topic}/{q.queue_id} was stored at or after {ts} "
+                f"{name}: no message of {queue_label(key)} was stored at or after {ts} "
                 "(set startingOffsetsByTimestampStrategy=latest to start at its end instead)"
             )
         out[key] = found[key]
@@ -122,7 +159,7 @@ def resolve_times(
     spec: TimeSpec, queues: Sequence[QueueInfo], lookup: Lookup, name: str, default: int
 ) -> Offsets:
     """Per queue with a timestamp, the first offset stored at or after it."""
-    by_key = {(q.topic, q.queue_id): q for q in queues}
+    by_key = {q.key: q for q in queues}
     wanted: dict[QueueKey, int] = {}
     if isinstance(spec, int):
         wanted = dict.fromkeys(by_key, spec)
@@ -132,13 +169,15 @@ def resolve_times(
             if topic not in topics:
                 raise OptionError(f"{name} names topic {topic!r}, which is not read "
                                   f"(read: {', '.join(sorted(topics)) or 'none'})")  # fmt: skip
-            for queue_id, ts in per_queue.items():
-                if (topic, queue_id) not in by_key:
-                    ids = sorted(q.queue_id for q in queues if q.topic == topic)
-                    raise OptionError(f"{name}: {topic} has no queue {queue_id} (queues: {ids})")
-                wanted[(topic, queue_id)] = ts
-    keys = sorted(k for k in wanted if by_key[k].max_offset > by_key[k].min_offset)
-    offsets = lookup([(t, q, wanted[(t, q)]) for t, q in keys]) if keys else []
+            for ref, ts in per_queue.items():
+                key = ref_key(topic, ref)
+                if key not in by_key:
+                    ids = queue_ids(queues, topic)
+                    raise OptionError(f"{name}: {topic} has no queue {queue_name(key)} "
+                                      f"(queues: {ids})")  # fmt: skip
+                wanted[key] = ts
+    keys = sorted((k for k in wanted if by_key[k].max_offset > by_key[k].min_offset), key=key_parts)
+    offsets = lookup([time_query(k, wanted[k]) for k in keys]) if keys else []
     out = {
         k: max(by_key[k].min_offset, min(o, by_key[k].max_offset))
         for k, o in zip(keys, offsets, strict=True)
@@ -153,7 +192,7 @@ def resolve(
 ) -> Offsets:
     """Concrete offsets of `queues` for `spec`, checked against each queue's [min, max]."""
     queues = list(queues)
-    by_key = {(q.topic, q.queue_id): q for q in queues}
+    by_key = {q.key: q for q in queues}
     default = LATEST if spec == "latest" or name == "endingOffsets" else EARLIEST
     given: dict[QueueKey, int] = {}
     if isinstance(spec, dict):
@@ -164,11 +203,13 @@ def resolve(
                     f"{name} names topic {topic!r}, which is not read "
                     f"(read: {', '.join(sorted(topics)) or 'none'})"
                 )
-            for queue_id, offset in per_queue.items():
-                if (topic, queue_id) not in by_key:
-                    ids = sorted(q.queue_id for q in queues if q.topic == topic)
-                    raise OptionError(f"{name}: {topic} has no queue {queue_id} (queues: {ids})")
-                given[(topic, queue_id)] = offset
+            for ref, offset in per_queue.items():
+                key = ref_key(topic, ref)
+                if key not in by_key:
+                    ids = queue_ids(queues, topic)
+                    raise OptionError(f"{name}: {topic} has no queue {queue_name(key)} "
+                                      f"(queues: {ids})")  # fmt: skip
+                given[key] = offset
     out: Offsets = {}
     for key, q in by_key.items():
         offset = given.get(key, default)
@@ -178,13 +219,13 @@ def resolve(
             offset = q.max_offset
         elif offset > q.max_offset:
             raise OptionError(
-                f"{name}: offset {offset} of {q.topic}/{q.queue_id} is beyond its committed "
+                f"{name}: offset {offset} of {queue_label(key)} is beyond its committed "
                 f"end {q.max_offset}"
             )
         elif offset < q.min_offset:
             if fail_on_data_loss:
                 raise OptionError(
-                    f"{name}: offset {offset} of {q.topic}/{q.queue_id} is below its first "
+                    f"{name}: offset {offset} of {queue_label(key)} is below its first "
                     f"retained offset {q.min_offset} (deleted by retention); set "
                     "failOnDataLoss=false to start there instead"
                 )
@@ -193,28 +234,33 @@ def resolve(
     return out
 
 
-def ranges(start: Offsets, end: Offsets) -> list[Slice]:
+def ranges(start: Mapping[K, int], end: Mapping[K, int]) -> list[Slice]:
     """Non-empty [start, end) per queue of `end` (a queue missing from `start` starts at 0)."""
     out = []
-    for (topic, queue_id), hi in sorted(end.items()):
-        lo = start.get((topic, queue_id), 0)
+    for key, hi in sorted(end.items(), key=lambda kv: key_parts(kv[0])):
+        lo = start.get(key, 0)
         if lo > hi:
             raise OptionError(
-                f"{topic}/{queue_id}: starting offset {lo} is after the ending offset {hi}"
+                f"{queue_label(key)}: starting offset {lo} is after the ending offset {hi}"
             )
         if lo < hi:
-            out.append(Slice(topic, queue_id, lo, hi))
+            topic, queue_id, group = key_parts(key)
+            out.append(Slice(topic, queue_id, lo, hi, group))
     return out
 
 
 def stream_ranges(
-    start: Offsets, end: Offsets, queues: Iterable[QueueInfo], fail_on_data_loss: bool = True
+    start: Mapping[K, int],
+    end: Mapping[K, int],
+    queues: Iterable[QueueInfo],
+    fail_on_data_loss: bool = True,
 ) -> list[Slice]:
     """A micro-batch's ranges: queues new since `start` begin at their earliest offset, and
     a queue whose start retention has deleted meanwhile fails (or skips ahead)."""
-    begin = dict(start)
+    begin: Offsets = dict(start.items())
+    ends: Offsets = dict(end.items())
     for q in queues:
-        key = (q.topic, q.queue_id)
+        key = q.key
         if key not in end:
             continue
         if key not in begin:
@@ -222,15 +268,15 @@ def stream_ranges(
         elif begin[key] < q.min_offset:
             if fail_on_data_loss:
                 raise SourceError(
-                    f"{q.topic}/{q.queue_id}: offsets {begin[key]}..{q.min_offset - 1} were "
+                    f"{queue_label(key)}: offsets {begin[key]}..{q.min_offset - 1} were "
                     "deleted by retention before this query read them; set "
                     "failOnDataLoss=false to skip them"
                 )
-            begin[key] = min(q.min_offset, end[key])
-    return ranges(begin, end)
+            begin[key] = min(q.min_offset, ends[key])
+    return ranges(begin, ends)
 
 
-def cap(start: Offsets, latest: Offsets, max_messages: int | None) -> Offsets:
+def cap(start: Mapping[K, int], latest: Mapping[K, int], max_messages: int | None) -> dict[K, int]:
     """`latest`, moved back so that at most `max_messages` are read after `start`.
 
     The budget is shared in proportion to what each queue has available (as
@@ -247,23 +293,31 @@ def cap(start: Offsets, latest: Offsets, max_messages: int | None) -> Offsets:
     return out
 
 
-def to_json(offsets: Offsets) -> dict[str, dict[str, int]]:
-    """Offsets as Spark stores them in checkpoints: {"topic": {"queue id": offset}}."""
+def to_json(offsets: Mapping[K, int]) -> dict[str, dict[str, int]]:
+    """Offsets as Spark stores them in checkpoints: {"topic": {"queue id": offset}}, or,
+    when any queue is of a group but 1, {"topic": {"group:queue id": offset}}."""
+    grouped = any(key_parts(k)[2] != 1 for k in offsets)
     out: dict[str, dict[str, int]] = {}
-    for (topic, queue_id), offset in sorted(offsets.items()):
-        out.setdefault(topic, {})[str(queue_id)] = offset
+    for key, offset in sorted(offsets.items(), key=lambda kv: key_parts(kv[0])):
+        out.setdefault(key[0], {})[queue_name(key, grouped)] = offset
     return out
 
 
 def from_json(doc: Mapping[str, Any]) -> Offsets:
+    """What `to_json` wrote (either form: "Q" and "G:Q" keys)."""
+    out: Offsets = {}
     try:
-        return {
-            (str(topic), int(queue)): int(offset)
-            for topic, queues in doc.items()
-            for queue, offset in queues.items()
-        }
+        for topic, queues in doc.items():
+            for queue, offset in queues.items():
+                ref = parse_queue_ref(str(queue))
+                if ref is None:
+                    raise ValueError(
+                        f'queue {queue!r} of {topic!r} is neither a queue id nor "group:queue id"'
+                    )
+                out[ref_key(str(topic), ref)] = int(offset)
     except (AttributeError, TypeError, ValueError) as exc:
         raise OptionError(f"not a dledger offset: {doc!r} ({exc})") from None
+    return out
 
 
 # ---------------------------------------------------------------- filters
@@ -276,6 +330,7 @@ class Narrowing:
 
     topics: frozenset[str] | None = None
     queue_ids: frozenset[int] | None = None
+    groups: frozenset[int] | None = None  # raft_group = / IN
     queue_id_range: tuple[int | None, int | None] = (None, None)
     offset_range: tuple[int | None, int | None] = (None, None)
     time_range: tuple[int | None, int | None] = (None, None)  # store timestamps, ms
@@ -285,6 +340,11 @@ class Narrowing:
         new = frozenset(names)
         topics = new if self.topics is None else self.topics & new
         return replace(self, topics=topics, pushed=(*self.pushed, what))
+
+    def with_groups(self, ids: Iterable[int], what: str) -> Narrowing:
+        new = frozenset(ids)
+        got = new if self.groups is None else self.groups & new
+        return replace(self, groups=got, pushed=(*self.pushed, what))
 
     def with_queue_ids(self, ids: Iterable[int], what: str) -> Narrowing:
         new = frozenset(ids)
@@ -311,6 +371,7 @@ class Narrowing:
             for q in queues
             if (self.topics is None or q.topic in self.topics)
             and (self.queue_ids is None or q.queue_id in self.queue_ids)
+            and (self.groups is None or q.group in self.groups)
             and (lo is None or q.queue_id >= lo)
             and (hi is None or q.queue_id < hi)
         ]
@@ -330,13 +391,13 @@ class Narrowing:
         """Queue offsets cut by the store_timestamp bounds, each widened by `slack_ms`."""
         lo, hi = self.time_range
         s, e = dict(start), dict(end)
-        keys = sorted(k for k in e if e[k] > s.get(k, 0))
+        keys = sorted((k for k in e if e[k] > s.get(k, 0)), key=key_parts)
         if lo is not None and keys:
-            found = lookup([(t, q, max(0, lo - slack_ms)) for t, q in keys])
+            found = lookup([time_query(k, max(0, lo - slack_ms)) for k in keys])
             for k, o in zip(keys, found, strict=True):
                 s[k] = max(s.get(k, 0), min(o, e[k]))
         if hi is not None and keys:
-            found = lookup([(t, q, hi + slack_ms) for t, q in keys])
+            found = lookup([time_query(k, hi + slack_ms) for k in keys])
             for k, o in zip(keys, found, strict=True):
                 e[k] = max(s.get(k, 0), min(o, e[k]))
         return s, e

@@ -37,10 +37,12 @@ from typing import Final
 
 from analytics.codec import COLUMNS
 from analytics.errors import OptionError
+from analytics.sources import METADATA_COLUMNS, QueueRef, parse_queue_ref
 
 EARLIEST: Final = -2
 LATEST: Final = -1
-OffsetSpec = str | dict[str, dict[int, int]]  # "earliest" | "latest" | per topic and queue
+# "earliest" | "latest" | per topic and queue (a queue id: group 1; (group, queue id): another)
+OffsetSpec = str | dict[str, dict[QueueRef, int]]
 
 DEFAULT_MESSAGES_PER_PARTITION: Final = 500_000
 DEFAULT_MAX_TRIGGER_DELAY_MS: Final = 15 * 60 * 1000  # Kafka's default, 15m
@@ -95,7 +97,7 @@ class ReadOptions:
     tls_ca: str | None = None  # PEM file of the CA a TLS cluster's certificates chain to
     credentials: str | None = None  # TOML file with access_key and secret_key (an ACL)
     pattern: str | None = None  # subscribePattern
-    assign: dict[str, tuple[int, ...]] | None = None
+    assign: dict[str, tuple[QueueRef, ...]] | None = None
     starting_ts: TimeSpec | None = None  # startingTimestamp / startingOffsetsByTimestamp
     ending_ts: TimeSpec | None = None
     ts_strategy: str = "error"  # startingOffsetsByTimestampStrategy
@@ -108,7 +110,7 @@ class ReadOptions:
     min_partitions_given: bool = False
 
 
-TimeSpec = int | dict[str, dict[int, int]]  # one timestamp for all, or per topic and queue
+TimeSpec = int | dict[str, dict[QueueRef, int]]  # one timestamp for all, or per topic and queue
 
 
 def parse_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
@@ -190,7 +192,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions
 
 def _subscription(
     opts: Mapping[str, str],
-) -> tuple[tuple[str, ...] | None, str | None, dict[str, tuple[int, ...]] | None]:
+) -> tuple[tuple[str, ...] | None, str | None, dict[str, tuple[QueueRef, ...]] | None]:
     """topics / subscribe, subscribePattern, assign: at most one (none: every user topic)."""
     given = [n for n in ("topics", "subscribe", "subscribePattern", "assign") if n.lower() in opts]
     if len(given) > 1:
@@ -215,8 +217,9 @@ def _subscription(
     return topics, pattern, assign
 
 
-def _parse_assign(text: str) -> dict[str, tuple[int, ...]]:
-    """`{"orders": [0, 2], "pay": [1]}`: the queues to read."""
+def _parse_assign(text: str) -> dict[str, tuple[QueueRef, ...]]:
+    """`{"orders": [0, 2], "pay": [1]}`: the queues to read (of another group than 1:
+    `"G:Q"` strings, `{"orders": ["2:0", "3:1"]}`)."""
     try:
         doc = json.loads(text)
     except ValueError as exc:
@@ -225,15 +228,39 @@ def _parse_assign(text: str) -> dict[str, tuple[int, ...]]:
         ) from None
     if not isinstance(doc, dict) or not doc:
         raise OptionError('assign: the JSON must be a non-empty object {"topic": [queue ids]}')
-    out: dict[str, tuple[int, ...]] = {}
+    out: dict[str, tuple[QueueRef, ...]] = {}
     for topic, ids in doc.items():
         if not isinstance(ids, list) or not ids:
             raise OptionError(f"assign: topic {topic!r} must map to a non-empty list of queue ids")
+        refs: set[QueueRef] = set()
         for q in ids:
+            ref = parse_queue_ref(q) if isinstance(q, str) else None
+            if ref is not None:
+                refs.add(ref)
+                continue
             if isinstance(q, bool) or not isinstance(q, int) or q < 0:
-                raise OptionError(f"assign: queue id {q!r} of {topic!r} is not an integer >= 0")
-        out[str(topic)] = tuple(sorted(set(ids)))
+                raise OptionError(
+                    f"assign: queue id {q!r} of {topic!r} is not an integer >= 0 "
+                    '(nor "group:queue id")'
+                )
+            refs.add(q)
+        out[str(topic)] = tuple(sorted(refs, key=_ref_order))
     return out
+
+
+def _ref_order(ref: QueueRef) -> tuple[int, int]:
+    return (1, ref) if isinstance(ref, int) else ref
+
+
+def _queue_ref(text: object, name: str, topic: str) -> QueueRef:
+    """A queue of an offsets JSON: "Q" or "G:Q" (see `analytics.sources.parse_queue_ref`)."""
+    ref = parse_queue_ref(text) if isinstance(text, str) else None
+    if ref is None:
+        raise OptionError(
+            f"{name}: queue id {text!r} of {topic!r} is not a number, nor "
+            '"group:queue id" ("2:0": queue 0 of Raft group 2)'
+        )
+    return ref
 
 
 def _time_spec(opts: Mapping[str, str], one: str, per_queue: str) -> TimeSpec | None:
@@ -260,20 +287,22 @@ def _time_spec(opts: Mapping[str, str], one: str, per_queue: str) -> TimeSpec | 
         ) from None
     if not isinstance(doc, dict):
         raise OptionError(f'{per_queue}: the JSON must be an object {{"topic": {{"queue": ms}}}}')
-    out: dict[str, dict[int, int]] = {}
+    out: dict[str, dict[QueueRef, int]] = {}
     for topic, queues in doc.items():
         if not isinstance(queues, dict):
             raise OptionError(f"{per_queue}: topic {topic!r} must map queue ids to timestamps")
         out[topic] = {}
         for queue, ts in queues.items():
             if not (isinstance(queue, str) and queue.isdigit()):
-                raise OptionError(f"{per_queue}: queue id {queue!r} of {topic!r} is not a number")
+                ref = _queue_ref(queue, per_queue, topic)
+            else:
+                ref = int(queue)
             if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
                 raise OptionError(
                     f"{per_queue}: timestamp {ts!r} of {topic}/{queue} must be an integer >= 0 "
                     "(milliseconds since the epoch)"
                 )
-            out[topic][int(queue)] = ts
+            out[topic][ref] = ts
     return out
 
 
@@ -302,11 +331,11 @@ def _columns(opts: Mapping[str, str]) -> tuple[str, ...] | None:
     if "columns" not in opts:
         return None
     names = tuple(dict.fromkeys(c.strip() for c in opts["columns"].split(",") if c.strip()))
-    unknown = [c for c in names if c not in COLUMNS]
+    unknown = [c for c in names if c not in COLUMNS and c not in METADATA_COLUMNS]
     if not names or unknown:
         raise OptionError(
             f"columns: {', '.join(unknown) or 'none given'} "
-            f"(columns of the source: {', '.join(COLUMNS)})"
+            f"(columns of the source: {', '.join((*COLUMNS, *METADATA_COLUMNS))})"
         )
     return names
 
@@ -372,18 +401,20 @@ def parse_offsets(text: str, name: str) -> OffsetSpec:
         ) from None
     if not isinstance(doc, dict):
         raise OptionError(f'{name}: the JSON must be an object {{"topic": {{"queue": offset}}}}')
-    out: dict[str, dict[int, int]] = {}
+    out: dict[str, dict[QueueRef, int]] = {}
     for topic, queues in doc.items():
         if not isinstance(queues, dict):
             raise OptionError(f"{name}: topic {topic!r} must map queue ids to offsets")
         out[topic] = {}
         for queue, offset in queues.items():
             if not (isinstance(queue, str) and queue.isdigit()):
-                raise OptionError(f"{name}: queue id {queue!r} of {topic!r} is not a number")
+                ref = _queue_ref(queue, name, topic)
+            else:
+                ref = int(queue)
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < EARLIEST:
                 raise OptionError(
                     f"{name}: offset {offset!r} of {topic}/{queue} must be an integer >= 0, "
                     "or -2 (earliest) or -1 (latest)"
                 )
-            out[topic][int(queue)] = offset
+            out[topic][ref] = offset
     return out

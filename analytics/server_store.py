@@ -14,6 +14,13 @@ by device and inode), its files are read directly instead
 hands the files it was offered to the partitions, which ask the servers only
 when those are not on their host or not far enough.
 
+Raft groups: a store reads one group (`group`; 1 by default, as a single-group
+cluster's), every call naming it in its metadata (`dledger-group`; none for
+group 1, so a single-group cluster sees the calls it always saw); `for_group`
+gives another group's store over the same channels, and `data_groups` asks a
+node (`Route`) how many data groups the cluster has (1 from a server that
+predates groups). `analytics.group_stores` reads every group through these.
+
 Replicas answer only below their committed position; one that is behind the
 planned end is waited for (committed data reaches every replica) and an
 unreachable one is failed over (`fail_over`: the next server is tried first).
@@ -23,6 +30,7 @@ resumes on another server where it stopped.
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 from analytics.codec import COLUMNS, Expected, Int64s, decode, decode_heads, walk
-from analytics.errors import RETRIED_CODES, RpcFailed, SourceError
+from analytics.errors import RpcFailed, SourceError, retried
 from analytics.file_store import LocalFiles, NotHere, OfflineStore, this_boot_id
 from analytics.log_stream import LogStream
 from analytics.rows import BATCH_ROWS, Rows, Units, batch_slices, span_from_ends
@@ -69,9 +77,11 @@ class ServerStore:
         pull_bytes: int = _PULL_BYTES,
         access: Access | None = None,
         local_reads: bool = True,
+        group: int = 1,
     ) -> None:
         """`access`: TLS and credentials of a secured cluster (default: neither);
-        `local_reads`: read a replica on this host from its files (default)."""
+        `local_reads`: read a replica on this host from its files (default);
+        `group`: the Raft group read (see the module doc)."""
         from dledger_commitlog.client import Access  # lazily: grpc only when reading servers
 
         self.access = access or Access()
@@ -84,8 +94,32 @@ class ServerStore:
         self._first = prefer % len(self.servers)
         self._channels: dict[str, Any] = {}
         self._stubs: dict[str, Any] = {}
+        self.group = group
+        self.metadata = self.access.group_metadata(group)  # a call's, by RPC name
         self.last_path = ""  # how the last piece was read: "files", "rpc" or "pull"
         self.offered: LocalFiles | None = None  # by the last QueueOffsets of every queue
+
+    def for_group(self, group: int) -> ServerStore:
+        """A store of Raft group `group` sharing this one's channels (close this one)."""
+        other = copy.copy(self)
+        other.group = group
+        other.metadata = self.access.group_metadata(group)
+        other.offered = None
+        other.last_path = ""
+        return other
+
+    def data_groups(self) -> int:
+        """How many data groups the cluster has (groups 1..N): a node's `Route` answer;
+        1 from a server that predates groups."""
+        from proto import dledger_pb2 as pb
+
+        try:
+            response = self._call("Route", pb.RouteRequest(), "Route")
+        except RpcFailed as exc:
+            if exc.code == "UNIMPLEMENTED":
+                return 1
+            raise SourceError(str(exc)) from None
+        return max(1, int(response.data_groups))
 
     def close(self) -> None:
         for channel in self._channels.values():
@@ -121,7 +155,7 @@ class ServerStore:
         """One RPC on the preferred server, failing over to the others until the deadline."""
         return self._attempts(
             lambda stub, timeout: getattr(stub, method)(
-                request, timeout=timeout, metadata=self.access.metadata(method)
+                request, timeout=timeout, metadata=self.metadata(method)
             ),
             what,
             attempt_s,
@@ -144,7 +178,7 @@ class ServerStore:
                 except grpc.RpcError as exc:
                     code = getattr(exc.code(), "name", str(exc.code()))
                     details = exc.details() or code
-                    if code not in RETRIED_CODES:
+                    if not retried(code, exc.details()):
                         why = f"{what}: {address} answered {code}: {details}"
                         raise RpcFailed(why, code) from None
                     errors[address] = f"{code}: {details}"
@@ -209,7 +243,7 @@ class ServerStore:
                 response = self._stub(address).QueueOffsets(
                     pb.QueueOffsetsRequest(),
                     timeout=5,
-                    metadata=self.access.metadata("QueueOffsets"),
+                    metadata=self.metadata("QueueOffsets"),
                 )
             except grpc.RpcError:  # not this one
                 continue
@@ -282,9 +316,7 @@ class ServerStore:
         while True:
             answers = self._attempts(
                 lambda stub, timeout: list(
-                    stub.ReadUnits(
-                        request, timeout=timeout, metadata=self.access.metadata("ReadUnits")
-                    )
+                    stub.ReadUnits(request, timeout=timeout, metadata=self.metadata("ReadUnits"))
                 ),
                 f"ReadUnits for commit-log range [{piece.start}, {piece.end})",
                 attempt_s=30.0,
@@ -360,7 +392,7 @@ class ServerStore:
                                     message_offsets=offsets.astype("<i8").tobytes())  # fmt: skip
 
         def collect(stub: Any, timeout: float) -> list[Any] | None:
-            call = stub.ReadLog(request, timeout=timeout, metadata=self.access.metadata("ReadLog"))
+            call = stub.ReadLog(request, timeout=timeout, metadata=self.metadata("ReadLog"))
             got = []
             for answer in call:
                 if answer.data and not answer.heads:
@@ -417,7 +449,7 @@ class ServerStore:
         address = self.current
         try:
             future = self._stub(address).Pull.future(
-                request, timeout=attempt_s, metadata=self.access.metadata("Pull")
+                request, timeout=attempt_s, metadata=self.metadata("Pull")
             )
         except grpc.RpcError:
             future = None
@@ -428,7 +460,7 @@ class ServerStore:
                     return future.result()
                 except grpc.RpcError as exc:
                     code = getattr(exc.code(), "name", str(exc.code()))
-                    if code not in RETRIED_CODES:
+                    if not retried(code, exc.details()):
                         details = exc.details() or code
                         raise SourceError(f"{what}: {address} answered {code}: {details}") from None
                     self.fail_over()
@@ -528,7 +560,7 @@ class ServerStore:
         request = pb.ReadUnitsRequest(queues=ranges)
         answers = self._attempts(
             lambda stub, timeout: list(
-                stub.ReadUnits(request, timeout=timeout, metadata=self.access.metadata("ReadUnits"))
+                stub.ReadUnits(request, timeout=timeout, metadata=self.metadata("ReadUnits"))
             ),
             "ReadUnits (planning)",
             attempt_s=30.0,

@@ -2,7 +2,9 @@
 
 Owns `open_store`, the one place that chooses between the two stores
 (`file_store.OfflineStore`, `server_store.ServerStore`); both answer the
-questions of `sources.MessageStore`.
+questions of `sources.MessageStore`, of one Raft group (group 1: all of a
+single-group cluster). `open_groups` opens every data group of either
+(`group_stores.GroupedStore`): what the Spark source reads.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from analytics.file_store import OfflineStore
+from analytics.group_stores import GroupedStore
 from analytics.server_store import ServerStore
 from dledger_commitlog.client import Access
 
@@ -28,3 +31,19 @@ def open_store(
     return ServerStore(
         servers, timeout_s=timeout_s, prefer=prefer, access=access, local_reads=local_reads
     )
+
+
+def open_groups(
+    servers: Sequence[str] = (),
+    path: str | None = None,
+    timeout_s: float = 30.0,
+    prefer: int = 0,
+    access: Access | None = None,
+    local_reads: bool = True,
+    groups: Sequence[int] | None = None,
+) -> GroupedStore:
+    """Every data group of the files under `path` if given, else of the cluster at
+    `servers`; `groups`: the data groups when known (else asked on first need)."""
+    if path:
+        return GroupedStore.files(path, groups)
+    return GroupedStore.servers(servers, timeout_s, prefer, access, local_reads, groups)

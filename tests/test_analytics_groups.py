@@ -1,0 +1,175 @@
+"""The `dledger` source over several Raft groups, its pure parts: queue keys and offsets
+JSON by group and queue, per-group planning and partitions, the `raft_group` column,
+a node directory's groups. (Reads of real multi-group clusters: test_spark_groups.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from analytics.errors import OptionError, retried
+from analytics.group_stores import GroupedStore, file_groups, with_group
+from analytics.offsets import (
+    Narrowing,
+    Offsets,
+    choose,
+    from_json,
+    ranges,
+    resolve,
+    resolve_start,
+    stream_ranges,
+    time_query,
+    to_json,
+)
+from analytics.options import parse_offsets, parse_options
+from analytics.partitions import by_group, log_pieces, shares, split
+from analytics.sources import QueueInfo, Slice, parse_queue_ref, queue_key
+
+# "orders" in groups 1 and 2 (queue ids 0 and 1 in each), "pay" in group 3 only.
+QUEUES = [
+    QueueInfo("orders", 0, 0, 10),
+    QueueInfo("orders", 1, 0, 12),
+    QueueInfo("orders", 0, 2, 20, group=2),
+    QueueInfo("orders", 1, 0, 5, group=2),
+    QueueInfo("pay", 0, 0, 7, group=3),
+]
+SERVERS = {"servers": "127.0.0.1:7001"}
+
+
+def test_queue_keys_keep_group_one_as_it_was() -> None:
+    assert QUEUES[0].key == ("orders", 0) == queue_key("orders", 0, 1)
+    assert QUEUES[2].key == ("orders", 0, 2)
+    assert Slice("t", 3, 0, 1, group=5).key == ("t", 3, 5)
+    assert [parse_queue_ref(t) for t in ("0", "12", "1:4", "2:0", "30:7")] == [
+        0, 12, 4, (2, 0), (30, 7),
+    ]  # fmt: skip
+    for bad in ("", "x", "-1", "2:", ":3", "0:1", "2:x", "1:2:3", " 1"):
+        assert parse_queue_ref(bad) is None, bad
+
+
+def test_offsets_json_single_group_unchanged_and_grouped_as_group_colon_queue() -> None:
+    single: Offsets = {("orders", 0): 3, ("orders", 1): 9}
+    assert to_json(single) == {"orders": {"0": 3, "1": 9}}  # what checkpoints always held
+    assert from_json({"orders": {"0": 3, "1": 9}}) == single
+    grouped: Offsets = {("orders", 0): 3, ("orders", 0, 2): 4, ("pay", 0, 3): 1}
+    doc = to_json(grouped)
+    assert doc == {"orders": {"1:0": 3, "2:0": 4}, "pay": {"3:0": 1}}
+    assert from_json(json.loads(json.dumps(doc))) == grouped  # a checkpoint round trip
+    assert from_json({"orders": {"0": 3, "2:0": 4}}) == {("orders", 0): 3, ("orders", 0, 2): 4}
+    for bad in ({"orders": {"2-0": 1}}, {"orders": {"a:b": 1}}, {"orders": {"0:1": 1}}):
+        with pytest.raises(OptionError, match=r"neither a queue id nor \"group:queue id\""):
+            from_json(bad)
+
+
+def test_starting_offsets_name_queues_of_any_group() -> None:
+    spec = parse_offsets('{"orders": {"0": 4, "2:0": 6, "2:1": -1}}', "startingOffsets")
+    assert spec == {"orders": {0: 4, (2, 0): 6, (2, 1): -1}}
+    got = resolve(spec, QUEUES, "startingOffsets")
+    assert got == {
+        ("orders", 0): 4,
+        ("orders", 1): 0,
+        ("orders", 0, 2): 6,
+        ("orders", 1, 2): 5,
+        ("pay", 0, 3): 0,
+    }
+    with pytest.raises(OptionError, match=r"orders has no queue 3:0 \(queues: \['1:0', "):
+        resolve(parse_offsets('{"orders": {"3:0": 1}}', "x"), QUEUES, "startingOffsets")
+    with pytest.raises(OptionError, match=r"of orders/2:0 is below its first retained offset 2"):
+        resolve(parse_offsets('{"orders": {"2:0": 1}}', "x"), QUEUES, "startingOffsets")
+    with pytest.raises(OptionError, match=r"queue id '2-0' of 'orders' is not a number, nor"):
+        parse_offsets('{"orders": {"2-0": 1}}', "startingOffsets")
+
+
+def test_assign_and_timestamps_by_group() -> None:
+    opts = parse_options({**SERVERS, "assign": '{"orders": [1, "2:0"]}'}, streaming=False)
+    assert [q.key for q in choose(QUEUES, opts)] == [("orders", 1), ("orders", 0, 2)]
+    bad = parse_options({**SERVERS, "assign": '{"orders": ["4:0"]}'}, streaming=False)
+    with pytest.raises(OptionError, match=r"assign: orders has no queue\(s\) \['4:0'\]"):
+        choose(QUEUES, bad)
+    asked: list[Any] = []
+
+    def lookup(queries: Any) -> list[int]:
+        asked.extend(queries)
+        return [3 for _ in queries]
+
+    ts = parse_options(
+        {**SERVERS, "startingOffsetsByTimestamp": '{"orders": {"2:0": 77}}'}, streaming=False
+    )
+    start = resolve_start(ts, QUEUES, lookup)
+    assert asked == [("orders", 0, 77, 2)]  # group 1 would be ("orders", 0, 77)
+    assert start[("orders", 0, 2)] == 3 and start[("orders", 0)] == 0
+    assert time_query(("orders", 0), 5) == ("orders", 0, 5)
+
+
+def test_ranges_and_partitions_never_span_groups() -> None:
+    start = resolve("earliest", QUEUES, "startingOffsets")
+    end = resolve("latest", QUEUES, "endingOffsets")
+    slices = ranges(start, end)
+    assert [(s.topic, s.group, s.queue_id, s.start, s.end) for s in slices] == [
+        ("orders", 1, 0, 0, 10),
+        ("orders", 2, 0, 2, 20),
+        ("orders", 1, 1, 0, 12),
+        ("orders", 2, 1, 0, 5),
+        ("pay", 3, 0, 0, 7),
+    ]
+    groups = by_group(slices)
+    assert list(groups) == [1, 2, 3]
+    assert {s.group for s in groups[2]} == {2}
+    cut = split(groups[2], 6)
+    assert all(s.group == 2 for s in cut) and sum(s.end - s.start for s in cut) == 23
+    pieces = log_pieces(groups[2], (0, 1000, 1000), 3, None, exact=True)
+    assert len(pieces) == 3 and all(p.group == 2 for p in pieces)
+    # Log pieces shared by bytes, at least one a group.
+    assert shares(8, [300, 100]) == [6, 2]
+    assert shares(4, [1000, 1]) == [4, 1]
+    assert shares(5, [10]) == [5] and shares(0, [10]) == [1]
+    # A stream's new queue of another group starts at its earliest offset.
+    begin: Offsets = {("orders", 0): 5}
+    got = stream_ranges(begin, end, QUEUES)
+    assert Slice("orders", 0, 2, 20, 2) in got and Slice("orders", 0, 5, 10) in got
+
+
+def test_raft_group_is_a_metadata_column() -> None:
+    opts = parse_options({**SERVERS, "columns": "msg_id,raft_group"}, streaming=False)
+    assert opts.columns == ("msg_id", "raft_group")
+    with pytest.raises(OptionError, match="raft_group"):  # the list of columns names it
+        parse_options({**SERVERS, "columns": "nope"}, streaming=False)
+    batch = pa.record_batch({"queue_id": pa.array([0, 1], pa.int32()), "msg_id": ["a", "b"]})
+    out = list(with_group(iter([batch]), ["raft_group", "msg_id"], 3))
+    assert out[0].schema.names == ["raft_group", "msg_id"]
+    assert out[0].column(0).to_pylist() == [3, 3] and out[0].column(0).type == pa.int32()
+    assert list(with_group(iter([batch]), ["msg_id", "queue_id"], 3)) == [batch]
+
+
+def test_a_node_directory_holds_group_one_at_its_root_and_the_others_under_groups(
+    tmp_path: Path,
+) -> None:
+    for rel in ("commitlog/data", "groups/0/commitlog/data", "groups/2/commitlog/data",
+                "groups/3/commitlog/data", "groups/junk/commitlog/data", "groups/4"):  # fmt: skip
+        (tmp_path / rel).mkdir(parents=True)
+    assert file_groups(tmp_path) == [1, 2, 3]  # 0 holds routes only; 4 holds no log
+    assert GroupedStore.files(str(tmp_path)).groups() == [1, 2, 3]
+    assert file_groups(tmp_path / "groups" / "2") == [1]  # a group's own directory: one log
+    store = GroupedStore.files(str(tmp_path))
+    try:
+        assert store.queues() == []  # no consume queues yet
+    finally:
+        store.close()
+
+
+def test_raft_group_filters_select_groups() -> None:
+    n = Narrowing().with_groups([2, 3], "in").with_groups([2, 1], "eq")
+    assert [q.key for q in n.queues(QUEUES)] == [("orders", 0, 2), ("orders", 1, 2)]
+    assert Narrowing().with_groups([1], "eq").queues(QUEUES) == QUEUES[:2]
+
+
+def test_a_process_that_does_not_host_a_group_sends_the_read_to_another() -> None:
+    assert retried("UNAVAILABLE", None)
+    assert retried("NOT_FOUND", "this node process hosts groups 0, 1, not group 2")
+    assert not retried("NOT_FOUND", "queue offset 7 of t/0 was deleted by retention")
+    assert retried("FAILED_PRECONDITION", "node 2's process does not host group 0 (the routes)")
+    assert not retried("FAILED_PRECONDITION", "this is cluster a, not b")
