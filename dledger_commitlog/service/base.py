@@ -292,6 +292,12 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         else:
             check_name(topic)
 
+    def _queues_here(self, topic: str) -> int | None:
+        """How many queues of `topic` this group holds by the cluster's route (None: no
+        route is known here: a single-group cluster, or a process without group 0);
+        the route service (`routes.RouteRpcs`) knows."""
+        return None
+
     def _check_queue(self, topic: str, queue_id: int) -> None:
         check_name(topic)
         limit = 1 if topic.startswith(SYSTEM_TOPIC_PREFIX) else self.cfg.queues_per_topic

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
 from dledger_commitlog.common.routes import TopicRoute
 from dledger_commitlog.messaging.routes import RouteError, RouteStore, RouteTable
 from dledger_commitlog.node.acl import require_admin
@@ -72,6 +73,15 @@ class RouteRpcs(ServiceBase):
         if self.host is None:
             self.host = Host(1, self.cfg.queues_per_topic, {self.cfg.group: self.node})
         return self.host
+
+    def _queues_here(self, topic: str) -> int | None:
+        host = self.host
+        if host is None or host.data_groups == 1 or self.cfg.group == 0:
+            return None
+        table = host.table()
+        if table is None or topic.startswith(SYSTEM_TOPIC_PREFIX):
+            return None
+        return dict(table.route(topic).groups).get(self.cfg.group, 0)
 
     async def Route(self, request: pb.RouteRequest, context: Context) -> pb.RouteResponse:
         await self._caller(context, "Route")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
@@ -43,14 +44,17 @@ class WriteRpcs(ServiceBase):
         if reserved_topic(m.topic):
             raise InvalidMessage(f"topic {m.topic!r}: the prefixes {SYSTEM_TOPIC_PREFIX}, "
                                  f"{RETRY_PREFIX} and {DLQ_PREFIX} are reserved")  # fmt: skip
+        here = self._queues_here(m.topic)  # None: no route known (one group, or no group 0)
         if m.sharding_key:
             if m.has_queue_id:
                 raise InvalidMessage("give a queue id or a sharding key, not both")
-            m.queue_id = sharding_queue(m.sharding_key, self.cfg.queues_per_topic)
+            m.queue_id = sharding_queue(m.sharding_key, here or self.cfg.queues_per_topic)
             m.has_queue_id = True
             m.sharding_key = ""  # a forward to the leader carries the queue it chose
         if not m.uniq_key:
             m.uniq_key = uuid.uuid4().hex.upper()
+        if here is not None:
+            self._route_queue(m, here)
         topic, uniq, qid = m.topic, m.uniq_key, m.queue_id if m.has_queue_id else None
         props = dict(m.properties)
         if producer_group is not None:
@@ -78,6 +82,23 @@ class WriteRpcs(ServiceBase):
             born_timestamp_ms=m.born_timestamp_ms or int(time.time() * 1000),
             flag=m.flag,
         )
+
+    def _route_queue(self, m: pb.MessageData, here: int) -> None:
+        """Keep a put within the queues this group holds of its topic by the cluster's
+        route (docs/scaling.md): a queue beyond them is refused, saying "outside" (a
+        routed client then asks for the route again); a put naming no queue gets one
+        of them (by its uniq_key)."""
+        group = self.cfg.group
+        if m.has_queue_id and not 0 <= m.queue_id < here:
+            raise InvalidMessage(f"queue id {m.queue_id} outside [0, {here}) for {m.topic!r} "
+                                 f"in group {group}: the topic's route gives group {group} "
+                                 f"{here} of its queues (ask Route again)")  # fmt: skip
+        if not m.has_queue_id and here < self.cfg.queues_per_topic:
+            if here == 0:
+                raise InvalidMessage(f"topic {m.topic!r} has no queues in group {group} "
+                                     "(outside [0, 0): ask Route for its groups)")  # fmt: skip
+            m.queue_id = zlib.crc32(m.uniq_key.encode()) % here
+            m.has_queue_id = True
 
     async def _put_specs(
         self,
