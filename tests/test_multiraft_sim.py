@@ -4,8 +4,10 @@ ordered link for all groups' messages (as raft/multiplex.py shares one stream).
 
 - A partition of one group only (every message of group A to or from A's leader
   lost, the other groups' messages on the same links untouched) elects a new
-  leader in A while every other group keeps committing throughout (a new entry
-  at least every `GAP_MS`) and never changes leader.
+  leader in A while every other group, one of them led by that same node (its
+  messages share the links A's are lost on), keeps committing throughout (a new
+  entry at least every `GAP_MS`) and never changes leader. (Preferred leaders are
+  off in this one: they would move that group back to its preferred node.)
 - A full partition of one node stalls no group: the groups it did not lead keep
   committing throughout without a leader change; the groups it led elect a new
   leader among the other two and commit again within an election or two.
@@ -20,7 +22,7 @@ import pytest
 
 from dledger_commitlog.common.routes import preferred_leader
 from raft import Message
-from tests.sim.multiraft import MultiSim, leaders_between, no_commit_gap, settle
+from tests.sim.multiraft import MultiSim, leaders_between, move_leader, no_commit_gap, settle
 
 SEEDS = 24
 PARTITION_MS = 1500
@@ -28,10 +30,10 @@ GAP_MS = 60  # 6 ticks: a healthy group commits every few ms (proposals every 3 
 ELECT_MS = 800  # a new leader: an election timeout (100-200 ms), pre-vote, maybe a retry
 
 
-def sim_of(seed: int, test: str) -> MultiSim:
+def sim_of(seed: int, test: str, *, preferred: bool = True) -> MultiSim:
     groups = (1, 2, 3) if seed % 2 else (1, 2)
     replay = f".venv/bin/python -m pytest tests/test_multiraft_sim.py -k '{test} and {seed}'"
-    return MultiSim(seed, groups, replay=replay)
+    return MultiSim(seed, groups, replay=replay, preferred=preferred)
 
 
 def converge_after_heal(sim: MultiSim) -> None:
@@ -50,11 +52,17 @@ def converge_after_heal(sim: MultiSim) -> None:
 @pytest.mark.sim
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_a_partition_of_one_groups_leader_stalls_no_other_group(seed: int) -> None:
-    sim = sim_of(seed, "one_groups_leader")
+    sim = sim_of(seed, "one_groups_leader", preferred=False)
     settle(sim, 5000)
     a = sim.groups[seed % len(sim.groups)]
     old = sim.leader(a)
     assert old is not None
+    # The hard case: another group led by the same node, whose messages share the
+    # very links (to and from that node) on which group A's are lost.
+    b = sim.groups[(seed + 1) % len(sim.groups)]
+    move_leader(sim, b, old, sim.now + 5000)
+    led = {g: sim.leader(g) for g in sim.groups}
+    assert led[a] == led[b] == old
 
     def cut(g: int, m: Message) -> bool:
         return g == a and old in (m.src, m.dst)
@@ -74,7 +82,7 @@ def test_a_partition_of_one_groups_leader_stalls_no_other_group(seed: int) -> No
             continue
         no_commit_gap(sim, g, start, sim.now, GAP_MS)
         seen = leaders_between(sim, g, start, sim.now)
-        if seen != [preferred_leader(g, sim.ids)]:
+        if seen != [led[g]]:
             raise sim.failure(f"group {g} changed leader while group {a} was cut: {seen}")
     assert sim.lost_to_cut > 0
     converge_after_heal(sim)

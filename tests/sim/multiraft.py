@@ -49,9 +49,13 @@ class GroupView:
 
 
 class MultiSim:
-    def __init__(self, seed: int, groups: Sequence[int], nodes: int = 3, replay: str = "") -> None:
+    def __init__(
+        self, seed: int, groups: Sequence[int], nodes: int = 3, replay: str = "",
+        *, preferred: bool = True,
+    ) -> None:  # fmt: skip
         self.seed = seed
         self.replay = replay
+        self.preferred = preferred
         rng = self.rng = random.Random(seed)
         self.ids = tuple(range(1, nodes + 1))
         self.groups = tuple(groups)
@@ -64,8 +68,9 @@ class MultiSim:
         self.applied: dict[tuple[int, int], int] = {}
         for n in self.ids:
             for g in self.groups:
+                pref = preferred_leader(g, self.ids) if preferred else None
                 cfg = Config(id=n, peers=self.ids, election_ticks=10, heartbeat_ticks=heartbeat,
-                             preferred_leader=preferred_leader(g, self.ids))  # fmt: skip
+                             preferred_leader=pref)  # fmt: skip
                 self.storage[n, g] = MemoryStorage()
                 self.hard[n, g] = HardState()
                 self.applied[n, g] = 0
@@ -212,13 +217,30 @@ def leaders_between(sim: MultiSim, g: int, since: int, until: int) -> list[int |
     return before[-1:] + during
 
 
+def move_leader(sim: MultiSim, g: int, to: int, deadline_ms: int) -> None:
+    """Transfer group `g`'s leadership to node `to` (quiet meanwhile, as `settle`)."""
+    sim.load = False
+    while sim.leader(g) != to:
+        if sim.now >= deadline_ms:
+            raise sim.failure(f"group {g}: no transfer to node {to} in time")
+        leader = sim.leader(g)
+        if leader is not None and sim.now % 50 == 0:
+            sim.cores[leader, g].transfer_leadership(to)
+        sim.step()
+    sim.load = True
+    sim.run_until(sim.now + 100)
+
+
 def settle(sim: MultiSim, deadline_ms: int) -> None:
     """Run until every group is led by its preferred node (elections and transfers
-    done), then 100 ms under load. Quiet meanwhile: a leader hands over to its
+    done; without preferred leaders, until every group has a leader), then 100 ms
+    under load. Quiet meanwhile: a leader hands over to its
     preferred node only when that one holds its whole log (raft/leadership.py),
     which a steady stream of proposals may never let happen."""
 
     def settled() -> bool:
+        if not sim.preferred:
+            return all(sim.leader(g) is not None for g in sim.groups)
         return all(sim.leader(g) == preferred_leader(g, sim.ids) for g in sim.groups)
 
     sim.load = False
