@@ -9,8 +9,9 @@ process hosting data groups 1..3 and group 0, all on 127.0.0.1.
   restarted and the same is done to another node and another pair of groups.
   Then every acknowledged put of every group is read back, by message id and in a
   pull of its queue, from every node: zero acknowledged loss in each group.
-- A corrupt group on one node (its store layout changed under it, which recovery
-  refuses): that node's process stays up and serves its other groups (puts and
+- A corrupt group on one node (a flipped byte in the segment holding its
+  checkpointed entry, or its store layout changed under it: recovery refuses
+  either): that node's process stays up and serves its other groups (puts and
   reads through it), answers the corrupt group's calls UNAVAILABLE naming why, and
   the cluster's copy of that group keeps serving through the other two nodes.
 - A single-group cluster restarted with `dledger cluster up --groups 3` keeps its
@@ -19,6 +20,7 @@ process hosting data groups 1..3 and group 0, all on 127.0.0.1.
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 import threading
@@ -28,6 +30,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from chaos.disk import flip_byte
 from dledger_commitlog.cli.cluster_layout import groups_config
 from dledger_commitlog.cli.launcher import LocalCluster, converged
 from dledger_commitlog.client import Client, NodeStatus
@@ -143,8 +146,20 @@ def test_leader_kills_in_two_groups_at_once_lose_no_acknowledged_put(
     check_no_loss(cluster, acked)
 
 
+def corrupt(group_dir: Path, how: str) -> str:
+    """Damage a stopped node's group directory so that recovery refuses it; what the
+    refusal names."""
+    if how == "segment":  # the checkpointed (last) entry: recovery's anchor
+        flip_byte(group_dir, random.Random(7), last_entries=1, above_checkpoint=False)
+        return "corrupt entry at"
+    layout = read_layout(group_dir)
+    write_layout(group_dir, {**layout, "data_segment_bytes": 2 * layout["data_segment_bytes"]})
+    return "data_segment_bytes"
+
+
+@pytest.mark.parametrize("how", ["segment", "layout"])
 def test_a_corrupt_group_on_one_node_stops_alone(
-    make_cluster: Callable[..., LocalCluster],
+    make_cluster: Callable[..., LocalCluster], how: str
 ) -> None:
     cluster = multi(make_cluster, "corrupt")
     bad_group, victim = 2, 2
@@ -155,9 +170,7 @@ def test_a_corrupt_group_on_one_node_stops_alone(
     for g in DATA_GROUPS:
         wait_group_converged(cluster, g)
     cluster.down()
-    layout_dir = Path(cluster.specs[victim].data_dir) / "groups" / str(bad_group)
-    layout = read_layout(layout_dir)
-    write_layout(layout_dir, {**layout, "data_segment_bytes": 2 * layout["data_segment_bytes"]})
+    named = corrupt(Path(cluster.specs[victim].data_dir) / "groups" / str(bad_group), how)
     cluster.up()
     for g in (0, 1, 3):
         group_leader(cluster, g)
@@ -189,7 +202,7 @@ def test_a_corrupt_group_on_one_node_stops_alone(
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value
             why = err.value.details() or ""
             assert f"group {bad_group} is stopped on node {victim}" in why, why
-            assert "data_segment_bytes" in why, why
+            assert named in why, why
     # The cluster's group 2 keeps serving through the other two nodes.
     others = [cluster.specs[i].client for i in rest]
     with Client(others, group=bad_group, timeout_s=15.0) as g2:
