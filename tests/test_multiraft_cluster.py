@@ -1,0 +1,218 @@
+"""Multi-Raft routing on real node processes (issue 24): one 3-node cluster of 3 data
+groups (and group 0, the routes) for the module, every node process hosting every
+group, all on 127.0.0.1.
+
+- `RoutedClient` puts to a topic routed over groups 2 and 3 land only there (the
+  message id names the group), round robin covers every queue of the route, a
+  sharding key keeps one queue; `get` by message id reads from the id's group,
+  through every node.
+- A route update is seen after a refresh; a put to a queue a group no longer has
+  is refused naming why, and a routed client with the old route refreshes and
+  lands within the new one.
+- `Route` is answered by every node; `TopicUpdate` on a follower of group 0
+  redirects to group 0's leader.
+- The CLI: `topic create/route/delete`, `groups status/balance --json`.
+- Metrics of a multi-group node carry a `group` label, one series per group.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from dledger_commitlog.cli.cluster_layout import groups_config
+from dledger_commitlog.cli.launcher import LocalCluster
+from dledger_commitlog.client import Client, InvalidArgument, RoutedClient
+from dledger_commitlog.common.protocol import group_metadata
+from dledger_commitlog.common.routes import group_of_msg_id
+from proto import dledger_pb2 as pb
+from proto import dledger_pb2_grpc as pb_grpc
+from tests.conftest import SHARED_CONFIG, register, wait_until
+from tests.multiraft_helpers import group_leaders, group_statuses, leader_of, servers
+
+pytestmark = pytest.mark.slow
+
+GROUPS = 3
+COMMAND_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def multi_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    config = {**SHARED_CONFIG, **groups_config(GROUPS)}
+    with LocalCluster(tmp_path_factory.mktemp("multi"), extra_config=config) as cluster:
+        cluster.up()
+        group_leaders(cluster, range(GROUPS + 1))
+        yield cluster
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest, multi_cluster: LocalCluster) -> LocalCluster:
+    register(request.node, multi_cluster)
+    return multi_cluster
+
+
+def routed(cluster: LocalCluster) -> RoutedClient:
+    return RoutedClient(servers(cluster), timeout_s=15.0)
+
+
+def test_routed_puts_land_in_the_topics_groups_and_read_back(cluster: LocalCluster) -> None:
+    with routed(cluster) as rc:
+        made = rc.topic_update("create", "orders", {2: 2, 3: 3})
+        assert made is not None and made.groups == ((2, 2), (3, 3)) and made.configured
+        route = rc.route("orders")
+        assert route.total_queues == 5
+        spread = [rc.put("orders", b"rr-%d" % i) for i in range(10)]
+        where = Counter((group_of_msg_id(r.msg_id), r.queue_id) for r in spread)
+        assert where == {route.locate(q): 2 for q in range(5)}  # every queue, in turn
+        keyed = [rc.put("orders", b"k-%d" % i, sharding_key="customer-7") for i in range(6)]
+        assert len({(group_of_msg_id(r.msg_id), r.queue_id) for r in keyed}) == 1
+        explicit = rc.put("orders", b"q4", queue=4)
+        assert (group_of_msg_id(explicit.msg_id), explicit.queue_id) == (3, 2)
+        with pytest.raises(InvalidArgument, match="outside the 5 queues"):
+            rc.put("orders", b"q5", queue=5)
+        everything = [*spread, *keyed, explicit]
+        for r in everything:
+            got = rc.get(r.msg_id)
+            assert got.msg_id == r.msg_id and got.topic == "orders"
+            assert got.queue_id == r.queue_id and got.queue_offset == r.queue_offset
+        # Every node serves the reads of every group (the id names the group).
+        for spec in cluster:
+            for r in everything[:: len(everything) // 4]:
+                g = group_of_msg_id(r.msg_id)
+                with Client([spec.client], group=g, timeout_s=10.0) as one:
+                    got = wait_until(
+                        lambda one=one, msg_id=r.msg_id: one.get(msg_id),  # type: ignore[misc]
+                        10.0,
+                        f"node {spec.id} to serve {r.msg_id} of group {g}",
+                    )
+                    assert got.queue_offset == r.queue_offset
+        # Group 1 holds none of the topic's messages: its queues stay empty.
+        with Client(servers(cluster), group=1) as g1:
+            assert all(q.max_offset == 0 for q in g1.queue_offsets("orders"))
+
+
+def seen(rc: RoutedClient, topic: str, groups: tuple[tuple[int, int], ...]) -> None:
+    """After a refresh, `rc` sees `groups` as `topic`'s route. Route is answered from
+    the asked node's committed copy of group 0, which may lag the change just made:
+    refreshed until it shows it."""
+
+    def refreshed() -> tuple[tuple[int, int], ...]:
+        rc.refresh_routes()
+        return rc.route(topic).groups
+
+    wait_until(refreshed, 10.0, f"the route of {topic} to be {groups}", ok=lambda g: g == groups)
+
+
+def test_a_route_update_is_seen_after_a_refresh_and_refuses_stale_queues(
+    cluster: LocalCluster,
+) -> None:
+    with routed(cluster) as rc, routed(cluster) as stale:
+        rc.topic_update("create", "moves", {2: 2, 3: 3})
+        assert stale.route("moves").total_queues == 5
+        rc.topic_update("update", "moves", {2: 1, 3: 1})
+        seen(rc, "moves", ((2, 1), (3, 1)))
+        # Group 3 no longer has queue 2 of `moves`: a direct put there is refused, naming
+        # the route (every node's copy of group 0 holds the change once it is applied).
+        with Client(servers(cluster), group=3, max_retries=0) as g3:
+
+            def attempt() -> str:
+                try:
+                    g3.put("moves", b"stale", queue_id=2)
+                except InvalidArgument as exc:
+                    return str(exc)
+                return "accepted"
+
+            why = wait_until(attempt, 10.0, "group 3 to refuse queue 2 of moves",
+                             ok=lambda why: why != "accepted")  # fmt: skip
+            assert "outside [0, 1)" in why and "moves" in why, why
+        # The routed client with the old route lands in the new one after one refresh.
+        for i in range(6):
+            r = stale.put("moves", b"s-%d" % i)
+            assert (group_of_msg_id(r.msg_id), r.queue_id) in {(2, 0), (3, 0)}
+        assert stale.route("moves").groups == ((2, 1), (3, 1))
+        assert rc.topic_update("delete", "moves") is None
+        seen(rc, "moves", ((1, 4), (2, 4), (3, 4)))
+        assert not rc.route("moves").configured
+
+
+def test_route_is_answered_by_every_node_and_topic_update_redirects(
+    cluster: LocalCluster,
+) -> None:
+    with routed(cluster) as rc:
+        rc.topic_update("create", "everywhere", {1: 1, 3: 4})
+        version = rc.routes().version
+    for spec in cluster:
+        with Client([spec.client], max_retries=0) as one:
+            routes = wait_until(lambda: one.route("everywhere"), 10.0,
+                                f"node {spec.id} to hold route version {version}",
+                                ok=lambda r: r.version >= version)  # fmt: skip
+        assert routes.data_groups == GROUPS
+        assert routes.route("everywhere").groups == ((1, 1), (3, 4))
+        assert sorted(routes.leaders) == list(range(GROUPS + 1))
+    leader0 = leader_of(group_statuses(cluster, 0))
+    assert leader0 is not None
+    follower = next(s for s in cluster if s.id != leader0)
+    with grpc.insecure_channel(follower.client) as channel:
+        stub = pb_grpc.DLedgerClientStub(channel)
+        request = pb.TopicUpdateRequest(topic="elsewhere", op=pb.TopicUpdateRequest.CREATE,
+                                        groups=[pb.GroupQueues(group=2, queues=1)])  # fmt: skip
+        with pytest.raises(grpc.RpcError) as err:
+            stub.TopicUpdate(request, metadata=group_metadata(0), timeout=5.0)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        trailing = dict(err.value.trailing_metadata() or ())
+        assert trailing.get("dledger-leader") == cluster.specs[leader0].client, trailing
+    # A client that knows only the follower follows the redirect.
+    with Client([follower.client], group=0) as via_follower:
+        made = via_follower.topic_update("create", "elsewhere", {2: 1})
+        assert made is not None and made.groups == ((2, 1),)
+
+
+def dledger(cluster: LocalCluster, *args: str) -> Any:
+    """`dledger ARGS --json` as a user runs it; its JSON document (it must succeed)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "dledger_commitlog", *args, "--servers",
+         ",".join(servers(cluster)), "--json"],
+        capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, (args, done.returncode, done.stdout, done.stderr)
+    return json.loads(done.stdout)
+
+
+def test_cli_topic_and_groups_commands(cluster: LocalCluster) -> None:
+    made = dledger(cluster, "topic", "create", "clitopic", "--queues", "2:1,3:2")
+    assert made == {"topic": "clitopic", "configured": True,
+                    "groups": [{"group": 2, "queues": 1}, {"group": 3, "queues": 2}]}  # fmt: skip
+    shown = dledger(cluster, "topic", "route", "clitopic")
+    assert shown["data_groups"] == GROUPS
+    assert made in shown["routes"]
+    assert set(shown["leaders"]) == {str(g) for g in range(GROUPS + 1)}
+    status = dledger(cluster, "groups", "status")
+    assert set(status["groups"]) == {str(g) for g in range(GROUPS + 1)}
+    for g, nodes in status["groups"].items():
+        roles = sorted(n["role"] for n in nodes.values())
+        assert roles == ["follower", "follower", "leader"], (g, nodes)
+    assert sum(status["leads"].values()) == GROUPS + 1
+    balanced = dledger(cluster, "groups", "balance")
+    assert max(balanced["leads"].values()) <= -(-(GROUPS + 1) // 3)
+    assert dledger(cluster, "topic", "delete", "clitopic") == {"deleted": "clitopic"}
+    shown = dledger(cluster, "topic", "route", "clitopic")
+    assert all(r["configured"] is False for r in shown["routes"] if r["topic"] == "clitopic")
+
+
+def test_metrics_carry_the_group_label(cluster: LocalCluster) -> None:
+    spec = cluster.specs[1]
+    text = urllib.request.urlopen(f"http://{spec.metrics}/metrics", timeout=5).read().decode()
+    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    unlabelled = [s for s in samples if 'group="' not in s.split(" ")[0]]
+    assert not unlabelled, unlabelled[:5]
+    for name in ("dledger_term", "dledger_commit_index", "dledger_role"):
+        groups = {s.split('group="')[1].split('"')[0] for s in samples if s.startswith(name + "{")}
+        assert groups == {str(g) for g in range(GROUPS + 1)}, (name, groups)

@@ -1,0 +1,431 @@
+"""Multi-Raft units (issue 24), no processes: the pure parts a multi-group node and
+its clients are built of.
+
+- `node.config`: `[multiraft]` parsing and refusals, `group_dir`, `group_config`,
+  and preferred leaders that spread (no node prefers more than ceil(groups/nodes)).
+- `messaging.routes.RouteTable`: the rules of create/update/delete, the default
+  route, a record's load (property tests: a checked change loads back as made).
+- `common.routes`: `TopicRoute.locate` / `queue_of_key` cover every queue once;
+  `group_of_msg_id` reads back the group `group_port` writes (groups 0..1000),
+  and group 1's ids are a single-group cluster's, unchanged.
+- `raft.multiplex.LinkPool`: one shared link per (peer, address), refcounted,
+  the group stamped on every message but group 1's. The links are fakes: this
+  tests the pool's bookkeeping, not a transport.
+- `raft.peer_link.PeerGate(groups=...)`: each message of a mixed batch to its
+  group; an unknown group's dropped without holding up the rest.
+- `cli.scaleout.plan_moves` (property): within ceil(groups / serving nodes) per
+  node, preferred leaders used when they serve, nothing planned onto a down node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dledger_commitlog.cli.scaleout import plan_moves
+from dledger_commitlog.common.routes import (
+    GROUP_ZERO_CODE,
+    TopicRoute,
+    group_of_msg_id,
+    preferred_leader,
+)
+from dledger_commitlog.log.message_route import group_port, make_msg_id, offset_of_msg_id
+from dledger_commitlog.messaging.routes import ROUTES_TOPIC, RouteError, RouteTable
+from dledger_commitlog.node.config import (
+    ConfigError,
+    NodeConfig,
+    Peer,
+    group_config,
+    group_dir,
+    load_config,
+    preferred_leader_of,
+)
+from proto import dledger_pb2 as pb
+from raft.messages import Heartbeat, Message, RequestVote
+from raft.multiplex import LinkPool
+from raft.peer_link import PeerGate
+from raft.wire import to_proto
+
+PEERS3 = (
+    Peer(1, "127.0.0.1:7001", "127.0.0.1:8001"),
+    Peer(2, "127.0.0.1:7002", "127.0.0.1:8002"),
+    Peer(3, "127.0.0.1:7003", "127.0.0.1:8003"),
+)
+
+
+def node_config(tmp: Path, **kw: Any) -> NodeConfig:
+    return NodeConfig(node_id=1, data_dir=str(tmp), peers=PEERS3, **kw)
+
+
+# --- node/config.py ---
+
+
+def write_toml(tmp: Path, multiraft: str) -> Path:
+    peers = "".join(
+        f'[[peers]]\nid = {p.id}\nraft = "{p.raft}"\nclient = "{p.client}"\n' for p in PEERS3
+    )
+    path = tmp / "node.toml"
+    path.write_text(f'node_id = 1\ndata_dir = "{tmp}/d"\n{peers}\n[multiraft]\n{multiraft}\n')
+    return path
+
+
+def test_multiraft_section_parses(tmp_path: Path) -> None:
+    cfg = load_config(write_toml(tmp_path, "groups = 3\nhost = [0, 1, 2, 3]"))
+    assert cfg.data_groups == 3
+    assert cfg.host_groups == (0, 1, 2, 3)
+    assert cfg.group == 1
+    plain = load_config(write_toml(tmp_path, ""))
+    assert (plain.data_groups, plain.host_groups) == (1, (1,))
+
+
+@pytest.mark.parametrize(
+    ("section", "says"),
+    [
+        ("groups = 3\nhost = []", "non-empty list"),
+        ('groups = 3\nhost = "1"', "non-empty list"),
+        ("groups = 3\nhost = [true]", "non-empty list"),
+        ('groups = 3\nhost = ["1"]', "non-empty list"),
+        ("groups = 3\nhost = [1, 1]", "distinct groups in 0..3"),
+        ("groups = 3\nhost = [4]", "distinct groups in 0..3"),
+        ("groups = 3\nhost = [-1, 1]", "distinct groups in 0..3"),
+        ("groups = 1\nhost = [0, 1]", "group 0 (topic routes) exists only"),
+        ("groups = 0\nhost = [1]", "multiraft.groups must be in 1..1000"),
+        ("groups = 1001\nhost = [1]", "multiraft.groups must be in 1..1000"),
+        ('groups = "3"', "multiraft.groups must be"),
+        ("groups = 3\nhost = [2, 4]", "distinct groups in 0..3"),
+        ("colour = 3", "unknown setting multiraft.colour"),
+    ],
+)
+def test_multiraft_section_refusals_say_why(tmp_path: Path, section: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        load_config(write_toml(tmp_path, section))
+
+
+def test_group_dirs_keep_group_one_where_a_single_group_node_had_it(tmp_path: Path) -> None:
+    assert group_dir(str(tmp_path), 1) == str(tmp_path)
+    assert group_dir(str(tmp_path), 0) == str(tmp_path / "groups" / "0")
+    assert group_dir(str(tmp_path), 17) == str(tmp_path / "groups" / "17")
+    cfg = node_config(tmp_path, data_groups=3, host_groups=(0, 1, 2, 3))
+    dirs = {group_config(cfg, g).data_dir for g in (0, 1, 2, 3)}
+    assert len(dirs) == 4
+    for g in (0, 1, 2, 3):
+        one = group_config(cfg, g)
+        assert one.group == g
+        assert one.data_dir == group_dir(str(tmp_path), g)
+        assert one.preferred_leader == preferred_leader(g, [1, 2, 3])
+    with pytest.raises(ConfigError, match="group 4 is not among"):
+        group_config(node_config(tmp_path, data_groups=4, host_groups=(1, 2, 3)), 4)
+
+
+def test_a_single_group_node_keeps_its_configured_preferred_leader(tmp_path: Path) -> None:
+    assert preferred_leader_of(node_config(tmp_path, preferred_leader=3), 1) == 3
+    assert preferred_leader_of(node_config(tmp_path), 1) is None
+
+
+@given(
+    groups=st.integers(1, 200),
+    ids=st.lists(st.integers(1, 50), min_size=1, max_size=7, unique=True),
+)
+def test_preferred_leaders_spread(groups: int, ids: list[int]) -> None:
+    """Over groups 0..N (group 0 included when N > 1), each node is preferred by at
+    most ceil(groups / nodes) of them, and every preferred leader is a node."""
+    hosted = list(range(0 if groups > 1 else 1, groups + 1))
+    load = Counter(preferred_leader(g, ids) for g in hosted)
+    assert set(load) <= set(ids)
+    assert max(load.values()) <= math.ceil(len(hosted) / len(ids))
+
+
+# --- messaging/routes.py: RouteTable ---
+
+
+def test_route_table_rules() -> None:
+    t = RouteTable(data_groups=3, queues_per_topic=4)
+    assert t.route("t") == TopicRoute("t", ((1, 4), (2, 4), (3, 4)))
+    made = t.check("create", "t", [(2, 2), (3, 4)])
+    assert made == TopicRoute("t", ((2, 2), (3, 4)), configured=True)
+    t.load({"routes": t.changed(made, "t")}, version=1)
+    assert t.route("t") == made and t.version == 1
+    refusals = [
+        (("create", "t", [(1, 1)]), "already has a route"),
+        (("update", "u", [(1, 1)]), "no configured route to update"),
+        (("delete", "u", []), "no configured route to delete"),
+        (("rename", "t", [(1, 1)]), "unknown route operation"),
+        (("update", "t", []), "at least one group"),
+        (("update", "t", [(0, 1)]), "group 0 is not a data group"),
+        (("update", "t", [(4, 1)]), "group 4 is not a data group"),
+        (("update", "t", [(2, 1), (2, 2)]), "group 2 is named twice"),
+        (("update", "t", [(2, 5)]), "5 queues, not in 1..4"),
+        (("update", "t", [(2, 0)]), "0 queues, not in 1..4"),
+        (("create", ROUTES_TOPIC, [(1, 1)]), "system topics"),
+        (("create", "%RETRY%g", [(1, 1)]), "system topics"),
+        (("create", "", [(1, 1)]), ""),
+        (("create", "a b", [(1, 1)]), ""),
+    ]
+    for (op, topic, groups), says in refusals:
+        with pytest.raises(RouteError, match=says or None):
+            t.check(op, topic, groups)
+    assert t.check("delete", "t", []) is None
+    t.load({"routes": t.changed(None, "t")}, version=2)
+    assert t.route("t") == TopicRoute("t", ((1, 4), (2, 4), (3, 4)))
+    assert not t.route("t").configured
+
+
+def test_a_record_that_is_no_table_leaves_what_it_can() -> None:
+    t = RouteTable(data_groups=2, queues_per_topic=2)
+    t.load({"routes": {"a": [[1, 2]], "b": [["x", 1]], "c": 7, "d": [[2, 1]]}}, version=5)
+    assert sorted(t.configured) == ["a", "d"]
+    t.load({"nothing": 1}, version=6)  # no table: keeps the last one
+    assert sorted(t.configured) == ["a", "d"] and t.version == 6
+
+
+@st.composite
+def changes(draw: st.DrawFn) -> list[tuple[str, str, list[tuple[int, int]]]]:
+    topics = st.sampled_from(["a", "b", "c"])
+    groups = st.lists(st.tuples(st.integers(-1, 5), st.integers(-1, 6)), max_size=4)
+    op = st.sampled_from(["create", "update", "delete"])
+    return draw(st.lists(st.tuples(op, topics, groups), max_size=12))
+
+
+@given(ops=changes())
+def test_route_changes_fold_like_a_model(ops: list[tuple[str, str, list[tuple[int, int]]]]) -> None:
+    """Each change is accepted exactly when a model says so; the table a record holds
+    loads back into the routes the changes made; every group named is a data group
+    holding 1..queues_per_topic queues."""
+    t = RouteTable(data_groups=4, queues_per_topic=4)
+    model: dict[str, tuple[tuple[int, int], ...]] = {}
+    for version, (op, topic, groups) in enumerate(ops, 1):
+        valid = (
+            (op == "create") == (topic not in model)
+            and (op == "delete" or bool(groups))
+            and (
+                op == "delete"
+                or (
+                    len({g for g, _ in groups}) == len(groups)
+                    and all(1 <= g <= 4 and 1 <= n <= 4 for g, n in groups)
+                )
+            )
+        )
+        try:
+            route = t.check(op, topic, groups)
+        except RouteError:
+            assert not valid, (op, topic, groups)
+            continue
+        assert valid, (op, topic, groups)
+        if route is None:
+            del model[topic]
+        else:
+            model[topic] = route.groups
+        t.load({"routes": t.changed(route, topic)}, version)
+        assert {k: r.groups for k, r in t.configured.items()} == model
+    for topic, route in t.configured.items():
+        assert route.configured and route.topic == topic
+        assert all(1 <= g <= 4 and 1 <= n <= 4 for g, n in route.groups)
+
+
+# --- common/routes.py ---
+
+
+@given(
+    counts=st.lists(st.integers(1, 8), min_size=1, max_size=6),
+    keys=st.lists(st.text(max_size=12), max_size=20),
+)
+def test_locate_covers_every_queue_once(counts: list[int], keys: list[str]) -> None:
+    route = TopicRoute("t", tuple((g + 1, n) for g, n in enumerate(counts)))
+    located = [route.locate(q) for q in range(route.total_queues)]
+    assert located == [(g + 1, q) for g, n in enumerate(counts) for q in range(n)]
+    for bad in (-1, route.total_queues):
+        with pytest.raises(IndexError, match="outside"):
+            route.locate(bad)
+    for key in keys:
+        q = route.queue_of_key(key)
+        assert 0 <= q < route.total_queues
+        assert q == route.queue_of_key(key)  # stable: one key, one queue
+
+
+def test_group_of_msg_id_round_trips_for_every_group() -> None:
+    for group in range(0, 1001):
+        for port in (0, 1, 8001, 65535):
+            for offset in (0, 7, (1 << 40) + 3):
+                msg_id = make_msg_id(("10.1.2.3", group_port(port, group)), offset)
+                assert group_of_msg_id(msg_id) == group, (group, port)
+                assert offset_of_msg_id(msg_id) == offset
+    assert group_port(8001, 0) >> 16 == GROUP_ZERO_CODE
+    for bad in ("", "zz", "00" * 15, "00" * 17):
+        with pytest.raises(ValueError):
+            group_of_msg_id(bad)
+
+
+def test_group_ones_ids_are_a_single_group_clusters() -> None:
+    for port in (0, 8001, 65535):
+        assert group_port(port, 1) == port
+        assert make_msg_id(("127.0.0.1", group_port(port, 1)), 99) == make_msg_id(
+            ("127.0.0.1", port), 99
+        )
+    # An id a single-group node wrote before multi-Raft existed (RocketMQ's layout).
+    assert group_of_msg_id("7F0000010000271100000000000003E8") == 1
+
+
+# --- raft/multiplex.py: LinkPool ---
+
+
+class FakeLink:
+    """What LinkPool uses of a PeerLink: a record of what it was asked to do."""
+
+    def __init__(self, peer_id: int, address: str) -> None:
+        self.peer_id, self.address = peer_id, address
+        self.started = 0
+        self.closed = 0
+        self.sent: list[pb.RaftMessage] = []
+        self.connected = True
+        self.dropped = 0
+
+    def start(self) -> None:
+        self.started += 1
+
+    def send(self, messages: Sequence[tuple[pb.RaftMessage, int]]) -> None:
+        self.sent.extend(m for m, _ in messages)
+
+    async def close(self) -> None:
+        self.closed += 1
+
+
+def test_link_pool_shares_one_link_per_peer_and_address() -> None:
+    opened: list[FakeLink] = []
+
+    def open_link(transport: str, cluster: str, peer_id: int, address: str, **kw: Any) -> Any:
+        opened.append(FakeLink(peer_id, address))
+        return opened[-1]
+
+    async def scenario() -> None:
+        pool = LinkPool(open_link)
+        views = {g: pool.open(g, "grpc", "c", 2, "h:2", me=1) for g in (0, 1, 2, 3)}
+        other = pool.open(1, "grpc", "c", 3, "h:3", me=1)
+        moved = pool.open(2, "grpc", "c", 2, "h:9", me=1)  # a new address: a new link
+        assert len(opened) == 3 and pool.links == 3
+        assert [link.started for link in opened] == [1, 1, 1]
+        for g, view in views.items():
+            view.send([(to_proto(Heartbeat(1, 2, 5, g)), 10)])
+        shared = opened[0]
+        assert [m.commit for m in shared.sent] == [0, 1, 2, 3]  # one ordered queue
+        assert [m.group if m.HasField("group") else None for m in shared.sent] == [0, None, 2, 3]
+        await views[1].close()
+        await views[1].close()  # twice: counted once
+        await views[2].close()
+        await views[0].close()
+        assert shared.closed == 0 and pool.links == 3  # group 3 still uses it
+        views[3].send([(to_proto(Heartbeat(1, 2, 5, 9)), 10)])
+        assert shared.sent[-1].group == 3
+        await views[3].close()
+        assert shared.closed == 1 and pool.links == 2
+        again = pool.open(1, "grpc", "c", 2, "h:2", me=1)
+        assert len(opened) == 4 and opened[3].started == 1  # reopened with its first group
+        for view in (other, moved, again):
+            await view.close()
+        assert pool.links == 0 and all(link.closed == 1 for link in opened)
+
+    asyncio.run(scenario())
+
+
+# --- raft/peer_link.py: PeerGate(groups=...) ---
+
+
+def test_gate_delivers_each_message_to_its_group_and_drops_an_unknown_group() -> None:
+    got: dict[int, list[Message]] = {0: [], 1: [], 2: []}
+    fallback: list[Message] = []
+    gate = PeerGate("c", fallback.append, me=2, members=(1, 2, 3),
+                    groups=lambda g: got[g].append if g in got else None)  # fmt: skip
+    sent: list[tuple[int | None, Message]] = []
+    for k in range(12):
+        group = (None, 0, 2, 7)[k % 4]  # None: absent on the wire (group 1); 7: not hosted
+        m: Message = Heartbeat(1, 2, 3, k) if k % 3 else RequestVote(1, 2, 4, k, 3)
+        sent.append((group, m))
+    batch = pb.RaftBatch(cluster="c")
+    for group, m in sent:
+        p = to_proto(m)
+        if group is not None:
+            p.group = group
+        batch.messages.append(p)
+    gate.receive(batch.SerializeToString(), 1, "peer")
+    assert got[1] == [m for g, m in sent if g is None]
+    assert got[0] == [m for g, m in sent if g == 0]
+    assert got[2] == [m for g, m in sent if g == 2]
+    assert fallback == []
+    # The next batch of a known group is delivered as ever.
+    again = pb.RaftBatch(cluster="c", messages=[to_proto(Heartbeat(1, 2, 3, 99))])
+    again.messages[0].group = 7
+    again.messages.append(to_proto(Heartbeat(1, 2, 3, 100)))
+    gate.receive(again.SerializeToString(), 1, "peer")
+    assert got[1][-1] == Heartbeat(1, 2, 3, 100)
+
+
+# --- cli/scaleout.py: plan_moves ---
+
+
+@st.composite
+def cluster_states(
+    draw: st.DrawFn,
+) -> tuple[dict[int, int | None], dict[int, list[int]], list[int]]:
+    nodes = sorted(draw(st.sets(st.integers(1, 9), min_size=1, max_size=5)))
+    groups = draw(st.integers(1, 12))
+    down = draw(st.sets(st.sampled_from(nodes), max_size=len(nodes) - 1))
+    serving = [n for n in nodes if n not in down]
+    candidates = {g: serving for g in range(groups + 1)}
+    leaders = {g: draw(st.one_of(st.none(), st.sampled_from(serving))) for g in range(groups + 1)}
+    return leaders, candidates, nodes
+
+
+@settings(max_examples=300)
+@given(state=cluster_states())
+def test_plan_moves_spreads_leaders(
+    state: tuple[dict[int, int | None], dict[int, list[int]], list[int]],
+) -> None:
+    leaders, candidates, nodes = state
+    moves = plan_moves(leaders, candidates, nodes)
+    after = dict(leaders)
+    for g, src, dst in moves:
+        assert after[g] == src != dst
+        assert dst in candidates[g], f"group {g} planned onto node {dst}, which does not serve it"
+        after[g] = dst
+    serving = sorted({n for c in candidates.values() for n in c})
+    led = [g for g, n in after.items() if n is not None]
+    assert all(after[g] in serving for g in led)
+    load = Counter(after[g] for g in led)
+    cap = math.ceil(len(leaders) / len(serving))
+    assert max(load.values(), default=0) <= cap, (after, cap)
+    for g in led:
+        want = preferred_leader(g, nodes)
+        if want in candidates[g] and load[want] < cap:
+            assert after[g] == want, (
+                f"group {g}: preferred node {want} serves it, led by {after[g]}"
+            )
+    assert plan_moves(after, candidates, nodes) == []  # a balanced cluster stays put
+
+
+def test_plan_moves_takes_a_stopped_groups_leadership_elsewhere() -> None:
+    """Node 1 is preferred for group 3 but its copy of group 3 is stopped (corrupt):
+    group 3 stays with a node that serves it; the other groups go to their preferred."""
+    leaders: dict[int, int | None] = {0: 2, 1: 1, 2: 2, 3: 2}
+    candidates = {0: [1, 2, 3], 1: [1, 2, 3], 2: [1, 2, 3], 3: [2, 3]}
+    moves = plan_moves(leaders, candidates, [1, 2, 3])
+    after = {**leaders, **{g: dst for g, _, dst in moves}}
+    assert after[3] in (2, 3)
+    assert after[0] == 1 and after[1] == 2 and after[2] == 3
+    assert max(Counter(after.values()).values()) <= 2
+
+
+def test_plan_moves_keeps_a_preferred_leader_when_another_group_is_over_the_cap() -> None:
+    """Node 4 of 5 is down: group 3 (preferred: 4) stays on node 3, where group 2 is
+    preferred. The cap (ceil(4 groups / 4 serving) = 1) must move group 3, not group 2."""
+    leaders: dict[int, int | None] = {0: None, 1: None, 2: 1, 3: 3}
+    candidates = {g: [1, 2, 3, 5] for g in leaders}
+    moves = plan_moves(leaders, candidates, [1, 2, 3, 4, 5])
+    after = {**leaders, **{g: dst for g, _, dst in moves}}
+    assert after[2] == 3 and after[3] != 3
