@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from dledger_commitlog.client import (
 )
 from dledger_commitlog.node.acl import Account, Acl
 from dledger_commitlog.node.config import ConfigError, NodeConfig, Peer, load_config
+from dledger_commitlog.node.members import NodeMembers
 from dledger_commitlog.node.metrics import NodeMetrics
 from dledger_commitlog.node.security import NodeSecurity
 from dledger_commitlog.node.views import MemberStatus, NodeState
@@ -43,7 +45,7 @@ from dledger_commitlog.service.client_service import ClientService
 from dledger_commitlog.service.decoding import add_services
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
-from raft import NotLeader, Role
+from raft import Config, MemoryStorage, NotLeader, RaftCore, Role
 from raft.errors import MembershipError
 from raft.membership import Member
 
@@ -492,3 +494,27 @@ def test_a_node_that_serves_no_read_refuses_reads_as_unavailable(group: FakeGrou
     group.read_refusal = None
     with client(group, 1) as c:
         assert [m.id for m in c.member_list()] == [1, 2, 3]  # not a read: always answered
+
+
+def test_a_joining_node_that_elects_itself_serves_reads(tmp_path: Path) -> None:
+    """A joined node restarted (its config still says join) may win the next election
+    before it hears another leader: as the leader it holds every committed entry, so
+    it serves reads instead of refusing them as 'joining' until someone else leads."""
+    peers = tuple(Peer(i, f"127.0.0.1:{7100 + i}", f"127.0.0.1:{7000 + i}") for i in (1, 4))
+    cfg = NodeConfig(node_id=4, data_dir=str(tmp_path), peers=peers, join=True)
+    core = RaftCore(Config(id=4, peers=(4,)), MemoryStorage(), rng=random.Random(1))
+
+    async def wait() -> None: ...
+
+    members = NodeMembers(cfg, core, kick=lambda: None, wait_for_commit=wait,
+                          committed_index=lambda: 0)  # fmt: skip
+    assert (
+        members.read_refusal == "node 4 is joining the group and has not heard from its leader yet"
+    )
+    for _ in range(100):
+        if core.role is Role.LEADER:
+            break
+        core.tick()
+    assert core.role is Role.LEADER
+    members.sync()  # what the node does after every Ready
+    assert members.read_refusal is None

@@ -97,6 +97,10 @@ class NodeMembers:
         """Follow the core (after every Ready; cheap when nothing changed): the members
         in effect, whose messages are taken, the links."""
         core = self._core
+        if self._join_commit is None and core.role is Role.LEADER:
+            # A joining node elected itself (after a restart, say): a leader's log holds
+            # every committed entry, so it has nothing to wait for before serving reads.
+            self._join_commit = 0
         key = (core.membership, core.committed_membership, core.leader_id, core.replicas)
         if key == self._synced:
             return
