@@ -44,7 +44,6 @@ from analytics.sources import METADATA_COLUMNS, LogPiece, QueueInfo, Slice
 
 if TYPE_CHECKING:
     from analytics.offsets import TimeQuery
-    from dledger_commitlog.client import Access
 
 GROUP_COLUMN = "raft_group"
 assert GROUP_COLUMN in METADATA_COLUMNS
@@ -65,21 +64,6 @@ class GroupedStore:
         self._path = Path(path) if path is not None else None
         self._groups = list(groups) if groups is not None else None
         self._stores: dict[int, ServerStore | OfflineStore] = {}
-
-    @classmethod
-    def servers(
-        cls,
-        servers: Sequence[str],
-        timeout_s: float = 30.0,
-        prefer: int = 0,
-        access: Access | None = None,
-        local_reads: bool = True,
-        groups: Sequence[int] | None = None,
-    ) -> GroupedStore:
-        base = ServerStore(
-            servers, timeout_s=timeout_s, prefer=prefer, access=access, local_reads=local_reads
-        )
-        return cls(server=base, groups=groups)
 
     @classmethod
     def files(cls, path: str, groups: Sequence[int] | None = None) -> GroupedStore:

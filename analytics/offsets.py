@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -43,6 +43,7 @@ from analytics.sources import (
     SYSTEM_TOPIC_PREFIX,
     QueueInfo,
     QueueKey,
+    QueueRef,
     Slice,
     key_parts,
     parse_queue_ref,
@@ -155,6 +156,26 @@ def resolve_end(opts: ReadOptions, queues: Sequence[QueueInfo], lookup: Lookup) 
     return {**resolve("latest", queues, "endingOffsets"), **found}
 
 
+def _named(
+    spec: Mapping[str, dict[QueueRef, int]], queues: Sequence[QueueInfo],
+    by_key: Mapping[QueueKey, QueueInfo], name: str,
+) -> Iterator[tuple[QueueKey, int]]:  # fmt: skip
+    """(queue, value) of each queue option `name` names per topic, each checked: a topic
+    the read does not cover, or a queue it does not have, is an OptionError naming it."""
+    topics = {q.topic for q in queues}
+    for topic, per_queue in spec.items():
+        if topic not in topics:
+            raise OptionError(f"{name} names topic {topic!r}, which is not read "
+                              f"(read: {', '.join(sorted(topics)) or 'none'})")  # fmt: skip
+        for ref, value in per_queue.items():
+            key = ref_key(topic, ref)
+            if key not in by_key:
+                ids = queue_ids(queues, topic)
+                raise OptionError(f"{name}: {topic} has no queue {queue_name(key)} "
+                                  f"(queues: {ids})")  # fmt: skip
+            yield key, value
+
+
 def resolve_times(
     spec: TimeSpec, queues: Sequence[QueueInfo], lookup: Lookup, name: str, default: int
 ) -> Offsets:
@@ -164,18 +185,7 @@ def resolve_times(
     if isinstance(spec, int):
         wanted = dict.fromkeys(by_key, spec)
     else:
-        topics = {q.topic for q in queues}
-        for topic, per_queue in spec.items():
-            if topic not in topics:
-                raise OptionError(f"{name} names topic {topic!r}, which is not read "
-                                  f"(read: {', '.join(sorted(topics)) or 'none'})")  # fmt: skip
-            for ref, ts in per_queue.items():
-                key = ref_key(topic, ref)
-                if key not in by_key:
-                    ids = queue_ids(queues, topic)
-                    raise OptionError(f"{name}: {topic} has no queue {queue_name(key)} "
-                                      f"(queues: {ids})")  # fmt: skip
-                wanted[key] = ts
+        wanted = dict(_named(spec, queues, by_key, name))
     keys = sorted((k for k in wanted if by_key[k].max_offset > by_key[k].min_offset), key=key_parts)
     offsets = lookup([time_query(k, wanted[k]) for k in keys]) if keys else []
     out = {
@@ -196,20 +206,7 @@ def resolve(
     default = LATEST if spec == "latest" or name == "endingOffsets" else EARLIEST
     given: dict[QueueKey, int] = {}
     if isinstance(spec, dict):
-        topics = {q.topic for q in queues}
-        for topic, per_queue in spec.items():
-            if topic not in topics:
-                raise OptionError(
-                    f"{name} names topic {topic!r}, which is not read "
-                    f"(read: {', '.join(sorted(topics)) or 'none'})"
-                )
-            for ref, offset in per_queue.items():
-                key = ref_key(topic, ref)
-                if key not in by_key:
-                    ids = queue_ids(queues, topic)
-                    raise OptionError(f"{name}: {topic} has no queue {queue_name(key)} "
-                                      f"(queues: {ids})")  # fmt: skip
-                given[key] = offset
+        given = dict(_named(spec, queues, by_key, name))
     out: Offsets = {}
     for key, q in by_key.items():
         offset = given.get(key, default)

@@ -28,9 +28,7 @@ def open_store(
     """The files under `path` if given, else the cluster at `servers`."""
     if path:
         return OfflineStore(path)
-    return ServerStore(
-        servers, timeout_s=timeout_s, prefer=prefer, access=access, local_reads=local_reads
-    )
+    return _server(servers, timeout_s, prefer, access, local_reads)
 
 
 def open_groups(
@@ -46,4 +44,14 @@ def open_groups(
     `servers`; `groups`: the data groups when known (else asked on first need)."""
     if path:
         return GroupedStore.files(path, groups)
-    return GroupedStore.servers(servers, timeout_s, prefer, access, local_reads, groups)
+    return GroupedStore(server=_server(servers, timeout_s, prefer, access, local_reads),
+                        groups=groups)  # fmt: skip
+
+
+def _server(
+    servers: Sequence[str], timeout_s: float, prefer: int, access: Access | None,
+    local_reads: bool,
+) -> ServerStore:  # fmt: skip
+    return ServerStore(
+        servers, timeout_s=timeout_s, prefer=prefer, access=access, local_reads=local_reads
+    )
