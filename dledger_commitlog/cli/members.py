@@ -6,7 +6,7 @@ a follower redirects); the runbooks that use them are docs/operations.md. The
 them:
 
 A node of a multi-Raft cluster (docs/scaling.md) hosts every group, so these
-add it to, or remove it from, each group in turn (`raft_groups`).
+add it to, or remove it from, each group in turn (`common.routes.raft_groups`).
 
 - `cluster add-node --dir D` picks the next id and ports of D's scheme, records
   the node in D (configured to join, with the current members as its peers; with
@@ -41,6 +41,7 @@ from dledger_commitlog.cli.commands import (
 )
 from dledger_commitlog.cli.launcher import ClusterError, LocalCluster, NodeSpec
 from dledger_commitlog.client import ChangeRefused, Client, ClientError, MemberChange
+from dledger_commitlog.common.routes import raft_groups
 
 _POLL_S = 0.2
 
@@ -115,13 +116,6 @@ def _local(args: argparse.Namespace) -> LocalCluster:
     return LocalCluster(directory)
 
 
-def raft_groups(cluster: LocalCluster) -> list[int]:
-    """The Raft groups of a local cluster: [1], or with several data groups 0..N (every
-    node process hosts them all: docs/scaling.md)."""
-    n = cluster.data_groups
-    return [1] if n == 1 else list(range(n + 1))
-
-
 def _add_node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", metavar="D", help="cluster directory (holds cluster.json)")
     p.add_argument("--learner", action="store_true", help="leave it a learner (a read replica)")
@@ -141,7 +135,7 @@ def _add_node(args: argparse.Namespace) -> int:
         try:
             cluster.start(spec.id)
             _wait_serving(cluster, client, spec, deadline)
-            for group in raft_groups(cluster):  # multi-Raft: the node joins every group
+            for group in raft_groups(cluster.data_groups):  # multi-Raft: the node joins every group
                 with cluster.client(timeout_s=args.timeout, group=group) as each:
                     add = partial(each.member_add, spec.id, spec.raft, spec.client, learner=True)
                     _until_accepted(add, deadline)
@@ -152,7 +146,7 @@ def _add_node(args: argparse.Namespace) -> int:
         cluster.detach()  # added: it runs beyond this command, whatever comes next
         role = "learner"
         if not args.learner:
-            for group in raft_groups(cluster):
+            for group in raft_groups(cluster.data_groups):
                 with cluster.client(timeout_s=args.timeout, group=group) as each:
                     _promote_when_caught_up(each, spec.id, deadline)
             role = "voter"
@@ -216,7 +210,7 @@ def _remove_node(args: argparse.Namespace) -> int:
         gone = "was removed already" if args.id in cluster.retired else "is not in this cluster"
         raise UsageError(f"node {args.id} {gone}")
     deadline = time.monotonic() + args.timeout
-    for group in raft_groups(cluster):  # multi-Raft: the node leaves every group
+    for group in raft_groups(cluster.data_groups):  # multi-Raft: the node leaves every group
         with cluster.client(timeout_s=args.timeout, group=group) as client:
             if args.id in {m.id for m in client.member_list()}:
                 _until_accepted(partial(client.member_remove, args.id, args.timeout_ms),

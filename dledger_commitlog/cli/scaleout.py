@@ -23,7 +23,7 @@ from typing import Any
 
 from dledger_commitlog.cli.commands import UsageError, command, emit, make_client, table
 from dledger_commitlog.client import ClientError, NodeStatus, TopicRoute
-from dledger_commitlog.common.routes import preferred_leader
+from dledger_commitlog.common.routes import preferred_leader, raft_groups
 
 
 def _queues(text: str) -> dict[int, int]:
@@ -111,7 +111,7 @@ def _statuses(args: argparse.Namespace) -> tuple[list[int], dict[int, dict[int, 
     with make_client(args) as client:
         routes = client.route()
     members = {n for x in routes.leaders.values() for n in x.members}
-    groups = ([0] if routes.data_groups > 1 else []) + list(range(1, routes.data_groups + 1))
+    groups = raft_groups(routes.data_groups)
     out: dict[int, dict[int, Any]] = {}
     for g in groups:
         with make_client(args, group=g) as client:

@@ -19,6 +19,7 @@ from dledger_commitlog.client.errors import ClientError, InvalidArgument
 from dledger_commitlog.common.protocol import MAX_MESSAGE_BYTES_LIMIT
 from dledger_commitlog.common.protocol import PutResult as PutResult
 from dledger_commitlog.common.routes import TopicRoute as TopicRoute
+from dledger_commitlog.common.routes import default_route
 from proto import dledger_pb2 as pb
 
 
@@ -266,10 +267,7 @@ class Routes:
     def route(self, topic: str) -> TopicRoute:
         """`topic`'s route: the configured one, or every data group's default queues."""
         found = self.routes.get(topic)
-        if found is not None:
-            return found
-        default = tuple((g, self.queues_per_topic) for g in range(1, self.data_groups + 1))
-        return TopicRoute(topic, default)
+        return found or default_route(topic, self.data_groups, self.queues_per_topic)
 
 
 def topic_route(msg: pb.TopicRoute) -> TopicRoute:

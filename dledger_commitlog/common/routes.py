@@ -47,6 +47,18 @@ class TopicRoute:
         return zlib.crc32(key.encode()) % self.total_queues
 
 
+def default_route(topic: str, data_groups: int, queues_per_topic: int) -> TopicRoute:
+    """The route of a topic nobody configured: every data group, `queues_per_topic`
+    queues each."""
+    return TopicRoute(topic, tuple((g, queues_per_topic) for g in range(1, data_groups + 1)))
+
+
+def raft_groups(data_groups: int) -> list[int]:
+    """Every Raft group of a cluster of `data_groups` data groups: [1] for one, else
+    group 0 (the routes) and 1..data_groups."""
+    return [1] if data_groups == 1 else list(range(data_groups + 1))
+
+
 def preferred_leader(group: int, node_ids: Sequence[int]) -> int:
     """Group `group`'s preferred leader among the bootstrap nodes `node_ids`: the nodes
     taken in turn (group g: the (g mod n)-th in id order), so that the leaders of a

@@ -31,7 +31,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
-from dledger_commitlog.common.routes import TopicRoute
+from dledger_commitlog.common.routes import TopicRoute, default_route
+from dledger_commitlog.messaging.groups import reserved_topic
 from dledger_commitlog.messaging.system_log import SystemLog
 from store.errors import InvalidMessage
 from store.message import check_name
@@ -46,7 +47,7 @@ class RouteError(ValueError):
 
 
 class RouteTable:
-    """The route of every topic, folded from group 0's change records."""
+    """The route of every topic, as group 0's last record holds it."""
 
     def __init__(self, data_groups: int, queues_per_topic: int) -> None:
         self.data_groups = data_groups
@@ -57,10 +58,7 @@ class RouteTable:
     def route(self, topic: str) -> TopicRoute:
         """`topic`'s configured route, or the default one."""
         found = self.configured.get(topic)
-        if found is not None:
-            return found
-        return TopicRoute(topic, tuple((g, self.queues_per_topic)
-                                       for g in range(1, self.data_groups + 1)))  # fmt: skip
+        return found or default_route(topic, self.data_groups, self.queues_per_topic)
 
     def check(self, op: str, topic: str, groups: Sequence[tuple[int, int]]) -> TopicRoute | None:
         """The route `op` makes of `topic` (None: deleted); RouteError if it cannot."""
@@ -70,7 +68,7 @@ class RouteTable:
             check_name(topic)
         except InvalidMessage as exc:
             raise RouteError(str(exc)) from None
-        if topic.startswith(SYSTEM_TOPIC_PREFIX) or topic.startswith("%"):
+        if reserved_topic(topic):
             raise RouteError(f"{topic!r}: system topics live in every group; they have no route")
         exists = topic in self.configured
         if op == "create" and exists:
