@@ -126,6 +126,10 @@ class _Routing(Generic[C]):
             return None
         return found[0]
 
+    def _forget(self, topic: str) -> None:
+        self._routes.pop(topic, None)
+        self._turn.pop(topic, None)
+
     def refresh_routes(self) -> None:
         """Forget the cached routes: the next call of each topic asks again."""
         self._routes.clear()
@@ -185,8 +189,7 @@ class RoutedClient(_Routing[Client]):
         """Create, update or delete a topic's route (through group 0; needs the admin
         right with an ACL); the cached route of `topic` is dropped."""
         made = self.client(0).topic_update(op, topic, groups)
-        self._routes.pop(topic, None)
-        self._turn.pop(topic, None)
+        self._forget(topic)
         return made
 
     def close(self) -> None:
@@ -253,8 +256,7 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
         self, op: str, topic: str, groups: Mapping[int, int] | None = None
     ) -> TopicRoute | None:
         made = await self.client(0).topic_update(op, topic, groups)
-        self._routes.pop(topic, None)
-        self._turn.pop(topic, None)
+        self._forget(topic)
         return made
 
     async def close(self) -> None:
