@@ -14,7 +14,10 @@ is a `Refusal` naming a gRPC status; each stack (`transport_grpcio`,
 `transport_grpclib`) answers it in its own terms, so both refuse alike.
 
 Invariants: messages to one peer leave in the order they were queued; a broken
-stream loses what was queued for it (Raft retransmits), never reorders; nothing
+stream loses what was queued for it (Raft retransmits), never reorders, except what
+a refusal says the peer never read (BATCHES_READ): that goes first on the next stream,
+so a message queued while the peer was refusing a stream it would have taken a moment
+later (a joining node) is not lost; nothing
 waits for a peer but the link's own task (a slow peer holds its sender in HTTP/2
 flow control, while `send` keeps dropping the oldest past MAX_QUEUED); nothing of a
 stream reaches the core before its sender is proven, nothing of a batch that does
@@ -27,7 +30,8 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
@@ -35,7 +39,7 @@ from proto import dledger_pb2 as pb
 from raft.messages import Message
 from raft.peer_auth import NODE_AUTH, PeerAuthError, PeerSecurity
 from raft.validate import InvalidPeerMessage
-from raft.wire import MAX_BATCH, MAX_BATCH_BYTES, MAX_QUEUED, PEER_ID, from_proto
+from raft.wire import BATCHES_READ, MAX_BATCH, MAX_BATCH_BYTES, MAX_QUEUED, PEER_ID, from_proto
 from store.flush import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -44,6 +48,8 @@ CONNECT_TIMEOUT_S = 0.2  # a peer that has not answered by then is tried again
 _RETRY_MIN_S = 0.05  # attempts to an unreachable peer: at most one per this, doubling...
 _RETRY_MAX_S = 0.3  # ...up to this
 _REFUSED_PAUSE_S = 1.0  # after a refusal (another cluster, a bad token): retrying can wait
+# A stream's last batches kept, for a refusal (`_end_stream`): this many, this size at most.
+_SENT_KEPT, _SENT_KEPT_BYTES = 64, MAX_BATCH_BYTES
 # Statuses that say the peer will not take our stream as it is (logged as errors).
 REFUSALS = frozenset(
     {"FAILED_PRECONDITION", "UNAUTHENTICATED", "PERMISSION_DENIED", "INVALID_ARGUMENT"}
@@ -51,11 +57,21 @@ REFUSALS = frozenset(
 
 
 class LinkRefused(Exception):
-    """The peer ended our stream with one of REFUSALS."""
+    """The peer ended our stream with one of REFUSALS; `read`: how many of the stream's
+    batches it took off it (BATCHES_READ; None from a peer that does not say)."""
 
-    def __init__(self, code: str, details: str) -> None:
+    def __init__(self, code: str, details: str, read: int | None = None) -> None:
         super().__init__(f"{code}: {details}")
-        self.code, self.details = code, details
+        self.code, self.details, self.read = code, details, read
+
+
+def batches_read(trailing: Iterable[tuple[str, Any]] | None) -> int | None:
+    """BATCHES_READ of a refusal's trailing metadata, if the peer said it."""
+    for key, value in trailing or ():
+        text = value.decode() if isinstance(value, bytes) else str(value)
+        if key == BATCHES_READ and text.isdigit():
+            return int(text)
+    return None
 
 
 class LinkBroken(Exception):
@@ -85,6 +101,12 @@ class PeerLink:
         self.connected = False
         self.dropped = 0
         self.stream_id = 0  # counts the streams opened; `next_batch` serves the current one
+        # The current stream's last batches (index, messages with size bounds, size),
+        # _SENT_KEPT and _SENT_KEPT_BYTES at most: what a refusal says the peer never
+        # read is sent again on the next stream.
+        self._sent: collections.deque[tuple[int, list[tuple[pb.RaftMessage, int]], int]]
+        self._sent = collections.deque()
+        self._sent_count = self._sent_bytes = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -94,10 +116,13 @@ class PeerLink:
     def send(self, messages: Sequence[tuple[pb.RaftMessage, int]]) -> None:
         """Queue (message, size bound) pairs (`wire.to_wire`) for the stream."""
         self._queue.extend(messages)
+        self._drop_past_bound()
+        self._ready.set()
+
+    def _drop_past_bound(self) -> None:
         while len(self._queue) > MAX_QUEUED:
             self._queue.popleft()
             self.dropped += 1
-        self._ready.set()
 
     async def next_batch(self, stream: int | None = None) -> pb.RaftBatch | None:
         """The next batch to send, once a message is queued. With `stream` (the
@@ -112,15 +137,36 @@ class PeerLink:
         return None
 
     def _take_batch(self) -> list[pb.RaftMessage]:
-        """The next messages of the queue: MAX_BATCH, MAX_BATCH_BYTES at most (one at least)."""
-        msg, size = self._queue.popleft()
-        msgs = [msg]
-        while self._queue and len(msgs) < MAX_BATCH:
+        """The next messages of the queue: MAX_BATCH, MAX_BATCH_BYTES at most (one at
+        least), kept in `_sent` until the stream ends."""
+        first = self._queue.popleft()
+        pairs, size = [first], first[1]
+        while self._queue and len(pairs) < MAX_BATCH:
             size += self._queue[0][1]
             if size > MAX_BATCH_BYTES:
                 break
-            msgs.append(self._queue.popleft()[0])
-        return msgs
+            pairs.append(self._queue.popleft())
+        self._sent.append((self._sent_count, pairs, size))
+        self._sent_count += 1
+        self._sent_bytes += size
+        while len(self._sent) > 1 and (
+            self._sent_bytes > _SENT_KEPT_BYTES or len(self._sent) > _SENT_KEPT
+        ):
+            self._sent_bytes -= self._sent.popleft()[2]
+        return [msg for msg, _ in pairs]
+
+    def _end_stream(self, read: int | None) -> None:
+        """The stream is over: with `read` (a refusal said how many of its batches the
+        peer took), put the batches after those back at the head of the queue."""
+        if read is not None:
+            unread = [pair for index, pairs, _ in self._sent if index >= read for pair in pairs]
+            self._queue.extendleft(reversed(unread))
+            self._drop_past_bound()
+        self._sent.clear()
+        self._sent_count = self._sent_bytes = 0
+        self.connected = False
+        self.stream_id += 1
+        self._ready.set()  # what waits for the stream that ended returns
 
     def metadata(self) -> list[tuple[str, str]]:
         """What a new stream opens with: the id we claim and, with a cluster secret, a
@@ -140,11 +186,13 @@ class PeerLink:
         delay_s = _RETRY_MIN_S
         while True:
             started = time.monotonic()
+            read: int | None = None
             try:
                 await self._stream_once()
             except asyncio.CancelledError:
                 raise
             except LinkRefused as exc:
+                read = exc.read
                 if exc.code != "PERMISSION_DENIED":
                     log.error("peer %d refused our stream: %s: %s", self.peer_id, exc.code,
                               exc.details)  # fmt: skip
@@ -161,9 +209,7 @@ class PeerLink:
             except Exception as exc:  # a stack's error no case above names: never end the link
                 log.warning("stream to peer %d failed: %r", self.peer_id, exc)
             finally:
-                self.connected = False
-                self.stream_id += 1
-                self._ready.set()  # what waits for the stream that ended returns
+                self._end_stream(read)
             if time.monotonic() - started > CONNECT_TIMEOUT_S:
                 delay_s = _RETRY_MIN_S  # it was up for a while: the peer may be back at once
                 continue

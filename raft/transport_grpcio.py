@@ -32,8 +32,9 @@ from raft.peer_link import (
     PeerGate,
     PeerLink,
     Refusal,
+    batches_read,
 )
-from raft.wire import MAX_MESSAGE_BYTES
+from raft.wire import BATCHES_READ, MAX_MESSAGE_BYTES
 
 SERVICE = "dledger.v1.RaftPeer"
 GRPC_OPTIONS = [
@@ -69,7 +70,8 @@ class GrpcioLink(PeerLink):
             await pb_grpc.RaftPeerStub(channel).Stream(batches, metadata=self.metadata())
         except grpc.aio.AioRpcError as exc:
             if exc.code().name in REFUSALS:
-                raise LinkRefused(exc.code().name, exc.details() or "") from None
+                read = batches_read(exc.trailing_metadata())
+                raise LinkRefused(exc.code().name, exc.details() or "", read) from None
             raise LinkBroken(exc.code().name) from None
         finally:
             await channel.close(grace=None)
@@ -117,13 +119,16 @@ class GrpcioPeerServer:
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> pb.RaftAck:
         gate, peer = self._gate, context.peer()
+        read = 0
         try:
             meta: dict[str, Any] = dict(context.invocation_metadata() or ())
             tls_node = certificate_node(context.auth_context()) if gate.security.tls else None
             sender = gate.sender(meta, tls_node, peer)
             async for raw in requests:
+                read += 1
                 gate.receive(raw, sender, peer)
         except Refusal as exc:
+            context.set_trailing_metadata(((BATCHES_READ, str(read)),))
             await context.abort(grpc.StatusCode[exc.code], exc.why)
         return pb.RaftAck()
 

@@ -51,8 +51,9 @@ from raft.peer_link import (
     PeerGate,
     PeerLink,
     Refusal,
+    batches_read,
 )
-from raft.wire import MAX_MESSAGE_BYTES
+from raft.wire import BATCHES_READ, MAX_MESSAGE_BYTES
 
 KEEPALIVE_S = 10.0
 KEEPALIVE_TIMEOUT_S = 5.0
@@ -81,6 +82,7 @@ class GrpclibLink(PeerLink):
 
     async def _stream_once(self) -> None:
         channel = Channel(self._host, self._port, ssl=self._ssl, config=_CONFIG)
+        stream: Any = None
         try:
             method = pb_grpclib.RaftPeerStub(channel).Stream
             async with method.open(metadata=self.metadata()) as stream:
@@ -90,7 +92,8 @@ class GrpclibLink(PeerLink):
                 await self._until_broken(stream)
         except GRPCError as exc:
             if exc.status.name in REFUSALS:
-                raise LinkRefused(exc.status.name, exc.message or "") from None
+                read = batches_read(_answer_headers(stream))
+                raise LinkRefused(exc.status.name, exc.message or "", read) from None
             raise LinkBroken(f"{exc.status.name}: {exc.message}") from None
         except StreamTerminatedError as exc:
             raise LinkBroken(str(exc)) from None
@@ -122,6 +125,14 @@ class GrpclibLink(PeerLink):
             await stream.send_message(batch)
 
 
+def _answer_headers(stream: Any) -> list[tuple[str, str]]:
+    """The peer's answer to `stream` as it came, trailers-only or trailers: read off the
+    HTTP/2 stream, since grpclib keeps no trailing metadata when, as a refusal often
+    does, the answer arrives with a reset of the stream."""
+    inner = getattr(stream, "_stream", None)
+    return [*(getattr(inner, "trailers", None) or ()), *(getattr(inner, "headers", None) or ())]
+
+
 class _RaftPeer(pb_grpclib.RaftPeerBase):
     """The RaftPeer service: each stream's sender proven, then its batches delivered."""
 
@@ -132,13 +143,17 @@ class _RaftPeer(pb_grpclib.RaftPeerBase):
         gate = self._gate
         addr = stream.peer.addr()
         peer = f"{addr[0]}:{addr[1]}" if addr else "?"
+        read = 0
         try:
             tls_node = peercert_node(stream.peer.cert()) if gate.security.tls else None
             sender = gate.sender(dict(stream.metadata or {}), tls_node, peer)
             while (raw := await _read_message(stream)) is not None:
+                read += 1
                 gate.receive(raw, sender, peer)
         except Refusal as exc:
-            raise GRPCError(Status[exc.code], exc.why) from None
+            await stream.send_trailing_metadata(status=Status[exc.code], status_message=exc.why,
+                                                metadata={BATCHES_READ: str(read)})  # fmt: skip
+            return
         await stream.send_message(pb.RaftAck())
 
 

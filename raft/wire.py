@@ -37,6 +37,9 @@ from raft.types import KINDS, Entry
 _ENTRY_HEAD = struct.Struct(">qqiI")
 _T = pb.RaftMessage
 PEER_ID = "dledger-peer-id"  # stream metadata: the node id the sender claims
+# A refusal's trailing metadata: how many batches of the stream the peer took off it
+# (0 for a stream refused as it opened); the link sends the rest again.
+BATCHES_READ = "dledger-batches-read"
 # The gRPC stacks that speak this wire (`raft.transport`); the first is the default.
 TRANSPORTS = ("grpclib", "grpcio")
 MAX_MESSAGE_BYTES = 64 << 20  # one gRPC message, sent or received, on either stack

@@ -358,3 +358,68 @@ def test_a_link_refused_until_it_is_a_member_loses_nothing_sent_after(link_kind:
 
     asyncio.run(main())
     assert got == messages(6, src=4)
+
+
+@pytest.mark.parametrize("server_kind", TRANSPORTS)
+@pytest.mark.parametrize("link_kind", TRANSPORTS)
+def test_what_a_refused_stream_never_read_goes_on_the_next(
+    link_kind: str, server_kind: str
+) -> None:
+    """A message queued while the peer is refusing the stream it would travel on (the
+    peer appended our addition between its check and our send) is not lost: the peer
+    says how many batches it read, and the link sends the rest again on its next stream."""
+    got: list[Message] = []
+    sent = messages(6, src=4)
+    checks: list[int] = []
+    link_box: list[PeerLink] = []
+
+    def members() -> set[int]:
+        checks.append(1)
+        if len(checks) > 1:
+            return {1, 2, 4}
+        # The refusal of this stream is decided: queue messages as it travels back.
+        link_box[0].send([to_wire(m) for m in sent])
+        return {1, 2}
+
+    async def main() -> None:
+        gate = PeerGate(CLUSTER, checked_deliver(got), me=2, members=members,
+                        security=PeerSecurity(peers=PeerAuth(CLUSTER, b"s" * 32)))  # fmt: skip
+        async with peer_server(server_kind, gate) as port:
+            link = open_link(link_kind, CLUSTER, 2, f"127.0.0.1:{port}", me=4,
+                             security=PeerSecurity(peers=PeerAuth(CLUSTER, b"s" * 32)))  # fmt: skip
+            link_box.append(link)
+            async with started(link):
+                await until(lambda: len(got) == len(sent), 3.0, "every message delivered")
+
+    asyncio.run(main())
+    assert got == sent
+    assert len(checks) >= 2  # the first stream was refused
+
+
+def test_a_link_sends_again_only_what_the_peer_never_read_and_keeps_little() -> None:
+    """After a refusal that read `r` batches, the batches after them go first on the next
+    stream, in their order and before what was queued since; a long stream keeps its
+    last 64 batches at most, not everything it ever sent."""
+
+    async def main() -> None:
+        link = PeerLink(CLUSTER, 2, "127.0.0.1:1", me=1)
+        sent = messages(3)
+        batches = []
+        for m in sent:
+            link.send([to_wire(m)])
+            batch = await link.next_batch()
+            assert batch is not None
+            batches.append(batch)
+        later = messages(4)[3:]
+        link.send([to_wire(m) for m in later])
+        link._end_stream(read=1)  # the peer took batch 0 off the stream, never 1 and 2
+        again = await link.next_batch()
+        assert again is not None
+        assert list(again.messages) == [to_proto(m) for m in sent[1:] + later]
+        link._end_stream(read=None)  # broken, or a peer that does not say: nothing again
+        for _ in range(200):
+            link.send([to_wire(sent[0])])
+            await link.next_batch()
+        assert len(link._sent) == 64
+
+    asyncio.run(main())
