@@ -12,11 +12,16 @@ group, all on 127.0.0.1.
 - `Route` is answered by every node; `TopicUpdate` on a follower of group 0
   redirects to group 0's leader.
 - The CLI: `topic create/route/delete`, `groups status/balance --json`.
+- Consumers: `dledger consume` (a `RoutedConsumer`) joins the consumer group in
+  every data group and reads the topic from all of them, `--max` counting them all
+  (never handed more), `--raft-group` one group alone; `AsyncRoutedClient.consumers`
+  run together with one member id.
 - Metrics of a multi-group node carry a `group` label, one series per group.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -30,7 +35,14 @@ import pytest
 
 from dledger_commitlog.cli.cluster_layout import groups_config
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client import Client, InvalidArgument, RoutedClient
+from dledger_commitlog.client import (
+    AsyncRoutedClient,
+    Client,
+    ConsumedMessage,
+    InvalidArgument,
+    RoutedClient,
+)
+from dledger_commitlog.client.consumer import run_together
 from dledger_commitlog.common.protocol import group_metadata
 from dledger_commitlog.common.routes import group_of_msg_id
 from proto import dledger_pb2 as pb
@@ -205,6 +217,73 @@ def test_cli_topic_and_groups_commands(cluster: LocalCluster) -> None:
     assert dledger(cluster, "topic", "delete", "clitopic") == {"deleted": "clitopic"}
     shown = dledger(cluster, "topic", "route", "clitopic")
     assert all(r["configured"] is False for r in shown["routes"] if r["topic"] == "clitopic")
+
+
+def consume(cluster: LocalCluster, *args: str) -> list[dict[str, Any]]:
+    """`dledger consume ARGS --json` as a user runs it (it must succeed): the messages."""
+    done = subprocess.run(
+        [sys.executable, "-m", "dledger_commitlog", "consume", *args, "--servers",
+         ",".join(servers(cluster)), "--json"],
+        capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, (args, done.returncode, done.stdout, done.stderr)
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def spread_topic(cluster: LocalCluster, topic: str, count: int) -> dict[int, set[str]]:
+    """`count` messages put round robin to `topic`, routed over groups 1, 2 and 3 (one
+    queue each): the message ids of each group."""
+    with routed(cluster) as rc:
+        rc.topic_update("create", topic, {1: 1, 2: 1, 3: 1})
+        seen(rc, topic, ((1, 1), (2, 1), (3, 1)))
+        ids = [rc.put(topic, b"%s-%d" % (topic.encode(), i)).msg_id for i in range(count)]
+    by_group: dict[int, set[str]] = {}
+    for msg_id in ids:
+        by_group.setdefault(group_of_msg_id(msg_id), set()).add(msg_id)
+    assert set(by_group) == {1, 2, 3}, by_group
+    return by_group
+
+
+def test_cli_consume_reads_every_group_and_max_counts_them_all(cluster: LocalCluster) -> None:
+    by_group = spread_topic(cluster, "feed", 12)
+    every = set().union(*by_group.values())
+    got = consume(cluster, "--group", "all", "--topic", "feed", "--idle-exit", "3")
+    assert sorted(m["msg_id"] for m in got) == sorted(every)
+    assert all(m["topic"] == "feed" and m["reconsume_times"] == 0 for m in got)
+    # --max: 5 between the three groups' members, never more, each message once.
+    five = consume(cluster, "--group", "five", "--topic", "feed", "--max", "5")
+    assert len(five) == 5 and len({m["msg_id"] for m in five}) == 5
+    assert {m["msg_id"] for m in five} <= every
+    # What the three fetched beyond the 5 was never acked: the group's next member
+    # gets exactly the rest.
+    rest = consume(cluster, "--group", "five", "--topic", "feed", "--idle-exit", "3")
+    assert sorted(m["msg_id"] for m in rest) == sorted(every - {m["msg_id"] for m in five})
+    # --raft-group: that group's queues alone.
+    two = consume(cluster, "--group", "two", "--topic", "feed", "--idle-exit", "3",
+                  "--raft-group", "2")  # fmt: skip
+    assert {m["msg_id"] for m in two} == by_group[2]
+    # A group's offsets live in each Raft group: "all" consumed (and acked) everything.
+    again = consume(cluster, "--group", "all", "--topic", "feed", "--idle-exit", "2")
+    assert again == []
+
+
+def test_routed_consumers_run_together_with_one_member_id(cluster: LocalCluster) -> None:
+    by_group = spread_topic(cluster, "feed-api", 9)
+    got: list[ConsumedMessage] = []
+
+    async def handle(m: ConsumedMessage) -> None:
+        got.append(m)
+
+    async def main() -> tuple[int, set[str]]:
+        async with AsyncRoutedClient(servers(cluster), timeout_s=15.0) as arc:
+            consumers = await arc.consumers("api", ["feed-api"], handle)
+            assert len(consumers) == GROUPS
+            handled = await run_together(consumers, max_messages=9, idle_exit_s=10.0)
+            return handled, {c.member_id for c in consumers}
+
+    handled, members = asyncio.run(main())
+    assert handled == 9 and len(members) == 1
+    assert sorted(m.msg_id for m in got) == sorted(set().union(*by_group.values()))
 
 
 def test_metrics_carry_the_group_label(cluster: LocalCluster) -> None:

@@ -15,6 +15,7 @@ its clients are built of.
   group; an unknown group's dropped without holding up the rest.
 - `cli.scaleout.plan_moves` (property): within ceil(groups / serving nodes) per
   node, preferred leaders used when they serve, nothing planned onto a down node.
+- `client.quota.Quota`: the `max_messages` of one consumer per group, shared.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dledger_commitlog.cli.scaleout import plan_moves
+from dledger_commitlog.client.quota import Quota
 from dledger_commitlog.common.routes import (
     GROUP_ZERO_CODE,
     TopicRoute,
@@ -429,3 +431,21 @@ def test_plan_moves_keeps_a_preferred_leader_when_another_group_is_over_the_cap(
     moves = plan_moves(leaders, candidates, [1, 2, 3, 4, 5])
     after = {**leaders, **{g: dst for g, _, dst in moves}}
     assert after[2] == 3 and after[3] != 3
+
+
+def test_a_shared_quota_never_hands_out_more_than_its_limit() -> None:
+    """Consumers run together (one per Raft group) ask for the room left; what fetches
+    running at once bring past the limit is not taken; what is given back is room
+    again; the limit is reached by handler calls that ended, not by those taken."""
+    quota = Quota(5)
+    assert quota.room(32) == 5 and quota.room(3) == 3
+    assert quota.take(4) == 4 and quota.take(4) == 1  # two fetches at once: 8 brought, 5 taken
+    assert quota.room(32) == 0 and quota.take(2) == 0
+    quota.give_back()  # an orderly run stopped before it: that one comes again
+    assert quota.room(32) == 1
+    quota.handled = 4
+    assert not quota.reached()
+    quota.handled = 5
+    assert quota.reached()
+    unlimited = Quota(0)
+    assert unlimited.room(32) == 32 and unlimited.take(1000) == 1000 and not unlimited.reached()

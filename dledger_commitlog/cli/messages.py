@@ -43,8 +43,9 @@ from dledger_commitlog.cli.commands import (
     table,
 )
 from dledger_commitlog.client import PullResult, PutResult
-from dledger_commitlog.client.consumer import ConsumedMessage, Consumer
+from dledger_commitlog.client.consumer import ConsumedMessage
 from dledger_commitlog.client.groups import Subscription
+from dledger_commitlog.client.routing import RoutedConsumer
 from dledger_commitlog.common.routes import group_of_msg_id
 from dledger_commitlog.node.config import parse_levels
 
@@ -307,6 +308,8 @@ def _consume_args(p: argparse.ArgumentParser) -> None:
          _consume_args)  # fmt: skip
 def _consume(args: argparse.Namespace) -> int:
     """Join the group, print what its coordinator hands this member, ack it; leave at the end.
+    On a multi-Raft cluster it joins the group in every data group (one member per
+    group, `RoutedConsumer`; --max counts them all), or in --raft-group's alone.
 
     Ctrl-C (SIGINT) stops it between calls, never inside one: the handler only asks
     the consumer to stop, and it ends after the call in flight (a long poll waits at
@@ -318,7 +321,9 @@ def _consume(args: argparse.Namespace) -> int:
                     else Subscription(args.topic, args.tag_expr))  # fmt: skip
     printer = _Printer(args.json)
     servers, connection = _connection(args)
-    consumer = Consumer(
+    if args.raft_group is not None:
+        connection["raft_groups"] = [args.raft_group]
+    consumer = RoutedConsumer(
         servers, args.group, [subscription], printer, orderly=args.orderly,
         strategy=args.strategy, max_reconsume=args.max_reconsume, ack_wait_ms=args.ack_wait_ms,
         batch=args.batch, concurrency=1, **connection,

@@ -9,9 +9,10 @@ core (`retry.py`); every operation is written once (`api.py`); `blocking.py` and
 `aio.py` only perform its steps. Values in and out are in `values.py`, errors in
 `errors.py`, TLS and credentials in `access.py`, coalesced single puts in
 `put_pipe.py`, transaction check-backs in `tx_producer.py`, consumer groups in
-`groups.py` (the calls) and `consumer.py` (`Consumer`, `AsyncConsumer`), the routed
-clients of a multi-Raft cluster in `routing.py` (`RoutedClient`, `AsyncRoutedClient`).
-The client imports nothing of the server side.
+`groups.py` (the calls), `consumer.py` (`Consumer`, `AsyncConsumer`) and `quota.py`
+(a `max_messages` shared), the routed clients of a multi-Raft cluster in
+`routing.py` (`RoutedClient`, `AsyncRoutedClient`, `RoutedConsumer`). The client
+imports nothing of the server side.
 """
 
 from dledger_commitlog.client.access import Access, cluster_security, load_credentials
@@ -40,7 +41,7 @@ from dledger_commitlog.client.groups import (
     GroupSummary,
     Subscription,
 )
-from dledger_commitlog.client.routing import AsyncRoutedClient, RoutedClient
+from dledger_commitlog.client.routing import AsyncRoutedClient, RoutedClient, RoutedConsumer
 from dledger_commitlog.client.tx_producer import (
     AsyncTransactionProducer,
     TransactionCheck,
@@ -105,6 +106,7 @@ __all__ = [
     "ResourceExhausted",
     "Retry",
     "RoutedClient",
+    "RoutedConsumer",
     "Routes",
     "StatusError",
     "StoredMessage",

@@ -40,6 +40,7 @@ from typing import Any, Self
 from dledger_commitlog.client.aio import AsyncClient
 from dledger_commitlog.client.errors import ClientError, GroupRefused, NotFound
 from dledger_commitlog.client.groups import Delivery, QueueLease, Subscription
+from dledger_commitlog.client.quota import Quota
 from dledger_commitlog.client.values import StoredMessage
 from proto import dledger_pb2 as pb
 
@@ -127,6 +128,33 @@ def subscriptions_of(topics: Topics) -> list[Subscription]:
     return [t if isinstance(t, Subscription) else Subscription(t) for t in topics]
 
 
+def new_member_id() -> str:
+    """A consumer's id in its group: host, process and a random part."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+async def run_together(
+    consumers: Sequence[AsyncConsumer], *, max_messages: int = 0, idle_exit_s: float = 0.0
+) -> int:
+    """Run `consumers` (e.g. `AsyncRoutedClient.consumers`, one per Raft group) until
+    each has ended: `max_messages` handler calls between them, `idle_exit_s` for each.
+    One that fails (bad settings, a conflict) stops the others, and its error is
+    raised once they have left their groups. How many messages the handlers took."""
+    quota = Quota(max_messages)
+    runs = [asyncio.create_task(c.run(max_messages=quota, idle_exit_s=idle_exit_s))
+            for c in consumers]  # fmt: skip
+    try:
+        await asyncio.wait(runs, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for consumer in consumers:
+            consumer.stop()
+        ended = await asyncio.gather(*runs, return_exceptions=True)
+    for result in ended:
+        if isinstance(result, BaseException):
+            raise result
+    return sum(c.processed for c in consumers)
+
+
 class AsyncConsumer:
     """A member of a consumer group on asyncio (see the module docstring). A plain
     function handler runs in a thread pool of `concurrency` threads; a coroutine
@@ -163,7 +191,7 @@ class AsyncConsumer:
         self.first_retry_level = first_retry_level
         self.batch = batch
         self.concurrency = concurrency
-        self.member_id = member_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.member_id = member_id or new_member_id()
         self.processed = 0  # handler calls that ended (acked or retried)
         self.generation = 0
         self.leases: tuple[QueueLease, ...] = ()
@@ -181,6 +209,7 @@ class AsyncConsumer:
         self._last_heartbeat = 0.0
         self._last_delivery = time.monotonic()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._quota = Quota(0)  # run's
 
     # -- running ---------------------------------------------------------------------
 
@@ -192,11 +221,14 @@ class AsyncConsumer:
         else:
             self._stopping.set()
 
-    async def run(self, *, max_messages: int = 0, idle_exit_s: float = 0.0) -> int:
-        """Consume until `stop()`, `max_messages` handled or `idle_exit_s` without a
-        delivery; then finish the handlers running, ack, and leave the group. Returns
-        how many messages the handler took. Bad settings (a filter that does not
-        parse, a strategy or mode the group's live members do not share) raise."""
+    async def run(self, *, max_messages: int | Quota = 0, idle_exit_s: float = 0.0) -> int:
+        """Consume until `stop()`, `max_messages` handled (a Quota: shared with other
+        consumers) or `idle_exit_s` without a delivery; then finish the handlers
+        running, ack, and leave the group. Returns how many messages the handler took.
+        Bad settings (a filter that does not parse, a strategy or mode the group's live
+        members do not share) raise."""
+        quota = max_messages if isinstance(max_messages, Quota) else Quota(max_messages)
+        self._quota = quota
         self._loop = asyncio.get_running_loop()
         if not inspect.iscoroutinefunction(self.handler):
             self._executor = ThreadPoolExecutor(self.concurrency, f"consumer-{self.group}")
@@ -204,7 +236,7 @@ class AsyncConsumer:
         heartbeats = asyncio.create_task(self._heartbeats(), name="consumer-heartbeats")
         acks = asyncio.create_task(self._ack_loop(), name="consumer-acks")
         try:
-            await self._fetch_loop(max_messages, idle_exit_s)
+            await self._fetch_loop(quota, idle_exit_s)
         finally:
             if self._running:
                 await asyncio.wait(self._running, timeout=self.ack_wait_ms / 1000)
@@ -225,19 +257,15 @@ class AsyncConsumer:
                 await self.client.close()
         return self.processed
 
-    def _done(self, max_messages: int, idle_exit_s: float) -> bool:
-        if self._stopping.is_set():
-            return True
-        if max_messages and self.processed >= max_messages:
+    def _done(self, quota: Quota, idle_exit_s: float) -> bool:
+        if self._stopping.is_set() or quota.reached():
             return True
         idle = time.monotonic() - self._last_delivery
         return bool(idle_exit_s) and idle >= idle_exit_s and not self._running
 
-    async def _fetch_loop(self, max_messages: int, idle_exit_s: float) -> None:
-        while not self._done(max_messages, idle_exit_s):
-            room = self.batch
-            if max_messages:
-                room = min(room, max_messages - self.processed - len(self._running))
+    async def _fetch_loop(self, quota: Quota, idle_exit_s: float) -> None:
+        while not self._done(quota, idle_exit_s):
+            room = quota.room(self.batch)
             if room <= 0 or len(self._running) >= 2 * self.concurrency:
                 await asyncio.wait(self._running or {asyncio.create_task(asyncio.sleep(0.05))},
                                    timeout=0.5, return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
@@ -259,6 +287,7 @@ class AsyncConsumer:
             self._dispatch(fetched.deliveries)
 
     def _dispatch(self, deliveries: Sequence[Delivery]) -> None:
+        deliveries = deliveries[: self._quota.take(len(deliveries))]
         for d in deliveries:
             m = d.message
             track = self._tracks.setdefault((m.topic, m.queue_id), _Track(d.epoch))
@@ -300,14 +329,17 @@ class AsyncConsumer:
                 if offset in track.done:
                     self._acks.append(d.handle)
                     self._ack_event.set()
+                    self._quota.give_back()
                     continue
                 if not self._holds(d):
                     self._forget(d, done=False)  # the queue is someone else's now
+                    self._quota.give_back()
                     continue
                 if not await self._one(d):
                     for rest in ordered:
                         if rest.message.queue_offset > offset:
                             self._forget(rest, done=False)
+                            self._quota.give_back()
                     return
                 track.done.add(offset)
 
@@ -337,6 +369,7 @@ class AsyncConsumer:
                           d.message.topic, d.message.queue_id, d.message.queue_offset)  # fmt: skip
             outcome = False
         self.processed += 1
+        self._quota.handled += 1
         if outcome is None or outcome is True:
             self._acks.append(d.handle)
             self._ack_event.set()
@@ -454,6 +487,11 @@ class AsyncConsumer:
             del self._tracks[ref]
 
 
+CONSUMER_OPTIONS = frozenset(
+    p.name for p in inspect.signature(AsyncConsumer).parameters.values() if p.kind is p.KEYWORD_ONLY
+)  # the settings of a consumer; the rest of its keyword arguments are its client's
+
+
 class Consumer:
     """A blocking consumer: `run()` consumes in this thread until `stop()` (from another
     thread or a signal handler) or its limits; `start()` runs it in a thread of its
@@ -470,8 +508,7 @@ class Consumer:
     ) -> None:
         self._args = (servers, group, topics, handler)
         self._kwargs = kwargs
-        self._consumer: AsyncConsumer | None = None
-        self._ready = threading.Event()
+        self._consumers: list[AsyncConsumer] = []
         self._stop_asked = False
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -479,33 +516,39 @@ class Consumer:
 
     @property
     def member_id(self) -> str | None:
-        return None if self._consumer is None else self._consumer.member_id
+        return self._consumers[0].member_id if self._consumers else None
 
     @property
     def leases(self) -> tuple[QueueLease, ...]:
-        return () if self._consumer is None else self._consumer.leases
+        return tuple(lease for c in self._consumers for lease in c.leases)
+
+    async def _open(self) -> list[AsyncConsumer]:
+        """The consumers to run together: one, of the servers' Raft group
+        (`RoutedConsumer`: one per data group of the cluster)."""
+        return [AsyncConsumer(*self._args, **self._kwargs)]
+
+    async def _close(self) -> None:
+        """Close what `_open` opened besides the consumers (each closes its own client)."""
 
     def run(self, *, max_messages: int = 0, idle_exit_s: float = 0.0) -> int:
         """Consume until stopped or a limit (see `AsyncConsumer.run`); how many handled."""
 
         async def main() -> int:
-            self._consumer = AsyncConsumer(*self._args, **self._kwargs)
-            self._ready.set()
-            if self._stop_asked:
-                self._consumer.stop()
             try:
-                return await self._consumer.run(max_messages=max_messages,
-                                                 idle_exit_s=idle_exit_s)  # fmt: skip
+                self._consumers = await self._open()
+                if self._stop_asked:
+                    for consumer in self._consumers:
+                        consumer.stop()
+                return await run_together(self._consumers, max_messages=max_messages,
+                                          idle_exit_s=idle_exit_s)  # fmt: skip
             finally:
-                self.processed = self._consumer.processed
+                self.processed = sum(c.processed for c in self._consumers)
+                await self._close()
 
-        try:
-            return asyncio.run(main())
-        finally:
-            self._ready.set()
+        return asyncio.run(main())
 
     def start(self, **limits: Any) -> Self:
-        """Run in a background thread; `wait_ready` for its first heartbeat's leases."""
+        """Run in a background thread (`join` waits for it to end)."""
 
         def target() -> None:
             try:
@@ -519,8 +562,8 @@ class Consumer:
 
     def stop(self) -> None:
         self._stop_asked = True
-        if self._consumer is not None:
-            self._consumer.stop()
+        for consumer in self._consumers:
+            consumer.stop()
 
     def join(self, timeout_s: float | None = None) -> int:
         """Wait for a started consumer to end; re-raise what ended it, if it failed."""

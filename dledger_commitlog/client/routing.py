@@ -15,9 +15,10 @@ follows that group's leader itself). A put goes to the next queue in turn, or to
 the queue of its sharding key (crc32 over all the topic's queues: one key, one
 queue of one group, in order), or to the queue it names; so does a transactional
 half message, whose commit or rollback goes to the group its id names. Consumer
-groups live in each Raft group (`AsyncRoutedClient.consumers`: one consumer per
-data group). A refusal that says the
-route changed (a queue the group does not have) refreshes the route and tries
+groups live in each Raft group: `RoutedConsumer` (blocking, as `Consumer`) and
+`AsyncRoutedClient.consumers` run one consumer per data group, with one member id
+and a `max_messages` shared between them (`consumer.run_together`). A refusal that
+says the route changed (a queue the group does not have) refreshes the route and tries
 once more; a cached route is asked for again after `route_ttl_s` (30 s, as
 RocketMQ's clients poll their name server), and `refresh_routes` drops the cache.
 A message id names its group, so `get` needs no route. Everything else is a call of
@@ -28,14 +29,19 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, Self, TypeVar
 
 from dledger_commitlog.client.aio import AsyncClient
 from dledger_commitlog.client.api import cluster_file_args
 from dledger_commitlog.client.blocking import Client
-from dledger_commitlog.client.consumer import AsyncConsumer
+from dledger_commitlog.client.consumer import (
+    CONSUMER_OPTIONS,
+    AsyncConsumer,
+    Consumer,
+    new_member_id,
+)
 from dledger_commitlog.client.errors import InvalidArgument
 from dledger_commitlog.client.values import (
     HalfResult,
@@ -243,14 +249,18 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
         return await self.client(group).end_transaction(half, commit=commit)
 
     async def consumers(
-        self, group: str, topics: Any, handler: Any, **kwargs: Any
-    ) -> list[AsyncConsumer]:
+        self, group: str, topics: Any, handler: Any, *,
+        raft_groups: Sequence[int] | None = None, **kwargs: Any,
+    ) -> list[AsyncConsumer]:  # fmt: skip
         """One `AsyncConsumer` of consumer group `group` per data group of the cluster
-        (a consumer group lives in each Raft group, as a topic's queues do): run them
-        together, e.g. `asyncio.gather(*(c.run() for c in consumers))`."""
-        routes = await self.routes()
+        (a consumer group lives in each Raft group, as a topic's queues do), or per
+        group of `raft_groups`, all with one member id: run them with
+        `consumer.run_together`."""
+        if raft_groups is None:
+            raft_groups = range(1, (await self.routes()).data_groups + 1)
+        kwargs.setdefault("member_id", new_member_id())
         return [AsyncConsumer(self.client(g), group, topics, handler, **kwargs)
-                for g in range(1, routes.data_groups + 1)]  # fmt: skip
+                for g in raft_groups]  # fmt: skip
 
     async def topic_update(
         self, op: str, topic: str, groups: Mapping[int, int] | None = None
@@ -269,3 +279,26 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class RoutedConsumer(Consumer):
+    """A blocking consumer of every data group of the cluster (one `AsyncConsumer` per
+    group, run together), or of the groups `raft_groups` names: `Consumer`'s
+    arguments, plus `AsyncRoutedClient`'s `group_servers` and `route_ttl_s`. On a
+    single-group cluster it is a `Consumer`."""
+
+    _routed: AsyncRoutedClient | None = None
+
+    async def _open(self) -> list[AsyncConsumer]:
+        servers, group, topics, handler = self._args
+        raft_groups = self._kwargs.get("raft_groups")
+        options = {k: v for k, v in self._kwargs.items() if k in CONSUMER_OPTIONS}
+        connection = {k: v for k, v in self._kwargs.items()
+                      if k not in CONSUMER_OPTIONS and k != "raft_groups"}  # fmt: skip
+        self._routed = AsyncRoutedClient(servers, **connection)
+        return await self._routed.consumers(group, topics, handler, raft_groups=raft_groups,
+                                            **options)  # fmt: skip
+
+    async def _close(self) -> None:
+        if self._routed is not None:
+            await self._routed.close()
