@@ -96,12 +96,32 @@ def _servers(args: argparse.Namespace) -> tuple[list[str], Access]:
 
 
 def _store(args: argparse.Namespace) -> Any:
-    from analytics.stores import open_store
+    """What `dledger export` reads: one Raft group, --raft-group's or the only data
+    group there is. A multi-Raft cluster's groups export one at a time, each to a
+    directory of its own (their queue ids and offsets are their own)."""
+    from analytics.stores import open_groups
 
     if args.path:
-        return open_store(path=args.path)
-    servers, access = _servers(args)
-    return open_store(servers, timeout_s=args.timeout, access=access)
+        grouped = open_groups(path=args.path)
+    else:
+        servers, access = _servers(args)
+        grouped = open_groups(servers, timeout_s=args.timeout, access=access)
+    try:
+        return grouped.group(_export_group(args, grouped.groups()))  # closed by `export`
+    except BaseException:
+        grouped.close()
+        raise
+
+
+def _export_group(args: argparse.Namespace, groups: list[int]) -> int:
+    """--raft-group if it is one of `groups`, or the only one (UsageError otherwise)."""
+    group = args.raft_group if args.raft_group is not None or len(groups) > 1 else groups[0]
+    if group not in groups:
+        named = "" if group is None else f"--raft-group {group}: not a data group here; "
+        raise UsageError(f"{named}the data groups are {', '.join(map(str, groups))}: export "
+                         "one at a time, each to a directory of its own "
+                         "(--raft-group G --to DIR-G)")  # fmt: skip
+    return int(group)
 
 
 # ---------------------------------------------------------------- export
