@@ -15,10 +15,10 @@ is a `Refusal` naming a gRPC status; each stack (`transport_grpcio`,
 
 Invariants: messages to one peer leave in the order they were queued; a broken
 stream loses what was queued for it (Raft retransmits), never reorders, except what
-a refusal says the peer never read (BATCHES_READ): that goes first on the next stream,
-so a message queued while the peer was refusing a stream it would have taken a moment
-later (a joining node) is not lost; nothing
-waits for a peer but the link's own task (a slow peer holds its sender in HTTP/2
+a refusal says the peer never read (BATCHES_READ; a batch refused for membership
+counts as not read): that goes first on the next stream, so a message queued while
+the peer refused a sender it would take a moment later (a joining node) is not
+lost; nothing waits for a peer but the link's own task (a slow peer holds its sender in HTTP/2
 flow control, while `send` keeps dropping the oldest past MAX_QUEUED); nothing of a
 stream reaches the core before its sender is proven, nothing of a batch that does
 not decode whole, and nothing after the first message refused.
@@ -223,11 +223,18 @@ class PeerLink:
 
 class Refusal(Exception):
     """A stream or a batch this node refuses. `code` names the gRPC status (the same
-    name in `grpc.StatusCode` and `grpclib.const.Status`); `why` is what the peer is told."""
+    name in `grpc.StatusCode` and `grpclib.const.Status`); `why` is what the peer is told;
+    `again`: the refused batch is to be sent again (a membership refusal: the sender
+    may be a member a moment later), so BATCHES_READ does not count it."""
 
     def __init__(self, code: str, why: str) -> None:
         super().__init__(why)
         self.code, self.why = code, why
+        self.again = False
+
+    def batches_read(self, taken: int) -> str:
+        """BATCHES_READ of this refusal, given how many batches the stream `taken`."""
+        return str(taken - 1 if self.again else taken)
 
 
 class PeerGate:
@@ -330,7 +337,9 @@ class PeerGate:
             except InvalidPeerMessage as exc:
                 code = "PERMISSION_DENIED" if exc.membership else "INVALID_ARGUMENT"
                 reason = "membership" if exc.membership else "invalid"
-                raise self.refuse(peer, code, reason, exc.reason) from None
+                refusal = self.refuse(peer, code, reason, exc.reason)
+                refusal.again = exc.membership
+                raise refusal from None
 
     def _delivers(self, batch: pb.RaftBatch) -> list[Callable[[Message], None] | None]:
         """Per message of `batch`, the deliver of the group it names (absent: group 1);

@@ -128,7 +128,7 @@ class GrpcioPeerServer:
                 read += 1
                 gate.receive(raw, sender, peer)
         except Refusal as exc:
-            context.set_trailing_metadata(((BATCHES_READ, str(read)),))
+            context.set_trailing_metadata(((BATCHES_READ, exc.batches_read(read)),))
             await context.abort(grpc.StatusCode[exc.code], exc.why)
         return pb.RaftAck()
 

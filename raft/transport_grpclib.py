@@ -151,8 +151,9 @@ class _RaftPeer(pb_grpclib.RaftPeerBase):
                 read += 1
                 gate.receive(raw, sender, peer)
         except Refusal as exc:
+            read_meta = {BATCHES_READ: exc.batches_read(read)}
             await stream.send_trailing_metadata(status=Status[exc.code], status_message=exc.why,
-                                                metadata={BATCHES_READ: str(read)})  # fmt: skip
+                                                metadata=read_meta)  # fmt: skip
             return
         await stream.send_message(pb.RaftAck())
 

@@ -396,6 +396,38 @@ def test_what_a_refused_stream_never_read_goes_on_the_next(
     assert len(checks) >= 2  # the first stream was refused
 
 
+@pytest.mark.parametrize("server_kind", TRANSPORTS)
+@pytest.mark.parametrize("link_kind", TRANSPORTS)
+def test_a_batch_refused_for_membership_goes_again_in_open_mode(
+    link_kind: str, server_kind: str
+) -> None:
+    """Without peer tokens or TLS the stream opens for anyone, and the node refuses a
+    non-member's message as it delivers it (PERMISSION_DENIED): that batch counts as
+    not read, so once the sender is a member it arrives, whole and in order."""
+    from raft.validate import InvalidPeerMessage
+
+    got: list[Message] = []
+    refused: list[Message] = []
+    sent = messages(6, src=4)
+
+    def deliver(m: Message) -> None:
+        if not refused:
+            refused.append(m)
+            raise InvalidPeerMessage(f"node {m.src} is not a member", membership=True)
+        got.append(m)
+
+    async def main() -> None:
+        gate = PeerGate(CLUSTER, deliver, me=2, members=lambda: {1, 2})
+        async with peer_server(server_kind, gate) as port:
+            link = open_link(link_kind, CLUSTER, 2, f"127.0.0.1:{port}", me=4)
+            link.send([to_wire(m) for m in sent])
+            async with started(link):
+                await until(lambda: len(got) == len(sent), 3.0, "every message delivered")
+
+    asyncio.run(main())
+    assert refused == sent[:1] and got == sent
+
+
 def test_a_link_sends_again_only_what_the_peer_never_read_and_keeps_little() -> None:
     """After a refusal that read `r` batches, the batches after them go first on the next
     stream, in their order and before what was queued since; a long stream keeps its
