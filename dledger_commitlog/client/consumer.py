@@ -138,8 +138,12 @@ async def run_together(
 ) -> int:
     """Run `consumers` (e.g. `AsyncRoutedClient.consumers`, one per Raft group) until
     each has ended: `max_messages` handler calls between them, `idle_exit_s` for each.
-    One that fails (bad settings, a conflict) stops the others, and its error is
-    raised once they have left their groups. How many messages the handlers took."""
+    One that fails (bad settings, a conflict) stops the others, and the first error is
+    raised once they have left their groups (the others are logged). Cancelled, it
+    still waits for them to finish their handlers, ack and leave. How many messages
+    the handlers took."""
+    if not consumers:
+        return 0
     quota = Quota(max_messages)
     runs = [asyncio.create_task(c.run(max_messages=quota, idle_exit_s=idle_exit_s))
             for c in consumers]  # fmt: skip
@@ -149,9 +153,11 @@ async def run_together(
         for consumer in consumers:
             consumer.stop()
         ended = await asyncio.gather(*runs, return_exceptions=True)
-    for result in ended:
-        if isinstance(result, BaseException):
-            raise result
+    errors = [e for e in ended if isinstance(e, BaseException)]
+    for extra in errors[1:]:
+        log.error("consumer of group %s also failed: %r", consumers[0].group, extra)
+    if errors:
+        raise errors[0]
     return sum(c.processed for c in consumers)
 
 
@@ -520,6 +526,7 @@ class Consumer:
 
     @property
     def leases(self) -> tuple[QueueLease, ...]:
+        """The queues held (of every Raft group consumed: a lease names no group)."""
         return tuple(lease for c in self._consumers for lease in c.leases)
 
     async def _open(self) -> list[AsyncConsumer]:

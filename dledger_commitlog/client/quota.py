@@ -13,8 +13,9 @@ class Quota:
     """The `max_messages` of consumers run together (`run_together`: one per Raft
     group): the handler calls they may make between them (0: no limit). Each fetch
     asks for the room left; when fetches running at once bring more, what the quota
-    cannot `take` is never handled nor acked, and the server hands it out again (at
-    once when the consumer leaves its group, as it does at the end)."""
+    cannot `take` is never handled nor acked, and the server hands it out again: at
+    once when the consumer leaves its group, as it does at the end, else after the
+    ack wait (an orderly queue waits that long too)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit

@@ -258,7 +258,7 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
         `consumer.run_together`."""
         if raft_groups is None:
             raft_groups = range(1, (await self.routes()).data_groups + 1)
-        kwargs.setdefault("member_id", new_member_id())
+        kwargs["member_id"] = kwargs.get("member_id") or new_member_id()
         return [AsyncConsumer(self.client(g), group, topics, handler, **kwargs)
                 for g in raft_groups]  # fmt: skip
 
@@ -284,8 +284,10 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
 class RoutedConsumer(Consumer):
     """A blocking consumer of every data group of the cluster (one `AsyncConsumer` per
     group, run together), or of the groups `raft_groups` names: `Consumer`'s
-    arguments, plus `AsyncRoutedClient`'s `group_servers` and `route_ttl_s`. On a
-    single-group cluster it is a `Consumer`."""
+    arguments, plus `AsyncRoutedClient`'s `group_servers` and `route_ttl_s`. It asks
+    a node for the routes first (without `raft_groups`): a single-group cluster
+    answers one group, and a process that does not host group 0 refuses, naming
+    why (give `group_servers`, or `raft_groups`)."""
 
     _routed: AsyncRoutedClient | None = None
 
