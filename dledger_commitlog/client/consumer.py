@@ -215,7 +215,7 @@ class AsyncConsumer:
         self._last_heartbeat = 0.0
         self._last_delivery = time.monotonic()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._quota = Quota(0)  # run's
+        self._quota = Quota(0)  # the one `run` is given
 
     # -- running ---------------------------------------------------------------------
 
