@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("proto", "store", "raft", "dispatch", "dledger_commitlog", "analytics", "chaos")
+PACKAGES = ("proto", "h2grpc", "store", "raft", "dispatch", "dledger_commitlog", "analytics",
+            "chaos")  # fmt: skip
 LINT = Path(sys.executable).with_name("lint-imports")
 
 
@@ -61,6 +62,8 @@ def test_the_tree_keeps_every_contract() -> None:
         ("raft/log.py", "import raft.transport", "The Raft core is pure"),
         # store imports nothing of ours
         ("store/fileio.py", "import raft.errors", "store imports nothing"),
+        # nor does the gRPC layer
+        ("h2grpc/frames.py", "import raft.wire", "h2grpc (gRPC over HTTP/2) imports nothing"),
     ],
 )
 def test_a_wrong_import_fails_with_a_clear_message(
