@@ -28,6 +28,7 @@ from raft.peer_link import PeerGate as PeerGate  # open_peer_server's input
 from raft.peer_link import PeerLink
 from raft.transport_grpcio import GrpcioLink, GrpcioPeerServer
 from raft.transport_grpclib import GrpclibLink, GrpclibPeerServer
+from raft.transport_h2 import H2Link, H2PeerServer
 from raft.wire import TRANSPORTS
 
 # The client port's servers and its forwarding to the leader use grpcio's channel
@@ -52,13 +53,16 @@ def open_link(
     security: PeerSecurity | None = None,
 ) -> PeerLink:  # fmt: skip
     """The (not yet started) outgoing stream to peer `peer_id` at `address`."""
-    kind = GrpclibLink if _checked(transport) == "grpclib" else GrpcioLink
+    kind = {"h2": H2Link, "grpclib": GrpclibLink, "grpcio": GrpcioLink}[_checked(transport)]
     return kind(cluster, peer_id, address, me=me, security=security)
 
 
 def open_peer_server(transport: str, gate: PeerGate) -> PeerServer:
     """The Raft port's server, every stream through `gate` (not yet bound)."""
-    if _checked(transport) == "grpclib":
+    kind = _checked(transport)
+    if kind == "h2":
+        return H2PeerServer(gate)
+    if kind == "grpclib":
         return GrpclibPeerServer(gate)
     return GrpcioPeerServer(gate)
 
