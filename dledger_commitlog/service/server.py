@@ -31,7 +31,7 @@ from dledger_commitlog.node.config import ListenError, NodeConfig
 from dledger_commitlog.node.metrics import serve_metrics
 from dledger_commitlog.node.node import RaftNode
 from dledger_commitlog.node.security import NodeSecurity
-from dledger_commitlog.service import grpclib_port
+from dledger_commitlog.service import grpclib_port, h2_port
 from dledger_commitlog.service.decoding import Services, add_services
 from dledger_commitlog.service.hosted import Groups
 from raft.peer_auth import TlsIdentity
@@ -117,15 +117,14 @@ class ClientPort:
 
     def __init__(self, cfg: NodeConfig, services: Services, tls: TlsIdentity | None) -> None:
         self._address = cfg.client_address
-        self._grpclib: grpclib_port.ClientServer | None = None
+        self._grpclib: grpclib_port.ClientServer | h2_port.ClientServer | None = None
         self._grpc: grpc.aio.Server | None = None
-        if cfg.client_transport == "grpclib":
+        if cfg.client_transport in ("grpclib", "h2"):
             why = _bind_error(self._address)  # the cause, before the loop's own error
             if why is not None:
                 raise ListenError(f"cannot listen for clients on {self._address}: {why}")
-            self._grpclib = grpclib_port.ClientServer(
-                services, grpclib_port.ssl_context(cfg) if tls else None
-            )
+            port = h2_port if cfg.client_transport == "h2" else grpclib_port
+            self._grpclib = port.ClientServer(services, port.ssl_context(cfg) if tls else None)
         else:
             self._grpc = grpc.aio.server(options=GRPC_OPTIONS)
             creds = tls.server_credentials(require_client_cert=False) if tls else None
