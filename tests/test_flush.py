@@ -1,9 +1,10 @@
-"""Group commit and periodic flush: one fsync serves many writers, never on the loop."""
+"""Group commit and periodic flush: one fsync serves many writers, on the loop only when fast."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -26,11 +27,16 @@ class CountingQueue(MappedFileQueue):
         return super().flush()
 
 
-def test_group_commit_serves_many_writers_with_few_fsyncs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("inline_max_s", [0.0, 10.0], ids=["thread", "inline"])
+def test_group_commit_serves_many_writers_with_few_fsyncs(
+    tmp_path: Path, inline_max_s: float
+) -> None:
+    """64 writers of one loop pass share fsyncs; with inline fsyncs off (a slow disk)
+    none runs on the loop; allowed, the pass's requests get one fsync there."""
     q = CountingQueue(tmp_path)
 
     async def main() -> list[int]:
-        gc = GroupCommit(q)
+        gc = GroupCommit(q, inline_max_s=inline_max_s)
 
         async def writer(i: int) -> int:
             end = q.append(bytes([i]) * 100) + 100
@@ -45,8 +51,45 @@ def test_group_commit_serves_many_writers_with_few_fsyncs(tmp_path: Path) -> Non
     results = asyncio.run(main())
     assert min(results) >= 100
     assert q.flushed_position == 6400
-    assert 1 <= q.flushes < 64
-    assert threading.get_ident() not in q.threads
+    if inline_max_s:
+        assert q.flushes == 1
+        assert q.threads == {threading.get_ident()}
+    else:
+        assert 1 <= q.flushes < 64
+        assert threading.get_ident() not in q.threads
+    q.close()
+
+
+class SlowQueue(CountingQueue):
+    """fsyncs that take 5 ms: a disk too slow to wait for on the loop."""
+
+    def flush(self) -> int:
+        flushed = super().flush()
+        time.sleep(0.005)
+        return flushed
+
+
+def test_group_commit_leaves_the_loop_once_fsyncs_are_slow(tmp_path: Path) -> None:
+    """The first fsync may run inline; once the average is over `inline_max_s`, every
+    later one runs in the flusher thread, and each writer is still answered."""
+    q = SlowQueue(tmp_path)
+    loop_thread = threading.get_ident()
+    on_loop: list[bool] = []
+
+    async def main() -> None:
+        gc = GroupCommit(q, inline_max_s=0.002)
+        for i in range(20):
+            end = q.append(bytes([i]) * 100)
+            before = q.flushes
+            assert await gc.sync(end + 100) >= end + 100
+            assert q.flushes == before + 1
+            on_loop.append(loop_thread in q.threads)
+            q.threads.clear()
+        await gc.close()
+
+    asyncio.run(main())
+    assert on_loop[0] is True  # nothing measured yet: the first one is inline
+    assert not any(on_loop[3:])  # 5 ms fsyncs took the average past 2 ms by then
     q.close()
 
 
