@@ -39,7 +39,7 @@ Without a flusher (async flush mode) `advance` itself means "persisted" and
 `on_appended` pokes the periodic flush.
 
 Commit notices linger (with `defer`): a leader's `quiet` commit-only append to a
-follower is held until `defer` calls back (the node: 2 ms later), and dropped if
+follower is held until `defer` calls back (the node: 20 ms later), and dropped if
 an append or heartbeat carrying a commit index as high goes to that follower
 first. Under a sequential writer the next put's append carries the commit, so a
 put costs each follower one message fewer. A held notice that a later message does
