@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+from collections.abc import Sequence
 
 import h2grpc
 from h2grpc import frames as f
@@ -61,6 +62,23 @@ class H2Link(PeerLink):
         self._host, self._port = host.strip("[]"), int(port)
         tls = self._security.tls
         self._ssl: ssl.SSLContext | None = None if tls is None else tls.ssl_context(server=False)
+        self._open: h2grpc.Stream | None = None  # the stream while it takes writes
+
+    def send(self, messages: Sequence[tuple[pb.RaftMessage, int]]) -> None:
+        """Write `messages` at once when nothing queued before them waits and the stream
+        takes writes (no task is woken for them); else queue them for the sender."""
+        stream = self._open
+        if stream is None or self._queue or stream.sending or stream.conn.paused:
+            super().send(messages)
+            return
+        self._queue.extend(messages)
+        self._write(stream)
+        if self._queue:
+            self._ready.set()  # more than a batch: the sender takes the rest
+
+    def _write(self, stream: h2grpc.Stream) -> None:
+        batch = pb.RaftBatch(cluster=self._cluster, messages=self._take_batch())
+        stream.send_message(batch.SerializeToString())
 
     async def _stream_once(self) -> None:
         conn = await h2grpc.connect(
@@ -72,19 +90,19 @@ class H2Link(PeerLink):
         )
         try:
             stream = conn.open(PATH, self.metadata())
-            stream.on_event = lambda _s: self._ready.set()  # answered, reset or lost
+            stream.on_event = self._answered  # answered, reset or lost
             self.connected = True
             queue, ready = self._queue, self._ready
-            cluster = self._cluster
             while stream.error is None and stream.headers is None and not stream.remote_closed:
                 if queue:
-                    batch = pb.RaftBatch(cluster=cluster, messages=self._take_batch())
-                    stream.send_message(batch.SerializeToString())
+                    self._write(stream)
                     if stream.sending or conn.paused:
                         await stream.drain()
                     continue
+                self._open = stream
                 ready.clear()
                 await ready.wait()
+                self._open = None
             if stream.headers is not None and stream.error is None:
                 await stream.wait_closed()  # the trailers of a response with headers first
             answer = h2grpc.Answer.of(stream)
@@ -98,7 +116,12 @@ class H2Link(PeerLink):
         except h2grpc.StreamReset as exc:
             raise LinkBroken(str(exc)) from None
         finally:
+            self._open = None
             conn.close()
+
+    def _answered(self, _stream: h2grpc.Stream) -> None:
+        self._open = None  # the answer ends the stream: nothing more is written on it
+        self._ready.set()
 
 
 class H2PeerServer:

@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dledger_commitlog.common.protocol import PutResult
 from dledger_commitlog.log.committed_view import REPAIR, CommittedView
@@ -77,11 +78,56 @@ class PutSpec:
     queue_id: int | None
 
 
-def _fail(fut: asyncio.Future[PutResult], exc: Exception) -> None:
+def _fail(fut: asyncio.Future[Any], exc: BaseException) -> None:
     """Fail a put's future, marked as seen: its caller may have stopped waiting (a
     timeout, a cancelled RPC), and a failure nobody awaits is no error to log."""
     fut.set_exception(exc)
     fut.exception()
+
+
+def _late(done: asyncio.Future[list[PutResult]], timeout_s: float) -> None:
+    if not done.done():
+        _fail(done, OutcomeUnknown(f"not committed within {timeout_s:.1f}s; it may still be: "
+                                   "retry with the same uniq_key"))  # fmt: skip
+
+
+class _Joined:
+    """The results of one submission's futures into `done`: all of them, or the first
+    failure (the others still resolve, unseen). Once `done` is settled (so, at the
+    latest, at its deadline, or when its caller stops waiting) the submission no
+    longer counts as in flight."""
+
+    __slots__ = ("_count", "_futures", "_left", "_log", "_timer", "done")
+
+    def __init__(
+        self,
+        log: DLedgerCommitLog,
+        futures: list[asyncio.Future[PutResult]],
+        done: asyncio.Future[list[PutResult]],
+        timer: asyncio.TimerHandle,
+    ) -> None:
+        self._log, self._futures, self.done, self._timer = log, futures, done, timer
+        self._left = self._count = len(futures)
+        for fut in futures:
+            fut.add_done_callback(self._one)
+        done.add_done_callback(self._settled)
+        if not futures:
+            done.set_result([])
+
+    def _one(self, fut: asyncio.Future[PutResult]) -> None:
+        self._left -= 1
+        done = self.done
+        if done.done():
+            return
+        exc = fut.exception() if not fut.cancelled() else PutFailed("the put was cancelled")
+        if exc is not None:
+            _fail(done, exc)
+        elif not self._left:
+            done.set_result([f.result() for f in self._futures])
+
+    def _settled(self, _done: asyncio.Future[list[PutResult]]) -> None:
+        self._timer.cancel()
+        self._log._pending -= self._count
 
 
 @dataclass(slots=True)
@@ -230,40 +276,34 @@ class DLedgerCommitLog(CommittedView):
 
     async def put(self, specs: Sequence[PutSpec], timeout_s: float) -> list[PutResult]:
         """Propose `specs` (batched with concurrent puts) and wait for their commit."""
+        done: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
+        self.submit(specs, timeout_s, done)
+        return await done
+
+    def submit(
+        self, specs: Sequence[PutSpec], timeout_s: float, done: asyncio.Future[list[PutResult]]
+    ) -> None:
+        """Propose `specs` (batched with the puts of this loop pass); `done` gets their
+        results once all committed, or the first failure (NotLeader, PutFailed), or
+        OutcomeUnknown after `timeout_s`. Overloaded is raised at once."""
         loop = asyncio.get_running_loop()
         if self._pending + len(specs) > self._max_pending:
             raise Overloaded(f"{self._pending} puts in flight (limit {self._max_pending})")
         futures: list[asyncio.Future[PutResult]] = []
+        queued = self._queued
         for spec in specs:
             dup = self._duplicate(spec.uniq_key)
             if dup is not None:
                 futures.append(dup)
                 continue
             fut: asyncio.Future[PutResult] = loop.create_future()
-            self._queued.append((spec, fut))
+            queued.append((spec, fut))
             futures.append(fut)
         self._pending += len(specs)
-        if self._queued and not self._flush_scheduled:
+        if queued and not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush_queued)
-        try:
-            # One waiter for the batch (asyncio.wait neither cancels the futures on a
-            # timeout nor needs a shield and a gather slot per message); the first
-            # failure ends the wait, as gather's would.
-            _, not_done = await asyncio.wait(
-                futures, timeout=timeout_s, return_when=asyncio.FIRST_EXCEPTION
-            )
-            failed = [exc for f in futures if f.done() and (exc := f.exception()) is not None]
-            if failed:
-                raise failed[0]
-            if not_done:
-                raise OutcomeUnknown(
-                    f"not committed within {timeout_s:.1f}s; it may still be: retry with the "
-                    "same uniq_key"
-                )
-            return [f.result() for f in futures]
-        finally:
-            self._pending -= len(specs)
+        _Joined(self, futures, done, loop.call_later(timeout_s, _late, done, timeout_s))
 
     def _duplicate(
         self, uniq_key: str, fut: asyncio.Future[PutResult] | None = None

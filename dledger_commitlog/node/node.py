@@ -454,6 +454,14 @@ class RaftNode:
         coroutine: no frame of ours between the caller and the put path."""
         return self.commitlog.put(specs, timeout_s)
 
+    def submit(
+        self, specs: Sequence[PutSpec], timeout_s: float, done: asyncio.Future[list[PutResult]]
+    ) -> None:
+        """`put` without a coroutine: `done` gets the results (or NotLeader, PutFailed,
+        OutcomeUnknown after `timeout_s`); Overloaded is raised at once. For callers that
+        answer from a callback (the framed puts), so that no task waits per put."""
+        self.commitlog.submit(specs, timeout_s, done)
+
     # -- the facade: the committed log -------------------------------------------------
 
     @property

@@ -10,6 +10,7 @@ _FRAMES_IN_FLIGHT frames in flight.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -110,24 +111,44 @@ class WriteRpcs(ServiceBase):
 
     async def _commit(self, specs: Sequence[PutSpec], timeout_s: float) -> list[PutResult]:
         """Put as the leader: the results; NotLeader, or Refused with the status to say."""
-        writes, metrics = self.node, self.metrics
+        done: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
         started = time.perf_counter()
-        if writes.write_refusal is not None:
-            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, writes.write_refusal)
+        self._submit(specs, timeout_s, done)
+        with contextlib.suppress(Exception):  # the outcome says which
+            await done
+        return self._outcome(done, started, len(specs))
+
+    def _submit(
+        self, specs: Sequence[PutSpec], timeout_s: float, done: asyncio.Future[list[PutResult]]
+    ) -> None:
+        """Hand `specs` to the node; Refused at once if it takes no put now."""
+        node = self.node
+        if node.write_refusal is not None:
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, node.write_refusal)
         try:
-            results = await writes.put(specs, timeout_s)
+            node.submit(specs, timeout_s, done)
         except Overloaded as exc:
-            metrics.puts.labels("overloaded").inc(len(specs))
+            self.metrics.puts.labels("overloaded").inc(len(specs))
             raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from None
-        except OutcomeUnknown as exc:
-            metrics.puts.labels("unknown").inc(len(specs))
-            raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from None
-        except PutFailed as exc:
-            metrics.puts.labels("failed").inc(len(specs))
-            raise Refused(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
-        metrics.puts.labels("ok").inc(len(specs))
-        metrics.put_latency.observe(time.perf_counter() - started)
-        return results
+
+    def _outcome(
+        self, done: asyncio.Future[list[PutResult]], started: float, count: int
+    ) -> list[PutResult]:
+        """What a settled submission came to: its results, counted; NotLeader; or
+        Refused with the status to say."""
+        metrics = self.metrics
+        exc = done.exception()
+        if exc is None:
+            metrics.puts.labels("ok").inc(count)
+            metrics.put_latency.observe(time.perf_counter() - started)
+            return done.result()
+        if isinstance(exc, OutcomeUnknown):
+            metrics.puts.labels("unknown").inc(count)
+            raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+        if isinstance(exc, PutFailed):
+            metrics.puts.labels("failed").inc(count)
+            raise Refused(grpc.StatusCode.UNAVAILABLE, str(exc))
+        raise exc
 
     async def _forward(
         self,
@@ -221,42 +242,49 @@ class WriteRpcs(ServiceBase):
         self, request_iterator: AsyncIterator[pb.PutFrame], context: Context
     ) -> AsyncIterator[pb.PutFrameResult]:
         """Frames of puts (the clients' coalesced puts), many in flight; each message
-        succeeds or fails on its own; frames are answered as they commit."""
+        succeeds or fails on its own; frames are answered as they commit. A frame is
+        submitted as it is read (every frame of one read joins one proposal) and
+        answered from its commit's callback: no task per frame."""
         account = await self._caller(context, "PutFrames")  # once: a stream outlives it
         await context.send_initial_metadata(((PUT_FRAMES_ACCEPTED, "1"),))  # before any frame
         answers: asyncio.Queue[pb.PutFrameResult | None] = asyncio.Queue()
         window = asyncio.Semaphore(_FRAMES_IN_FLIGHT)
-        tasks: set[asyncio.Task[None]] = set()
+        open_frames = [0]
+        all_answered = asyncio.Event()
 
-        async def one(frame: pb.PutFrame) -> None:
-            try:
-                answers.put_nowait(await self._frame(frame, context, account))
-            finally:
-                window.release()
+        def answer(reply: pb.PutFrameResult) -> None:
+            answers.put_nowait(reply)
+            window.release()
+            open_frames[0] -= 1
+            if not open_frames[0]:
+                all_answered.set()
 
         async def feed() -> None:
             async for frame in request_iterator:
                 await window.acquire()
-                task = asyncio.ensure_future(one(frame))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.wait(set(tasks))
+                open_frames[0] += 1
+                all_answered.clear()
+                self._frame(frame, context, account, answer)
+            if open_frames[0]:
+                await all_answered.wait()
 
         feeder = asyncio.ensure_future(feed())
         feeder.add_done_callback(lambda _: answers.put_nowait(None))
         try:
-            while (answer := await answers.get()) is not None:
-                yield answer
+            while (reply := await answers.get()) is not None:
+                yield reply
         finally:
             feeder.cancel()
-            for task in list(tasks):
-                task.cancel()
 
-    async def _frame(
-        self, frame: pb.PutFrame, context: Context, account: Account | None
-    ) -> pb.PutFrameResult:
-        """One frame: every message checked on its own, the good ones put as one batch."""
+    def _frame(
+        self,
+        frame: pb.PutFrame,
+        context: Context,
+        account: Account | None,
+        answer: Callable[[pb.PutFrameResult], None],
+    ) -> None:
+        """One frame: every message checked on its own, the good ones submitted as one
+        batch; `answer` gets the frame's result once they committed (or failed)."""
         outcomes = [pb.PutOutcome() for _ in frame.messages]
         wrong = self._check_cluster(frame.cluster)
         specs: list[PutSpec] = []
@@ -277,9 +305,16 @@ class WriteRpcs(ServiceBase):
             except Refused as exc:
                 refuse_outcome(outcomes[i], exc.code, exc.message)
         reply = pb.PutFrameResult(seq=frame.seq)
-        if specs:
+        if not specs:
+            reply.outcomes.extend(outcomes)
+            answer(reply)
+            return
+        done: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
+        started = time.perf_counter()
+
+        def committed(_: asyncio.Future[list[PutResult]]) -> None:
             try:
-                results = await self._commit(specs, self._timeout(context))
+                results = self._outcome(done, started, len(specs))
                 for i, r in zip(at, results, strict=True):
                     outcomes[i].result.CopyFrom(result_pb(r))
             except NotLeader:
@@ -294,5 +329,12 @@ class WriteRpcs(ServiceBase):
             except Refused as exc:
                 for i in at:
                     refuse_outcome(outcomes[i], exc.code, exc.message)
-        reply.outcomes.extend(outcomes)
-        return reply
+            reply.outcomes.extend(outcomes)
+            answer(reply)
+
+        try:
+            self._submit(specs, self._timeout(context), done)
+        except Refused as exc:
+            done.set_exception(exc)
+            done.exception()
+        done.add_done_callback(committed)
