@@ -10,6 +10,7 @@ is plaintext.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,15 @@ class Access:
             return grpc.aio.insecure_channel(address, options=options)
         creds = grpc.ssl_channel_credentials(self.tls_ca)
         return grpc.aio.secure_channel(address, creds, options=options)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS of the clients' own HTTP/2 streams (the framed puts): the CA's
+        trust, the server's name checked, HTTP/2 by ALPN (None: plaintext)."""
+        if self.tls_ca is None:
+            return None
+        context = ssl.create_default_context(cadata=self.tls_ca.decode("ascii"))
+        context.set_alpn_protocols(["h2"])
+        return context
 
     def metadata(self, method: str) -> tuple[tuple[str, str], ...] | None:
         """The signature of a call of RPC `method` made now (None: no credentials)."""

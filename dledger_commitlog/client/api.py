@@ -18,6 +18,7 @@ import asyncio
 import inspect
 import json
 import random
+import ssl
 import time
 import types
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
@@ -149,18 +150,23 @@ class ClientBase:
         credentials: tuple[str, str] | None = None,
         framed: bool = True,
         group: int = 1,
+        linger_ms: float = 1.0,
     ) -> None:
         """`tls_ca`: the CA (PEM path or bytes) that signed the servers' certificates:
         the client then speaks TLS. `credentials`: (access key, secret key) to sign
         every call with, for a cluster with an ACL. `framed`: single puts travel over
         one PutFrames stream per server, concurrent ones coalesced into frames (False:
-        one unary Put each, as servers before PutFrames need). `group`: the Raft group of a
-        multi-Raft cluster every call is for (docs/scaling.md; `routing.RoutedClient`
-        sends each call to its topic's groups)."""
+        one unary Put each, as servers before PutFrames need). `linger_ms`: while earlier
+        frames are unanswered, a framed put waits this long for others to share its frame
+        (Kafka's linger.ms; a lone sequential put never waits; 0: never). `group`: the
+        Raft group of a multi-Raft cluster every call is for (docs/scaling.md;
+        `routing.RoutedClient` sends each call to its topic's groups)."""
         if isinstance(servers, str):
             servers = servers.split(",")
-        if timeout_s <= 0 or max_retries < 0 or backoff_base_s < 0:
-            raise ValueError("need timeout_s > 0, max_retries >= 0 and backoff_base_s >= 0")
+        if timeout_s <= 0 or max_retries < 0 or backoff_base_s < 0 or not linger_ms >= 0:
+            raise ValueError("need timeout_s > 0, max_retries >= 0, backoff_base_s >= 0 and "
+                             "linger_ms >= 0")  # fmt: skip
+        self.linger_s = linger_ms / 1000
         self._router = Router(servers, framed)
         self.cluster = cluster or ""
         self.timeout_s = timeout_s
@@ -179,6 +185,7 @@ class ClientBase:
         # asyncio channels: the pipes' (and AsyncClient's calls'), opened in their loop
         self._aio = Channels(lambda address: self.access.aio_channel(address, CHANNEL_OPTIONS))
         self._pipes: dict[str, PutPipe] = {}
+        self._pipe_ssl: ssl.SSLContext | None = None
 
     @classmethod
     def from_cluster_file(cls, path: str | Path, **kwargs: Any) -> Self:
@@ -209,9 +216,11 @@ class ClientBase:
         address = attempt.address
         pipe = self._pipes.get(address)
         if pipe is None or pipe.broken is not None:
+            if self._pipe_ssl is None and self.access.tls_ca is not None:
+                self._pipe_ssl = self.access.ssl_context()
             pipe = self._pipes[address] = PutPipe(
-                self._aio.stub(address), cluster=self.cluster,
-                metadata=lambda: self._metadata("PutFrames"),
+                address, ssl_context=self._pipe_ssl, cluster=self.cluster,
+                metadata=lambda: self._metadata("PutFrames"), linger_s=self.linger_s,
             )  # fmt: skip
         try:
             async with asyncio.timeout(attempt.timeout_s):
