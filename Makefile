@@ -43,11 +43,11 @@ test: lint typecheck pytest
 bench: $(STAMP)
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
 
-# Regenerate the committed gRPC stubs after editing proto/dledger.proto: grpcio's
-# (dledger_pb2_grpc.py) and grpclib's (dledger_grpc.py, by the plugin grpclib installs).
+# Regenerate the committed gRPC stubs after editing proto/dledger.proto (grpcio's
+# dledger_pb2_grpc.py serves grpc.aio and the clients; h2grpc needs no stubs).
 proto: $(STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I. --python_out=. \
-	  --grpc_python_out=. --pyi_out=. --grpclib_python_out=. proto/dledger.proto
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. \
+	  --grpc_python_out=. --pyi_out=. proto/dledger.proto
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

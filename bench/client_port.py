@@ -1,7 +1,7 @@
-"""The client port's two stacks, A/B in one run: grpc.aio against grpclib (issue 21, step 2).
+"""The client port's two stacks, A/B in one run: grpc.aio against h2grpc.
 
 Two local 3-node clusters up at once (sync flush, nodes on uvloop), one serving
-clients with grpc.aio (`listen.client_transport = "grpcio"`), one with grpclib; the
+clients with grpc.aio (`listen.client_transport = "grpcio"`), one with h2grpc ("h2"); the
 client is the grpcio Python client in this process. Each workload runs `--reps`
 times per stack, the stacks taking turns (order alternating per round); medians:
 
@@ -44,12 +44,12 @@ from bench._proc import process_usage as node_usage
 from bench._report import report
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import AsyncClient, MessageSpec
-from dledger_commitlog.service import grpclib_port
+from dledger_commitlog.service import h2_port
 from dledger_commitlog.service.decoding import add_services
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 
-STACKS = ("grpcio", "grpclib")
+STACKS = ("grpcio", "h2")
 BODY = b"m" * 1024
 PULL_MESSAGES = 16_384
 CONFIG = {"data_segment_bytes": 256 << 20, "index_segment_bytes": 32 << 20}
@@ -215,8 +215,8 @@ class _Echo(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
 async def serve_alone(stack: str, address: str) -> None:
     """`--serve-alone STACK ADDRESS`: the echo service on `stack` until killed."""
     services = ((pb_grpc.add_DLedgerClientServicer_to_server, _Echo()),)
-    if stack == "grpclib":
-        await grpclib_port.ClientServer(services, None).start(address)
+    if stack == "h2":
+        await h2_port.ClientServer(services, None).start(address)
     else:
         server = grpc.aio.server()
         add_services(server, *services)
@@ -328,9 +328,9 @@ def main() -> None:
             metrics[f"{name}_{stack}_cluster_cpu_us_per_{UNIT[name].split()[-1].lower()}"] = every
             note = f"leader CPU {lead:,.0f} us/{UNIT[name]}, all nodes {every:,.0f}"
             rows.append((f"{label} [{stack}]", f"{rate:,.1f} {unit}", note))
-        ratio = metrics[f"{name}_grpclib_per_s"] / metrics[f"{name}_grpcio_per_s"]
-        metrics[f"{name}_grpclib_vs_grpcio"] = ratio
-        rows.append((f"{label}: grpclib / grpcio", f"{ratio:.2f}x", ""))
+        ratio = metrics[f"{name}_h2_per_s"] / metrics[f"{name}_grpcio_per_s"]
+        metrics[f"{name}_h2_vs_grpcio"] = ratio
+        rows.append((f"{label}: h2 / grpcio", f"{ratio:.2f}x", ""))
     for name, (label, _) in ALONE.items():
         for stack in STACKS:
             runs = alone[name][stack]
@@ -338,9 +338,9 @@ def main() -> None:
             metrics[f"{name}_{stack}_per_s"] = rate
             metrics[f"{name}_{stack}_server_cpu_us_per_round_trip"] = cpu
             rows.append((f"{label} [{stack}]", f"{rate:,.1f}/s", f"server CPU {cpu:,.0f} us"))
-        ratio = metrics[f"{name}_grpclib_per_s"] / metrics[f"{name}_grpcio_per_s"]
-        metrics[f"{name}_grpclib_vs_grpcio"] = ratio
-        rows.append((f"{label}: grpclib / grpcio", f"{ratio:.2f}x", ""))
+        ratio = metrics[f"{name}_h2_per_s"] / metrics[f"{name}_grpcio_per_s"]
+        metrics[f"{name}_h2_vs_grpcio"] = ratio
+        rows.append((f"{label}: h2 / grpcio", f"{ratio:.2f}x", ""))
     rows.append(("loadavg at start", " ".join(load), f"{args.reps} rounds of {args.seconds}s"))
     metrics["reps"] = args.reps
     report("client_port", rows, metrics)

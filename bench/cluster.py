@@ -6,8 +6,8 @@
 time to the first successful put, over several trials; plus leader changes seen
 during a steady load. Run: `.venv/bin/python bench/cluster.py [--steady-s 60]`.
 
-`--transport grpclib,grpcio` runs the workloads on one fresh cluster per Raft
-link stack (`raft_transport`), up at once, their rounds interleaved (order
+`--transport h2,grpcio` runs the workloads on one fresh cluster per gRPC stack
+(`raft_transport` and `client_transport` both), up at once, their rounds interleaved (order
 alternating), and writes bench/results/cluster_transport.json alone: every figure
 per stack, suffixed `_<stack>`, and `<metric>_ratio` (first stack / second). Every
 run also reports what an idle cluster costs each node (CPU % of a core, context
@@ -236,8 +236,9 @@ def spread(runs: list[Run]) -> str:
 @contextlib.contextmanager
 def fresh_cluster(*, secure: bool, transport: str | None = None) -> Iterator[LocalCluster]:
     """A new 3-node cluster, up; with TLS on both ports and an ACL if `secure`; its Raft
-    link on `transport` (default: the node's)."""
-    config = CONFIG if transport is None else {**CONFIG, "raft_transport": transport}
+    link and client port on `transport` (default: the node's)."""
+    config = CONFIG if transport is None else {**CONFIG, "raft_transport": transport,
+                                               "client_transport": transport}  # fmt: skip
     with (
         tempfile.TemporaryDirectory() as tmp,
         LocalCluster(Path(tmp), extra_config=config, tls=secure, acl=secure) as cl,
@@ -462,7 +463,7 @@ def main() -> None:
     ap.add_argument(
         "--transport",
         default=None,
-        help="two Raft link stacks, e.g. grpclib,grpcio: one cluster each, interleaved; "
+        help="two gRPC stacks, e.g. h2,grpcio: one cluster each, interleaved; "
         "writes cluster_transport.json alone",
     )
     args = ap.parse_args()
@@ -472,7 +473,7 @@ def main() -> None:
     if args.transport:
         stacks = args.transport.split(",")
         if len(stacks) != 2 or args.tls:
-            ap.error("--transport takes two stacks (e.g. grpclib,grpcio), without --tls")
+            ap.error("--transport takes two stacks (e.g. h2,grpcio), without --tls")
         transport_ab(args, stacks, reps)
         return
     if not args.tls:

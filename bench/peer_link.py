@@ -5,7 +5,7 @@ link to the other, as two nodes are: the driver sends AppendEntries (one entry),
 the echo answers each with an AppendResponse on its own link, as a follower does.
 (a) ping-pong: one append in flight, a 100-byte entry; (b) 32 appends in flight,
 1 KiB entries. Per stack: round trips/s, CPU microseconds per round trip of both
-processes together, and context switches per round trip. Stacks: `grpclib` and
+processes together, and context switches per round trip. Stacks: `h2` and
 `grpcio` (`raft.transport`, as the node runs them) and `streams`, the floor: the
 same RaftBatch bytes, length-prefixed, over one plain asyncio TCP connection
 (measured only; not a transport the node offers). The stacks take turns, the
@@ -41,7 +41,7 @@ from raft.transport import open_link, open_peer_server
 from raft.types import Entry
 from raft.wire import from_proto, to_wire
 
-STACKS = ("grpclib", "grpcio", "streams")
+STACKS = ("h2", "grpcio", "streams")
 CLUSTER = "bench"
 DRIVER, ECHO = 1, 2
 _LEN = struct.Struct(">I")
@@ -226,12 +226,12 @@ def main() -> None:
                          f"{med[f'{name}_context_switches_per_round_trip']:.1f} switches "
                          f"per round trip [runs: {rates}]"))  # fmt: skip
     for base in ("grpcio", "streams"):
-        if base in stacks and "grpclib" in stacks:
+        if base in stacks and "h2" in stacks:
             for name in ("pingpong", "inflight32"):
                 key = f"{name}_round_trips_per_s"
-                ratio = metrics[f"grpclib_{key}"] / metrics[f"{base}_{key}"]
-                metrics[f"grpclib_vs_{base}_{key}_ratio"] = ratio
-                rows.append((f"grpclib / {base}: {name}", f"{ratio:.2f}x", "round trips/s"))
+                ratio = metrics[f"h2_{key}"] / metrics[f"{base}_{key}"]
+                metrics[f"h2_vs_{base}_{key}_ratio"] = ratio
+                rows.append((f"h2 / {base}: {name}", f"{ratio:.2f}x", "round trips/s"))
     rows.append(("loadavg before / after", f"{load_before} / {loadavg()}", ""))
     report("peer_link", rows, metrics)
 

@@ -6,7 +6,7 @@ wire with the least work per message: a call's request messages can be consumed
 synchronously as they arrive (the Raft port delivers them to the core without a task
 switch), answers leave in one write per frame group. It imports nothing of ours:
 `frames` (the byte layouts), `connection` (one connection: frames, flow control,
-keepalive), `server` and `client`. Interoperates with grpcio and grpclib peers.
+keepalive), `server` and `client`. Interoperates with grpcio (and grpclib) peers.
 """
 
 from h2grpc.client import Answer as Answer

@@ -72,7 +72,7 @@ class TlsIdentity:
         return grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
 
     def ssl_context(self, *, server: bool) -> ssl.SSLContext:
-        """The same identity for a link on asyncio (grpclib): as a server it requires a
+        """The same identity for a link on asyncio (h2grpc): as a server it requires a
         certificate from the CA; as a client it verifies the peer against the CA and the
         host it dials; both present ours, and speak HTTP/2 (ALPN), TLS 1.2 at least."""
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)

@@ -10,8 +10,8 @@ unreachable peer every 50 ms, backing off to 300 ms, so that a restarted peer is
 reached again well within an election timeout. And `PeerGate`, the receiving side:
 who a stream comes from (`sender`: certificate, peer token, claimed id,
 membership) and the parse, check and delivery of each batch (`receive`). A refusal
-is a `Refusal` naming a gRPC status; each stack (`transport_grpcio`,
-`transport_grpclib`) answers it in its own terms, so both refuse alike.
+is a `Refusal` naming a gRPC status; each stack (`transport_h2`,
+`transport_grpcio`) answers it in its own terms, so both refuse alike.
 
 Invariants: messages to one peer leave in the order they were queued; a broken
 stream loses what was queued for it (Raft retransmits), never reorders, except what
@@ -223,7 +223,7 @@ class PeerLink:
 
 class Refusal(Exception):
     """A stream or a batch this node refuses. `code` names the gRPC status (the same
-    name in `grpc.StatusCode` and `grpclib.const.Status`); `why` is what the peer is told;
+    name in `grpc.StatusCode` and h2grpc's `frames.STATUS_NAMES`); `why` is what the peer is told;
     `again`: the refused batch is to be sent again (a membership refusal: the sender
     may be a member a moment later), so BATCHES_READ does not count it."""
 

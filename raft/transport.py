@@ -6,10 +6,10 @@ us. Entries of an append travel as one blob, not as protobuf objects (`wire`).
 
 This module is the transport's surface: `open_link` (the stream to one peer) and
 `open_peer_server` (the Raft port), each on one of TRANSPORTS, the node's
-`raft_transport` setting: "grpcio" (grpc.aio, `transport_grpcio`, the default) or
-"grpclib" (HTTP/2 on the node's own event loop, `transport_grpclib`: 1.12x the
-sequential puts/s of grpc.aio and half its context switches in bench/cluster.py
---transport, short of the 1.5x that would make it the default). What both share
+`raft_transport` setting: "h2" (h2grpc, `transport_h2`, the default: every frame
+parsed in the loop's read callback, 3.0x grpc.aio's ping-pong rate in
+bench/peer_link.py and 0.8x a plain asyncio stream's) or "grpcio" (grpc.aio,
+`transport_grpcio`, whose C-core threads hand each message across). What both share
 is written once: the encoding (`wire`), the bounded queue and its batches,
 reconnecting, and the gate that checks who a stream comes from and what it
 carries (`peer_link`). Invariants (kept on both stacks): messages to one peer
@@ -27,7 +27,6 @@ from raft.peer_auth import PeerSecurity
 from raft.peer_link import PeerGate as PeerGate  # open_peer_server's input
 from raft.peer_link import PeerLink
 from raft.transport_grpcio import GrpcioLink, GrpcioPeerServer
-from raft.transport_grpclib import GrpclibLink, GrpclibPeerServer
 from raft.transport_h2 import H2Link, H2PeerServer
 from raft.wire import TRANSPORTS
 
@@ -53,17 +52,14 @@ def open_link(
     security: PeerSecurity | None = None,
 ) -> PeerLink:  # fmt: skip
     """The (not yet started) outgoing stream to peer `peer_id` at `address`."""
-    kind = {"h2": H2Link, "grpclib": GrpclibLink, "grpcio": GrpcioLink}[_checked(transport)]
+    kind = H2Link if _checked(transport) == "h2" else GrpcioLink
     return kind(cluster, peer_id, address, me=me, security=security)
 
 
 def open_peer_server(transport: str, gate: PeerGate) -> PeerServer:
     """The Raft port's server, every stream through `gate` (not yet bound)."""
-    kind = _checked(transport)
-    if kind == "h2":
+    if _checked(transport) == "h2":
         return H2PeerServer(gate)
-    if kind == "grpclib":
-        return GrpclibPeerServer(gate)
     return GrpcioPeerServer(gate)
 
 

@@ -1,4 +1,4 @@
-"""The Raft peer link on grpcio (`grpc.aio`): the stack before issue 21, kept for the A/B.
+"""The Raft peer link on grpcio (`grpc.aio`): the stack before h2grpc, kept for the A/B.
 
 Owns `GrpcioLink` (a `PeerLink` whose stream is a grpc.aio call), `GrpcioPeerServer`
 (the RaftPeer service on a grpc.aio server, every stream through the `PeerGate`),
@@ -7,8 +7,8 @@ servers and channels use them too) and `open_channel` (an aio channel to a node,
 TLS when configured; the client service forwards through it as well).
 
 grpc.aio runs the HTTP/2 work on gRPC's own threads and hands every message across
-to the event loop (three thread hops per message, measured in issue 21); the
-grpclib stack (`transport_grpclib`) runs it on the loop. Both speak the same wire,
+to the event loop (three thread hops per message, measured in issue 21); the h2
+stack (`transport_h2`) parses it in the loop's read callback. Both speak the same wire,
 refuse alike (the gate's `Refusal`) and interoperate. Requests reach the handler
 as bytes, parsed by the gate: a batch that does not parse is INVALID_ARGUMENT.
 """

@@ -5,7 +5,7 @@ Owns `H2Link` (a `PeerLink` whose stream is an h2grpc client call) and `H2PeerSe
 delivered to the node in the `data_received` callback that read it: no task, no
 thread and no queue between the socket and `RaftCore.step`, and a Ready that follows
 takes every message that came in the same read. The wire is RaftPeer.Stream of
-proto/dledger.proto, as for the other stacks: either end may be grpcio or grpclib.
+proto/dledger.proto, as for grpc.aio (`transport_grpcio`): either end may be either.
 
 - A refusal is the gate's `Refusal`, answered as the call's status with
   BATCHES_READ in its trailers; once refused, nothing more of the stream is read.
@@ -22,6 +22,7 @@ proto/dledger.proto, as for the other stacks: either end may be grpcio or grpcli
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 from collections.abc import Sequence
@@ -43,6 +44,7 @@ from raft.peer_link import (
 from raft.wire import BATCHES_READ
 
 PATH = "/dledger.v1.RaftPeer/Stream"
+KEEPALIVE_S = 10.0  # a ping this often; unanswered within h2grpc's timeout: reconnect
 
 
 class H2Link(PeerLink):
@@ -63,18 +65,30 @@ class H2Link(PeerLink):
         tls = self._security.tls
         self._ssl: ssl.SSLContext | None = None if tls is None else tls.ssl_context(server=False)
         self._open: h2grpc.Stream | None = None  # the stream while it takes writes
+        self._write_due = False
 
     def send(self, messages: Sequence[tuple[pb.RaftMessage, int]]) -> None:
-        """Write `messages` at once when nothing queued before them waits and the stream
-        takes writes (no task is woken for them); else queue them for the sender."""
-        stream = self._open
-        if stream is None or self._queue or stream.sending or stream.conn.paused:
-            super().send(messages)
-            return
+        """Queue `messages`; while the stream takes writes, what is queued in one loop
+        pass (every Raft group's, every Ready's) leaves at the pass's end as one batch,
+        with no task woken for it; else the sender takes it."""
         self._queue.extend(messages)
-        self._write(stream)
+        self._drop_past_bound()
+        if self._open is not None:
+            if not self._write_due:
+                self._write_due = True
+                asyncio.get_running_loop().call_soon(self._write_queued)
+        else:
+            self._ready.set()
+
+    def _write_queued(self) -> None:
+        self._write_due = False
+        stream = self._open
+        if stream is None:
+            return  # the stream ended meanwhile: the sender has it
+        while self._queue and not (stream.sending or stream.conn.paused):
+            self._write(stream)
         if self._queue:
-            self._ready.set()  # more than a batch: the sender takes the rest
+            self._ready.set()  # flow control holds the rest: the sender waits for it
 
     def _write(self, stream: h2grpc.Stream) -> None:
         batch = pb.RaftBatch(cluster=self._cluster, messages=self._take_batch())
@@ -87,6 +101,7 @@ class H2Link(PeerLink):
             ssl_context=self._ssl,
             server_hostname=self._host,
             timeout_s=CONNECT_TIMEOUT_S,
+            keepalive_s=KEEPALIVE_S,
         )
         try:
             stream = conn.open(PATH, self.metadata())

@@ -41,7 +41,7 @@ PEER_ID = "dledger-peer-id"  # stream metadata: the node id the sender claims
 # (0 for a stream refused as it opened); the link sends the rest again.
 BATCHES_READ = "dledger-batches-read"
 # The gRPC stacks that speak this wire (`raft.transport`); the first is the default.
-TRANSPORTS = ("h2", "grpclib", "grpcio")
+TRANSPORTS = ("h2", "grpcio")
 MAX_MESSAGE_BYTES = 64 << 20  # one gRPC message, sent or received, on either stack
 MAX_QUEUED = 4096  # messages waiting for one peer; past it the oldest are dropped
 MAX_BATCH = 256

@@ -77,7 +77,8 @@ def test_three_groups_share_one_stream_each_message_reaching_its_group_in_order(
     assert stamped == {(True, 0), (False, 0), (True, 2)}  # group 1 travels unstamped
 
 
-def test_what_the_groups_send_in_one_loop_iteration_leaves_as_one_batch() -> None:
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_what_the_groups_send_in_one_loop_iteration_leaves_as_one_batch(kind: str) -> None:
     """Heartbeats of three groups ticking together: one RaftBatch to the peer, not three."""
     groups = (1, 2, 3)
     got, deliver_of = delivered_by_group(groups)
@@ -85,11 +86,9 @@ def test_what_the_groups_send_in_one_loop_iteration_leaves_as_one_batch() -> Non
     async def main() -> CountingGate:
         gate = CountingGate(CLUSTER, lambda m: None, me=2, members=(1, 2),
                             groups=deliver_of)  # fmt: skip
-        async with peer_server("grpcio", gate) as port:
+        async with peer_server(kind, gate) as port:
             pool = LinkPool(open_link)
-            links = {
-                g: pool.open(g, "grpcio", CLUSTER, 2, f"127.0.0.1:{port}", me=1) for g in groups
-            }
+            links = {g: pool.open(g, kind, CLUSTER, 2, f"127.0.0.1:{port}", me=1) for g in groups}
             await until(lambda: links[1].connected, 10, "the stream is open")
             for tick in range(1, 21):
                 for g in groups:  # one tick of every group, no await between them

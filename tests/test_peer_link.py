@@ -1,6 +1,6 @@
 """The Raft peer link on both gRPC stacks, in one process over real loopback sockets.
 
-grpcio (the default) and grpclib (`raft_transport = "grpclib"`) interoperate, with
+h2 (h2grpc, the default) and grpcio (`raft_transport = "grpcio"`) interoperate, with
 mTLS and peer tokens too; both refuse a bad stream alike (a batch that does not
 parse is INVALID_ARGUMENT, one past 64 MiB RESOURCE_EXHAUSTED); a stalled peer
 neither blocks the loop nor grows a queue; a restarted peer is reached again
@@ -23,8 +23,9 @@ import pytest
 
 from dledger_commitlog.cli.certs import make_dev_pki
 from dledger_commitlog.cli.cluster_layout import node_toml
+from h2grpc import connection as h2_connection
 from proto import dledger_pb2 as pb
-from raft import transport_grpclib
+from raft import transport_h2
 from raft.messages import AppendEntries, Heartbeat, Message, RequestVote
 from raft.peer_auth import NODE_AUTH, PeerAuth, PeerSecurity, TlsIdentity
 from raft.peer_link import PeerGate, PeerLink
@@ -196,7 +197,7 @@ def test_both_stacks_refuse_alike(server_kind: str, case: str) -> None:
 
 @pytest.mark.parametrize("server_kind", TRANSPORTS)
 def test_a_batch_past_the_message_limit_is_refused(server_kind: str) -> None:
-    """RESOURCE_EXHAUSTED, as gRPC answers a message past its limit; grpclib's side
+    """RESOURCE_EXHAUSTED, as gRPC answers a message past its limit; h2grpc's side
     refuses it by its length prefix, before buffering it."""
     got: list[Message] = []
 
@@ -242,7 +243,7 @@ def test_a_stalled_peer_holds_the_sender_and_bounds_the_queue() -> None:
 
     async def main() -> None:
         async with stalled_peer() as (port, accepted):
-            link = open_link("grpclib", CLUSTER, 2, f"127.0.0.1:{port}", me=1)
+            link = open_link("h2", CLUSTER, 2, f"127.0.0.1:{port}", me=1)
             async with started(link):
                 await until(lambda: link.connected, 5, "connected to the stalled peer")
                 entry = (Entry(1, 3, bytes(16 << 10)),)
@@ -263,14 +264,12 @@ def test_a_stalled_peer_holds_the_sender_and_bounds_the_queue() -> None:
 def test_an_unanswered_ping_replaces_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
     """A peer gone silent (no FIN: a partition, a frozen host) is found by keepalive
     pings: the connection is closed and a new one opened."""
-    fast = dataclasses.replace(transport_grpclib._CONFIG, _keepalive_time=0.2,
-                               _keepalive_timeout=0.3,
-                               _http2_min_sent_ping_interval_without_data=0.1)  # fmt: skip
-    monkeypatch.setattr(transport_grpclib, "_CONFIG", fast)
+    monkeypatch.setattr(transport_h2, "KEEPALIVE_S", 0.2)
+    monkeypatch.setattr(h2_connection, "KEEPALIVE_TIMEOUT_S", 0.3)
 
     async def main() -> None:
         async with stalled_peer() as (port, accepted):
-            link = open_link("grpclib", CLUSTER, 2, f"127.0.0.1:{port}", me=1)
+            link = open_link("h2", CLUSTER, 2, f"127.0.0.1:{port}", me=1)
             async with started(link):
                 await until(lambda: len(accepted) >= 2, 5, "a second connection")
 
@@ -284,14 +283,14 @@ def test_a_restarted_peer_is_reached_within_an_election_timeout(link_kind: str) 
 
     async def main() -> None:
         gate = PeerGate(CLUSTER, got.append, me=2, members=(1, 2))
-        async with peer_server("grpclib", gate) as port:
+        async with peer_server("h2", gate) as port:
             link = open_link(link_kind, CLUSTER, 2, f"127.0.0.1:{port}", me=1)
             async with started(link):
                 link.send([to_wire(Heartbeat(1, 2, 3, 0))])
                 await until(lambda: len(got) == 1, 5, "the first heartbeat")
         await until(lambda: not link.connected, 5, "the link saw its peer stop")
         await asyncio.sleep(0.2)  # down a while: the link is retrying
-        async with started(link), peer_server("grpclib", gate, port):
+        async with started(link), peer_server("h2", gate, port):
             back = time.monotonic()
             while len(got) == 1 and time.monotonic() - back < 5:
                 link.send([to_wire(Heartbeat(1, 2, 3, 1))])  # the leader's heartbeats
@@ -306,11 +305,11 @@ def test_a_restarted_peer_is_reached_within_an_election_timeout(link_kind: str) 
 def test_a_cluster_of_mixed_stacks_replicates_and_fails_over(
     make_cluster: Callable[..., Any],
 ) -> None:
-    """Node 1 on grpclib, nodes 2 and 3 on grpcio (the default): one cluster, whoever leads."""
+    """Node 1 on grpcio, nodes 2 and 3 on h2 (the default): one cluster, whoever leads."""
     cluster = make_cluster("mixed", start=False)
     for node in (2, 3):
         cluster.start(node)
-    mixed = dataclasses.replace(cluster.configs[1], raft_transport="grpclib")
+    mixed = dataclasses.replace(cluster.configs[1], raft_transport="grpcio")
     cluster.specs[1].config_path.write_text(node_toml(mixed))
     cluster.start(1)
     wait_converged(cluster, 30)

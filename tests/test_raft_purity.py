@@ -30,7 +30,7 @@ CORE_MODULES = (
 FORBIDDEN = {
     "asyncio",
     "grpc",
-    "grpclib",
+    "h2grpc",
     "ssl",
     "time",
     "os",

@@ -31,6 +31,7 @@ from dledger_commitlog.cli.commands import _REGISTRY, FIELD_TYPES, UsageError, c
 from dledger_commitlog.cli.launcher import ClusterError
 from dledger_commitlog.client import ClientError
 from dledger_commitlog.node.config import (
+    RETIRED_TRANSPORT,
     ConfigError,
     ListenError,
     NodeConfig,
@@ -119,8 +120,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
             p.add_argument(opt, dest=f"cfg_{f.name}", action="store_const", const=True)
             continue
         kind = FIELD_TYPES[str(f.type)]
-        choices = {"flush_mode": ("sync", "async"), "raft_transport": TRANSPORTS,
-                   "client_transport": TRANSPORTS}.get(f.name)  # fmt: skip
+        stacks = (*TRANSPORTS, RETIRED_TRANSPORT)  # the retired one: with a warning
+        choices = {"flush_mode": ("sync", "async"), "raft_transport": stacks,
+                   "client_transport": stacks}.get(f.name)  # fmt: skip
         p.add_argument(opt, dest=f"cfg_{f.name}", type=kind, choices=choices, metavar="V")
 
 

@@ -74,7 +74,7 @@ _P = ParamSpec("_P")
 class Context(Protocol):
     """What a handler may do with its call: the part of grpc.aio.ServicerContext the
     service uses. Both client ports provide it: grpc.aio's own context (grpcio ships no
-    type hints, so mypy checks the service against this alone) and `grpclib_port`'s
+    type hints, so mypy checks the service against this alone) and `h2_port`'s
     adapter (checked against it)."""
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:

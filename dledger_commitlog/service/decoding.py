@@ -59,7 +59,7 @@ def add_services(
 def checked_handlers(services: Services) -> list[tuple[str, dict[str, Any]]]:
     """Per (generated `add_*Servicer_to_server`, servicer): the service's full name and
     its grpc.RpcMethodHandlers by method name, requests decoded as the module doc says
-    (what `add_services` registers; `grpclib_port` serves the same handlers)."""
+    (what `add_services` registers; `h2_port` serves the same handlers)."""
     out = []
     for add, servicer in services:
         service, handlers = handler_table(add, servicer)

@@ -9,7 +9,7 @@ to group 0 whatever they name, so a client of any group can make them). A call f
 a group the process does not host is NOT_FOUND naming the groups it does host; a
 group header that is no number is INVALID_ARGUMENT. The request decoding
 (`decoding`) wraps the joined handlers once, as it wraps a single service's, so
-both ports (grpc.aio and grpclib) serve it.
+both ports (h2grpc and grpc.aio) serve it.
 
 A single-group process does not use this: its port serves its one service as
 before, with no per-call lookup.

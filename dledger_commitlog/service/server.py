@@ -31,7 +31,7 @@ from dledger_commitlog.node.config import ListenError, NodeConfig
 from dledger_commitlog.node.metrics import serve_metrics
 from dledger_commitlog.node.node import RaftNode
 from dledger_commitlog.node.security import NodeSecurity
-from dledger_commitlog.service import grpclib_port, h2_port
+from dledger_commitlog.service import h2_port
 from dledger_commitlog.service.decoding import Services, add_services
 from dledger_commitlog.service.hosted import Groups
 from raft.peer_auth import TlsIdentity
@@ -112,19 +112,18 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
 
 
 class ClientPort:
-    """The client port on the stack `cfg.client_transport` names: grpc.aio, or grpclib
-    with every message on the loop (`grpclib_port`); the same services either way."""
+    """The client port on the stack `cfg.client_transport` names: h2grpc, every frame
+    parsed on the loop (`h2_port`), or grpc.aio; the same services either way."""
 
     def __init__(self, cfg: NodeConfig, services: Services, tls: TlsIdentity | None) -> None:
         self._address = cfg.client_address
-        self._grpclib: grpclib_port.ClientServer | h2_port.ClientServer | None = None
+        self._h2: h2_port.ClientServer | None = None
         self._grpc: grpc.aio.Server | None = None
-        if cfg.client_transport in ("grpclib", "h2"):
+        if cfg.client_transport == "h2":
             why = _bind_error(self._address)  # the cause, before the loop's own error
             if why is not None:
                 raise ListenError(f"cannot listen for clients on {self._address}: {why}")
-            port = h2_port if cfg.client_transport == "h2" else grpclib_port
-            self._grpclib = port.ClientServer(services, port.ssl_context(cfg) if tls else None)
+            self._h2 = h2_port.ClientServer(services, h2_port.ssl_context(cfg) if tls else None)
         else:
             self._grpc = grpc.aio.server(options=GRPC_OPTIONS)
             creds = tls.server_credentials(require_client_cert=False) if tls else None
@@ -135,9 +134,9 @@ class ClientPort:
         if self._grpc is not None:
             await self._grpc.start()
             return
-        assert self._grpclib is not None
+        assert self._h2 is not None
         try:
-            await self._grpclib.start(self._address)
+            await self._h2.start(self._address)
         except OSError as exc:
             raise ListenError(f"cannot listen for clients on {self._address}: "
                               f"{exc.strerror or exc}") from None  # fmt: skip
@@ -146,8 +145,8 @@ class ClientPort:
         """Refuse new calls; calls in progress get `grace_s` to end, then are cancelled."""
         if self._grpc is not None:
             await self._grpc.stop(grace=grace_s)
-        elif self._grpclib is not None:
-            await self._grpclib.stop(grace_s)
+        elif self._h2 is not None:
+            await self._h2.stop(grace_s)
 
 
 def _listen(what: str, address: str, bind: Callable[[], _T]) -> _T:

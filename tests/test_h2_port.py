@@ -1,5 +1,5 @@
-"""`service.grpclib_port` in one process: a grpc.aio client against a scripted servicer
-served on grpclib, and the same servicer on grpc.aio, must see the same answers.
+"""`service.h2_port` in one process: a grpc.aio client against a scripted servicer
+served on h2grpc, and the same servicer on grpc.aio, must see the same answers.
 
 What the adapter promises (see its module doc): a status and message from `abort`
 with the trailing metadata set; initial metadata; invocation metadata and the time
@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import pytest
 
-from dledger_commitlog.service import grpclib_port
+from dledger_commitlog.service import h2_port
 from dledger_commitlog.service.base import Context
 from dledger_commitlog.service.decoding import add_services
 from proto import dledger_pb2 as pb
@@ -75,8 +75,8 @@ def _free_port() -> int:
 async def _serving(stack: str, scenario: Callable[[str], Awaitable[None]]) -> None:
     address = f"127.0.0.1:{_free_port()}"
     services = ((pb_grpc.add_DLedgerClientServicer_to_server, Scripted()),)
-    if stack == "grpclib":
-        server = grpclib_port.ClientServer(services, None)
+    if stack == "h2":
+        server = h2_port.ClientServer(services, None)
         await server.start(address)
         try:
             await scenario(address)
@@ -146,7 +146,7 @@ async def _until_failure(stream: Any, seen: list[Any]) -> AsyncIterator[Any]:
         seen.append((err.code(), err.details()))
 
 
-def test_grpclib_port_answers_as_grpc_aio_does() -> None:
+def test_h2_port_answers_as_grpc_aio_does() -> None:
     expected = [
         ("me", True),
         (grpc.StatusCode.FAILED_PRECONDITION, "not the leader",
@@ -164,4 +164,4 @@ def test_grpclib_port_answers_as_grpc_aio_does() -> None:
     ]  # fmt: skip
     on_grpc_aio = _answers("grpcio")
     assert on_grpc_aio == expected
-    assert _answers("grpclib") == on_grpc_aio
+    assert _answers("h2") == on_grpc_aio
