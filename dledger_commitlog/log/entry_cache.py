@@ -31,6 +31,13 @@ class EntryCache:
             return self._entries[k].term
         return None
 
+    def position(self, index: int) -> int | None:
+        """Where entry `index` lies in the data files, None if it is not cached."""
+        k = index - self._first
+        if 0 <= k < len(self._positions):
+            return self._positions[k]
+        return None
+
     def slice(self, lo: int, hi: int, max_bytes: int) -> list[Entry] | None:
         """Entries [lo, hi) (hi at most the log's last index + 1): at least one, at most
         about `max_bytes` of bodies; None unless entry `lo` is cached."""

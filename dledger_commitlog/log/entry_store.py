@@ -461,7 +461,8 @@ class EntryStore:
         return self._data.read(pos, size)
 
     def pos_of(self, index: int) -> int:
-        return self._slot(index)[1]
+        cached = self._cache.position(index)
+        return cached if cached is not None else self._slot(index)[1]
 
     def locate(self, index: int) -> tuple[int, int]:
         """(pos, size) of entry `index`, from the index alone."""
