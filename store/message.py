@@ -67,12 +67,14 @@ __all__ = [
     "MessageHeader",
     "check_name",
     "decode_message",
+    "decode_messages",
     "encode_message",
     "encoded_size",
     "is_message",
     "java_string_hash",
     "make_properties",
     "max_encoded_size",
+    "message_id",
     "patch_offsets",
     "peek_header",
     "split_keys",
@@ -142,6 +144,7 @@ BODY_LENGTH_POS = _position("body_length")  # 84: the body follows at 88
 assert (QUEUE_OFFSET_POS, PHYSICAL_OFFSET_POS, STORE_TIMESTAMP_POS) == (20, 28, 56)
 assert BODY_LENGTH_POS + 4 == FIXED_PART_SIZE
 _OFFSETS = struct.Struct(">qq")
+_I32 = struct.Struct(">i")
 _PROPS_LEN = struct.Struct(">h")
 
 MIN_MESSAGE_SIZE = FIXED_PART_SIZE + 1 + 1 + 2  # a one-byte topic, no body, no properties
@@ -322,44 +325,78 @@ def max_encoded_size(max_body_bytes: int) -> int:
 
 def encode_message(msg: Message, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> bytes:
     """The message's bytes; raises InvalidMessage for anything `decode_message` would refuse."""
-    topic = _topic_bytes(msg.topic)
-    body = msg.body
+    if msg.sys_flag & IPV6_FLAGS:
+        raise InvalidMessage("IPv6 host flags in sysFlag are not supported")
+    return encode_fields(
+        msg.topic, msg.body, msg.properties, max_body_bytes=max_body_bytes,
+        queue_id=msg.queue_id, flag=msg.flag, queue_offset=msg.queue_offset,
+        physical_offset=msg.physical_offset, sys_flag=msg.sys_flag,
+        born_timestamp_ms=msg.born_timestamp_ms, born_host=msg.born_host,
+        store_timestamp_ms=msg.store_timestamp_ms, store_host=msg.store_host,
+        reconsume_times=msg.reconsume_times,
+        prepared_transaction_offset=msg.prepared_transaction_offset,
+    )  # fmt: skip
+
+
+def encode_fields(
+    topic: str,
+    body: bytes,
+    properties: Mapping[str, str],
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    queue_id: int = 0,
+    flag: int = 0,
+    queue_offset: int = 0,
+    physical_offset: int = 0,
+    sys_flag: int = 0,
+    born_timestamp_ms: int = 0,
+    born_host: Host = ("0.0.0.0", 0),
+    store_timestamp_ms: int = 0,
+    store_host: Host = ("0.0.0.0", 0),
+    reconsume_times: int = 0,
+    prepared_transaction_offset: int = 0,
+) -> bytes:
+    """`encode_message` of the message with these fields, without making the Message (the
+    put path encodes every message it takes once, here)."""
+    raw_topic = _topic_bytes(topic)
     if not isinstance(body, bytes | bytearray):
         raise InvalidMessage(f"body must be bytes, not {type(body).__name__}")
     if len(body) > max_body_bytes:
         raise InvalidMessage(f"body is {len(body)} bytes, at most {max_body_bytes} allowed")
-    props = _properties_bytes(msg.properties)
-    if msg.sys_flag & IPV6_FLAGS:
+    props = _properties_bytes(properties)
+    if sys_flag & IPV6_FLAGS:
         raise InvalidMessage("IPv6 host flags in sysFlag are not supported")
     try:
-        born_ip, born_port = msg.born_host
-        store_ip, store_port = msg.store_host
+        born_ip, born_port = born_host
+        store_ip, store_port = store_host
     except (TypeError, ValueError):
         raise InvalidMessage("hosts must be (IPv4 address, port) pairs") from None
-    total = FIXED_PART_SIZE + len(body) + 1 + len(topic) + 2 + len(props)
+    total = FIXED_PART_SIZE + len(body) + 1 + len(raw_topic) + 2 + len(props)
     try:
         head = _FIXED.pack(
             total,
             MESSAGE_MAGIC_CODE,
             zlib.crc32(body) & 0x7FFFFFFF,
-            msg.queue_id,
-            msg.flag,
-            msg.queue_offset,
-            msg.physical_offset,
-            msg.sys_flag,
-            msg.born_timestamp_ms,
+            queue_id,
+            flag,
+            queue_offset,
+            physical_offset,
+            sys_flag,
+            born_timestamp_ms,
             _host_bytes(born_ip),
             born_port,
-            msg.store_timestamp_ms,
+            store_timestamp_ms,
             _host_bytes(store_ip),
             store_port,
-            msg.reconsume_times,
-            msg.prepared_transaction_offset,
+            reconsume_times,
+            prepared_transaction_offset,
             len(body),
         )
     except struct.error as exc:
         raise InvalidMessage(f"a numeric field is out of range: {exc}") from None
-    return b"".join((head, body, bytes((len(topic),)), topic, _PROPS_LEN.pack(len(props)), props))
+    return b"".join(
+        (head, body, bytes((len(raw_topic),)), raw_topic, _PROPS_LEN.pack(len(props)), props)
+    )
 
 
 def encoded_size(msg: Message) -> int:
@@ -475,6 +512,26 @@ def decode_message(buf: _Buffer, offset: int = 0, verify_crc: bool = True) -> Me
         reconsume_times=fields[14],
         prepared_transaction_offset=fields[15],
     )
+
+
+def decode_messages(buf: _Buffer) -> list[tuple[int, Message]]:
+    """The messages laid end to end in `buf`, each with where it starts; CorruptEntry if
+    one does not decode (as `decode_message` says) or `buf` ends inside one."""
+    out = []
+    at = 0
+    while at < len(buf):
+        out.append((at, decode_message(buf, at)))
+        at += _I32.unpack_from(buf, at)[0]  # its total size, checked by decode_message
+    return out
+
+
+def message_id(buf: _Buffer, offset: int = 0) -> str:
+    """The id of the stored message at `buf[offset:]` (RocketMQ's: its storeHost, IPv4
+    address and port, then its physicalOffset; 32 upper-case hex digits), the id a put
+    answered for it (`log.message_route`)."""
+    host = buf[offset + STORE_HOST_POS : offset + STORE_HOST_POS + 8]
+    at = buf[offset + PHYSICAL_OFFSET_POS : offset + PHYSICAL_OFFSET_POS + 8]
+    return (bytes(host) + bytes(at)).hex().upper()
 
 
 def peek_header(buf: _Buffer, offset: int = 0) -> MessageHeader:

@@ -46,7 +46,7 @@ from raft.errors import NotLeader
 from raft.types import Entry, EntryKind
 from store.entry_format import HEADER_SIZE
 from store.errors import CorruptEntry, InvalidMessage
-from store.message import Message, encode_message, make_properties
+from store.message import encode_fields, make_properties
 
 log = logging.getLogger(__name__)
 
@@ -268,10 +268,9 @@ class DLedgerCommitLog(CommittedView):
         if not uniq_key:
             raise InvalidMessage("uniq_key is required (clients generate one per message)")
         props = make_properties(keys=keys, tags=tags or None, uniq_key=uniq_key, extra=properties)
-        msg = Message(topic=topic, body=body, properties=props, flag=flag,
-                      born_timestamp_ms=born_timestamp_ms, born_host=born_host,
-                      store_host=self._store_host)  # fmt: skip
-        encoded = encode_message(msg, max_body_bytes=self._max_body)
+        encoded = encode_fields(topic, body, props, max_body_bytes=self._max_body, flag=flag,
+                                born_timestamp_ms=born_timestamp_ms, born_host=born_host,
+                                store_host=self._store_host)  # fmt: skip
         return PutSpec(topic, encoded, uniq_key, queue_id)
 
     async def put(self, specs: Sequence[PutSpec], timeout_s: float) -> list[PutResult]:
