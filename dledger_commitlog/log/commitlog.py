@@ -169,6 +169,9 @@ class DLedgerCommitLog(CommittedView):
         self._round_robin: dict[str, int] = {}
         self._tail_uniq: dict[str, int] = {}  # uncommitted tail: uniq key -> index
         self._waiters: dict[int, list[_Waiter]] = {}
+        # index -> (term, route) of the entries this node proposed, until applied: apply
+        # need not read back what the leader stamped (an entry of another term is read)
+        self._proposed: dict[int, tuple[int, Route]] = {}
         self._pending = 0
         self._queued: list[tuple[PutSpec, asyncio.Future[PutResult]]] = []
         self._flush_scheduled = False
@@ -238,6 +241,7 @@ class DLedgerCommitLog(CommittedView):
         self._queue_next = dict(queue_next)
         self._recent.clear()
         self._tail_uniq.clear()
+        self._proposed.clear()
 
     @property
     def queue_next(self) -> dict[tuple[str, int], int]:
@@ -350,6 +354,8 @@ class DLedgerCommitLog(CommittedView):
         now_ms = int(time.time() * 1000)
         host = store_host_bytes(self._store_host)  # the leader stores it
         datas: list[bytes] = []
+        keys: list[tuple[str, int]] = []
+        offsets: list[int] = []
         assigned: dict[tuple[str, int], int] = {}  # queue ends after this batch
         for spec, _ in queued:
             qid = spec.queue_id
@@ -361,6 +367,8 @@ class DLedgerCommitLog(CommittedView):
             if qoff is None:
                 qoff = self._assign_next.get(key, 0)
             assigned[key] = qoff + 1
+            keys.append(key)
+            offsets.append(qoff)
             datas.append(stamp(spec.encoded, qid, qoff, now_ms, host))
         try:
             if self._core is None:
@@ -376,11 +384,15 @@ class DLedgerCommitLog(CommittedView):
         self._on_proposed(len(datas))
         # In the log now: advance the assignment table.
         self._assign_next.update(assigned)
+        routes = self._proposed
         for k, (spec, fut) in enumerate(queued):
-            self._tail_uniq[spec.uniq_key] = first + k
-            waiters = self._waiters.setdefault(first + k, [])
+            index = first + k
+            self._tail_uniq[spec.uniq_key] = index
+            waiters = self._waiters.setdefault(index, [])
             waiters.append(_Waiter(term, fut))
             waiters.extend(_Waiter(term, f, True) for f in again[spec.uniq_key])
+            topic, qid = keys[k]
+            routes[index] = (term, Route(topic, qid, offsets[k], now_ms, spec.uniq_key))
 
     def become_leader(self, term: int, tail: Sequence[Entry]) -> None:
         """Start assigning: the committed tables plus the uncommitted `tail` of our log."""
@@ -415,11 +427,14 @@ class DLedgerCommitLog(CommittedView):
     def _apply_to_tables(self, entries: Sequence[Entry]) -> list[Route | None]:
         headers: list[Route | None] = []
         recent, queue_next, tail = self._recent, self._queue_next, self._tail_uniq
+        proposed = self._proposed
         for e in entries:
+            known = proposed.pop(e.index, None) if proposed else None
             if e.kind != EntryKind.NORMAL or not e.data:
                 headers.append(None)
                 continue
-            hdr = route_of(e.data)
+            # What this leader stamped, if the entry is the one it proposed (same term).
+            hdr = known[1] if known is not None and known[0] == e.term else route_of(e.data)
             headers.append(hdr)
             key = (hdr.topic, hdr.queue_id)
             queue_next[key] = max(queue_next.get(key, 0), hdr.queue_offset + 1)
