@@ -70,9 +70,10 @@ SYSTEM_TOPIC_PREFIX = "%SYS%"
 _OFFSETS_FILE = "consumer_offsets.json"
 _CHECKPOINT_FILE = "checkpoint"
 _ABORT_FILE = "abort"
-# Batches this small skip the arrays: a sequential put dispatches one message at a
-# time, where numpy's per-call cost was four fifths of the work (~170 of ~200 us).
-ONE_BY_ONE_MAX = 1
+# Batches this small skip the arrays: paced puts commit a few messages at a time, where
+# numpy's per-call cost rules (measured, CPU per message, one by one / numpy: 1 message
+# 61 / 212 us, 4: 43 / 75, 8: 36 / 51, 12: 39 / 43, 16-24 even, 32: 37 / 34).
+ONE_BY_ONE_MAX = 12
 _I32 = struct.Struct(">i")
 
 GroupKey = tuple[str, str, int]  # (group, topic, queue id)

@@ -28,7 +28,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from dledger_commitlog.common.protocol import PutResult
 from dledger_commitlog.log.committed_view import REPAIR, CommittedView
@@ -41,6 +40,12 @@ from dledger_commitlog.log.message_route import (
     store_host_bytes,
     uniq_of,
 )
+
+# The put path's outcomes, from where its callers import them.
+from dledger_commitlog.log.submission import OutcomeUnknown as OutcomeUnknown
+from dledger_commitlog.log.submission import Overloaded as Overloaded
+from dledger_commitlog.log.submission import PutFailed as PutFailed
+from dledger_commitlog.log.submission import Submission, Waiter
 from raft import RaftCore
 from raft.errors import NotLeader
 from raft.types import Entry, EntryKind
@@ -56,18 +61,6 @@ _SYSTEM_PREFIX = "%SYS%"
 _SYSTEM_QUEUES = 65  # config.MAX_DELAY_LEVELS, plus the deliver-at queue
 
 
-class PutFailed(Exception):
-    """Definitely not stored (another entry took its place): safe to retry."""
-
-
-class OutcomeUnknown(Exception):
-    """Not committed before the deadline; it may still commit. Retry with the same key."""
-
-
-class Overloaded(Exception):
-    """Too many puts in flight."""
-
-
 @dataclass(frozen=True, slots=True)
 class PutSpec:
     """A validated put, encoded once; queue fields are patched at proposal time."""
@@ -76,65 +69,6 @@ class PutSpec:
     encoded: bytes
     uniq_key: str
     queue_id: int | None
-
-
-def _fail(fut: asyncio.Future[Any], exc: BaseException) -> None:
-    """Fail a put's future, marked as seen: its caller may have stopped waiting (a
-    timeout, a cancelled RPC), and a failure nobody awaits is no error to log."""
-    fut.set_exception(exc)
-    fut.exception()
-
-
-def _late(done: asyncio.Future[list[PutResult]], timeout_s: float) -> None:
-    if not done.done():
-        _fail(done, OutcomeUnknown(f"not committed within {timeout_s:.1f}s; it may still be: "
-                                   "retry with the same uniq_key"))  # fmt: skip
-
-
-class _Joined:
-    """The results of one submission's futures into `done`: all of them, or the first
-    failure (the others still resolve, unseen). Once `done` is settled (so, at the
-    latest, at its deadline, or when its caller stops waiting) the submission no
-    longer counts as in flight."""
-
-    __slots__ = ("_count", "_futures", "_left", "_log", "_timer", "done")
-
-    def __init__(
-        self,
-        log: DLedgerCommitLog,
-        futures: list[asyncio.Future[PutResult]],
-        done: asyncio.Future[list[PutResult]],
-        timer: asyncio.TimerHandle,
-    ) -> None:
-        self._log, self._futures, self.done, self._timer = log, futures, done, timer
-        self._left = self._count = len(futures)
-        for fut in futures:
-            fut.add_done_callback(self._one)
-        done.add_done_callback(self._settled)
-        if not futures:
-            done.set_result([])
-
-    def _one(self, fut: asyncio.Future[PutResult]) -> None:
-        self._left -= 1
-        done = self.done
-        if done.done():
-            return
-        exc = fut.exception() if not fut.cancelled() else PutFailed("the put was cancelled")
-        if exc is not None:
-            _fail(done, exc)
-        elif not self._left:
-            done.set_result([f.result() for f in self._futures])
-
-    def _settled(self, _done: asyncio.Future[list[PutResult]]) -> None:
-        self._timer.cancel()
-        self._log._pending -= self._count
-
-
-@dataclass(slots=True)
-class _Waiter:
-    term: int
-    future: asyncio.Future[PutResult]
-    duplicate: bool = False
 
 
 class DLedgerCommitLog(CommittedView):
@@ -168,12 +102,12 @@ class DLedgerCommitLog(CommittedView):
         self._assign_next: dict[tuple[str, int], int] = {}
         self._round_robin: dict[str, int] = {}
         self._tail_uniq: dict[str, int] = {}  # uncommitted tail: uniq key -> index
-        self._waiters: dict[int, list[_Waiter]] = {}
+        self._waiters: dict[int, list[Waiter]] = {}
         # index -> (term, route) of the entries this node proposed, until applied: apply
         # need not read back what the leader stamped (an entry of another term is read)
         self._proposed: dict[int, tuple[int, Route]] = {}
         self._pending = 0
-        self._queued: list[tuple[PutSpec, asyncio.Future[PutResult]]] = []
+        self._queued: list[tuple[PutSpec, Submission, int]] = []
         self._flush_scheduled = False
         self.damaged: list[int] = []  # committed entries found damaged at start
 
@@ -289,46 +223,34 @@ class DLedgerCommitLog(CommittedView):
         """Propose `specs` (batched with the puts of this loop pass); `done` gets their
         results once all committed, or the first failure (NotLeader, PutFailed), or
         OutcomeUnknown after `timeout_s`. Overloaded is raised at once."""
-        loop = asyncio.get_running_loop()
         if self._pending + len(specs) > self._max_pending:
             raise Overloaded(f"{self._pending} puts in flight (limit {self._max_pending})")
-        futures: list[asyncio.Future[PutResult]] = []
-        queued = self._queued
-        for spec in specs:
-            dup = self._duplicate(spec.uniq_key)
-            if dup is not None:
-                futures.append(dup)
-                continue
-            fut: asyncio.Future[PutResult] = loop.create_future()
-            queued.append((spec, fut))
-            futures.append(fut)
         self._pending += len(specs)
+        sub = Submission(len(specs), done, timeout_s, self._settled)
+        queued = self._queued
+        for slot, spec in enumerate(specs):
+            if not self._duplicate(spec.uniq_key, sub, slot):
+                queued.append((spec, sub, slot))
         if queued and not self._flush_scheduled:
             self._flush_scheduled = True
-            loop.call_soon(self._flush_queued)
-        _Joined(self, futures, done, loop.call_later(timeout_s, _late, done, timeout_s))
+            asyncio.get_running_loop().call_soon(self._flush_queued)
 
-    def _duplicate(
-        self, uniq_key: str, fut: asyncio.Future[PutResult] | None = None
-    ) -> asyncio.Future[PutResult] | None:
-        """A future (`fut`, or a new one) for a put already committed or in the
-        uncommitted tail; None if the key is in neither."""
+    def _settled(self, count: int) -> None:
+        self._pending -= count
+
+    def _duplicate(self, uniq_key: str, sub: Submission, slot: int) -> bool:
+        """Whether the key is in the log already, committed (then `slot` is answered with
+        that entry) or in the uncommitted tail (then it waits for that entry)."""
         index = self._recent.get(uniq_key) or self._tail_uniq.get(uniq_key)
         if index is None:
-            return None
-        if fut is None:
-            fut = asyncio.get_running_loop().create_future()
+            return False
         if index <= self.committed_index:
             entry = self.store.get(index)
-            if not fut.done():
-                fut.set_result(self._result(index, entry.body, route_of(entry.body), True))
+            sub.set(slot, self._result(index, entry.body, route_of(entry.body), True))
         else:
-            self._waiters.setdefault(index, []).append(
-                _Waiter(
-                    self.store.term(index) if index <= self.store.last_index() else 0, fut, True
-                )
-            )
-        return fut
+            term = self.store.term(index) if index <= self.store.last_index() else 0
+            self._waiters.setdefault(index, []).append(Waiter(term, sub, slot, True))
+        return True
 
     def _flush_queued(self) -> None:
         """Encode the queued puts' queue fields and propose them as one batch."""
@@ -338,16 +260,18 @@ class DLedgerCommitLog(CommittedView):
             return
         # Check again: a put queued in the same loop pass may carry the same key, and
         # the tables (with a new leadership's uncommitted tail, where a retried put's
-        # first attempt may sit) may have changed since put() looked. Same key twice
+        # first attempt may sit) may have changed since submit() looked. Same key twice
         # here: one entry.
-        fresh: list[tuple[PutSpec, asyncio.Future[PutResult]]] = []
-        again: dict[str, list[asyncio.Future[PutResult]]] = {}
-        for spec, fut in queued:
+        fresh: list[tuple[PutSpec, Submission, int]] = []
+        again: dict[str, list[tuple[Submission, int]]] = {}
+        for spec, sub, slot in queued:
+            if sub.done.done():
+                continue  # its caller stopped waiting before it left: never proposed
             if spec.uniq_key in again:
-                again[spec.uniq_key].append(fut)
-            elif self._duplicate(spec.uniq_key, fut) is None:
+                again[spec.uniq_key].append((sub, slot))
+            elif not self._duplicate(spec.uniq_key, sub, slot):
                 again[spec.uniq_key] = []
-                fresh.append((spec, fut))
+                fresh.append((spec, sub, slot))
         queued = fresh
         if not queued:
             return  # every one answered by an entry already in the log
@@ -357,7 +281,7 @@ class DLedgerCommitLog(CommittedView):
         keys: list[tuple[str, int]] = []
         offsets: list[int] = []
         assigned: dict[tuple[str, int], int] = {}  # queue ends after this batch
-        for spec, _ in queued:
+        for spec, _, _ in queued:
             qid = spec.queue_id
             if qid is None:
                 qid = self._round_robin.get(spec.topic, 0)
@@ -375,22 +299,22 @@ class DLedgerCommitLog(CommittedView):
                 raise NotLeader(None)  # an offline view leads nothing
             first, _last = self._core.propose(datas)
         except NotLeader as exc:
-            for spec, fut in queued:
-                for f in (fut, *again[spec.uniq_key]):
-                    if not f.done():
-                        _fail(f, NotLeader(exc.leader_hint))
+            for spec, sub, _ in queued:
+                sub.fail(NotLeader(exc.leader_hint))
+                for other, _ in again[spec.uniq_key]:
+                    other.fail(NotLeader(exc.leader_hint))
             return
         term = self._core.term
         self._on_proposed(len(datas))
         # In the log now: advance the assignment table.
         self._assign_next.update(assigned)
         routes = self._proposed
-        for k, (spec, fut) in enumerate(queued):
+        for k, (spec, sub, slot) in enumerate(queued):
             index = first + k
             self._tail_uniq[spec.uniq_key] = index
             waiters = self._waiters.setdefault(index, [])
-            waiters.append(_Waiter(term, fut))
-            waiters.extend(_Waiter(term, f, True) for f in again[spec.uniq_key])
+            waiters.append(Waiter(term, sub, slot))
+            waiters.extend(Waiter(term, s, n, True) for s, n in again[spec.uniq_key])
             topic, qid = keys[k]
             routes[index] = (term, Route(topic, qid, offsets[k], now_ms, spec.uniq_key))
 
@@ -445,15 +369,15 @@ class DLedgerCommitLog(CommittedView):
             recent.popitem(last=False)
         return headers
 
-    def _resolve(self, e: Entry, hdr: Route | None, ws: list[_Waiter]) -> None:
+    def _resolve(self, e: Entry, hdr: Route | None, ws: list[Waiter]) -> None:
         for w in ws:
-            if w.future.done():
+            sub = w.submission
+            if sub.done.done():
                 continue
             if e.term == w.term and hdr is not None:
-                w.future.set_result(self._result(e.index, e.data, hdr, w.duplicate))
+                sub.set(w.slot, self._result(e.index, e.data, hdr, w.duplicate))
             else:
-                why = f"entry {e.index} was replaced by a newer leader's; retry"
-                _fail(w.future, PutFailed(why))
+                sub.fail(PutFailed(f"entry {e.index} was replaced by a newer leader's; retry"))
 
     def _result(self, index: int, data: bytes, hdr: Route, duplicate: bool) -> PutResult:
         offset = self.store.pos_of(index) + HEADER_SIZE
