@@ -6,6 +6,7 @@ ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY proto ./proto
+COPY h2grpc ./h2grpc
 COPY raft ./raft
 COPY store ./store
 COPY dispatch ./dispatch
