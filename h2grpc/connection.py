@@ -130,7 +130,7 @@ class Stream:
             self._partial += data[start:end]
             data, start, end = self._partial, 0, len(self._partial)
             self._partial = None
-        unpack, on_message = f.MESSAGE_PREFIX.unpack_from, self.on_message
+        unpack = f.MESSAGE_PREFIX.unpack_from
         while end - start >= 5:
             flag, size = unpack(data, start)
             if flag:
@@ -145,6 +145,7 @@ class Stream:
                 break
             message = bytes(data[start + 5 : stop])
             start = stop
+            on_message = self.on_message  # read each time: a consumer may stop taking
             if on_message is not None:
                 on_message(message)
             else:
@@ -152,9 +153,11 @@ class Stream:
                 self._queued_bytes += size + 5
         if start < end:
             self._partial = bytearray(data[start:end])
-        if on_message is not None or self._queued_bytes < STREAM_WINDOW:
+        if self.on_message is not None or self._queued_bytes < STREAM_WINDOW:
             self._give_back(taken + self._held)
             self._held = 0
+        elif self._held > STREAM_WINDOW:  # a peer that ignores the window it was given
+            raise MessageRefused(f.RESOURCE_EXHAUSTED, "the stream's flow-control window overrun")
         else:
             self._held += taken
         if self.messages:

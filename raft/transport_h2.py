@@ -184,6 +184,8 @@ class H2PeerServer:
 
         def on_message(raw: bytes) -> None:
             nonlocal read
+            if call.finished:
+                return  # refused: nothing after the first refused batch is read
             read += 1
             try:
                 gate.receive(raw, sender, peer)

@@ -21,9 +21,11 @@ from typing import Any
 import grpc
 import pytest
 
+import h2grpc
 from dledger_commitlog.cli.certs import make_dev_pki
 from dledger_commitlog.cli.cluster_layout import node_toml
 from h2grpc import connection as h2_connection
+from h2grpc import frames as h2_frames
 from proto import dledger_pb2 as pb
 from raft import transport_h2
 from raft.messages import AppendEntries, Heartbeat, Message, RequestVote
@@ -31,7 +33,15 @@ from raft.peer_auth import NODE_AUTH, PeerAuth, PeerSecurity, TlsIdentity
 from raft.peer_link import PeerGate, PeerLink
 from raft.transport import PeerServer, open_link, open_peer_server
 from raft.types import Entry
-from raft.wire import MAX_MESSAGE_BYTES, MAX_QUEUED, PEER_ID, TRANSPORTS, to_proto, to_wire
+from raft.wire import (
+    BATCHES_READ,
+    MAX_MESSAGE_BYTES,
+    MAX_QUEUED,
+    PEER_ID,
+    TRANSPORTS,
+    to_proto,
+    to_wire,
+)
 from tests.conftest import wait_converged, wait_until
 
 CLUSTER = "c"
@@ -454,3 +464,30 @@ def test_a_link_sends_again_only_what_the_peer_never_read_and_keeps_little() -> 
         assert len(link._sent) == 64
 
     asyncio.run(main())
+
+
+def test_nothing_after_a_refused_batch_is_delivered_even_in_the_same_read() -> None:
+    """Three batches in one HTTP/2 DATA frame, the second from the wrong cluster: the h2
+    port parses them in one read callback, delivers the first, refuses the second, and
+    the third never reaches the core (the refusal says two batches were read: the refused
+    one counts, as on grpc.aio, unless refused for membership)."""
+    got: list[Message] = []
+
+    async def main() -> h2grpc.Answer | None:
+        gate = PeerGate(CLUSTER, got.append, me=2, members=(1, 2))
+        good = [batch(CLUSTER, [Heartbeat(1, 2, 3, i)]) for i in (1, 3)]
+        wrong = batch("other", [Heartbeat(1, 2, 3, 2)])
+        async with peer_server("h2", gate) as port:
+            conn = await h2grpc.connect("127.0.0.1", port)
+            try:
+                stream = conn.open(METHOD, [(PEER_ID, "1")])
+                stream.send_data(b"".join(map(h2_frames.prefixed, (good[0], wrong, good[1]))))
+                await stream.wait_closed()
+                return h2grpc.Answer.of(stream)
+            finally:
+                conn.close()
+
+    answer = asyncio.run(main())
+    assert answer is not None and answer.code_name == "FAILED_PRECONDITION"
+    assert dict(answer.metadata)[BATCHES_READ] == "2"
+    assert got == [Heartbeat(1, 2, 3, 1)]
