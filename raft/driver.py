@@ -177,23 +177,18 @@ class ReadyDriver:
                 # suffix an append just replaced (the commit rides along lazily anyway).
                 hs = dataclasses.replace(hs, commit=self._durable_index)
             await self._save_hard_state(hs)
-        if rd.entries:
-            if flusher is not None:
-                # From here to advance() no await: `persisted` only for advanced entries.
-                last = rd.entries[-1]
-                self._unflushed.append((storage.write_position, last.index, last.term))
-                flusher.request(storage.write_position)
-            else:
-                self._on_appended()
+        # From here to advance() no await: `persisted` only for advanced entries.
         if core.role is Role.LEADER:
             early: list[Message] = []
             late: list[Message] = []
             for m in rd.messages:
                 (early if isinstance(m, AppendEntries | Heartbeat) else late).append(m)
-            if early:
+            if early:  # before the fsync is asked for: the followers' disks start first
                 self._send(self._hold_notices(early) if self._defer is not None else early)
+            self._appended(rd)
             self._send_when_durable(late)
         else:
+            self._appended(rd)
             self._send_when_durable(rd.messages)
         if rd.committed_entries:
             self._apply(rd.committed_entries)
@@ -201,6 +196,19 @@ class ReadyDriver:
             self._read_states(rd.read_states)
         core.advance(rd)
         self._after_ready()
+
+    def _appended(self, rd: Ready) -> None:
+        """The entries of `rd` are in the storage: ask for their fsync (or, in async
+        flush mode, poke the periodic flush)."""
+        if not rd.entries:
+            return
+        flusher, storage = self._flusher, self._storage
+        if flusher is None:
+            self._on_appended()
+            return
+        last = rd.entries[-1]
+        self._unflushed.append((storage.write_position, last.index, last.term))
+        flusher.request(storage.write_position)
 
     def _hold_notices(self, messages: list[Message]) -> list[Message]:
         """`messages` less the commit notices to hold; a held one goes out first where
