@@ -52,6 +52,23 @@ def dispatched_everywhere(cluster: LocalCluster, topic: str, count: int) -> None
             store.close()
 
 
+def offsets_everywhere(cluster: LocalCluster, group: str, topic: str, want: dict[int, int]) -> None:
+    """Every replica answers the group's committed offsets `want` (queue -> offset)."""
+    for spec in cluster:
+        store = ServerStore([spec.client], timeout_s=5)
+        try:
+            wait_until(
+                lambda store=store: {  # type: ignore[misc]
+                    g.queue_id: g.offset for g in store.group_offsets(group, topic)
+                },
+                20,
+                f"{spec.client} to dispatch the offsets {want} of {group}",
+                ok=lambda got: all(got.get(q) == o for q, o in want.items()),
+            )
+        finally:
+            store.close()
+
+
 def test_every_queue_reads_back_exactly_the_acknowledged_messages(cluster: LocalCluster) -> None:
     topic = fresh_topic("srv")
     with cluster.client() as client:
@@ -109,6 +126,7 @@ def test_consumer_group_lag_per_queue(
         client.commit_offset("billing", topic, 0, ends[0])  # caught up
         client.commit_offset("billing", topic, 1, 2)  # behind
     dispatched_everywhere(cluster, topic, 40)
+    offsets_everywhere(cluster, "billing", topic, {0: ends[0], 1: 2})
     store = ServerStore([s.client for s in cluster])
     try:
         table = jobs.lag(store, "billing", [topic])
