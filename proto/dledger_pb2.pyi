@@ -107,16 +107,18 @@ class GroupHeartbeatResponse(_message.Message):
     def __init__(self, queues: _Optional[_Iterable[_Union[QueueLease, _Mapping]]] = ..., session_timeout_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class GroupFetchRequest(_message.Message):
-    __slots__ = ("group", "member_id", "max_messages", "wait_ms")
+    __slots__ = ("group", "member_id", "max_messages", "wait_ms", "runs")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
     group: str
     member_id: str
     max_messages: int
     wait_ms: int
-    def __init__(self, group: _Optional[str] = ..., member_id: _Optional[str] = ..., max_messages: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    runs: bool
+    def __init__(self, group: _Optional[str] = ..., member_id: _Optional[str] = ..., max_messages: _Optional[int] = ..., wait_ms: _Optional[int] = ..., runs: _Optional[bool] = ...) -> None: ...
 
 class Delivery(_message.Message):
     __slots__ = ("message", "epoch", "reconsume_times", "origin_topic", "delivery_count")
@@ -132,15 +134,33 @@ class Delivery(_message.Message):
     delivery_count: int
     def __init__(self, message: _Optional[_Union[StoredMessage, _Mapping]] = ..., epoch: _Optional[int] = ..., reconsume_times: _Optional[int] = ..., origin_topic: _Optional[str] = ..., delivery_count: _Optional[int] = ...) -> None: ...
 
+class DeliveryRun(_message.Message):
+    __slots__ = ("topic", "queue_id", "epoch", "messages", "delivery_counts", "reconsume_times")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    epoch: int
+    messages: bytes
+    delivery_counts: _containers.RepeatedScalarFieldContainer[int]
+    reconsume_times: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., epoch: _Optional[int] = ..., messages: _Optional[bytes] = ..., delivery_counts: _Optional[_Iterable[int]] = ..., reconsume_times: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class GroupFetchResponse(_message.Message):
-    __slots__ = ("deliveries", "queues", "generation")
+    __slots__ = ("deliveries", "queues", "generation", "runs")
     DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
     deliveries: _containers.RepeatedCompositeFieldContainer[Delivery]
     queues: _containers.RepeatedCompositeFieldContainer[QueueLease]
     generation: int
-    def __init__(self, deliveries: _Optional[_Iterable[_Union[Delivery, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueLease, _Mapping]]] = ..., generation: _Optional[int] = ...) -> None: ...
+    runs: _containers.RepeatedCompositeFieldContainer[DeliveryRun]
+    def __init__(self, deliveries: _Optional[_Iterable[_Union[Delivery, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueLease, _Mapping]]] = ..., generation: _Optional[int] = ..., runs: _Optional[_Iterable[_Union[DeliveryRun, _Mapping]]] = ...) -> None: ...
 
 class MessageHandle(_message.Message):
     __slots__ = ("topic", "queue_id", "queue_offset", "epoch", "end_offset")

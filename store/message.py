@@ -66,6 +66,7 @@ __all__ = [
     "Message",
     "MessageHeader",
     "check_name",
+    "decode_fields",
     "decode_message",
     "decode_messages",
     "encode_message",
@@ -144,7 +145,6 @@ BODY_LENGTH_POS = _position("body_length")  # 84: the body follows at 88
 assert (QUEUE_OFFSET_POS, PHYSICAL_OFFSET_POS, STORE_TIMESTAMP_POS) == (20, 28, 56)
 assert BODY_LENGTH_POS + 4 == FIXED_PART_SIZE
 _OFFSETS = struct.Struct(">qq")
-_I32 = struct.Struct(">i")
 _PROPS_LEN = struct.Struct(">h")
 
 MIN_MESSAGE_SIZE = FIXED_PART_SIZE + 1 + 1 + 2  # a one-byte topic, no body, no properties
@@ -488,18 +488,28 @@ def _parse_properties(raw: _Buffer, offset: int) -> dict[str, str]:
     return props
 
 
-def decode_message(buf: _Buffer, offset: int = 0, verify_crc: bool = True) -> Message:
-    """Decode the message at `buf[offset:]`; raises CorruptEntry on any inconsistency."""
+def decode_fields(
+    buf: _Buffer, offset: int = 0, verify_crc: bool = True
+) -> tuple[tuple[Any, ...], str, bytes, dict[str, str]]:
+    """`decode_message` without building the Message: the fixed part's fields (in
+    `HEADER_DTYPE`'s order, hosts as their raw 4-byte addresses), the topic, the body
+    and the properties; for a reader that builds its own value of them."""
     fields, body_end, topic, raw_props = _parse_layout(buf, offset)
     body = bytes(buf[offset + FIXED_PART_SIZE : body_end])
     if verify_crc and zlib.crc32(body) & 0x7FFFFFFF != fields[2]:
         raise _corrupt(offset, "body CRC mismatch")
     if fields[2] < 0:
         raise _corrupt(offset, f"body CRC {fields[2]} has its top bit set")
+    return fields, topic, body, _parse_properties(raw_props, offset)
+
+
+def decode_message(buf: _Buffer, offset: int = 0, verify_crc: bool = True) -> Message:
+    """Decode the message at `buf[offset:]`; raises CorruptEntry on any inconsistency."""
+    fields, topic, body, properties = decode_fields(buf, offset, verify_crc)
     return Message(
         topic=topic,
         body=body,
-        properties=_parse_properties(raw_props, offset),
+        properties=properties,
         queue_id=fields[3],
         flag=fields[4],
         queue_offset=fields[5],
@@ -514,14 +524,18 @@ def decode_message(buf: _Buffer, offset: int = 0, verify_crc: bool = True) -> Me
     )
 
 
-def decode_messages(buf: _Buffer) -> list[tuple[int, Message]]:
-    """The messages laid end to end in `buf`, each with where it starts; CorruptEntry if
-    one does not decode (as `decode_message` says) or `buf` ends inside one."""
+def decode_messages(
+    buf: _Buffer,
+) -> list[tuple[int, tuple[tuple[Any, ...], str, bytes, dict[str, str]]]]:
+    """The messages laid end to end in `buf`: where each starts and its `decode_fields`
+    (its size is the first field); CorruptEntry if one does not decode or `buf` ends
+    inside one."""
     out = []
     at = 0
     while at < len(buf):
-        out.append((at, decode_message(buf, at)))
-        at += _I32.unpack_from(buf, at)[0]  # its total size, checked by decode_message
+        parts = decode_fields(buf, at)
+        out.append((at, parts))
+        at += parts[0][0]  # its total size, checked against the buffer
     return out
 
 

@@ -32,6 +32,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,68 +40,21 @@ from typing import Any, Self
 
 from dledger_commitlog.client.aio import AsyncClient
 from dledger_commitlog.client.errors import ClientError, GroupRefused, NotFound
+from dledger_commitlog.client.groups import ConsumedMessage as ConsumedMessage
 from dledger_commitlog.client.groups import Delivery, QueueLease, Subscription
+from dledger_commitlog.client.groups import Handler as Handler
+from dledger_commitlog.client.groups import HandlerResult as HandlerResult
+from dledger_commitlog.client.groups import Retry as Retry
+from dledger_commitlog.client.pacing import FetchSize, ack_ranges
 from dledger_commitlog.client.quota import Quota
-from dledger_commitlog.client.values import StoredMessage
 from proto import dledger_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 _FETCH_WAIT_MS = 1000
 _ERROR_PAUSE_S = 0.2
-
-
-@dataclass(frozen=True, slots=True)
-class Retry:
-    """A handler's answer: retry this message later, on `delay_level` (0: the group's
-    policy, the first retry level plus the times it was retried)."""
-
-    delay_level: int = 0
-
-
-HandlerResult = bool | None | Retry
-Handler = Callable[["ConsumedMessage"], HandlerResult | Awaitable[HandlerResult]]
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumedMessage:
-    """A delivered message as a handler sees it: `topic` is the producer's topic,
-    `stored_topic`/`queue_id`/`queue_offset` where this copy is stored (a retried
-    message is stored in the group's retry topic)."""
-
-    delivery: Delivery
-
-    @property
-    def message(self) -> StoredMessage:
-        return self.delivery.message
-
-    @property
-    def topic(self) -> str:
-        return self.delivery.origin_topic
-
-    @property
-    def stored_topic(self) -> str:
-        return self.delivery.message.topic
-
-    @property
-    def queue_id(self) -> int:
-        return self.delivery.message.queue_id
-
-    @property
-    def queue_offset(self) -> int:
-        return self.delivery.message.queue_offset
-
-    @property
-    def body(self) -> bytes:
-        return self.delivery.message.body
-
-    @property
-    def msg_id(self) -> str:
-        return self.delivery.message.msg_id
-
-    @property
-    def reconsume_times(self) -> int:
-        return self.delivery.reconsume_times
+_LEAST_FETCH = 32  # a paced fetch asks for at least this many
+_ACK_LINGER_S = 0.02  # concurrent mode: the acks of this long go in one call
 
 
 @dataclass(slots=True)
@@ -178,7 +132,7 @@ class AsyncConsumer:
         max_reconsume: int = 16,
         ack_wait_ms: int = 30_000,
         first_retry_level: int = 0,
-        batch: int = 32,
+        batch: int | None = None,
         concurrency: int = 8,
         member_id: str | None = None,
         **client_kwargs: Any,
@@ -208,8 +162,13 @@ class AsyncConsumer:
         self._acks: list[tuple[str, int, int, int]] = []
         self._ack_event = asyncio.Event()
         self._closing = False
-        self._slots = asyncio.Semaphore(concurrency)
+        self._slots = asyncio.Semaphore(concurrency)  # orderly runs at once
         self._running: set[asyncio.Task[None]] = set()
+        self._ready: deque[Delivery] = deque()  # concurrent mode: fetched, not yet started
+        self._workers = 0  # concurrent mode: tasks handling `_ready`, one at a time each
+        self._backlog = 0  # deliveries taken and not ended (ready, or being handled)
+        self._room = asyncio.Event()  # set when a delivery ends
+        self._fetch_size = FetchSize(batch, _LEAST_FETCH)
         self._session_s = 3.0
         self._interval_s = 1.0
         self._last_heartbeat = 0.0
@@ -271,10 +230,13 @@ class AsyncConsumer:
 
     async def _fetch_loop(self, quota: Quota, idle_exit_s: float) -> None:
         while not self._done(quota, idle_exit_s):
-            room = quota.room(self.batch)
-            if room <= 0 or len(self._running) >= 2 * self.concurrency:
-                await asyncio.wait(self._running or {asyncio.create_task(asyncio.sleep(0.05))},
-                                   timeout=0.5, return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            size = self._fetch_size.size(self.processed)
+            room = quota.room(size)
+            if room <= 0 or self._backlog >= max(size, 2 * self.concurrency):
+                self._room.clear()  # set again when a delivery ends
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.5):
+                        await self._room.wait()
                 continue
             try:
                 fetched = await self.client.group_fetch(self.group, self.member_id, room,
@@ -300,24 +262,49 @@ class AsyncConsumer:
             track.epoch = max(track.epoch, d.epoch)
             track.unacked.add(m.queue_offset)
             track.next_offset = max(track.next_offset, m.queue_offset + 1)
+        self._backlog += len(deliveries)
         if self.orderly:
             by_queue: dict[tuple[str, int], list[Delivery]] = {}
             for d in deliveries:
                 by_queue.setdefault((d.message.topic, d.message.queue_id), []).append(d)
             for run in by_queue.values():
-                self._spawn(self._in_order(run))
+                self._spawn(self._in_order(run), len(run))
         else:
-            for d in deliveries:
-                self._spawn(self._one(d))
+            self._ready.extend(deliveries)
+            while self._workers < min(self.concurrency, len(self._ready)):
+                self._workers += 1
+                self._track(asyncio.create_task(self._work()))
 
-    def _spawn(self, work: Awaitable[object]) -> None:
+    def _spawn(self, work: Awaitable[object], deliveries: int) -> None:
         async def guarded() -> None:
-            async with self._slots:
-                await work
+            try:
+                async with self._slots:
+                    await work
+            finally:
+                self._ended(deliveries)
 
-        task = asyncio.create_task(guarded())
+        self._track(asyncio.create_task(guarded()))
+
+    def _track(self, task: asyncio.Task[None]) -> None:
         self._running.add(task)
         task.add_done_callback(self._running.discard)
+
+    async def _work(self) -> None:
+        """Concurrent mode: handle ready deliveries one after another until none is left
+        (one of at most `concurrency` such tasks)."""
+        try:
+            while self._ready:
+                delivery = self._ready.popleft()
+                try:
+                    await self._one(delivery)
+                finally:
+                    self._ended(1)
+        finally:
+            self._workers -= 1
+
+    def _ended(self, deliveries: int) -> None:
+        self._backlog -= deliveries
+        self._room.set()
 
     async def _in_order(self, run: Sequence[Delivery]) -> None:
         """One queue's deliveries in offset order, after the queue's previous run; a
@@ -412,6 +399,8 @@ class AsyncConsumer:
     async def _ack_loop(self) -> None:
         while not self._closing:
             await self._ack_event.wait()
+            if not self.orderly:  # an orderly queue's next run waits for these acks
+                await asyncio.sleep(_ACK_LINGER_S)
             self._ack_event.clear()
             await self._flush_acks()
 
@@ -420,7 +409,7 @@ class AsyncConsumer:
         if not handles:
             return
         try:
-            await self.client.group_ack(self.group, self.member_id, handles)
+            await self.client.group_ack(self.group, self.member_id, ack_ranges(handles))
         except (GroupRefused, NotFound) as exc:
             log.info("consumer %s: acks refused (%s): those messages go to the queue's "
                      "owner again", self.member_id, exc.message)  # fmt: skip

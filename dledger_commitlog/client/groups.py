@@ -2,9 +2,11 @@
 
 Owns `GroupOps` (a mixin of `Client` and `AsyncClient`: heartbeat, fetch, ack,
 nack, leave, and the operators' list, describe, reset-offsets and dead-letter
-calls, each an `api.operation`), `Subscription`, and the values: `Delivery`,
-`QueueLease`, `GroupSummary`, `GroupDescription`. `consumer.AsyncConsumer` and
-`consumer.Consumer` are built on these; an operator's tool uses them directly.
+calls, each an `api.operation`), `Subscription`, and the values: `Delivery`
+(decoded from a fetch's compact answer, `run_deliveries`), `QueueLease`,
+`GroupSummary`, `GroupDescription`, and what a consumer's handler sees and answers
+(`ConsumedMessage`, `Retry`). `consumer.AsyncConsumer` and `consumer.Consumer`
+are built on these; an operator's tool uses them directly.
 
 A refusal of the coordinator (a lease the member no longer holds, a member whose
 session ended, settings that disagree with the group's) is `GroupRefused`; an ack
@@ -13,14 +15,16 @@ or nack of a message never delivered, or an unknown group, is `NotFound`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from dledger_commitlog.client.api import operation
 from dledger_commitlog.client.errors import GroupRefused
 from dledger_commitlog.client.retry import Op
-from dledger_commitlog.client.values import StoredMessage, stored_message
+from dledger_commitlog.client.values import StoredMessage, stored_message, stored_message_of
+from dledger_commitlog.common.protocol import origin_topic, reconsume_times
 from proto import dledger_pb2 as pb
+from store.message import decode_messages
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +67,59 @@ class Delivery:
     def handle(self) -> tuple[str, int, int, int]:
         m = self.message
         return (m.topic, m.queue_id, m.queue_offset, self.epoch)
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """A handler's answer: retry this message later, on `delay_level` (0: the group's
+    policy, the first retry level plus the times it was retried)."""
+
+    delay_level: int = 0
+
+
+HandlerResult = bool | None | Retry
+Handler = Callable[["ConsumedMessage"], HandlerResult | Awaitable[HandlerResult]]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumedMessage:
+    """A delivered message as a handler sees it: `topic` is the producer's topic,
+    `stored_topic`/`queue_id`/`queue_offset` where this copy is stored (a retried
+    message is stored in the group's retry topic)."""
+
+    delivery: Delivery
+
+    @property
+    def message(self) -> StoredMessage:
+        return self.delivery.message
+
+    @property
+    def topic(self) -> str:
+        return self.delivery.origin_topic
+
+    @property
+    def stored_topic(self) -> str:
+        return self.delivery.message.topic
+
+    @property
+    def queue_id(self) -> int:
+        return self.delivery.message.queue_id
+
+    @property
+    def queue_offset(self) -> int:
+        return self.delivery.message.queue_offset
+
+    @property
+    def body(self) -> bytes:
+        return self.delivery.message.body
+
+    @property
+    def msg_id(self) -> str:
+        return self.delivery.message.msg_id
+
+    @property
+    def reconsume_times(self) -> int:
+        return self.delivery.reconsume_times
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +202,20 @@ def _delivery(d: pb.Delivery) -> Delivery:
                     d.delivery_count)  # fmt: skip
 
 
+def run_deliveries(run: pb.DeliveryRun) -> list[Delivery]:
+    """The deliveries of a DeliveryRun: each message decoded by the message codec (its
+    body CRC checked), the rest of Delivery from the message or the run's lists."""
+    raw, counts, retries = run.messages, run.delivery_counts, run.reconsume_times
+    out = []
+    for i, (at, parts) in enumerate(decode_messages(raw)):
+        props = parts[3]
+        times = retries[i] if retries and retries[i] >= 0 else reconsume_times(props)
+        origin = origin_topic(parts[1], props)
+        message = stored_message_of(raw, at, parts)  # takes KEYS, TAGS, UNIQ_KEY out
+        out.append(Delivery(message, run.epoch, times, origin, counts[i]))
+    return out
+
+
 def _handle(h: tuple[str, int, int, int] | tuple[str, int, int, int, int]) -> pb.MessageHandle:
     end = h[4] if len(h) == 5 else 0
     return pb.MessageHandle(topic=h[0], queue_id=h[1], queue_offset=h[2], epoch=h[3],
@@ -188,12 +259,14 @@ class GroupOps:
         self, group: str, member_id: str, max_messages: int = 32, wait_ms: int = 1000
     ) -> Op[Fetched]:
         """Messages of the member's queues (long polling up to `wait_ms`)."""
-        request = pb.GroupFetchRequest(group=group, member_id=member_id,
+        request = pb.GroupFetchRequest(group=group, member_id=member_id, runs=True,
                                        max_messages=max_messages, wait_ms=wait_ms)  # fmt: skip
 
         def convert(r: pb.GroupFetchResponse) -> Fetched:
-            return Fetched(tuple(_delivery(d) for d in r.deliveries), _leases(r.queues),
-                           r.generation)  # fmt: skip
+            out = [_delivery(d) for d in r.deliveries]  # a server without runs answers so
+            for run in r.runs:
+                out += run_deliveries(run)
+            return Fetched(tuple(out), _leases(r.queues), r.generation)
 
         return Op("group_fetch", "GroupFetch", request, convert, floor_s=1 + wait_ms / 1000,
                   refusal=GroupRefused)  # fmt: skip

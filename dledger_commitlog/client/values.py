@@ -21,6 +21,16 @@ from dledger_commitlog.common.protocol import PutResult as PutResult
 from dledger_commitlog.common.routes import TopicRoute as TopicRoute
 from dledger_commitlog.common.routes import default_route
 from proto import dledger_pb2 as pb
+from store.message import (
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    message_id,
+    split_keys,
+)
+
+# What `store.message.decode_fields` gives: fixed fields, topic, body, properties.
+StoredParts = tuple[tuple[Any, ...], str, bytes, dict[str, str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +228,20 @@ def _convert(cls: Any, msg: Any, **given: Any) -> Any:
 
 def put_result(msg: pb.PutResult) -> PutResult:
     return cast(PutResult, _convert(PutResult, msg))
+
+
+def stored_message_of(raw: bytes, at: int, parts: StoredParts) -> StoredMessage:
+    """The message stored at `raw[at:]`, decoded into `parts` by the message codec
+    (`store.message.decode_fields`), as `stored_message` gives it from protobuf."""
+    fields, topic, body, props = parts
+    keys = props.pop(PROPERTY_KEYS, None)
+    tags = props.pop(PROPERTY_TAGS, "")
+    uniq_key = props.pop(PROPERTY_UNIQ_KEY, "")
+    return StoredMessage(
+        topic, fields[3], fields[5], fields[6], message_id(raw, at), body,
+        tuple(split_keys(keys)), tags, props, fields[8], fields[11], len(body), fields[0],
+        uniq_key, fields[4],
+    )  # fmt: skip
 
 
 def stored_message(msg: pb.StoredMessage) -> StoredMessage:

@@ -5,11 +5,15 @@ commit log builds it, the clients convert the proto into it) and the limit on a
 message's size that both enforce: a put is one gRPC message (64 MiB limit on
 client and server) and one Raft entry. Also the initial metadata by which a
 server says it accepted a PutFrames stream (`PUT_FRAMES_ACCEPTED`), and the
-metadata that names a call's Raft group (`GROUP_HEADER`).
+metadata that names a call's Raft group (`GROUP_HEADER`), and what a consumer-group
+delivery reads from the message it delivers (`origin_topic`, `reconsume_times`:
+the coordinator writes those properties on a retry's copy, and a fetch's compact
+answer, a DeliveryRun, leaves them to the message).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 MAX_MESSAGE_BYTES_LIMIT = 32 << 20
@@ -40,3 +44,22 @@ class PutResult:
     queue_offset: int
     store_timestamp_ms: int
     duplicate: bool = False  # answered from the log: an earlier attempt stored it
+
+
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"  # the producer's topic of a retried message
+PROPERTY_RECONSUME_TIMES = "RECONSUME_TIMES"  # how many times it was retried
+
+
+def origin_topic(topic: str, properties: Mapping[str, str]) -> str:
+    """The producer's topic of a delivered message stored in `topic` (a retry's copy is
+    stored in its group's retry topic)."""
+    return properties.get(PROPERTY_RETRY_TOPIC, topic)
+
+
+def reconsume_times(properties: Mapping[str, str]) -> int:
+    """How many times a delivered message was retried through the retry topic (0: never;
+    a value that is no number counts 0)."""
+    try:
+        return int(properties.get(PROPERTY_RECONSUME_TIMES, "0"))
+    except ValueError:
+        return 0

@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from store.mapped_file import MappedFileQueue
 
 MAX_SCAN: Final = 16_384  # units one Pull looks at
+READ_EACH_MAX: Final = 16  # read_messages reads at most this many one by one
 MAX_UNITS_ANSWER: Final = 200_000  # units per ReadUnits answer (4 MB)
 _I64: Final = struct.Struct(">q")
 
@@ -467,7 +468,7 @@ def pull_scan(
         if len(offsets) and int((offsets + sizes).max()) > view.committed:
             raise AssertionError(f"a queue unit of {q.topic}/{q.queue_id} points beyond "
                                  f"committed {view.committed}")  # fmt: skip
-        return Found(sizes.tolist(), _read_messages(view, files, offsets, sizes), nxt)
+        return Found(sizes.tolist(), read_messages(view, files, offsets, sizes), nxt)
 
 
 def _by_tags(
@@ -493,7 +494,7 @@ def _by_tags(
         nxt += 1
         if not hashed[i]:
             continue
-        one = _read_messages(view, files, np.asarray([offsets[i]]), np.asarray([sizes[i]]))
+        one = read_messages(view, files, np.asarray([offsets[i]]), np.asarray([sizes[i]]))
         if decode_message(one[0]).tags not in tags:
             continue
         chosen.append(i)
@@ -501,14 +502,15 @@ def _by_tags(
     return np.asarray(chosen, np.int64), nxt
 
 
-def _read_messages(
+def read_messages(
     view: LogView, files: Files, offsets: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
 ) -> list[bytes]:
     """The messages at `offsets` (rising), each checked against its entry (magic,
     position, size, body CRC). Those in the data files come from one read-only map
     per segment (only the pages they lie on are touched; a queue's messages are
     spread over everyone's), their entry headers checked in one numpy pass; those
-    above the flushed position from the store's buffers."""
+    above the flushed position from the store's buffers. A few (READ_EACH_MAX) are
+    read one by one instead: numpy's and a map's fixed cost outweigh theirs."""
     out: list[bytes] = []
     if not len(offsets):
         return out
@@ -517,6 +519,9 @@ def _read_messages(
     if int(starts.min()) < view.min_pos:
         raise OffsetOutOfRange(int(offsets.min()), view.min_pos + HEADER_SIZE,
                                view.committed, "commit-log offset")  # fmt: skip
+    if len(offsets) <= READ_EACH_MAX:
+        each = zip(starts.tolist(), sizes.tolist(), strict=True)
+        return [_read_one(view, files, at, n) for at, n in each]
     first = view.segments[0][0] if view.segments else 0
     group = (starts - first) // view.segment_size
     group[ends > view.file_end] = -1  # not all in the files yet
@@ -550,3 +555,17 @@ def _read_messages(
                 raise CorruptEntry(view.where(at), at, fault)
             out.append(body)
     return out
+
+
+def _read_one(view: LogView, files: Files, at: int, size: int) -> bytes:
+    """The message of `size` bytes in the entry at `at`, checked as `read_messages` checks."""
+    entry = read_log(view, files, at, at + HEADER_SIZE + size)
+    magic, length, index, _term, pos, _kind, _chain, body_crc, body_len = HEADER.unpack_from(entry)
+    if header_fault(magic, length, pos, body_len, at) is not None or body_len != size:
+        raise CorruptEntry(view.where(at), at, f"no entry of {size} bytes starts here, "
+                           "though a consume-queue unit points at it")  # fmt: skip
+    body = entry[HEADER_SIZE:]
+    fault = body_fault(body, body_crc, index)
+    if fault is not None:
+        raise CorruptEntry(view.where(at), at, fault)
+    return body

@@ -16,6 +16,10 @@ members than queues). No members: no allocation.
   first point clockwise of (at or after) the hash of f"{topic}:{queue_id}"
   (wrapping round). A member that leaves gives up only its own queues, and one
   that joins takes queues only to itself; sizes are balanced only roughly.
+
+`share_out` divides one fetch among a member's queues the same way: evenly among
+those that want some, a queue that wants less than an even share leaving the rest
+to the others, what does not divide going one each in a turn that rotates.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Final
 
-__all__ = ["STRATEGIES", "VIRTUAL_NODES", "QueueRef", "allocate"]
+__all__ = ["STRATEGIES", "VIRTUAL_NODES", "QueueRef", "allocate", "share_out"]
 
 QueueRef = tuple[str, int]  # (topic, queue_id)
 
@@ -84,3 +88,29 @@ def _consistent_hash(queues: list[QueueRef], members: list[str]) -> dict[str, li
         at = bisect.bisect_left(hashes, _hash(f"{topic}:{queue_id}"))
         out[ring[at % len(ring)][1]].append((topic, queue_id))
     return out
+
+
+def share_out(wants: Sequence[int], total: int, turn: int = 0) -> list[int]:
+    """`total` divided among `wants` (each gets at most its want; the sum is the lesser
+    of `total` and the wants' sum): evenly, a want below an even share met whole and
+    the rest shared again; a remainder smaller than one each goes one each to the
+    wanting ones from the `turn`-th (mod their count) on."""
+    shares = [0] * len(wants)
+    wanting = [i for i, want in enumerate(wants) if want > 0]
+    left = total
+    while left > 0 and wanting:
+        each = left // len(wanting)
+        if each == 0:
+            k = turn % len(wanting)
+            for i in (wanting[k:] + wanting[:k])[:left]:
+                shares[i] += 1
+            break
+        still = []
+        for i in wanting:
+            give = min(each, wants[i] - shares[i])
+            shares[i] += give
+            left -= give
+            if shares[i] < wants[i]:
+                still.append(i)
+        wanting = still
+    return shares

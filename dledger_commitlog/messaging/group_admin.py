@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
 from dledger_commitlog.messaging.group_state import (
+    Lease,
     StaleLease,
     UnknownMessage,
     dlq_topic,
@@ -99,19 +100,30 @@ class GroupAdmin:
                 raise InvalidMessage(f"reset to {to!r}: one of earliest, latest, offset, time")
             targets.append((q, offset))
         # The leases first (nothing of the old frontiers is left to flush after ours),
-        # and again after the put: a member may have joined the group meanwhile.
-        self._reset_leases(group, topic, targets)
+        # and after the put those made meanwhile (a member joined: they start from the
+        # old offsets); not those reset before, whose members may have read again since.
+        done = self._reset_leases(group, topic, targets, [])
         specs = [self._log.offset_commit(group, topic, q, o) for q, o in targets]
         if specs:
             await self._log.put(specs, _PUT_TIMEOUT_S)
-        self._reset_leases(group, topic, targets)
+        self._reset_leases(group, topic, targets, done)
         return targets
 
-    def _reset_leases(self, group: str, topic: str, targets: Sequence[tuple[int, int]]) -> None:
+    def _reset_leases(
+        self, group: str, topic: str, targets: Sequence[tuple[int, int]], done: list[Lease]
+    ) -> list[Lease]:
+        """Reset the group's leases of `targets` but those `done` before; the leases."""
         state = self._groups.live_states().get(group)
-        if state is not None:
-            for q, offset in targets:
+        if state is None:
+            return []
+        out = []
+        for q, offset in targets:
+            lease = state.leases.get((topic, q))
+            if lease is None or not any(lease is x for x in done):
                 state.reset(topic, q, offset)
+            out.append(state.leases[(topic, q)])
+        self._groups.poke(group)
+        return out
 
     def summaries(self) -> dict[str, dict[str, int | str | bool]]:
         """Every known group (committed offsets or live members): its figures now."""

@@ -41,10 +41,12 @@ the count of in-place retries of orderly mode.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
-from dledger_commitlog.messaging.allocation import STRATEGIES, allocate
+from dledger_commitlog.messaging.allocation import STRATEGIES, allocate, share_out
 
 QueueRef = tuple[str, int]
 RETRY_PREFIX = "%RETRY%"
@@ -153,6 +155,20 @@ class Lease:
         self._advance()
         return True
 
+    def mark_range(self, start: int, end: int) -> int:
+        """`mark_acked` of each offset of [start, end); how many were news. A range from
+        at most the frontier, with nothing acked above it, moves the frontier at once."""
+        if self.acked or not start <= self.frontier < end:
+            return sum(map(self.mark_acked, range(start, end)))
+        deque(map(self.in_flight.pop, range(start, end), repeat(None)), 0)
+        for table in (self.deliveries, self.attempts):
+            if table:
+                deque(map(table.pop, range(self.frontier, end), repeat(None)), 0)
+        news = end - self.frontier
+        self.frontier = end
+        self.cursor = max(self.cursor, end)
+        return news
+
     def readable(self, limit: int) -> int:
         """How many of `limit` offsets from the cursor a read may take: up to the first
         one acked already (a rewound queue delivers again only what is not acked)."""
@@ -249,6 +265,7 @@ class GroupState:
         self._source = source
         self._epochs = epochs
         self._plan: dict[QueueRef, str] = {}  # the allocation the leases move towards
+        self._turn = 0  # which queue a fetch's remainder starts at (plan_fetch)
 
     # -- members ---------------------------------------------------------------------
 
@@ -425,39 +442,50 @@ class GroupState:
                              f"under epoch {epoch}")  # fmt: skip
         return lease
 
-    def plan_fetch(self, member_id: str, max_messages: int, now_ms: int) -> list[Read]:
-        """What to read for a member's fetch (StaleLease if it is not a member)."""
+    def plan_fetch(
+        self, member_id: str, max_messages: int, now_ms: int,
+        ends: Callable[[str, int], int] | None = None,
+    ) -> list[Read]:  # fmt: skip
+        """What to read for a member's fetch (StaleLease if it is not a member): at most
+        `max_messages`, shared out (`allocation.share_out`) among its queues that want
+        some: redeliveries due, and what lies past the cursor (up to the queue's
+        dispatched end, `ends(topic, queue_id)`; without `ends`, as much as it may
+        take). A queue that wants nothing is not read."""
         member = self.members.get(member_id)
         if member is None:
             raise StaleLease(f"{member_id!r} is not a live member of group {self.group!r} "
                              "(session expired or never joined): heartbeat again")  # fmt: skip
         member.last_seen_ms = now_ms
-        reads: list[Read] = []
         if now_ms < self.grace_until_ms:
-            return reads  # claims still come in: the newest of a queue's wins, then it serves
-        leases = [x for x in self.leases_of(member_id) if x.target is None]
-        share = max(1, max_messages // max(1, len(leases)))
-        for lease in leases:
-            if lease.suspended_until_ms > now_ms:
+            return []  # claims still come in: the newest of a queue's wins, then it serves
+        wants: list[tuple[Lease, tuple[int, ...], int]] = []
+        for lease in self.leases_of(member_id):
+            if lease.target is not None or lease.suspended_until_ms > now_ms:
                 continue
+            due: tuple[int, ...] = ()
             if self.settings.orderly:
                 if lease.in_flight and all(d <= now_ms for d in lease.in_flight.values()):
                     lease.rewind()  # nothing acked in time (a lost answer?): again, in order
-                if not lease.in_flight:
-                    reads.append(Read(lease.topic, lease.queue_id, lease.epoch, (),
-                                      lease.cursor, lease.readable(share)))  # fmt: skip
-                continue
-            limit = self.settings.max_reconsume  # past it: `poisoned`, dead-lettered
-            expired = [o for o, d in lease.in_flight.items()
-                       if d <= now_ms and lease.deliveries.get(o, 0) <= limit]  # fmt: skip
-            due = tuple(sorted(expired))[:share]
-            room = lease.readable(
-                min(share - len(due), MAX_IN_FLIGHT_PER_QUEUE - len(lease.in_flight))
-            )
-            if due or room > 0:
-                reads.append(Read(lease.topic, lease.queue_id, lease.epoch, due,
-                                  lease.cursor, max(0, room)))  # fmt: skip
-        return reads
+                if lease.in_flight:
+                    continue
+            elif lease.in_flight:
+                limit = self.settings.max_reconsume  # past it: `poisoned`, dead-lettered
+                counts = lease.deliveries
+                due = tuple(sorted(o for o, d in lease.in_flight.items()
+                                   if d <= now_ms and counts.get(o, 0) <= limit))  # fmt: skip
+            room = MAX_IN_FLIGHT_PER_QUEUE - len(lease.in_flight)
+            if ends is not None:
+                room = min(room, ends(lease.topic, lease.queue_id) - lease.cursor)
+            new = lease.readable(room) if room > 0 else 0
+            if due or new:
+                wants.append((lease, due, new))
+        self._turn += 1
+        shares = share_out([len(due) + new for _, due, new in wants], max_messages, self._turn)
+        return [
+            Read(x.topic, x.queue_id, x.epoch, due[:n], x.cursor, min(new, n - len(due[:n])))
+            for (x, due, new), n in zip(wants, shares, strict=True)
+            if n
+        ]
 
     def record(
         self,
@@ -477,12 +505,10 @@ class GroupState:
             return None
         if lease.target is not None:
             return None
-        deadline = now_ms + self.settings.ack_wait_ms
-        counts = []
-        for offset in delivered:
-            lease.in_flight[offset] = deadline
-            lease.deliveries[offset] = n = lease.deliveries.get(offset, 0) + 1
-            counts.append(n)
+        lease.in_flight.update(dict.fromkeys(delivered, now_ms + self.settings.ack_wait_ms))
+        times = lease.deliveries.get
+        counts = [times(offset, 0) + 1 for offset in delivered]
+        lease.deliveries.update(zip(delivered, counts, strict=True))
         for offset in skipped:
             lease.mark_acked(offset)
         if next_offset > lease.cursor and read.count:
@@ -492,7 +518,7 @@ class GroupState:
 
     def ack(
         self, member_id: str, topic: str, queue_id: int, epoch: int, start: int, end: int,
-        queue_end: int, now_ms: int | None = None,
+        queue_end: int | Callable[[], int], now_ms: int | None = None,
     ) -> int:  # fmt: skip
         """Ack [start, end) of a queue (end <= start: just `start`); newly acked count.
         StaleLease, or UnknownMessage for an offset never delivered to the group. In
@@ -507,9 +533,10 @@ class GroupState:
             first = max(start, lease.cursor)
             raise UnknownMessage(
                 f"no message at {topic}/{queue_id} offset {first} was delivered to group "
-                f"{self.group!r} (delivered up to {lease.cursor}, the queue ends at {queue_end})"
+                f"{self.group!r} (delivered up to {lease.cursor}, the queue ends at "
+                f"{queue_end() if callable(queue_end) else queue_end})"
             )
-        acked = sum(lease.mark_acked(offset) for offset in range(start, end))
+        acked = lease.mark_range(start, end)
         if acked and now_ms is not None and self.settings.orderly:
             deadline = now_ms + self.settings.ack_wait_ms
             for offset in lease.in_flight:

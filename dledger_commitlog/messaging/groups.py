@@ -2,8 +2,10 @@
 
 Owns `GroupService`, the I/O around `group_state.GroupState`: one state per group,
 rebuilt by every new leader (after `SystemLog.settle`, so the committed offsets it
-starts from are complete), the reads a fetch makes (with the subscription's
-filter, `filters.compile_filter`, applied here on the server), the puts a nack
+starts from are complete), its fetches (`group_fetch.Fetcher`: planned and
+recorded on the loop, read with the subscription's filter, `filters.compile_filter`,
+on the server in the read pool; the long polls woken by what it does here: a
+rebalance, an ack that ends an orderly run, a nack, a reset), the puts a nack
 makes (to the group's retry topic `%RETRY%<group>` through the schedule topic on a
 delay level, or to its dead-letter topic `%DLQ%<group>` after the maximum), and
 the offset commits of acked messages (batched every FLUSH_INTERVAL_S through the
@@ -17,17 +19,24 @@ the leader's memory, rebuilt from the members' heartbeats (see group_state).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import zlib
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
+from dledger_commitlog.common.protocol import PROPERTY_RECONSUME_TIMES as PROPERTY_RECONSUME_TIMES
+from dledger_commitlog.common.protocol import PROPERTY_RETRY_TOPIC as PROPERTY_RETRY_TOPIC
+from dledger_commitlog.common.protocol import reconsume_times
 from dledger_commitlog.log.commitlog import PutSpec
 from dledger_commitlog.messaging.filters import MessageFilter, compile_filter
+from dledger_commitlog.messaging.group_fetch import Fetched, Fetcher
 from dledger_commitlog.messaging.group_state import (
     DLQ_PREFIX,
+    MAX_IN_FLIGHT_PER_QUEUE,
     RETRY_PREFIX,
     Claim,
     Epochs,
@@ -35,7 +44,6 @@ from dledger_commitlog.messaging.group_state import (
     GroupState,
     Lease,
     QueueSource,
-    Read,
     Settings,
     StaleLease,
     UnknownMessage,
@@ -50,28 +58,12 @@ from store.message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Messa
 
 log = logging.getLogger(__name__)
 
-PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"  # the producer's topic of a retried message
-PROPERTY_RECONSUME_TIMES = "RECONSUME_TIMES"
 PROPERTY_ORIGIN_MSG_ID = "ORIGIN_MESSAGE_ID"
 PROPERTY_DLQ_REASON = "DLQ_REASON"
 FLUSH_INTERVAL_S = 0.05
 TICK_INTERVAL_S = 0.1
 SETTLE_TIMEOUT_S = 10.0
 _PUT_TIMEOUT_S = 10.0
-_MAX_FETCH = 256
-_FETCH_ROUNDS = 4  # a fetch's share of each queue, again while some had more
-
-
-@dataclass(frozen=True, slots=True)
-class Delivered:
-    """One message a fetch hands out."""
-
-    message: Message
-    size: int
-    epoch: int
-    reconsume_times: int
-    origin_topic: str
-    delivery_count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +110,7 @@ class GroupService:
         self._ready: asyncio.Future[None] | None = None
         self._changed = asyncio.Event()  # acks to commit, leases that moved
         self._source = QueueSource(self.queue_count, self._start_offset)
+        self._fetcher = Fetcher(system_log, self._filter)
 
     # -- the state of this term ----------------------------------------------------------
 
@@ -228,6 +221,7 @@ class GroupService:
         leases = state.heartbeat(member_id, client, subscriptions, settings, claims, _now_ms())
         if state.generation != generation:
             self._changed.set()
+            self._fetcher.poke(group)
         return leases, state.generation
 
     async def leave(self, group: str, member_id: str) -> None:
@@ -236,6 +230,7 @@ class GroupService:
         if state is not None:
             state.leave(member_id, _now_ms())
             self._changed.set()
+            self._fetcher.poke(group)
 
     def _filter(self, kind: str, expression: str) -> MessageFilter:
         key = (kind.upper(), expression)
@@ -250,91 +245,18 @@ class GroupService:
     # -- fetch -----------------------------------------------------------------------
 
     async def fetch(
-        self, group: str, member_id: str, max_messages: int, wait_s: float
-    ) -> tuple[list[Delivered], list[Lease], int]:
+        self, group: str, member_id: str, max_messages: int, wait_s: float,
+        pool: Executor | None = None,
+    ) -> Fetched:  # fmt: skip
         """Messages of the member's queues (waiting up to `wait_s` for some), its leases
-        and the group's generation. StaleLease if it is not a live member."""
-        max_messages = max(1, min(max_messages or 32, _MAX_FETCH))
-        deadline = time.monotonic() + wait_s
-        while True:
-            state = await self._group(group)
-            out: list[Delivered] = []
-            for _round in range(_FETCH_ROUNDS):  # a busy queue gets what idle ones leave
-                got = len(out)
-                for read in state.plan_fetch(member_id, max_messages - len(out), _now_ms()):
-                    out.extend(self._read(state, member_id, read))
-                    if len(out) >= max_messages:
-                        break
-                if len(out) in (got, max_messages):
-                    break
-            remaining = deadline - time.monotonic()
-            if out or remaining <= 0:
-                return out, state.leases_of(member_id), state.generation
-            waits = [asyncio.ensure_future(self._log.next_commit()),
-                     asyncio.ensure_future(self._changed_wait())]  # fmt: skip
-            try:
-                await asyncio.wait(waits, timeout=min(remaining, TICK_INTERVAL_S * 2),
-                                   return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
-            finally:
-                for w in waits:
-                    w.cancel()
-            await self._log.caught_up(SETTLE_TIMEOUT_S)
+        and the group's generation (`group_fetch`); the reads run in `pool` (None: here).
+        StaleLease if it is not a live member."""
+        return await self._fetcher.fetch(lambda: self._group(group), member_id, max_messages,
+                                         wait_s, pool)  # fmt: skip
 
-    async def _changed_wait(self) -> None:
-        await self._changed.wait()
-
-    def _read(self, state: GroupState, member_id: str, read: Read) -> list[Delivered]:
-        """Read what `read` asks, filter it, record it; the deliveries."""
-        low, high = self._log.queue_bounds(read.topic, read.queue_id)
-        start = max(read.start, low)
-        if start > read.start:
-            state.leases[(read.topic, read.queue_id)].skip_below(start)
-        skipped: list[int] = []
-        picked: list[tuple[int, Message, int]] = []
-        for offset in read.redeliver:
-            if offset < low:
-                skipped.append(offset)
-                continue
-            units = self._log.units(read.topic, read.queue_id, offset, 1)
-            if units:
-                picked.append((offset, self._log.message(units[0]), units[0].size))
-        next_offset = start
-        if read.count > 0 and start < high:
-            member = state.members[member_id]
-            flt = None
-            if not read.topic.startswith(RETRY_PREFIX):
-                kind, expression = member.subscriptions.get(read.topic, ("TAG", "*"))
-                flt = self._filter(kind, expression)
-                if flt.accepts_all:
-                    flt = None  # "*": no per-message work
-            for i, unit in enumerate(self._log.units(read.topic, read.queue_id, start,
-                                                     read.count)):  # fmt: skip
-                msg = self._log.message(unit)
-                if flt is None or flt.matches(msg.tags, _filter_props(msg)):
-                    picked.append((start + i, msg, unit.size))
-                else:
-                    skipped.append(start + i)
-                next_offset = start + i + 1
-        elif start > read.start:
-            next_offset = start
-        counts = state.record(member_id, read, [p[0] for p in picked], skipped, next_offset,
-                              _now_ms())  # fmt: skip
-        if counts is None:
-            return []
-        if skipped:
-            self._changed.set()
-        lease = state.leases[(read.topic, read.queue_id)]
-        return [
-            Delivered(
-                msg,
-                size,
-                read.epoch,
-                _reconsume_times(msg, lease, offset),
-                msg.properties.get(PROPERTY_RETRY_TOPIC, msg.topic),
-                n,
-            )
-            for (offset, msg, size), n in zip(picked, counts, strict=True)
-        ]
+    def poke(self, group: str) -> None:
+        """The fetches of `group` that wait plan again (its leases changed)."""
+        self._fetcher.poke(group)
 
     # -- acks and nacks --------------------------------------------------------------
 
@@ -344,20 +266,23 @@ class GroupService:
         """Ack (topic, queue, offset, epoch, end) handles: how many were news."""
         state = await self._group(group)
         acked = 0
-        ends: dict[tuple[str, int], int] = {}  # a queue's end, once per call
         refused: GroupError | None = None
         now = _now_ms()
+        touched: list[tuple[Lease, int]] = []  # and what it had in flight before
         try:
             for topic, queue_id, offset, epoch, end in handles:
-                high = ends.get((topic, queue_id))
-                if high is None:
-                    high = ends[(topic, queue_id)] = self.queue_end(topic, queue_id)
+                lease = state.leases.get((topic, queue_id))
+                if lease is not None:
+                    touched.append((lease, len(lease.in_flight)))
+                high = functools.partial(self.queue_end, topic, queue_id)  # for a refusal
                 try:
                     acked += state.ack(member_id, topic, queue_id, epoch, offset, end, high, now)
                 except GroupError as exc:  # the others still count: the first is reported
                     refused = refused or exc
         finally:
             self._changed.set()
+            if _freed(touched, state.settings.orderly):
+                self._fetcher.poke(group)
         if refused is not None:
             raise refused
         return acked
@@ -382,24 +307,24 @@ class GroupService:
             delay_ms = self._levels[level - 1]
             tries = state.retry_in_place(lease, offset, delay_ms, _now_ms())
             if tries < settings.max_reconsume:
-                self._changed.set()
+                self._moved(group)
                 return NackOutcome("in-place", tries, delay_ms)
             await self._dead_letter(group, msg, units[0].commitlog_offset, tries, "orderly")
             lease.suspended_until_ms = 0
             lease.mark_acked(offset)
-            self._changed.set()
+            self._moved(group)
             return NackOutcome("dead-letter", tries, 0)
-        times = _reconsume_times(msg, lease, offset) + 1
+        times = lease.attempts.get(offset, reconsume_times(msg.properties)) + 1
         if times > settings.max_reconsume:
             await self._dead_letter(group, msg, units[0].commitlog_offset, times - 1, "retries")
             lease.mark_acked(offset)
-            self._changed.set()
+            self._moved(group)
             return NackOutcome("dead-letter", times - 1, 0)
         level = delay_level or min(settings.first_retry_level + times - 1, len(self._levels))
         spec = self._retry_spec(group, msg, units[0].commitlog_offset, times, level)
         await self._log.put([spec], _PUT_TIMEOUT_S)
         lease.mark_acked(offset)
-        self._changed.set()
+        self._moved(group)
         return NackOutcome("retry", times, self._levels[level - 1])
 
     def _retry_spec(
@@ -455,10 +380,15 @@ class GroupService:
         if offset > lease.cursor:
             raise UnknownMessage(f"offset {offset} is past what {topic}/{queue_id} delivered "
                                  f"to group {group!r} ({lease.cursor})")  # fmt: skip
-        for o in range(lease.frontier, offset):
-            lease.mark_acked(o)
-        self._changed.set()
+        if offset > lease.frontier:
+            lease.mark_range(lease.frontier, offset)
+        self._moved(group)
         return True
+
+    def _moved(self, group: str) -> None:
+        """A change to commit, that may give the group's waiting fetches a read."""
+        self._changed.set()
+        self._fetcher.poke(group)
 
     async def state_of(self, group: str) -> GroupState | None:
         states = await self._states()
@@ -469,6 +399,12 @@ class GroupService:
     async def run(self) -> None:
         """While this node leads: expire members and move leases (every TICK_INTERVAL_S),
         commit the acked frontiers (every FLUSH_INTERVAL_S when there are some)."""
+        try:
+            await self._run()
+        finally:
+            self._fetcher.close()
+
+    async def _run(self) -> None:
         last_tick = last_flush = 0.0
         while True:
             try:
@@ -479,13 +415,16 @@ class GroupService:
             self._changed.clear()
             self._led_since_ms()
             if self._term is None or self._log.leading_term() != self._term:
+                if self._fetcher.waiting:
+                    self._fetcher.poke()  # no longer the leader: they answer so
                 continue
             now = time.monotonic()
             if now - last_tick >= TICK_INTERVAL_S:
                 last_tick = now
                 for name, state in list(self._groups.items()):
+                    self._fetcher.seen(state, _now_ms())
                     if state.tick(_now_ms()):
-                        self._changed.set()
+                        self._moved(name)
                     if not state.members and not state.unflushed():
                         del self._groups[name]  # members that come back start afresh
                 await self._dead_letter_poisoned()
@@ -511,7 +450,7 @@ class GroupService:
                     await self._dead_letter(group, msg, units[0].commitlog_offset, times,
                                             "ack-wait")  # fmt: skip
                 lease.mark_acked(offset)
-                self._changed.set()
+                self._moved(group)
 
     async def _flush(self) -> None:
         pending = [(g, t, q, o) for g, s in self._groups.items() for t, q, o in s.unflushed()]
@@ -529,21 +468,12 @@ def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
-def _filter_props(msg: Message) -> dict[str, str]:
-    props = dict(msg.properties)
-    if msg.keys:
-        props[PROPERTY_KEYS] = " ".join(msg.keys)
-    props.pop(PROPERTY_UNIQ_KEY, None)
-    return props
-
-
-def _reconsume_times(msg: Message, lease: Lease, offset: int) -> int:
-    if offset in lease.attempts:
-        return lease.attempts[offset]
-    try:
-        return int(msg.properties.get(PROPERTY_RECONSUME_TIMES, "0"))
-    except ValueError:
-        return 0
+def _freed(touched: list[tuple[Lease, int]], orderly: bool) -> bool:
+    """Whether acks may have given the owner's fetch a read: they ended an orderly run,
+    or freed room in a queue that had its most in flight."""
+    return any((orderly and before and not lease.in_flight)
+               or before >= MAX_IN_FLIGHT_PER_QUEUE > len(lease.in_flight)
+               for lease, before in touched)  # fmt: skip
 
 
 def carried(msg: Message, times: int) -> dict[str, str]:

@@ -123,6 +123,23 @@ class SystemLog:
         """Return at the next commit applied here (a put; a new leader's first entry)."""
         await self._node.wait_for_commit()
 
+    async def next_dispatch(self, timeout_s: float) -> bool:
+        """Wait for the next batch dispatched here (True) or the timeout (False)."""
+        return await self._node.wait_for_dispatch(timeout_s)
+
+    @property
+    def dispatched_pos(self) -> int:
+        """Commit-log position up to which the consume queues are built."""
+        return self._node.dispatched_pos
+
+    def queue_view(self, topic: str, queue_id: int) -> reads.QueueView | None:
+        """A queue's bounds and files now, to read it in another thread (None: no queue)."""
+        return self._node.queue_view(topic, queue_id)
+
+    def log_view(self) -> reads.LogView:
+        """The committed log's bounds and files now, to read it in another thread."""
+        return self._node.log_view()
+
     async def caught_up(self, timeout_s: float) -> None:
         """Wait until dispatch covers everything committed now (our own last puts too)."""
         node = self._node

@@ -17,7 +17,9 @@ from typing import TypeVar
 
 import grpc
 
+from dledger_commitlog.common.protocol import origin_topic, reconsume_times
 from dledger_commitlog.log.commitlog import OutcomeUnknown, Overloaded, PutFailed
+from dledger_commitlog.messaging.group_fetch import Delivered
 from dledger_commitlog.messaging.group_state import (
     DEFAULT_ACK_WAIT_MS,
     DEFAULT_FIRST_RETRY_LEVEL,
@@ -34,7 +36,7 @@ from dledger_commitlog.service.base import Context, ServiceBase, stored_message_
 from proto import dledger_pb2 as pb
 from raft import NotLeader
 from store.errors import InvalidMessage
-from store.message import check_name
+from store.message import check_name, decode_message
 
 _T = TypeVar("_T")
 _MAX_WAIT_MS = 30_000
@@ -101,24 +103,16 @@ class GroupRpcs(ServiceBase):
         r = request
         await self._allow(context, "GroupFetch", lambda a: require_group(a, r.group))
         wait_s = min(max(r.wait_ms, 0), _MAX_WAIT_MS, int(self._timeout(context) * 1000)) / 1000
-        out, leases, generation = await self._run(
-            context, "fetch", self.services.groups.fetch(r.group, r.member_id, r.max_messages,
-                                                         wait_s),
-        )  # fmt: skip
-        return pb.GroupFetchResponse(
-            deliveries=[
-                pb.Delivery(
-                    message=stored_message_pb(d.message, d.size),
-                    epoch=d.epoch,
-                    reconsume_times=d.reconsume_times,
-                    origin_topic=d.origin_topic,
-                    delivery_count=d.delivery_count,
-                )
-                for d in out
-            ],
-            queues=_leases_pb(leases),
-            generation=generation,
-        )
+        fetch = self.services.groups.fetch(r.group, r.member_id, r.max_messages, wait_s,
+                                           self._reads)  # fmt: skip
+        fetched = await self._run(context, "fetch", fetch)
+        reply = pb.GroupFetchResponse(queues=_leases_pb(fetched.leases),
+                                      generation=fetched.generation)  # fmt: skip
+        if r.runs:
+            reply.runs.extend(map(_run_pb, fetched.runs))
+        elif fetched.runs:  # a client that knows only Delivery: decoded here, off the loop
+            reply.deliveries.extend(await self._in_thread(_deliveries_pb, fetched.runs))
+        return reply
 
     async def GroupAck(self, request: pb.GroupAckRequest, context: Context) -> pb.GroupAckResponse:
         r = request
@@ -251,6 +245,27 @@ def group_rights(account: Account, group: str, topics: Sequence[str]) -> None:
     """The rights a group call needs: the group's, and SUB on the topics it touches."""
     require_group(account, group)
     require_topics(account, list(topics), Perm.SUB)
+
+
+def _run_pb(d: Delivered) -> pb.DeliveryRun:
+    return pb.DeliveryRun(topic=d.topic, queue_id=d.queue_id, epoch=d.epoch,
+                          messages=b"".join(d.messages), delivery_counts=d.counts,
+                          reconsume_times=d.retries)  # fmt: skip
+
+
+def _deliveries_pb(runs: list[Delivered]) -> list[pb.Delivery]:
+    """The runs a fetch delivered, one Delivery per message (every field decoded)."""
+    out = []
+    for d in runs:
+        retries = d.retries or [-1] * len(d.messages)
+        for raw, count, retried in zip(d.messages, d.counts, retries, strict=True):
+            msg = decode_message(raw, verify_crc=False)  # checked against its entry
+            out.append(pb.Delivery(
+                message=stored_message_pb(msg, len(raw)), epoch=d.epoch,
+                reconsume_times=retried if retried >= 0 else reconsume_times(msg.properties),
+                origin_topic=origin_topic(msg.topic, msg.properties), delivery_count=count,
+            ))  # fmt: skip
+    return out
 
 
 def _leases_pb(leases: list[Lease]) -> list[pb.QueueLease]:
