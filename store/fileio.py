@@ -2,6 +2,8 @@
 
 `write_atomically` leaves either the old or the new content at `path`, never a
 mix, and returns only once the new content and its directory entry are on disk.
+`same_contents` compares two (sparse, preallocated) files reading only where
+either holds data.
 """
 
 from __future__ import annotations
@@ -58,6 +60,44 @@ def write_atomically(path: str | os.PathLike[str], data: bytes, mode: int = 0o64
         os.close(fd)
     os.replace(tmp, p)
     fsync_dir(p.parent)
+
+
+_COMPARE_CHUNK = 1 << 20
+
+
+def _data_at(fd: int, pos: int, size: int) -> int:
+    """Where the next data at or after `pos` starts (`size`: only a hole is left)."""
+    try:
+        return os.lseek(fd, pos, os.SEEK_DATA)
+    except OSError:  # ENXIO: no data after pos
+        return size
+
+
+def same_contents(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two files hold the same bytes. A hole reads as zeros, so only the
+    extents where either file holds data are read and compared (a 420 MB index file
+    with a few pages written costs a few reads, not 420 MB of them)."""
+    size = os.path.getsize(a)
+    if os.path.getsize(b) != size:
+        return False
+    fa, fb = os.open(a, os.O_RDONLY), os.open(b, os.O_RDONLY)
+    try:
+        pos = 0
+        while pos < size:
+            start = min(_data_at(fa, pos, size), _data_at(fb, pos, size))
+            if start >= size:
+                return True
+            end = max(os.lseek(fa, start, os.SEEK_HOLE), os.lseek(fb, start, os.SEEK_HOLE))
+            while start < end:
+                n = min(_COMPARE_CHUNK, end - start)
+                if os.pread(fa, n, start) != os.pread(fb, n, start):
+                    return False
+                start += n
+            pos = end
+        return True
+    finally:
+        os.close(fa)
+        os.close(fb)
 
 
 class DirectoryLock:

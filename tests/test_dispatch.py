@@ -365,6 +365,15 @@ def test_verify_passes_then_finds_damage(log: LocalLog, capsys: pytest.CaptureFi
     assert cli_main(["verify", "--data-dir", str(log.root), "--no-progress"]) == 1
     assert "problems" in capsys.readouterr().out
     assert cli_main(["verify", "--data-dir", str(log.root / "nope")]) == 2
+    qfile.write_bytes(bytes(raw[:7]) + bytes([raw[7] ^ 0x10]) + bytes(raw[8:]))  # mended
+    assert verify_store(log.root).ok
+    # A byte of the (sparse) index file, far past what it holds:
+    index = sorted((log.root / "index").iterdir())[-1]
+    with open(index, "r+b") as f:
+        f.seek(index.stat().st_size - 100)
+        f.write(b"\x01")
+    report = verify_store(log.root)
+    assert report.problems == [f"index file {index.name} differs from a rebuild"]
 
 
 def test_a_new_leadership_assigns_queue_offsets_after_the_committed_ones(tmp_path: Path) -> None:

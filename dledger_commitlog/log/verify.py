@@ -19,7 +19,6 @@ sizes) come from `layout.json`, which every node writes at start.
 
 from __future__ import annotations
 
-import filecmp
 import json
 import shutil
 import sys
@@ -38,7 +37,7 @@ from store.checkpoint import read_checkpoint
 from store.consume_queue import ConsumeQueue, discover_queues
 from store.entry_format import chain_crc
 from store.errors import CorruptEntry
-from store.fileio import write_atomically
+from store.fileio import same_contents, write_atomically
 
 LAYOUT_FILE = "layout.json"
 Progress = Callable[[int, int, str], None]
@@ -218,7 +217,7 @@ def _verify_dispatch(root: Path, layout: dict[str, int], report: VerifyReport) -
         else:
             for name in want_index:
                 report.index_files_checked += 1
-                if not filecmp.cmp(root / "index" / name, Path(tmp) / "index" / name, False):
+                if not same_contents(root / "index" / name, Path(tmp) / "index" / name):
                     report.problems.append(f"index file {name} differs from a rebuild")
         for cq in rebuilt.queues.values():
             cq.close()
