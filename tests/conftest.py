@@ -225,6 +225,7 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[PORTS_ENV] = f"{first}-{first + share - 1}"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which turns the marks into the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`--dist loadgroup`), tests that share one of our fixtures
     wider than a test (a module's cluster, a PKI, the Spark session) run on one
