@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import uuid
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow.parquet as pq
 import pytest
@@ -22,6 +23,7 @@ from store.message import decode_message
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.slow
+T = TypeVar("T")
 assert analytics.commands
 
 
@@ -37,14 +39,25 @@ def put(client: Client, topic: str, count: int, start: int = 0) -> list[Any]:
     return client.put_batch(specs)
 
 
+def answered(call: Callable[[], T]) -> T | SourceError:
+    """What `call` gives, or the SourceError of a replica that does not answer yet (one
+    restarted just now): an observation for `wait_until` that is not ok."""
+    try:
+        return call()
+    except SourceError as exc:
+        return exc
+
+
 def dispatched_everywhere(cluster: LocalCluster, topic: str, count: int) -> None:
     """Every replica serves all `count` messages of `topic` (they are committed and dispatched)."""
     for spec in cluster:
         store = ServerStore([spec.client], timeout_s=5)
         try:
             wait_until(
-                lambda store=store: sum(q.max_offset for q in store.queues(topic)),  # type: ignore[misc]
-                20,
+                lambda store=store: answered(  # type: ignore[misc]
+                    lambda: sum(q.max_offset for q in store.queues(topic))
+                ),
+                30,
                 f"{spec.client} to dispatch {count} messages of {topic}",
                 ok=lambda n: n == count,
             )
@@ -58,12 +71,14 @@ def offsets_everywhere(cluster: LocalCluster, group: str, topic: str, want: dict
         store = ServerStore([spec.client], timeout_s=5)
         try:
             wait_until(
-                lambda store=store: {  # type: ignore[misc]
-                    g.queue_id: g.offset for g in store.group_offsets(group, topic)
-                },
-                20,
+                lambda store=store: answered(  # type: ignore[misc]
+                    lambda: {g.queue_id: g.offset for g in store.group_offsets(group, topic)}
+                ),
+                30,
                 f"{spec.client} to dispatch the offsets {want} of {group}",
-                ok=lambda got: all(got.get(q) == o for q, o in want.items()),
+                ok=lambda got: (
+                    isinstance(got, dict) and all(got.get(q) == o for q, o in want.items())
+                ),
             )
         finally:
             store.close()
