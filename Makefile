@@ -36,7 +36,7 @@ typecheck: $(STAMP)
 PYTEST_WORKERS ?= 3
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not serial"
-	$(BIN)/python -m pytest -m serial
+	$(BIN)/python -m pytest -m serial $$(grep -l "mark.serial" tests/test_*.py)
 
 test: lint typecheck pytest
 

@@ -27,7 +27,7 @@ from chaos.scenarios import SCENARIOS
 
 pytestmark = pytest.mark.slow
 
-DURATION_S = float(os.environ.get("DLEDGER_CHAOS_DURATION", "8"))
+DURATION_S = float(os.environ.get("DLEDGER_CHAOS_DURATION", "5"))
 FIXED_SEED = os.environ.get("DLEDGER_TEST_SEED")
 
 
