@@ -145,7 +145,8 @@ async def batched(
 
 async def produce(args: argparse.Namespace) -> dict[str, Any]:
     count_frames()
-    async with AsyncClient(args.servers.split(",")) as client:
+    linger = {} if args.linger_ms is None else {"linger_ms": args.linger_ms}
+    async with AsyncClient(args.servers.split(","), **linger) as client:
         await client.put(f"{args.topic}-prime", PAD)
         print(json.dumps({"ready": os.getpid()}), flush=True)
         start = float(await asyncio.to_thread(sys.stdin.readline))
@@ -190,6 +191,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=0.0)
     ap.add_argument("--count", type=int, default=0)
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--linger-ms", type=float, default=None)
     args = ap.parse_args()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the orchestrator ends us
     print(json.dumps({"result": asyncio.run(produce(args))}), flush=True)

@@ -40,8 +40,9 @@ last. Targets: one consumer drains >= 2x as fast as the batched puts arrived,
 with <= 15 us of leader CPU per message.
 
 Every case checks that each acknowledged put was handled by the group (missing,
-duplicates). The client's frame linger (PutPipe's linger_s, 1 ms) has no public
-setting on AsyncClient, so there is no --linger-ms.
+duplicates). `--linger-ms` is the producers' AsyncClient(linger_ms=...): how long a
+put waits for more to share its frame while earlier ones are unanswered (default
+the client's, 1 ms).
 
 Run: `.venv/bin/python bench/e2e.py [--seconds 10] [--rates 250,500,1000,2000]
 [--backlog 200000] [--inflight 32] [--producers 1] [--skip closed,paced,drain1,drain3]
@@ -291,9 +292,14 @@ def failure_rows(results: Sequence[Result]) -> list[Row]:
 # -- (i) closed loop ----------------------------------------------------------------------
 
 
+def linger(args: argparse.Namespace) -> dict[str, float]:
+    """The producers' linger option, when one is given."""
+    return {} if args.linger_ms is None else {"linger-ms": args.linger_ms}
+
+
 def closed_loop(cl: LocalCluster, args: argparse.Namespace) -> tuple[list[Row], dict[str, float]]:
     common = {"producers": args.producers, "warmup": args.warmup, "seconds": args.seconds,
-              "inflight": args.inflight}  # fmt: skip
+              "inflight": args.inflight, **linger(args)}  # fmt: skip
     po_case = run_load(cl, "closed-po", "closed", consumers=0, **common)
     case = run_load(cl, "closed", "closed", consumers=1, **common)
     po = load_metrics("closed_produce_only", po_case)
@@ -335,7 +341,7 @@ def paced(
     for label, rate in sorted(rates, key=lambda lr: lr[1]):
         p = f"paced{label}"
         case = run_load(cl, p, "paced", consumers=1, producers=1, warmup=args.warmup,
-                         seconds=args.seconds, rate=rate)  # fmt: skip
+                         seconds=args.seconds, rate=rate, **linger(args))  # fmt: skip
         m |= load_metrics(p, case) | {f"{p}_rate": rate}
         m[f"{p}_server_cpu_us_per_msg"] = sum(
             m[f"{p}_{r}_cpu_us_per_msg"] for r in ("leader", "follower1", "follower2")
@@ -509,6 +515,8 @@ def main() -> None:
     ap.add_argument("--inflight", type=int, default=32, help="closed loop: puts in flight each")
     ap.add_argument("--producers", type=int, default=1, help="closed loop: producer processes")
     ap.add_argument("--batch-inflight", type=int, default=4, help="backlog: PutBatch in flight")
+    ap.add_argument("--linger-ms", type=float, default=None,
+                    help="the producers' AsyncClient linger_ms (default: the client's)")
     ap.add_argument("--skip", default="", help="cases to skip: closed,paced,drain1,drain3")
     ap.add_argument("--quick", action="store_true",
                     help="3 s per case (1 s warm-up), backlog 20,000, rates 250,1000")  # fmt: skip
