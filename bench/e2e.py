@@ -515,8 +515,12 @@ def main() -> None:
     ap.add_argument("--inflight", type=int, default=32, help="closed loop: puts in flight each")
     ap.add_argument("--producers", type=int, default=1, help="closed loop: producer processes")
     ap.add_argument("--batch-inflight", type=int, default=4, help="backlog: PutBatch in flight")
-    ap.add_argument("--linger-ms", type=float, default=None,
-                    help="the producers' AsyncClient linger_ms (default: the client's)")
+    ap.add_argument(
+        "--linger-ms",
+        type=float,
+        default=None,
+        help="the producers' AsyncClient linger_ms (default: the client's)",
+    )
     ap.add_argument("--skip", default="", help="cases to skip: closed,paced,drain1,drain3")
     ap.add_argument("--quick", action="store_true",
                     help="3 s per case (1 s warm-up), backlog 20,000, rates 250,1000")  # fmt: skip
