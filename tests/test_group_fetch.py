@@ -23,12 +23,10 @@ from dledger_commitlog.client.values import stored_message
 from dledger_commitlog.messaging import group_fetch
 from dledger_commitlog.messaging.group_state import GroupState, Settings
 from dledger_commitlog.messaging.groups import GroupService
-from dledger_commitlog.messaging.services import LeaderServices
-from dledger_commitlog.node.config import NodeConfig, Peer
-from dledger_commitlog.node.metrics import NodeMetrics
 from dledger_commitlog.node.node import RaftNode
 from dledger_commitlog.service.client_service import ClientService
 from proto import dledger_pb2 as pb
+from tests.lone_node import lone_config, lone_leader
 
 QUEUES = 4
 ALL = {"T": ("TAG", "*")}
@@ -64,30 +62,13 @@ Body = Callable[[RaftNode, GroupService, ClientService], Awaitable[None]]
 
 def run_node(tmp_path: Path, body: Body) -> None:
     async def main() -> None:
-        cfg = NodeConfig(
-            node_id=1, data_dir=str(tmp_path / "n1"), flush_mode="sync",
-            peers=(Peer(1, "127.0.0.1:1", "127.0.0.1:2"),), tick_ms=10, election_ticks=3,
-            heartbeat_ticks=1, data_segment_bytes=8 << 20, index_segment_bytes=32 * 4096,
-            cq_units_per_file=64, index_slots=64, index_entries=256, queues_per_topic=QUEUES,
-            group_session_timeout_ms=600,
-        )  # fmt: skip
-        metrics = NodeMetrics(cfg.node_id)
-        node = RaftNode(cfg, metrics)
-        services = LeaderServices(node, cfg, metrics)
-        service = ClientService(cfg, node, services, metrics=metrics)
-        await node.start()
-        services.start()
-        try:
-            async with asyncio.timeout(10):
-                for _ in range(1000):  # a lone voter elects itself within a few ticks
-                    if node.is_leader():
-                        break
-                    await asyncio.sleep(0.01)
-            await body(node, services.groups, service)
-        finally:
-            await service.close()
-            await services.close()
-            await node.close()
+        cfg = lone_config(tmp_path, queues_per_topic=QUEUES, group_session_timeout_ms=600)
+        async with lone_leader(cfg) as (node, services, metrics):
+            service = ClientService(cfg, node, services, metrics=metrics)
+            try:
+                await body(node, services.groups, service)
+            finally:
+                await service.close()
 
     asyncio.run(main())
 

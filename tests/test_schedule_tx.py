@@ -40,44 +40,25 @@ from dledger_commitlog.messaging.transactions import (
     UnknownTransaction,
     half_properties,
 )
-from dledger_commitlog.node.config import NodeConfig, Peer, parse_levels
-from dledger_commitlog.node.metrics import NodeMetrics
+from dledger_commitlog.node.config import NodeConfig, parse_levels
 from dledger_commitlog.node.node import RaftNode
 from store.errors import InvalidMessage
 from store.message import Message
+from tests.lone_node import lone_config, lone_leader
 
 HOUR_MS = 3_600_000
 LEVELS = "1h 2h"
 
 
 def _config(root: Path) -> NodeConfig:
-    return NodeConfig(
-        node_id=1, data_dir=str(root / "n1"), flush_mode="sync",
-        peers=(Peer(1, "127.0.0.1:1", "127.0.0.1:2"),), tick_ms=10, election_ticks=3,
-        heartbeat_ticks=1, data_segment_bytes=8 << 20, index_segment_bytes=32 * 4096,
-        cq_units_per_file=64, index_slots=64, index_entries=256, delay_levels=LEVELS,
-        check_timeout_ms=10 * HOUR_MS, check_interval_ms=HOUR_MS,
-    )  # fmt: skip
+    return lone_config(root, delay_levels=LEVELS, check_timeout_ms=10 * HOUR_MS,
+                       check_interval_ms=HOUR_MS)  # fmt: skip
 
 
 def run_node(tmp_path: Path, body: Callable[[RaftNode, LeaderServices], Awaitable[None]]) -> None:
     async def main() -> None:
-        cfg = _config(tmp_path)
-        metrics = NodeMetrics(cfg.node_id)
-        node = RaftNode(cfg, metrics)
-        services = LeaderServices(node, cfg, metrics)
-        await node.start()
-        services.start()
-        try:
-            async with asyncio.timeout(10):
-                for _ in range(1000):  # a lone voter elects itself within a few ticks
-                    if node.is_leader():
-                        break
-                    await asyncio.sleep(0.01)
+        async with lone_leader(_config(tmp_path)) as (node, services, _metrics):
             await body(node, services)
-        finally:
-            await services.close()
-            await node.close()
 
     asyncio.run(main())
 
