@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from functools import partial
@@ -91,6 +92,26 @@ def test_many_frames_in_flight_on_one_stream(cluster: LocalCluster) -> None:
     offsets = [o.result.commitlog_offset for a in answers for o in a.outcomes]
     assert all(o.code == OK for a in answers for o in a.outcomes)
     assert len(set(offsets)) == 400
+
+
+def test_a_lingering_put_leaves_when_the_frames_before_it_are_answered(
+    cluster: LocalCluster,
+) -> None:
+    """The linger bounds the wait for more; a put waits no longer than the answers to
+    the frames before it (a linger of 30 s would otherwise hold the second put 30 s)."""
+    servers = [s.client for s in cluster]
+
+    async def two_puts() -> tuple[float, int]:
+        async with AsyncClient(servers, timeout_s=20.0, linger_ms=30_000) as c:
+            await c.put("linger", b"warm")  # the pipe is open, the leader known
+            started = time.monotonic()
+            first = asyncio.ensure_future(c.put("linger", b"first"))
+            await asyncio.sleep(0)  # `first` leaves at the end of this pass
+            await asyncio.gather(first, c.put("linger", b"second"))
+            return time.monotonic() - started, len(c._pipes)
+
+    took, pipes = asyncio.run(two_puts())
+    assert pipes == 1 and took < 15, f"the second put lingered {took:.1f}s"
 
 
 def test_clients_coalesce_concurrent_puts_and_survive_a_leader_change(

@@ -5,8 +5,10 @@ over HTTP/2 parsed in the loop's own read callback: a frame's answer resolves it
 callers' futures where it is read, with no thread or task between). Callers hand it
 a message each (`put`); the messages of one loop pass leave as one frame (at most
 `max_messages` / `max_bytes`) at the end of that pass, and while earlier frames are
-still unanswered the pipe lingers `linger_s` for more (a lone sequential caller
-never waits; `linger_s=0` never lingers). At most `max_in_flight` messages wait in
+still unanswered the pipe lingers for more, until they are all answered or
+`linger_s` has passed, whichever comes first (Nagle's rule with a bound: a lone
+sequential caller never waits, and what arrives while the server is busy goes
+out as one frame; `linger_s=0` never lingers). At most `max_in_flight` messages wait in
 the pipe or unanswered at the server; more callers wait for room, so a client that
 puts faster than the cluster commits backs up in its own loop, where each caller's
 deadline still applies, rather than in the server's queue.
@@ -204,6 +206,9 @@ class PutPipe:
             else:
                 fut.set_exception(PipeFailure(status_name(outcome.code), outcome.error, leader))
         self._left(len(futures))
+        if not self._unanswered and self._flush_due is not None:
+            self._flush_due.cancel()  # nothing is unanswered now: what lingers goes at once
+            self._flush()
 
     def _left(self, count: int) -> None:
         """`count` messages are no longer in the pipe: room for waiting callers."""
