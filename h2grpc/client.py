@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from h2grpc import frames as f
-from h2grpc.connection import KEEPALIVE_S, Connection, ConnectionLost, Stream, StreamReset
+from h2grpc.connection import Connection
+from h2grpc.stream import KEEPALIVE_S, ConnectionLost, Stream, StreamReset
 
 
 class ClientConnection(Connection):

@@ -26,13 +26,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from h2grpc import frames as f
-from h2grpc.connection import (
-    KEEPALIVE_S,
-    Connection,
-    MessageRefused,
-    ProtocolError,
-    Stream,
-)
+from h2grpc.connection import Connection
+from h2grpc.stream import KEEPALIVE_S, MessageRefused, ProtocolError, Stream
 
 log = logging.getLogger(__name__)
 

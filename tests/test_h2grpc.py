@@ -27,6 +27,7 @@ import h2grpc
 from dledger_commitlog.cli.certs import make_dev_pki
 from h2grpc import connection as h2conn
 from h2grpc import frames as f
+from h2grpc import stream as h2stream
 from raft.peer_auth import TlsIdentity, peercert_node
 
 TIMEOUT_S = 10.0
@@ -261,7 +262,7 @@ def _frames_of(data: bytes) -> list[tuple[int, int, int, bytes]]:
         ("no preface", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\0" * 9, f.PROTOCOL_ERROR),
         (
             "oversized frame",
-            f.PREFACE + f.frame_header(h2conn.MAX_FRAME + 1, f.DATA, 0, 1),
+            f.PREFACE + f.frame_header(h2stream.MAX_FRAME + 1, f.DATA, 0, 1),
             f.FRAME_SIZE_ERROR,
         ),
         (
@@ -346,7 +347,7 @@ def test_a_reader_that_does_not_read_stops_its_sender() -> None:
                             stream.send_message(b"x" * (256 << 10))
                             sent += 256 << 10
                             await stream.drain()
-                assert h2conn.STREAM_WINDOW <= sent <= 3 * h2conn.STREAM_WINDOW + (1 << 20)
+                assert h2stream.STREAM_WINDOW <= sent <= 3 * h2stream.STREAM_WINDOW + (1 << 20)
                 queued = calls[0].stream
                 taken = 0
                 while queued.messages:  # reading opens the window again: more flows
@@ -354,7 +355,7 @@ def test_a_reader_that_does_not_read_stops_its_sender() -> None:
                 async with asyncio.timeout(5):
                     stream.send_message(b"y" * (256 << 10))
                     await stream.drain()
-                assert taken >= h2conn.STREAM_WINDOW
+                assert taken >= h2stream.STREAM_WINDOW
             finally:
                 conn.close()
 
@@ -370,7 +371,7 @@ def test_a_message_past_the_limit_is_resource_exhausted(monkeypatch: pytest.Monk
             try:
                 stream = conn.open("/t.Echo/Unary", timeout_s=TIMEOUT_S)
                 # only the prefix: a length past the limit is refused before its bytes
-                stream.send_data(f.MESSAGE_PREFIX.pack(0, h2conn.MAX_MESSAGE_BYTES + 1))
+                stream.send_data(f.MESSAGE_PREFIX.pack(0, h2stream.MAX_MESSAGE_BYTES + 1))
                 await stream.wait_closed()
                 answer = h2grpc.Answer.of(stream)
                 assert answer is not None and answer.code_name == "RESOURCE_EXHAUSTED"

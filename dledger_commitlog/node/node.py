@@ -8,7 +8,8 @@ side services (`messaging/`) use only these:
 - leadership: `node_id`, `term`, `leader_id`, `is_leader`, `leader_client_address`, `leading_term`,
   `read_index` (ReadIndex: a quorum-confirmed read position), `transfer_leadership`;
 - writes: `write_refusal`, `prepare` (validate and encode), `put` (propose and
-  wait for the commit; the commit log batches concurrent puts);
+  wait for the commit; the commit log batches concurrent puts), `submit` (the same,
+  answered through a future, for callers that answer from a callback);
 - the committed log: `committed_pos`, `min_offset`, `get_by_offset`,
   `read_message`, `read_range`, `log_view` (bounds for reads in a thread);
 - consume queues and groups: `dispatched_pos`, `queue_view`, `queue_units`, `queue_offsets`,
@@ -85,9 +86,8 @@ from store.message import is_message, max_encoded_size
 from store.retention_policy import RetentionPolicy
 
 log = logging.getLogger(__name__)
-# How long a leader holds a commit-only notice for a follower (raft/driver.py): the next
-# append of any writer above 50 puts/s carries the commit sooner, so a follower is woken
-# once per put, not twice; below that rate a follower's reads trail by at most this.
+# How long a leader holds a commit-only notice (raft/driver.py): above 50 puts/s the next
+# append carries the commit sooner; below that a follower's reads trail by at most this.
 COMMIT_LINGER_S = 0.02
 
 
@@ -457,9 +457,7 @@ class RaftNode:
     def submit(
         self, specs: Sequence[PutSpec], timeout_s: float, done: asyncio.Future[list[PutResult]]
     ) -> None:
-        """`put` without a coroutine: `done` gets the results (or NotLeader, PutFailed,
-        OutcomeUnknown after `timeout_s`); Overloaded is raised at once. For callers that
-        answer from a callback (the framed puts), so that no task waits per put."""
+        """`put` answered through `done`, no task per put (Overloaded raised at once)."""
         self.commitlog.submit(specs, timeout_s, done)
 
     # -- the facade: the committed log -------------------------------------------------
@@ -539,8 +537,7 @@ class RaftNode:
 
     async def wait_for_commit(self) -> None:
         """Return at the next commit applied here."""
-        cl = self.commitlog
-        await next_call(cl.add_commit_listener, cl.remove_commit_listener)
+        await next_call(self.commitlog.add_commit_listener, self.commitlog.remove_commit_listener)
 
     # -- the facade: operations --------------------------------------------------------
 

@@ -37,7 +37,7 @@ import h2grpc
 from dledger_commitlog.node.config import NodeConfig
 from dledger_commitlog.service.base import Context, Metadata
 from dledger_commitlog.service.decoding import Services, checked_handlers
-from h2grpc.connection import MAX_MESSAGE_BYTES
+from h2grpc.stream import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
