@@ -8,6 +8,7 @@ either holds data.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from pathlib import Path
@@ -69,7 +70,9 @@ def _data_at(fd: int, pos: int, size: int) -> int:
     """Where the next data at or after `pos` starts (`size`: only a hole is left)."""
     try:
         return os.lseek(fd, pos, os.SEEK_DATA)
-    except OSError:  # ENXIO: no data after pos
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # anything but "no data after pos" is an error
+            raise
         return size
 
 
