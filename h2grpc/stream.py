@@ -13,12 +13,9 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from h2grpc import frames as f
-
-if TYPE_CHECKING:
-    from h2grpc.connection import Connection
 
 STREAM_WINDOW = 4 << 20
 CONN_WINDOW = 16 << 20
@@ -55,6 +52,23 @@ class ProtocolError(Exception):
     def __init__(self, code: int, why: str) -> None:
         super().__init__(why)
         self.code = code
+
+
+class Connection(Protocol):
+    """What a stream uses of its connection (`connection.Connection` is the one)."""
+
+    streams: dict[int, Stream]
+    blocked: dict[int, Stream]  # streams whose bytes wait for a window
+    peer_initial_window: int
+    peer_max_frame: int
+    send_window: int
+    max_message_bytes: int
+    paused: bool
+
+    def write(self, data: bytes) -> None: ...
+    def header_frames(self, sid: int, block: bytes, end_stream: bool) -> bytes: ...
+    def forget(self, stream: Stream, error: BaseException | None) -> None: ...
+    async def writable(self, stream: Stream) -> None: ...
 
 
 class Stream:
