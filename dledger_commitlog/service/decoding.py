@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import grpc
+from google.protobuf import descriptor_pool
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 
@@ -63,7 +64,10 @@ def checked_handlers(services: Services) -> list[tuple[str, dict[str, Any]]]:
     out = []
     for add, servicer in services:
         service, handlers = handler_table(add, servicer)
-        out.append((service, {name: _checked(h) for name, h in handlers.items()}))
+        methods = descriptor_pool.Default().FindServiceByName(service).methods_by_name
+        out.append(
+            (service, {name: _checked(h, methods[name].input_type) for name, h in handlers.items()})
+        )
     return out
 
 
@@ -90,10 +94,11 @@ class _Table:
         self.service, self.handlers = service, dict(handlers)
 
 
-def _checked(handler: Any) -> Any:
-    """`handler` (a grpc.RpcMethodHandler) with the request deserializer and the
-    behavior wrapped (see the module doc); as it is if the behavior is not async (gRPC
-    runs those in its thread pool: grpc_health's unimplemented List)."""
+def _checked(handler: Any, desc: Descriptor) -> Any:
+    """`handler` (a grpc.RpcMethodHandler, its requests `desc` messages) with the
+    request deserializer and the behavior wrapped (see the module doc); as it is if the
+    behavior is not async (gRPC runs those in its thread pool: grpc_health's
+    unimplemented List)."""
     if handler.request_streaming:
         kind = "stream_stream" if handler.response_streaming else "stream_unary"
     else:
@@ -102,7 +107,6 @@ def _checked(handler: Any) -> Any:
     if not (inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)):
         return handler
     parse = handler.request_deserializer
-    desc: Descriptor = parse.__self__.DESCRIPTOR  # generated code passes Message.FromString
 
     def deserialize(raw: bytes) -> Any:
         try:
