@@ -39,11 +39,11 @@ def _configure(p: argparse.ArgumentParser) -> None:
          _configure)  # fmt: skip
 def _chaos(args: argparse.Namespace) -> int:
     from chaos.runner import ChaosConfig, run
-    from chaos.scenarios import SCENARIOS
+    from chaos.scenarios import KINDS, SCENARIOS
 
     if args.scenario == "list":
-        rows = [(n, d) for n, (_, d) in SCENARIOS.items()]
-        emit(args, dict(rows), table(("scenario", "what it does"), rows))
+        rows = [(n, KINDS[n], d) for n, (_, d) in SCENARIOS.items()]
+        emit(args, {n: d for n, _, d in rows}, table(("scenario", "fault", "what it does"), rows))
         return 0
     cfg = ChaosConfig(
         args.scenario,

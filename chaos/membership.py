@@ -219,7 +219,11 @@ def kill_leader_while(n: Nemesis, what: str, step: Callable[[], None], target: i
 # ------------------------------------------------------------------ the scenarios
 
 
-@scenario("grow-shrink", "3 -> 5 -> 3 under load, the leader killed in the middle of each change")
+@scenario(
+    "grow-shrink",
+    "3 -> 5 -> 3 under load, the leader killed in the middle of each change",
+    "membership",
+)
 def grow_shrink(n: Nemesis) -> None:
     while n.running() and spares_left(n) >= 2:
         for _ in range(2):
@@ -240,7 +244,11 @@ def grow_shrink(n: Nemesis) -> None:
         n.pause_for(0.3, 1.0)
 
 
-@scenario("remove-leader", "remove the leader under load (it hands over), then add a node back")
+@scenario(
+    "remove-leader",
+    "remove the leader under load (it hands over), then add a node back",
+    "membership",
+)
 def remove_leader(n: Nemesis) -> None:
     while n.running() and spares_left(n) >= 1:
         old = n.leader()
@@ -256,7 +264,9 @@ def remove_leader(n: Nemesis) -> None:
         n.pause_for(0.3, 1.0)
 
 
-@scenario("replace-wiped", "a follower's disk dies: remove it, add a new node with a new id")
+@scenario(
+    "replace-wiped", "a follower's disk dies: remove it, add a new node with a new id", "membership"
+)
 def replace_wiped(n: Nemesis) -> None:
     while n.running() and spares_left(n) >= 1:
         leader = n.leader()
@@ -274,7 +284,7 @@ def replace_wiped(n: Nemesis) -> None:
 
 
 @scenario("partition-joiner", "the node being added is cut off while it catches up and while "
-          "its promotion is asked")  # fmt: skip
+          "its promotion is asked", "membership")  # fmt: skip
 def partition_joiner(n: Nemesis) -> None:
     while n.running() and spares_left(n) >= 1:
         spec = start_joiner(n)

@@ -173,18 +173,25 @@ class Nemesis:
 
 Scenario = Callable[[Nemesis], None]
 SCENARIOS: dict[str, tuple[Scenario, str]] = {}
+KINDS: dict[str, str] = {}  # scenario -> the kind of fault it injects
 ASYNC_SCENARIOS = {"power-loss"}  # scenarios whose cluster runs with flush_mode async
 
 
-def scenario(name: str, doc: str) -> Callable[[Scenario], Scenario]:
+def scenario(name: str, doc: str, kind: str) -> Callable[[Scenario], Scenario]:
+    """Register a scenario; `kind` names its fault (scenarios of one kind differ in
+    where and when it strikes). The first of each kind is that kind's representative."""
+
     def register(fn: Scenario) -> Scenario:
         SCENARIOS[name] = (fn, doc)
+        KINDS[name] = kind
         return fn
 
     return register
 
 
-@scenario("leader-kill", "kill -9 the leader, restart it once a new leader serves; repeat")
+@scenario(
+    "leader-kill", "kill -9 the leader, restart it once a new leader serves; repeat", "process kill"
+)
 def leader_kill(n: Nemesis) -> None:
     while n.running():
         old = n.leader()
@@ -196,7 +203,9 @@ def leader_kill(n: Nemesis) -> None:
         n.pause_for(0.5, 1.5)
 
 
-@scenario("leader-isolate", "cut the leader off from every follower; it must step down")
+@scenario(
+    "leader-isolate", "cut the leader off from every follower; it must step down", "partition"
+)
 def leader_isolate(n: Nemesis) -> None:
     while n.running():
         old = n.leader()
@@ -224,7 +233,7 @@ def _wait_stepped_down(n: Nemesis, node: int) -> None:
         time.sleep(0.05)
 
 
-@scenario("partition-minority", "the leader lands in a minority; the majority elects")
+@scenario("partition-minority", "the leader lands in a minority; the majority elects", "partition")
 def partition_minority(n: Nemesis) -> None:
     while n.running():
         old = n.leader()
@@ -240,7 +249,9 @@ def partition_minority(n: Nemesis) -> None:
         n.pause_for(0.5, 1.5)
 
 
-@scenario("partition-majority", "a minority of followers is cut off; the leader serves on")
+@scenario(
+    "partition-majority", "a minority of followers is cut off; the leader serves on", "partition"
+)
 def partition_majority(n: Nemesis) -> None:
     while n.running():
         old = n.leader()
@@ -255,7 +266,7 @@ def partition_majority(n: Nemesis) -> None:
         n.pause_for(0.5, 1.5)
 
 
-@scenario("flapping", "random partitions come and go every few hundred milliseconds")
+@scenario("flapping", "random partitions come and go every few hundred milliseconds", "partition")
 def flapping(n: Nemesis) -> None:
     while n.running():
         if n.rng.random() < 0.5:
@@ -269,7 +280,9 @@ def flapping(n: Nemesis) -> None:
         n.pause_for(0.2, 0.8)
 
 
-@scenario("one-way", "one direction of a leader-follower link fails, the other works")
+@scenario(
+    "one-way", "one direction of a leader-follower link fails, the other works", "one-way link"
+)
 def one_way(n: Nemesis) -> None:
     while n.running():
         leader = n.leader()
@@ -284,7 +297,7 @@ def one_way(n: Nemesis) -> None:
         n.pause_for(0.3, 1.0)
 
 
-@scenario("slow-follower", "a follower's links get 50-300 ms of latency with jitter")
+@scenario("slow-follower", "a follower's links get 50-300 ms of latency with jitter", "latency")
 def slow_follower(n: Nemesis) -> None:
     while n.running():
         leader = n.leader()
@@ -301,7 +314,7 @@ def slow_follower(n: Nemesis) -> None:
         n.wait_caught_up()
 
 
-@scenario("paused-leader", "SIGSTOP the leader past the election timeout, then SIGCONT")
+@scenario("paused-leader", "SIGSTOP the leader past the election timeout, then SIGCONT", "pause")
 def paused_leader(n: Nemesis) -> None:
     while n.running():
         old = n.leader()
@@ -314,7 +327,7 @@ def paused_leader(n: Nemesis) -> None:
         n.pause_for(0.5, 1.5)
 
 
-@scenario("rolling-restart", "restart every node in turn (SIGTERM, start, catch up)")
+@scenario("rolling-restart", "restart every node in turn (SIGTERM, start, catch up)", "restart")
 def rolling_restart(n: Nemesis) -> None:
     """Each round starts with the node that leads (every round fails the leader over,
     however slowly the machine restarts nodes), then the others in order."""
@@ -331,7 +344,7 @@ def rolling_restart(n: Nemesis) -> None:
             n.pause_for(0.3, 1.0)
 
 
-@scenario("full-cluster-kill", "kill -9 every node at once, restart them all")
+@scenario("full-cluster-kill", "kill -9 every node at once, restart them all", "cluster crash")
 def full_cluster_kill(n: Nemesis) -> None:
     while n.running():
         n.pause_for(1.0, 2.5)
@@ -343,7 +356,7 @@ def full_cluster_kill(n: Nemesis) -> None:
         n.wait_caught_up()
 
 
-@scenario("power-loss", "async flush: every node loses power and its unflushed tail")
+@scenario("power-loss", "async flush: every node loses power and its unflushed tail", "power loss")
 def power_loss(n: Nemesis) -> None:
     from chaos import disk
 
@@ -367,7 +380,11 @@ def power_loss(n: Nemesis) -> None:
 WINDOW_SLACK_S = 0.1  # a flush that started before the kill may still be in its fsync
 
 
-@scenario("corrupt-tail", "flip a byte in a stopped node's log tail; it must repair from peers")
+@scenario(
+    "corrupt-tail",
+    "flip a byte in a stopped node's log tail; it must repair from peers",
+    "disk corruption",
+)
 def corrupt_tail(n: Nemesis) -> None:
     from chaos import disk
 
@@ -382,3 +399,11 @@ def corrupt_tail(n: Nemesis) -> None:
         n.fault("flip-byte", f"n{node}: {hit}")
         n.start(node)
         n.wait_caught_up()
+
+
+def representatives() -> list[str]:
+    """The first scenario of each kind of fault, in registration order."""
+    firsts: dict[str, str] = {}
+    for name, kind in KINDS.items():
+        firsts.setdefault(kind, name)
+    return list(firsts.values())

@@ -12,6 +12,7 @@ tests/test_raft_traces.py write the traces of tests/testdata/*.txt into the file
 
 from __future__ import annotations
 
+import datetime
 import os
 import threading
 import time
@@ -45,6 +46,7 @@ SMALL_SEGMENTS: Final[dict[str, Any]] = {
 }
 MAX_MESSAGE_BYTES: Final = 64 * 1024  # a 1 MiB segment must hold the largest message
 SHARED_CONFIG: Final[dict[str, Any]] = {**SMALL_SEGMENTS, "max_message_bytes": MAX_MESSAGE_BYTES}
+CHAOS_DAY_ENV: Final = "DLEDGER_CHAOS_DAY"  # the UTC day that picks the rotating chaos scenario
 LOG_TAIL_LINES: Final = 40
 CONVERGE_S: Final = 20.0  # replicas of a quiet cluster agree within this
 _CHANNEL_OPTIONS: Final = [
@@ -215,7 +217,10 @@ def register(item: pytest.Item, cluster: LocalCluster) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist each worker's clusters take ports from a range of their own
-    (DLEDGER_PORTS, read by `free_ports`): workers never race for a port."""
+    (DLEDGER_PORTS, read by `free_ports`): workers never race for a port. The day that
+    picks the rotating chaos scenario (tests/test_chaos.py) is the run's, set once before
+    the workers start: every worker collects the same tests, also across midnight."""
+    os.environ.setdefault(CHAOS_DAY_ENV, datetime.datetime.now(datetime.UTC).date().isoformat())
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if worker.startswith("gw") and count > 0 and PORTS_ENV not in os.environ:

@@ -12,6 +12,7 @@ failure; DLEDGER_TEST_SEED=N replays it, and `dledger chaos --scenario NAME
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import random
@@ -23,7 +24,8 @@ import pytest
 
 from chaos.membership import MEMBER_SCENARIOS
 from chaos.runner import ChaosConfig, run
-from chaos.scenarios import SCENARIOS
+from chaos.scenarios import KINDS, SCENARIOS, representatives
+from tests.conftest import CHAOS_DAY_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -31,12 +33,29 @@ DURATION_S = float(os.environ.get("DLEDGER_CHAOS_DURATION", "5"))
 FIXED_SEED = os.environ.get("DLEDGER_TEST_SEED")
 
 
+def chosen(every: str | None, today: datetime.date) -> list[str]:
+    """The scenarios a run checks: every kind of fault's representative, and one more
+    of the rest, another each day (so each runs within a week); every scenario with
+    DLEDGER_CHAOS_ALL=1. leader-kill runs through the CLI below, not here."""
+    if every == "1":
+        names = list(SCENARIOS)
+    else:
+        rest = [n for n in SCENARIOS if n not in representatives()]
+        names = [*representatives(), rest[today.toordinal() % len(rest)]]
+    return [n for n in names if n != "leader-kill"]
+
+
+RUN = chosen(
+    os.environ.get("DLEDGER_CHAOS_ALL"),
+    datetime.date.fromisoformat(os.environ[CHAOS_DAY_ENV]),  # set by conftest
+)
+
+
 def seed_for(name: str) -> int:
     return int(FIXED_SEED) if FIXED_SEED else random.SystemRandom().randrange(1, 1 << 31)
 
 
-# leader-kill runs through the CLI below; every other scenario through `run`.
-@pytest.mark.parametrize("name", [n for n in SCENARIOS if n != "leader-kill"])
+@pytest.mark.parametrize("name", RUN)
 def test_scenario_keeps_every_promise(name: str, tmp_path: Path) -> None:
     seed = seed_for(name)
     report = run(ChaosConfig(name, duration_s=DURATION_S, seed=seed, directory=tmp_path))
@@ -98,6 +117,14 @@ def test_dledger_chaos_command_reports_and_writes_json(tmp_path: Path) -> None:
     assert doc["valid"] is True and doc["lost"] == 0 and doc["acknowledged"] > 0
     assert doc["failovers"] >= 1 and doc["failover_max_s"] is not None
     assert (tmp_path / "run" / "history.jsonl").stat().st_size > 0
+
+
+def test_every_kind_of_fault_runs_and_every_scenario_within_a_week() -> None:
+    kinds = {KINDS[n] for n in chosen(None, datetime.date(2026, 1, 1))} | {KINDS["leader-kill"]}
+    assert kinds == set(KINDS.values())
+    week = {n for d in range(1, 8) for n in chosen(None, datetime.date(2026, 1, d))}
+    assert week == set(SCENARIOS) - {"leader-kill"}
+    assert chosen("1", datetime.date(2026, 1, 1)) == [n for n in SCENARIOS if n != "leader-kill"]
 
 
 def test_dledger_chaos_rejects_bad_input() -> None:
