@@ -40,8 +40,9 @@ def chosen(every: str | None, today: datetime.date) -> list[str]:
     if every == "1":
         names = list(SCENARIOS)
     else:
-        rest = [n for n in SCENARIOS if n not in representatives()]
-        names = [*representatives(), rest[today.toordinal() % len(rest)]]
+        firsts = representatives()
+        rest = [n for n in SCENARIOS if n not in firsts]
+        names = [*firsts, rest[today.toordinal() % len(rest)]]
     return [n for n in names if n != "leader-kill"]
 
 
