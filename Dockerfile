@@ -7,7 +7,9 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY proto ./proto
 COPY h2grpc ./h2grpc
+COPY netkit ./netkit
 COPY raft ./raft
+COPY raftio ./raftio
 COPY store ./store
 COPY dispatch ./dispatch
 COPY dledger_commitlog ./dledger_commitlog

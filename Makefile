@@ -23,7 +23,7 @@ check-java:
 # install leaves them as source, and where PYTHONDONTWRITEBYTECODE is set (as on this
 # project's CI machine) every node, CLI and Spark worker process would compile its
 # ~300 modules again at start (0.3 s of CPU each; a test run starts ~500 processes).
-PACKAGES := analytics bench chaos dispatch dledger_commitlog h2grpc proto raft store tests
+PACKAGES := analytics bench chaos dispatch dledger_commitlog h2grpc netkit proto raft raftio store tests
 compile: $(STAMP)
 	$(BIN)/python -m compileall -q -j 0 $(PACKAGES)
 

@@ -28,8 +28,8 @@ from dledger_commitlog.log.committed_view import CommittedView
 from dledger_commitlog.log.entry_store import EntryStore
 from dledger_commitlog.log.message_route import stamp, store_host_bytes
 from dledger_commitlog.log.verify import committed_view, open_dispatcher
-from raft.hard_state import RaftStateFile
 from raft.types import Entry, HardState
+from raftio.hard_state import RaftStateFile
 from store.flush import PeriodicFlush
 from store.message import Message, encode_message, make_properties
 

@@ -6,11 +6,7 @@
 time to the first successful put, over several trials; plus leader changes seen
 during a steady load. Run: `.venv/bin/python bench/cluster.py [--steady-s 60]`.
 
-`--transport h2,grpcio` runs the workloads on one fresh cluster per gRPC stack
-(`raft_transport` and `client_transport` both), up at once, their rounds interleaved (order
-alternating), and writes bench/results/cluster_transport.json alone: every figure
-per stack, suffixed `_<stack>`, and `<metric>_ratio` (first stack / second). Every
-run also reports what an idle cluster costs each node (CPU % of a core, context
+Every run also reports what an idle cluster costs each node (CPU % of a core, context
 switches/s, over `--idle-s`). The Raft link alone, and its floor on plain asyncio
 streams, is bench/peer_link.py.
 
@@ -42,7 +38,7 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._proc import loadavg, process_usage
+from bench._proc import process_usage
 from bench._report import report
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import (
@@ -234,14 +230,11 @@ def spread(runs: list[Run]) -> str:
 
 
 @contextlib.contextmanager
-def fresh_cluster(*, secure: bool, transport: str | None = None) -> Iterator[LocalCluster]:
-    """A new 3-node cluster, up; with TLS on both ports and an ACL if `secure`; its Raft
-    link and client port on `transport` (default: the node's)."""
-    config = CONFIG if transport is None else {**CONFIG, "raft_transport": transport,
-                                               "client_transport": transport}  # fmt: skip
+def fresh_cluster(*, secure: bool) -> Iterator[LocalCluster]:
+    """A new 3-node cluster, up; with TLS on both ports and an ACL if `secure`."""
     with (
         tempfile.TemporaryDirectory() as tmp,
-        LocalCluster(Path(tmp), extra_config=config, tls=secure, acl=secure) as cl,
+        LocalCluster(Path(tmp), extra_config=CONFIG, tls=secure, acl=secure) as cl,
     ):
         cl.up()
         yield cl
@@ -392,57 +385,6 @@ def compare(plain: dict[str, float], tls: dict[str, float]) -> tuple[list[Row], 
     return rows, m
 
 
-# The figures the stacks are compared by: metric -> (label, format); a ratio of each
-# (first stack / second) too.
-COMPARED = {
-    "seq_msgs_per_s": ("(a) sequential, puts/s", ",.0f"),
-    "seq_p50_ms": ("    p50 latency, ms", ".2f"),
-    "seq_leader_cpu_us_per_put": ("    leader CPU us/put", ",.0f"),
-    "seq_context_switches_per_put": ("    context switches/put, all nodes", ".1f"),
-    "inflight32_msgs_per_s": ("(b) 32 in flight, puts/s", ",.0f"),
-    "inflight32_leader_cpu_us_per_put": ("    leader CPU us/put", ",.0f"),
-    "batch256x4_msgs_per_s": ("(c) batched, puts/s", ",.0f"),
-    "idle_cpu_pct_max_node": ("idle CPU %, busiest node", ".2f"),
-    "idle_switches_per_s_max_node": ("idle switches/s, busiest node", ",.0f"),
-    "failover_median_s": ("(d) failover median, s", ".2f"),
-    "failover_max_s": ("    failover max, s", ".2f"),
-    "spurious_leader_changes": ("    spurious leader changes", ".0f"),
-}
-
-
-def compare_stacks(per: dict[str, dict[str, float]]) -> tuple[list[Row], dict[str, float]]:
-    """Rows side by side and the metrics of cluster_transport.json: each stack's
-    figures suffixed with its name, and `<metric>_ratio` (first / second)."""
-    first, second = list(per)
-    m = {f"{k}_{stack}": v for stack, figures in per.items() for k, v in figures.items()}
-    rows: list[Row] = [("", f"{first} | {second}", f"{first}/{second}")]
-    for key, (label, fmt) in COMPARED.items():
-        a, b = per[first][key], per[second][key]
-        ratio = a / b if b else math.nan
-        m[f"{key}_ratio"] = ratio
-        rows.append((label, f"{a:{fmt}} | {b:{fmt}}", f"{ratio:.2f}x"))
-    return rows, m
-
-
-def transport_ab(args: argparse.Namespace, stacks: list[str], reps: int) -> None:
-    """The workloads on one cluster per stack, up at once, rounds interleaved."""
-    runs: dict[str, Runs] = {s: {} for s in stacks}
-    per: dict[str, dict[str, float]] = {}
-    rows: list[Row] = [("loadavg at start", loadavg(), "")]
-    with contextlib.ExitStack() as stack:
-        clusters = {s: stack.enter_context(fresh_cluster(secure=False, transport=s))
-                    for s in stacks}  # fmt: skip
-        for rep in range(reps):
-            for s in stacks if rep % 2 == 0 else stacks[::-1]:
-                throughput_round(clusters[s], args.seconds, runs[s])
-        for s in stacks:
-            stack_rows, per[s] = results(clusters[s], args, runs[s])
-            rows += [(f"raft_transport = {s}", f"median of {reps}", ""), *stack_rows, ("", "", "")]
-    both_rows, both = compare_stacks(per)
-    rows += [*both_rows, ("loadavg at end", loadavg(), "")]
-    report("cluster_transport", rows, both)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=5.0, help="per throughput phase")
@@ -460,22 +402,10 @@ def main() -> None:
         help="repetitions of each throughput workload, medians reported (default 1, 3 with --tls)",
     )
     ap.add_argument("--idle-s", type=float, default=5.0, help="the idle cluster's interval")
-    ap.add_argument(
-        "--transport",
-        default=None,
-        help="two gRPC stacks, e.g. h2,grpcio: one cluster each, interleaved; "
-        "writes cluster_transport.json alone",
-    )
     args = ap.parse_args()
-    reps = args.reps if args.reps is not None else (3 if args.tls or args.transport else 1)
+    reps = args.reps if args.reps is not None else (3 if args.tls else 1)
     if reps < 1:
         ap.error("--reps must be at least 1")
-    if args.transport:
-        stacks = args.transport.split(",")
-        if len(stacks) != 2 or args.tls:
-            ap.error("--transport takes two stacks (e.g. h2,grpcio), without --tls")
-        transport_ab(args, stacks, reps)
-        return
     if not args.tls:
         runs: Runs = {}
         with fresh_cluster(secure=False) as cl:

@@ -59,7 +59,7 @@ from bench._dispatch_node import node_phase
 from bench._report import RESULTS, report
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.log.verify import open_dispatcher, read_layout, rebuild
-from raft.hard_state import RaftStateFile
+from raftio.hard_state import RaftStateFile
 
 
 def main() -> None:

@@ -5,8 +5,8 @@ link to the other, as two nodes are: the driver sends AppendEntries (one entry),
 the echo answers each with an AppendResponse on its own link, as a follower does.
 (a) ping-pong: one append in flight, a 100-byte entry; (b) 32 appends in flight,
 1 KiB entries. Per stack: round trips/s, CPU microseconds per round trip of both
-processes together, and context switches per round trip. Stacks: `h2` and
-`grpcio` (`raft.transport`, as the node runs them) and `streams`, the floor: the
+processes together, and context switches per round trip. Stacks: `h2`
+(`raftio.transport`, as the node runs it) and `streams`, the floor: the
 same RaftBatch bytes, length-prefixed, over one plain asyncio TCP connection
 (measured only; not a transport the node offers). The stacks take turns, the
 order alternating per round; medians of `--rounds`.
@@ -36,12 +36,12 @@ from bench._proc import loadavg, process_usage
 from bench._report import report
 from proto import dledger_pb2 as pb
 from raft.messages import AppendEntries, AppendResponse, Message
-from raft.peer_link import PeerGate, PeerLink
-from raft.transport import open_link, open_peer_server
 from raft.types import Entry
-from raft.wire import from_proto, to_wire
+from raftio.link import PeerGate, PeerLink
+from raftio.transport import open_link, open_peer_server
+from raftio.wire import from_proto, to_wire
 
-STACKS = ("h2", "grpcio", "streams")
+STACKS = ("h2", "streams")
 CLUSTER = "bench"
 DRIVER, ECHO = 1, 2
 _LEN = struct.Struct(">I")
@@ -102,14 +102,13 @@ async def open_stack(stack: str, me: int, deliver: Callable[[Message], None]) ->
 
         return End(server.sockets[0].getsockname()[1], connect_streams, close_streams)
     gate = PeerGate(CLUSTER, deliver, me=me, members=(DRIVER, ECHO))
-    raft_server = open_peer_server(stack, gate)
+    raft_server = open_peer_server(gate)
     port = raft_server.bind("127.0.0.1:0")
     await raft_server.start()
     links: list[PeerLink] = []
 
     async def connect_link(peer: int) -> Send:
-        link = open_link(stack, CLUSTER, ECHO if me == DRIVER else DRIVER, f"127.0.0.1:{peer}",
-                         me=me)  # fmt: skip
+        link = open_link(CLUSTER, ECHO if me == DRIVER else DRIVER, f"127.0.0.1:{peer}", me=me)
         link.start()
         links.append(link)
         return lambda msgs: link.send([to_wire(m) for m in msgs])
@@ -225,13 +224,12 @@ def main() -> None:
                          f"{med[f'{name}_cpu_us_per_round_trip']:,.0f} us CPU, "
                          f"{med[f'{name}_context_switches_per_round_trip']:.1f} switches "
                          f"per round trip [runs: {rates}]"))  # fmt: skip
-    for base in ("grpcio", "streams"):
-        if base in stacks and "h2" in stacks:
-            for name in ("pingpong", "inflight32"):
-                key = f"{name}_round_trips_per_s"
-                ratio = metrics[f"h2_{key}"] / metrics[f"{base}_{key}"]
-                metrics[f"h2_vs_{base}_{key}_ratio"] = ratio
-                rows.append((f"h2 / {base}: {name}", f"{ratio:.2f}x", "round trips/s"))
+    if set(stacks) == set(STACKS):
+        for name in ("pingpong", "inflight32"):
+            key = f"{name}_round_trips_per_s"
+            ratio = metrics[f"h2_{key}"] / metrics[f"streams_{key}"]
+            metrics[f"h2_vs_streams_{key}_ratio"] = ratio
+            rows.append((f"h2 / streams: {name}", f"{ratio:.2f}x", "round trips/s"))
     rows.append(("loadavg before / after", f"{load_before} / {loadavg()}", ""))
     report("peer_link", rows, metrics)
 

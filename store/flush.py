@@ -29,6 +29,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
+from netkit.tasks import cancel_and_wait
+
 INLINE_MAX_S = 0.002  # fsyncs faster than this (on average, lately) may run on the loop
 
 
@@ -249,21 +251,6 @@ class GroupCommit:
             await asyncio.to_thread(thread.join)
             await asyncio.sleep(0)  # run the thread's last report
         self._fail_all(ConnectionAbortedError("group commit closed"))
-
-
-async def cancel_and_wait(task: asyncio.Task[Any]) -> None:
-    """Cancel `task` and wait until it has ended.
-
-    Its CancelledError is absorbed, but not one aimed at the caller itself (a
-    timeout around a close, say): that one still propagates.
-    """
-    task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        me = asyncio.current_task()
-        if me is not None and me.cancelling():
-            raise
 
 
 class PeriodicFlush:

@@ -31,7 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from dledger_commitlog.cli import certs
 from dledger_commitlog.cli.certs import Pki, make_dev_pki
 from dledger_commitlog.node.security import read_common_name
-from raft.peer_auth import NODE_CN_PREFIX, node_common_name, node_id_of
+from netkit.peer_auth import NODE_CN_PREFIX, node_common_name, node_id_of
 
 CALL_TIMEOUT_S: Final = 10.0  # refusals come back in milliseconds; this only bounds a hang
 WHOAMI: Final = "/dledger.test.Identity/WhoAmI"

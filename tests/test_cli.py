@@ -285,10 +285,12 @@ def test_serve_builds_the_config(
     assert code == 2 and err.startswith("dledger: error: missing setting 'peers'")
 
 
-def test_serve_chooses_the_client_port_stack(
+def test_serve_reads_a_retired_setting_with_a_warning_that_names_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
+    """The gRPC stack of either port is no longer a setting: a config file or a flag
+    that still names one starts the node, with one warning each that says so."""
     from dledger_commitlog.service import server
 
     seen: list[NodeConfig] = []
@@ -296,22 +298,15 @@ def test_serve_chooses_the_client_port_stack(
     toml = tmp_path / "node.toml"
     toml.write_text('node_id = 1\ndata_dir = "d"\n[listen]\nclient_transport = "grpcio"\n')
     argv = ["serve", "--config", str(toml), "--peer=1=127.0.0.1:7101/127.0.0.1:7001"]
-    assert run(argv, capsys)[0] == 0 and seen.pop().client_transport == "grpcio"
-    assert run([*argv, "--client-transport", "h2"], capsys)[0] == 0
-    assert seen.pop().client_transport == "h2"
-    # the retired stack: still accepted, with one warning naming what serves instead
-    assert run([*argv, "--client-transport", "grpclib", "--raft-transport", "grpclib"],
-               capsys)[0] == 0  # fmt: skip
-    chosen = seen.pop()
-    assert (chosen.client_transport, chosen.raft_transport) == ("h2", "h2")
-    warned = [r.getMessage() for r in caplog.records if "no longer offered" in r.getMessage()]
-    assert len(warned) == 2 and "listen.client_transport = 'grpclib'" in warned[0]
-    with pytest.raises(SystemExit) as info:
-        run([*argv, "--client-transport", "grpc"], capsys)
-    assert info.value.code == 2 and "invalid choice: 'grpc'" in capsys.readouterr().err
-    toml.write_text('node_id = 1\ndata_dir = "d"\n[listen]\nclient_transport = "h3"\n')
+    assert run([*argv, "--raft-transport", "grpcio"], capsys)[0] == 0
+    assert seen.pop().node_id == 1
+    warned = [r.getMessage() for r in caplog.records if "no longer read" in r.getMessage()]
+    assert len(warned) == 2
+    assert warned[0].startswith("listen.client_transport is no longer read")
+    assert warned[1].startswith("raft.transport is no longer read")
+    toml.write_text('node_id = 1\ndata_dir = "d"\n[listen]\nclient_stack = "h2"\n')
     code, _, err = run(argv, capsys)
-    assert code == 2 and "listen.client_transport must be one of h2, grpcio" in err
+    assert code == 2 and "unknown setting listen.client_stack" in err
 
 
 def test_serve_offers_every_node_setting() -> None:

@@ -1,8 +1,7 @@
-"""The client port on h2grpc (`listen.client_transport = "h2"`, the default), seen by
-grpcio clients.
+"""The client port (h2grpc), seen by grpcio clients.
 
 gRPC is one protocol: the Python client (grpcio) and raw grpcio stubs talk to a
-cluster whose client port is h2grpc and get what the grpc.aio port gives them:
+cluster whose client port is h2grpc and get what a grpc.aio server gives them:
 framed, unary and batched puts, reads (Get, Pull, the ReadLog stream), a refused
 call's status code and leader hint, INVALID_ARGUMENT naming a field that does not
 parse, RESOURCE_EXHAUSTED past the 64 MiB message limit, standard health checking
@@ -46,7 +45,7 @@ def _status(call: Any) -> tuple[grpc.StatusCode, str, dict[str, str]]:
 
 @pytest.mark.parametrize("secure", [False, True], ids=["plaintext", "tls-acl"])
 def test_a_grpcio_client_talks_to_the_h2_port_and_back(make_cluster: Any, secure: bool) -> None:
-    cluster: LocalCluster = make_cluster(tls=secure, acl=secure, client_transport="h2")
+    cluster: LocalCluster = make_cluster(tls=secure, acl=secure)
     leader = cluster.wait_for_leader()
     follower = next(i for i in cluster.specs if i != leader)
     with cluster.client() as client, cluster.client(framed=False) as unary:
@@ -99,9 +98,8 @@ def test_a_grpcio_client_talks_to_the_h2_port_and_back(make_cluster: Any, secure
                 assert code == grpc.StatusCode.UNAUTHENTICATED
 
 
-@pytest.mark.parametrize("stack", ["grpcio", "h2"])
-def test_client_port_limits_and_graceful_shutdown(make_cluster: Any, stack: str) -> None:
-    cluster: LocalCluster = make_cluster(client_transport=stack)
+def test_client_port_limits_and_graceful_shutdown(make_cluster: Any) -> None:
+    cluster: LocalCluster = make_cluster()
     leader = cluster.wait_for_leader()
     other = next(i for i in cluster.specs if i != leader)
     with cluster.client() as client:

@@ -44,9 +44,9 @@ from dledger_commitlog.node.recovery import (
     read_rollback_marker,
 )
 from raft import LogDiverged, Role
-from raft.hard_state import RaftStateFile
 from raft.messages import Heartbeat
 from raft.types import Entry, EntryKind
+from raftio.hard_state import RaftStateFile
 from store.entry_format import ENTRY_MAGIC, HEADER, HEADER_SIZE
 from store.errors import CorruptEntry, DirectoryInUse
 from store.message import QUEUE_OFFSET_POS, Message, decode_message

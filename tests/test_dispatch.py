@@ -33,8 +33,8 @@ from dledger_commitlog.log.commitlog import DLedgerCommitLog, OutcomeUnknown, Pu
 from dledger_commitlog.log.entry_store import EntryStore
 from dledger_commitlog.log.verify import verify_store, write_layout
 from raft import HardState, ProposalDropped, RaftCore
-from raft.hard_state import RaftStateFile
 from raft.types import Entry, EntryKind
+from raftio.hard_state import RaftStateFile
 from store.entry_format import HEADER_SIZE
 from store.errors import InvalidMessage, OffsetOutOfRange
 from store.message import decode_message

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from store.flush import GroupCommit, PeriodicFlush, cancel_and_wait
+from netkit.tasks import cancel_and_wait
+from store.flush import GroupCommit, PeriodicFlush
 from store.mapped_file import MappedFileQueue
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from dledger_commitlog.service import h2_port
 from dledger_commitlog.service.base import Context
-from dledger_commitlog.service.decoding import add_services
+from dledger_commitlog.service.decoding import checked_handlers
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 
@@ -84,7 +84,8 @@ async def _serving(stack: str, scenario: Callable[[str], Awaitable[None]]) -> No
             await server.stop(0.5)
     else:
         aio = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
-        add_services(aio, *services)
+        for service, handlers in checked_handlers(services):  # as the node would register
+            aio.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
         aio.add_insecure_port(address)
         await aio.start()
         try:

@@ -28,7 +28,7 @@ from dledger_commitlog.cli.certs import make_dev_pki
 from h2grpc import connection as h2conn
 from h2grpc import frames as f
 from h2grpc import stream as h2stream
-from raft.peer_auth import TlsIdentity, peercert_node
+from netkit.peer_auth import TlsIdentity, peercert_node
 
 TIMEOUT_S = 10.0
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("proto", "h2grpc", "store", "raft", "dispatch", "dledger_commitlog", "analytics",
-            "chaos")  # fmt: skip
+PACKAGES = ("proto", "h2grpc", "netkit", "store", "raft", "raftio", "dispatch",
+            "dledger_commitlog", "analytics", "chaos")  # fmt: skip
 LINT = Path(sys.executable).with_name("lint-imports")
 
 
@@ -58,12 +58,17 @@ def test_the_tree_keeps_every_contract() -> None:
             "    import dledger_commitlog.node.node",
             "The client never imports",
         ),
+        # the consensus library has no network and no gRPC (even its driver)
+        ("raft/driver.py", "import grpc", "raft is the consensus library"),
+        ("raft/driver.py", "import netkit.tasks", "raft is the consensus library"),
         # the Raft core stays pure
-        ("raft/log.py", "import raft.transport", "The Raft core is pure"),
+        ("raft/log.py", "import raft.driver", "The Raft core is pure"),
+        # what both ports share imports nothing of ours
+        ("netkit/tasks.py", "import raftio.wire", "netkit (what both ports share)"),
         # store imports nothing of ours
         ("store/fileio.py", "import raft.errors", "store imports nothing"),
         # nor does the gRPC layer
-        ("h2grpc/frames.py", "import raft.wire", "h2grpc (gRPC over HTTP/2) imports nothing"),
+        ("h2grpc/frames.py", "import raftio.wire", "h2grpc (gRPC over HTTP/2) imports nothing"),
     ],
 )
 def test_a_wrong_import_fails_with_a_clear_message(

@@ -41,8 +41,8 @@ from dledger_commitlog.node.members import NodeMembers
 from dledger_commitlog.node.metrics import NodeMetrics
 from dledger_commitlog.node.security import NodeSecurity
 from dledger_commitlog.node.views import MemberStatus, NodeState
+from dledger_commitlog.service import h2_port
 from dledger_commitlog.service.client_service import ClientService
-from dledger_commitlog.service.decoding import add_services
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 from raft import Config, MemoryStorage, NotLeader, RaftCore, Role
@@ -156,10 +156,10 @@ class Served:
             security = NodeSecurity(acl=self.acl)
             service = ClientService(cfg, node, no_services, metrics=NodeMetrics(i),
                                     security=security)  # fmt: skip
-            server = grpc.aio.server()
-            add_services(server, (pb_grpc.add_DLedgerClientServicer_to_server, service))
-            port = server.add_insecure_port("127.0.0.1:0")
-            await server.start()
+            server = h2_port.ClientServer(
+                ((pb_grpc.add_DLedgerClientServicer_to_server, service),), None
+            )
+            port = await server.start("127.0.0.1:0")
             self.group.addresses[i] = f"127.0.0.1:{port}"
             self._servers.append(server)
             self._services.append(service)
@@ -167,7 +167,7 @@ class Served:
     def close(self) -> None:
         async def stop() -> None:
             for server in self._servers:
-                await server.stop(None)
+                await server.stop(0)
             for service in self._services:
                 await service.close()
 

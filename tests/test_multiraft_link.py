@@ -1,4 +1,4 @@
-"""Several Raft groups on one peer stream (raft/multiplex.py), over a real gRPC port.
+"""Several Raft groups on one peer stream (raftio/multiplex.py), over a real gRPC port.
 
 A process hosting several groups keeps one stream per peer process: each group's
 messages are stamped with their group (group 1's are not: a single-group node's
@@ -12,14 +12,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-import pytest
-
 from proto import dledger_pb2 as pb
 from raft.messages import Heartbeat, Message
-from raft.multiplex import LinkPool
-from raft.peer_link import PeerGate
-from raft.transport import open_link
-from raft.wire import TRANSPORTS, to_wire
+from raftio.link import PeerGate
+from raftio.multiplex import LinkPool
+from raftio.transport import open_link
+from raftio.wire import to_wire
 from tests.test_peer_link import CLUSTER, messages, peer_server, until
 
 
@@ -46,10 +44,7 @@ def delivered_by_group(
     return got, deliver_of
 
 
-@pytest.mark.parametrize("stack", TRANSPORTS)
-def test_three_groups_share_one_stream_each_message_reaching_its_group_in_order(
-    stack: str,
-) -> None:
+def test_three_groups_share_one_stream_each_message_reaching_its_group_in_order() -> None:
     groups = (0, 1, 2)
     sent = {g: messages(300) for g in groups}
     got, deliver_of = delivered_by_group(groups)
@@ -57,9 +52,9 @@ def test_three_groups_share_one_stream_each_message_reaching_its_group_in_order(
     async def main() -> CountingGate:
         gate = CountingGate(CLUSTER, lambda m: None, me=2, members=(1, 2, 3),
                             groups=deliver_of)  # fmt: skip
-        async with peer_server(stack, gate) as port:
+        async with peer_server(gate) as port:
             pool = LinkPool(open_link)
-            links = {g: pool.open(g, stack, CLUSTER, 2, f"127.0.0.1:{port}", me=1) for g in groups}
+            links = {g: pool.open(g, CLUSTER, 2, f"127.0.0.1:{port}", me=1) for g in groups}
             assert pool.links == 1  # one stream to the peer, whatever the groups
             for i in range(0, 300, 50):  # the groups' Readies interleave
                 for g in groups:
@@ -77,8 +72,7 @@ def test_three_groups_share_one_stream_each_message_reaching_its_group_in_order(
     assert stamped == {(True, 0), (False, 0), (True, 2)}  # group 1 travels unstamped
 
 
-@pytest.mark.parametrize("kind", TRANSPORTS)
-def test_what_the_groups_send_in_one_loop_iteration_leaves_as_one_batch(kind: str) -> None:
+def test_what_the_groups_send_in_one_loop_iteration_leaves_as_one_batch() -> None:
     """Heartbeats of three groups ticking together: one RaftBatch to the peer, not three."""
     groups = (1, 2, 3)
     got, deliver_of = delivered_by_group(groups)
@@ -86,9 +80,9 @@ def test_what_the_groups_send_in_one_loop_iteration_leaves_as_one_batch(kind: st
     async def main() -> CountingGate:
         gate = CountingGate(CLUSTER, lambda m: None, me=2, members=(1, 2),
                             groups=deliver_of)  # fmt: skip
-        async with peer_server(kind, gate) as port:
+        async with peer_server(gate) as port:
             pool = LinkPool(open_link)
-            links = {g: pool.open(g, kind, CLUSTER, 2, f"127.0.0.1:{port}", me=1) for g in groups}
+            links = {g: pool.open(g, CLUSTER, 2, f"127.0.0.1:{port}", me=1) for g in groups}
             await until(lambda: links[1].connected, 10, "the stream is open")
             for tick in range(1, 21):
                 for g in groups:  # one tick of every group, no await between them

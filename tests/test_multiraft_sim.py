@@ -1,6 +1,6 @@
 """Group isolation of multi-Raft, in a seeded simulation (tests/sim/multiraft.py):
 3 node processes each hosting 2-3 Raft groups, every pair of nodes sharing one
-ordered link for all groups' messages (as raft/multiplex.py shares one stream).
+ordered link for all groups' messages (as raftio/multiplex.py shares one stream).
 
 - A partition of one group only (every message of group A to or from A's leader
   lost, the other groups' messages on the same links untouched) elects a new

@@ -8,10 +8,10 @@ its clients are built of.
 - `common.routes`: `TopicRoute.locate` / `queue_of_key` cover every queue once;
   `group_of_msg_id` reads back the group `group_port` writes (groups 0..1000),
   and group 1's ids are a single-group cluster's, unchanged.
-- `raft.multiplex.LinkPool`: one shared link per (peer, address), refcounted,
+- `raftio.multiplex.LinkPool`: one shared link per (peer, address), refcounted,
   the group stamped on every message but group 1's. The links are fakes: this
   tests the pool's bookkeeping, not a transport.
-- `raft.peer_link.PeerGate(groups=...)`: each message of a mixed batch to its
+- `raftio.link.PeerGate(groups=...)`: each message of a mixed batch to its
   group; an unknown group's dropped without holding up the rest.
 - `cli.scaleout.plan_moves` (property): within ceil(groups / serving nodes) per
   node, preferred leaders used when they serve, nothing planned onto a down node.
@@ -52,9 +52,9 @@ from dledger_commitlog.node.config import (
 )
 from proto import dledger_pb2 as pb
 from raft.messages import Heartbeat, Message, RequestVote
-from raft.multiplex import LinkPool
-from raft.peer_link import PeerGate
-from raft.wire import to_proto
+from raftio.link import PeerGate
+from raftio.multiplex import LinkPool
+from raftio.wire import to_proto
 
 PEERS3 = (
     Peer(1, "127.0.0.1:7001", "127.0.0.1:8001"),
@@ -275,7 +275,7 @@ def test_group_ones_ids_are_a_single_group_clusters() -> None:
     assert group_of_msg_id("7F0000010000271100000000000003E8") == 1
 
 
-# --- raft/multiplex.py: LinkPool ---
+# --- raftio/multiplex.py: LinkPool ---
 
 
 class FakeLink:
@@ -302,15 +302,15 @@ class FakeLink:
 def test_link_pool_shares_one_link_per_peer_and_address() -> None:
     opened: list[FakeLink] = []
 
-    def open_link(transport: str, cluster: str, peer_id: int, address: str, **kw: Any) -> Any:
+    def open_link(cluster: str, peer_id: int, address: str, **kw: Any) -> Any:
         opened.append(FakeLink(peer_id, address))
         return opened[-1]
 
     async def scenario() -> None:
         pool = LinkPool(open_link)
-        views = {g: pool.open(g, "grpc", "c", 2, "h:2", me=1) for g in (0, 1, 2, 3)}
-        other = pool.open(1, "grpc", "c", 3, "h:3", me=1)
-        moved = pool.open(2, "grpc", "c", 2, "h:9", me=1)  # a new address: a new link
+        views = {g: pool.open(g, "c", 2, "h:2", me=1) for g in (0, 1, 2, 3)}
+        other = pool.open(1, "c", 3, "h:3", me=1)
+        moved = pool.open(2, "c", 2, "h:9", me=1)  # a new address: a new link
         assert len(opened) == 3 and pool.links == 3
         assert [link.started for link in opened] == [1, 1, 1]
         for g, view in views.items():
@@ -327,7 +327,7 @@ def test_link_pool_shares_one_link_per_peer_and_address() -> None:
         assert shared.sent[-1].group == 3
         await views[3].close()
         assert shared.closed == 1 and pool.links == 2
-        again = pool.open(1, "grpc", "c", 2, "h:2", me=1)
+        again = pool.open(1, "c", 2, "h:2", me=1)
         assert len(opened) == 4 and opened[3].started == 1  # reopened with its first group
         for view in (other, moved, again):
             await view.close()
@@ -336,7 +336,7 @@ def test_link_pool_shares_one_link_per_peer_and_address() -> None:
     asyncio.run(scenario())
 
 
-# --- raft/peer_link.py: PeerGate(groups=...) ---
+# --- raftio/link.py: PeerGate(groups=...) ---
 
 
 def test_gate_delivers_each_message_to_its_group_and_drops_an_unknown_group() -> None:

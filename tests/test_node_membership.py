@@ -18,9 +18,9 @@ from raft import NotLeader
 from raft.errors import MembershipError
 from raft.membership import Member
 from raft.messages import Heartbeat
-from raft.peer_link import PeerGate
-from raft.transport import PeerServer, open_peer_server
 from raft.validate import InvalidPeerMessage
+from raftio.link import PeerGate
+from raftio.transport import PeerServer, open_peer_server
 
 TOPIC = "members"
 T = TypeVar("T")
@@ -56,7 +56,7 @@ class Group:
             index_entries=256,
         )  # fmt: skip
         node = RaftNode(cfg)
-        server = open_peer_server(cfg.raft_transport, PeerGate(
+        server = open_peer_server(PeerGate(
             cfg.cluster, node.deliver, me=i, members=node.member_ids))  # fmt: skip
         server.bind(cfg.raft_address)
         await server.start()

@@ -1,48 +1,43 @@
-"""The Raft peer link on both gRPC stacks, in one process over real loopback sockets.
+"""The Raft peer link (h2grpc), in one process over real loopback sockets.
 
-h2 (h2grpc, the default) and grpcio (`raft_transport = "grpcio"`) interoperate, with
-mTLS and peer tokens too; both refuse a bad stream alike (a batch that does not
-parse is INVALID_ARGUMENT, one past 64 MiB RESOURCE_EXHAUSTED); a stalled peer
-neither blocks the loop nor grows a queue; a restarted peer is reached again
-within an election timeout; a connection whose pings go unanswered is replaced.
-The last test runs a real cluster whose nodes use different stacks.
+Messages arrive whole and in order, with mTLS and peer tokens too; a bad stream is
+refused as gRPC would refuse it, seen by a grpcio client as an outsider would use
+one (a batch that does not parse is INVALID_ARGUMENT, one past 64 MiB
+RESOURCE_EXHAUSTED); a stalled peer neither blocks the loop nor grows a queue; a
+restarted peer is reached again within an election timeout; a connection whose
+pings go unanswered is replaced.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
 
 import h2grpc
 from dledger_commitlog.cli.certs import make_dev_pki
-from dledger_commitlog.cli.cluster_layout import node_toml
 from h2grpc import connection as h2_connection
 from h2grpc import frames as h2_frames
+from netkit.channel import MAX_MESSAGE_BYTES
+from netkit.peer_auth import NODE_AUTH, PeerAuth, PeerSecurity, TlsIdentity
 from proto import dledger_pb2 as pb
-from raft import transport_h2
 from raft.messages import AppendEntries, Heartbeat, Message, RequestVote
-from raft.peer_auth import NODE_AUTH, PeerAuth, PeerSecurity, TlsIdentity
-from raft.peer_link import PeerGate, PeerLink
-from raft.transport import PeerServer, open_link, open_peer_server
 from raft.types import Entry
-from raft.wire import (
+from raftio import h2 as transport_h2
+from raftio.link import PeerGate, PeerLink
+from raftio.transport import PeerServer, open_link, open_peer_server
+from raftio.wire import (
     BATCHES_READ,
-    MAX_MESSAGE_BYTES,
     MAX_QUEUED,
     PEER_ID,
-    TRANSPORTS,
     to_proto,
     to_wire,
 )
-from tests.conftest import wait_converged, wait_until
 
 CLUSTER = "c"
 ELECTION_TIMEOUT_S = 0.5  # the default: 10 ticks of 50 ms (randomized up to twice that)
@@ -74,9 +69,9 @@ async def until(ok: Callable[[], object], timeout_s: float, what: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def peer_server(kind: str, gate: PeerGate, port: int = 0) -> AsyncIterator[int]:
-    """A Raft port of stack `kind` on 127.0.0.1, started; its port."""
-    server: PeerServer = open_peer_server(kind, gate)
+async def peer_server(gate: PeerGate, port: int = 0) -> AsyncIterator[int]:
+    """A Raft port on 127.0.0.1, started; its port."""
+    server: PeerServer = open_peer_server(gate)
     bound = server.bind(f"127.0.0.1:{port}")
     await server.start()
     try:
@@ -107,12 +102,8 @@ def security(tmp_path: Path, node_id: int, *, tls: bool) -> PeerSecurity:
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["token", "mtls"])
-@pytest.mark.parametrize("server_kind", TRANSPORTS)
-@pytest.mark.parametrize("link_kind", TRANSPORTS)
-def test_either_stack_talks_to_either(
-    link_kind: str, server_kind: str, tls: bool, tmp_path: Path
-) -> None:
-    """Messages arrive whole and in order, whichever stack each end runs."""
+def test_messages_arrive_whole_and_in_order(tls: bool, tmp_path: Path) -> None:
+    """Messages arrive whole and in order, with peer tokens and with mTLS."""
     sent = messages(3000)
     got: list[Message] = []
     rejects: list[str] = []
@@ -121,8 +112,8 @@ def test_either_stack_talks_to_either(
         mine = security(tmp_path, 2, tls=tls)
         gate = PeerGate(CLUSTER, got.append, me=2, members=(1, 2, 3), security=mine,
                         on_reject=rejects.append)  # fmt: skip
-        async with peer_server(server_kind, gate) as port:
-            link = open_link(link_kind, CLUSTER, 2, f"127.0.0.1:{port}", me=1,
+        async with peer_server(gate) as port:
+            link = open_link(CLUSTER, 2, f"127.0.0.1:{port}", me=1,
                              security=security(tmp_path, 1, tls=tls))  # fmt: skip
             async with started(link):
                 for i in range(0, len(sent), 100):  # as Readies would, a few at a time
@@ -174,9 +165,8 @@ def checked_deliver(got: list[Message]) -> Callable[[Message], None]:
 
 
 @pytest.mark.parametrize("case", REFUSED)
-@pytest.mark.parametrize("server_kind", TRANSPORTS)
-def test_both_stacks_refuse_alike(server_kind: str, case: str) -> None:
-    """A grpcio client (as an outsider would use) meets the same status on either stack;
+def test_a_bad_stream_is_refused_as_grpc_would(case: str) -> None:
+    """A grpcio client (as an outsider would use) meets the status gRPC would answer;
     the refusal is counted, and nothing of the stream reaches the core."""
     claimed, token_of, raw, status, label = REFUSED[case]
     auth = PeerAuth(CLUSTER, b"s" * 32)
@@ -187,7 +177,7 @@ def test_both_stacks_refuse_alike(server_kind: str, case: str) -> None:
         gate = PeerGate(CLUSTER, checked_deliver(got), me=2, members=(1, 2, 3),
                         security=PeerSecurity(peers=auth), on_reject=rejects.append)  # fmt: skip
         async with (
-            peer_server(server_kind, gate) as port,
+            peer_server(gate) as port,
             grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
         ):
             meta = [(PEER_ID, str(claimed))]
@@ -205,8 +195,7 @@ def test_both_stacks_refuse_alike(server_kind: str, case: str) -> None:
     assert got == []
 
 
-@pytest.mark.parametrize("server_kind", TRANSPORTS)
-def test_a_batch_past_the_message_limit_is_refused(server_kind: str) -> None:
+def test_a_batch_past_the_message_limit_is_refused() -> None:
     """RESOURCE_EXHAUSTED, as gRPC answers a message past its limit; h2grpc's side
     refuses it by its length prefix, before buffering it."""
     got: list[Message] = []
@@ -214,7 +203,7 @@ def test_a_batch_past_the_message_limit_is_refused(server_kind: str) -> None:
     async def main() -> grpc.StatusCode:
         gate = PeerGate(CLUSTER, got.append, me=2, members=(1, 2))
         async with (
-            peer_server(server_kind, gate) as port,
+            peer_server(gate) as port,
             grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
         ):
             call = channel.stream_unary(METHOD, response_deserializer=pb.RaftAck.FromString)
@@ -253,7 +242,7 @@ def test_a_stalled_peer_holds_the_sender_and_bounds_the_queue() -> None:
 
     async def main() -> None:
         async with stalled_peer() as (port, accepted):
-            link = open_link("h2", CLUSTER, 2, f"127.0.0.1:{port}", me=1)
+            link = open_link(CLUSTER, 2, f"127.0.0.1:{port}", me=1)
             async with started(link):
                 await until(lambda: link.connected, 5, "connected to the stalled peer")
                 entry = (Entry(1, 3, bytes(16 << 10)),)
@@ -279,28 +268,27 @@ def test_an_unanswered_ping_replaces_the_connection(monkeypatch: pytest.MonkeyPa
 
     async def main() -> None:
         async with stalled_peer() as (port, accepted):
-            link = open_link("h2", CLUSTER, 2, f"127.0.0.1:{port}", me=1)
+            link = open_link(CLUSTER, 2, f"127.0.0.1:{port}", me=1)
             async with started(link):
                 await until(lambda: len(accepted) >= 2, 5, "a second connection")
 
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("link_kind", TRANSPORTS)
-def test_a_restarted_peer_is_reached_within_an_election_timeout(link_kind: str) -> None:
+def test_a_restarted_peer_is_reached_within_an_election_timeout() -> None:
     got: list[Message] = []
     reached_s: list[float] = []
 
     async def main() -> None:
         gate = PeerGate(CLUSTER, got.append, me=2, members=(1, 2))
-        async with peer_server("h2", gate) as port:
-            link = open_link(link_kind, CLUSTER, 2, f"127.0.0.1:{port}", me=1)
+        async with peer_server(gate) as port:
+            link = open_link(CLUSTER, 2, f"127.0.0.1:{port}", me=1)
             async with started(link):
                 link.send([to_wire(Heartbeat(1, 2, 3, 0))])
                 await until(lambda: len(got) == 1, 5, "the first heartbeat")
         await until(lambda: not link.connected, 5, "the link saw its peer stop")
         await asyncio.sleep(0.2)  # down a while: the link is retrying
-        async with started(link), peer_server("h2", gate, port):
+        async with started(link), peer_server(gate, port):
             back = time.monotonic()
             while len(got) == 1 and time.monotonic() - back < 5:
                 link.send([to_wire(Heartbeat(1, 2, 3, 1))])  # the leader's heartbeats
@@ -311,33 +299,7 @@ def test_a_restarted_peer_is_reached_within_an_election_timeout(link_kind: str) 
     assert reached_s[0] < 2 * ELECTION_TIMEOUT_S, f"reached again after {reached_s[0]:.2f} s"
 
 
-@pytest.mark.slow
-def test_a_cluster_of_mixed_stacks_replicates_and_fails_over(
-    make_cluster: Callable[..., Any],
-) -> None:
-    """Node 1 on grpcio, nodes 2 and 3 on h2 (the default): one cluster, whoever leads."""
-    cluster = make_cluster("mixed", start=False)
-    for node in (2, 3):
-        cluster.start(node)
-    mixed = dataclasses.replace(cluster.configs[1], raft_transport="grpcio")
-    cluster.specs[1].config_path.write_text(node_toml(mixed))
-    cluster.start(1)
-    wait_converged(cluster, 30)
-    first = cluster.leader_id()
-    with cluster.client() as client:
-        for i in range(20):
-            client.put("mixed", f"a-{i}".encode())
-        cluster.kill(first)
-        wait_until(cluster.leader_id, 10, "a new leader", ok=lambda new: new != first)
-        cluster.start(first)
-        for i in range(20):
-            client.put("mixed", f"b-{i}".encode())
-    wait_converged(cluster, 30, at_least=40)
-    assert "refused" not in cluster.log_tail(1, 200)
-
-
-@pytest.mark.parametrize("link_kind", TRANSPORTS)
-def test_a_link_refused_until_it_is_a_member_loses_nothing_sent_after(link_kind: str) -> None:
+def test_a_link_refused_until_it_is_a_member_loses_nothing_sent_after() -> None:
     """A joining node's links are refused (PERMISSION_DENIED: not a member there) until
     the peer appends its addition; they retry at once, not after a pause, and a stream
     that was refused never takes a message queued for the next one (grpc.aio's consumer
@@ -350,8 +312,8 @@ def test_a_link_refused_until_it_is_a_member_loses_nothing_sent_after(link_kind:
     async def main() -> None:
         gate = PeerGate(CLUSTER, checked_deliver(got), me=2, members=lambda: members,
                         security=PeerSecurity(peers=auth))  # fmt: skip
-        async with peer_server(TRANSPORTS[0], gate) as port:
-            link = open_link(link_kind, CLUSTER, 2, f"127.0.0.1:{port}", me=4,
+        async with peer_server(gate) as port:
+            link = open_link(CLUSTER, 2, f"127.0.0.1:{port}", me=4,
                              security=PeerSecurity(peers=auth))  # fmt: skip
             async with started(link):
                 await asyncio.sleep(0.3)  # refused a few times meanwhile
@@ -369,11 +331,7 @@ def test_a_link_refused_until_it_is_a_member_loses_nothing_sent_after(link_kind:
     assert got == messages(6, src=4)
 
 
-@pytest.mark.parametrize("server_kind", TRANSPORTS)
-@pytest.mark.parametrize("link_kind", TRANSPORTS)
-def test_what_a_refused_stream_never_read_goes_on_the_next(
-    link_kind: str, server_kind: str
-) -> None:
+def test_what_a_refused_stream_never_read_goes_on_the_next() -> None:
     """A message queued while the peer is refusing the stream it would travel on (the
     peer appended our addition between its check and our send) is not lost: the peer
     says how many batches it read, and the link sends the rest again on its next stream."""
@@ -393,8 +351,8 @@ def test_what_a_refused_stream_never_read_goes_on_the_next(
     async def main() -> None:
         gate = PeerGate(CLUSTER, checked_deliver(got), me=2, members=members,
                         security=PeerSecurity(peers=PeerAuth(CLUSTER, b"s" * 32)))  # fmt: skip
-        async with peer_server(server_kind, gate) as port:
-            link = open_link(link_kind, CLUSTER, 2, f"127.0.0.1:{port}", me=4,
+        async with peer_server(gate) as port:
+            link = open_link(CLUSTER, 2, f"127.0.0.1:{port}", me=4,
                              security=PeerSecurity(peers=PeerAuth(CLUSTER, b"s" * 32)))  # fmt: skip
             link_box.append(link)
             async with started(link):
@@ -405,11 +363,7 @@ def test_what_a_refused_stream_never_read_goes_on_the_next(
     assert len(checks) >= 2  # the first stream was refused
 
 
-@pytest.mark.parametrize("server_kind", TRANSPORTS)
-@pytest.mark.parametrize("link_kind", TRANSPORTS)
-def test_a_batch_refused_for_membership_goes_again_in_open_mode(
-    link_kind: str, server_kind: str
-) -> None:
+def test_a_batch_refused_for_membership_goes_again_in_open_mode() -> None:
     """Without peer tokens or TLS the stream opens for anyone, and the node refuses a
     non-member's message as it delivers it (PERMISSION_DENIED): that batch counts as
     not read, so once the sender is a member it arrives, whole and in order."""
@@ -427,8 +381,8 @@ def test_a_batch_refused_for_membership_goes_again_in_open_mode(
 
     async def main() -> None:
         gate = PeerGate(CLUSTER, deliver, me=2, members=lambda: {1, 2})
-        async with peer_server(server_kind, gate) as port:
-            link = open_link(link_kind, CLUSTER, 2, f"127.0.0.1:{port}", me=4)
+        async with peer_server(gate) as port:
+            link = open_link(CLUSTER, 2, f"127.0.0.1:{port}", me=4)
             link.send([to_wire(m) for m in sent])
             async with started(link):
                 await until(lambda: len(got) == len(sent), 3.0, "every message delivered")
@@ -477,7 +431,7 @@ def test_nothing_after_a_refused_batch_is_delivered_even_in_the_same_read() -> N
         gate = PeerGate(CLUSTER, got.append, me=2, members=(1, 2))
         good = [batch(CLUSTER, [Heartbeat(1, 2, 3, i)]) for i in (1, 3)]
         wrong = batch("other", [Heartbeat(1, 2, 3, 2)])
-        async with peer_server("h2", gate) as port:
+        async with peer_server(gate) as port:
             conn = await h2grpc.connect("127.0.0.1", port)
             try:
                 stream = conn.open(METHOD, [(PEER_ID, "1")])

@@ -11,7 +11,6 @@ import pytest
 
 from raft import AppendEntries, Entry, EntryKind, HardState, NotLeader, RaftCore, Role
 from raft.errors import MembershipError
-from raft.hard_state import RaftStateFile
 from raft.membership import (
     ChangeOp,
     ConfChange,
@@ -21,6 +20,7 @@ from raft.membership import (
     majorities_overlap,
 )
 from raft.validate import InvalidPeerMessage, check_peer_message
+from raftio.hard_state import RaftStateFile
 from store.errors import CorruptEntry
 from tests.sim.harness import Cluster
 

@@ -354,7 +354,7 @@ def test_a_candidate_steps_down_on_a_snapshot_from_the_leader() -> None:
 
 def test_snapshot_survives_the_wire() -> None:
     from proto import dledger_pb2 as pb
-    from raft.wire import from_proto, to_proto
+    from raftio.wire import from_proto, to_proto
 
     msg = Snapshot(1, 3, 7, 120, 6, 130, b"\x00pos\xff")
     wire = to_proto(msg).SerializeToString()

@@ -38,11 +38,11 @@ from dledger_commitlog.client import (
 from dledger_commitlog.common.signing import sign
 from dledger_commitlog.node.acl import Account, Perm, write_acl
 from dledger_commitlog.node.security import read_secret
+from netkit.peer_auth import NODE_AUTH, PeerAuth
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 from raft import AppendEntries, Entry, Heartbeat, Message, RequestVote
-from raft.peer_auth import NODE_AUTH, PeerAuth
-from raft.wire import PEER_ID, to_proto
+from raftio.wire import PEER_ID, to_proto
 
 from .conftest import get_at, node_stubs, wait_converged, wait_until
 

@@ -26,6 +26,7 @@ from dledger_commitlog.node.security import (
     is_loopback,
     write_secret,
 )
+from netkit.peer_auth import TOKEN_WINDOW_S, PeerAuth, PeerAuthError
 from raft import (
     AppendEntries,
     AppendResponse,
@@ -38,7 +39,6 @@ from raft import (
     TimeoutNow,
     VoteResponse,
 )
-from raft.peer_auth import TOKEN_WINDOW_S, PeerAuth, PeerAuthError
 from raft.validate import MAX_TERM, MAX_TERM_JUMP, InvalidPeerMessage, check_peer_message
 
 PEERS = (1, 2, 3)

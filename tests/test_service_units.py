@@ -17,7 +17,6 @@ from dledger_commitlog.node.config import (
     segment_bytes_for,
 )
 from proto import dledger_pb2 as pb
-from raft.hard_state import RaftStateFile
 from raft.messages import (
     AppendEntries,
     AppendResponse,
@@ -30,9 +29,10 @@ from raft.messages import (
     TimeoutNow,
     VoteResponse,
 )
-from raft.peer_link import PeerLink
 from raft.types import Entry, EntryKind, HardState
-from raft.wire import (
+from raftio.hard_state import RaftStateFile
+from raftio.link import PeerLink
+from raftio.wire import (
     MAX_BATCH_BYTES,
     decode_entries,
     encode_entries,

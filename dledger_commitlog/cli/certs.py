@@ -5,7 +5,7 @@ Owns the files of one directory D and what is in them: `D/ca.pem` + `D/ca.key`
 CN `dledger-node-{id}`, serverAuth + clientAuth: a node serves clients and peers
 and dials its peers with the same certificate) and `D/{name}.pem` + `D/{name}.key`
 for every client (CN `{name}`, clientAuth only). Keys are ECDSA P-256, PKCS#8 PEM,
-unencrypted; the common names are `raft.peer_auth`'s (`node_common_name`), which is
+unencrypted; the common names are `netkit.peer_auth`'s (`node_common_name`), which is
 how a server tells which peer dialled it. `run` is the `dledger certs` subcommand.
 
 Invariants: a key file is never readable by anyone but its owner (created 0600,
@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from raft.peer_auth import NODE_CN_PREFIX, check_node_id, node_common_name
+from netkit.peer_auth import NODE_CN_PREFIX, check_node_id, node_common_name
 from store.fileio import write_atomically
 
 DEFAULT_DAYS: Final = 825  # the longest validity clients such as Apple's accept for TLS servers

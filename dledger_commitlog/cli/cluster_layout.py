@@ -37,6 +37,7 @@ from typing import Any
 from dledger_commitlog.node.acl import Account, write_acl
 from dledger_commitlog.node.config import (
     _SECTIONS,
+    RETIRED,
     ConfigError,
     NodeConfig,
     Peer,
@@ -146,6 +147,8 @@ def node_toml(config: NodeConfig) -> str:
     for section, names in _SECTIONS.items():
         body = []
         for key, field in names.items():
+            if field in RETIRED:
+                continue
             value = getattr(config, field)
             if value is not None and (section == "listen" or value != defaults[field].default):
                 body.append(f"{key} = {_toml_value(value)}")

@@ -31,7 +31,7 @@ from dledger_commitlog.cli.commands import _REGISTRY, FIELD_TYPES, UsageError, c
 from dledger_commitlog.cli.launcher import ClusterError
 from dledger_commitlog.client import ClientError
 from dledger_commitlog.node.config import (
-    RETIRED_TRANSPORT,
+    RETIRED,
     ConfigError,
     ListenError,
     NodeConfig,
@@ -39,7 +39,6 @@ from dledger_commitlog.node.config import (
     parse_peer,
     parse_route,
 )
-from raft.wire import TRANSPORTS
 from store.errors import CorruptEntry, DirectoryInUse
 
 
@@ -120,10 +119,10 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
             p.add_argument(opt, dest=f"cfg_{f.name}", action="store_const", const=True)
             continue
         kind = FIELD_TYPES[str(f.type)]
-        stacks = (*TRANSPORTS, RETIRED_TRANSPORT)  # the retired one: with a warning
-        choices = {"flush_mode": ("sync", "async"), "raft_transport": stacks,
-                   "client_transport": stacks}.get(f.name)  # fmt: skip
+        choices = {"flush_mode": ("sync", "async")}.get(f.name)
         p.add_argument(opt, dest=f"cfg_{f.name}", type=kind, choices=choices, metavar="V")
+    for name in RETIRED:  # still taken, with the config file's warning
+        p.add_argument("--" + name.replace("_", "-"), dest=f"cfg_{name}", help=argparse.SUPPRESS)
 
 
 @command("serve", "run one node until SIGTERM/SIGINT", _serve_args)
@@ -138,7 +137,8 @@ def _serve(args: argparse.Namespace) -> int:
 def serve_config(args: argparse.Namespace) -> NodeConfig:
     """The NodeConfig `serve` runs: the --config file with the options on top."""
     overrides: dict[str, Any] = {
-        f.name: getattr(args, f"cfg_{f.name}", None) for f in dataclasses.fields(NodeConfig)
+        name: getattr(args, f"cfg_{name}", None)
+        for name in (*(f.name for f in dataclasses.fields(NodeConfig)), *RETIRED)
     }
     overrides["cluster"] = args.cluster_name
     overrides["tls_ca"] = args.tls_ca

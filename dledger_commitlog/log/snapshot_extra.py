@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from dispatch.dispatcher import GroupKey
-from raft.wire import MAX_MESSAGE_BYTES
+from netkit.channel import MAX_MESSAGE_BYTES
 from store.errors import InvalidMessage
 from store.message import check_name
 

@@ -32,7 +32,7 @@ from typing import Any, TextIO
 from dispatch.dispatcher import Dispatcher
 from dledger_commitlog.log.committed_view import CommittedView
 from dledger_commitlog.log.entry_store import EntryStore
-from raft.hard_state import RaftStateFile
+from raftio.hard_state import RaftStateFile
 from store.checkpoint import read_checkpoint
 from store.consume_queue import ConsumeQueue, discover_queues
 from store.entry_format import chain_crc

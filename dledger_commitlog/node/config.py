@@ -10,7 +10,6 @@ The TOML layout (every key optional but `node_id`, `data_dir` and `peers`):
     client = "127.0.0.1:7001"      # defaults to this node's peer entry
     raft = "127.0.0.1:7101"
     metrics = "127.0.0.1:7201"     # empty string: no metrics endpoint
-    client_transport = "h2"        # the client port's gRPC stack: "h2" or "grpcio"
     [[peers]]
     id = 1
     raft = "127.0.0.1:7101"
@@ -19,7 +18,6 @@ The TOML layout (every key optional but `node_id`, `data_dir` and `peers`):
     id = 4                         # later (a proxy, NAT); never makes it a member
     raft = "127.0.0.1:7404"
     [raft]    tick_ms, election_ticks, heartbeat_ticks, preferred_leader, ...
-              transport = "h2"       # the peer link's gRPC stack: "h2" or "grpcio"
     [store]   data_segment_bytes, index_segment_bytes, max_message_bytes, ...
     [retention] file_reserved_hours, delete_when_hour, force_clean_ratio, refuse_ratio
     [schedule]  delay_levels = "1s 5s 10s 30s 1m ... 2h", max_timer_delay_s
@@ -50,12 +48,16 @@ from typing import Any
 
 from dledger_commitlog.common.protocol import MAX_MESSAGE_BYTES_LIMIT
 from dledger_commitlog.common.routes import preferred_leader
-from raft.wire import TRANSPORTS
 from store.entry_format import FILLER_MIN, HEADER_SIZE, INDEX_UNIT_SIZE
 from store.message import max_encoded_size
 
 log = logging.getLogger(__name__)
-RETIRED_TRANSPORT = "grpclib"  # accepted, with a warning, as the default stack
+# Settings read for one more release with a warning, then refused as unknown: what a
+# setting that went away was (by NodeConfig-style name) and why it has no effect.
+RETIRED: dict[str, str] = {
+    "client_transport": "the client port serves h2grpc, its one gRPC stack",
+    "raft_transport": "the Raft port serves h2grpc, its one gRPC stack",
+}
 
 # Segments for throwaway local clusters (the demo, chaos runs). The defaults
 # preallocate 1 GiB of log per node, which a laptop's disk or a test run that
@@ -100,8 +102,6 @@ class NodeConfig:
     listen_client: str = ""
     listen_raft: str = ""
     listen_metrics: str = ""
-    # h2grpc: every frame parsed on the loop (README, "Benchmarks": the A/B against grpcio)
-    client_transport: str = "h2"
     # raft
     tick_ms: int = 50
     election_ticks: int = 10
@@ -116,8 +116,6 @@ class NodeConfig:
     max_append_entries: int = 1024
     max_append_bytes: int = 4 << 20
     max_inflight_msgs: int = 64
-    # h2grpc: a batch reaches the core in the read callback (README, "Benchmarks")
-    raft_transport: str = "h2"
     # store
     data_segment_bytes: int = 1 << 30
     index_segment_bytes: int = 32 << 20
@@ -174,10 +172,6 @@ class NodeConfig:
                               "running group with `dledger member add`)")  # fmt: skip
         if self.flush_mode not in ("sync", "async"):
             raise ConfigError(f"flush_mode must be 'sync' or 'async', not {self.flush_mode!r}")
-        for key, value in (("listen.client_transport", self.client_transport),
-                           ("raft.transport", self.raft_transport)):  # fmt: skip
-            if value not in TRANSPORTS:
-                raise ConfigError(f"{key} must be one of {', '.join(TRANSPORTS)}, not {value!r}")
         if (
             self.tick_ms <= 0
             or self.heartbeat_ticks < 1
@@ -456,13 +450,9 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     for required in ("node_id", "data_dir", "peers"):
         if required not in values:
             raise ConfigError(f"missing setting {required!r} (config file or command line)")
-    for key, name in (("client_transport", "listen.client_transport"),
-                      ("raft_transport", "raft.transport")):  # fmt: skip
-        if values.get(key) == RETIRED_TRANSPORT:
-            log.warning("%s = %r is no longer offered: %r serves in its place (the same "
-                        "gRPC on the loop, at 2.3x its ping-pong rate)", name,
-                        RETIRED_TRANSPORT, TRANSPORTS[0])  # fmt: skip
-            values[key] = TRANSPORTS[0]
+    for key in sorted(RETIRED.keys() & values.keys()):
+        log.warning("%s is no longer read (%s): remove it", _setting(key), RETIRED[key])
+        del values[key]
     known = {f.name for f in dataclasses.fields(NodeConfig)}
     unknown = set(values) - known
     if unknown:

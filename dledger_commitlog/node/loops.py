@@ -29,7 +29,7 @@ from dledger_commitlog.log.entry_store import EntryStore
 from dledger_commitlog.log.retention import Retention
 from dledger_commitlog.node.metrics import NodeMetrics
 from raft import RaftCore
-from raft.hard_state import RaftStateFile
+from raftio.hard_state import RaftStateFile
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class NodeLoops:
         interval = self._tick_s
         # On multiples of the interval of the loop's clock: the groups of a multi-Raft
         # process tick in the same loop iteration, so their heartbeats to a peer leave
-        # together in one batch of the shared stream (raft/multiplex.py).
+        # together in one batch of the shared stream (raftio/multiplex.py).
         now = asyncio.get_running_loop().time()
         next_at = now - now % interval
         core, tick, kick, metrics = self._core, self._tick, self._kick, self._metrics

@@ -29,14 +29,14 @@ from collections.abc import Awaitable, Callable
 
 from dledger_commitlog.node.config import NodeConfig
 from dledger_commitlog.node.views import MemberStatus
+from netkit.peer_auth import PeerSecurity
 from raft import RaftCore, Role
 from raft.errors import MembershipError
 from raft.membership import ChangeOp, ConfChange, Member, Membership
 from raft.messages import AppendEntries, Heartbeat, Message, Snapshot
-from raft.multiplex import GroupLink, LinkPool
-from raft.peer_auth import PeerSecurity
-from raft.peer_link import PeerLink
-from raft.transport import open_link
+from raftio.link import PeerLink
+from raftio.multiplex import GroupLink, LinkPool
+from raftio.transport import open_link
 
 log = logging.getLogger(__name__)
 
@@ -133,12 +133,11 @@ class NodeMembers:
                 continue
             cfg = self._cfg
             if self._pool is not None:
-                self.links[node_id] = self._pool.open(cfg.group, cfg.raft_transport, cfg.cluster,
-                                                      node_id, m.raft, me=me,
-                                                      security=self._security)  # fmt: skip
+                self.links[node_id] = self._pool.open(
+                    cfg.group, cfg.cluster, node_id, m.raft, me=me, security=self._security
+                )
                 continue
-            own = open_link(cfg.raft_transport, cfg.cluster, node_id, m.raft,
-                            me=me, security=self._security)  # fmt: skip
+            own = open_link(cfg.cluster, node_id, m.raft, me=me, security=self._security)
             own.start()
             self.links[node_id] = own
         for node_id in self.links.keys() - wanted:

@@ -23,7 +23,7 @@ side services (`messaging/`) use only these:
 Inside: `recovery.open_log` opens and recovers the data directory; the Ready
 loop is `raft.driver.ReadyDriver` (the order the Ready contract demands,
 pipelined in sync flush mode); ticks, dispatch, checkpoints and retention are
-`loops.NodeLoops`; peers are reached through `raft.transport.open_link`s.
+`loops.NodeLoops`; peers are reached through `raftio.transport.open_link`s.
 
 A leader whose log conflicts with entries this node holds as committed
 (`raft.LogDiverged`, raised by the core's `step`) means a majority lost entries
@@ -74,10 +74,10 @@ from raft import HardState, LogDiverged, Message, NotLeader, Role
 from raft.driver import ReadyDriver
 from raft.membership import Member
 from raft.messages import AppendEntries, Snapshot
-from raft.multiplex import LinkPool
 from raft.types import EntryKind, ReadState, SnapshotMeta
 from raft.validate import InvalidPeerMessage, check_peer_message
-from raft.wire import to_wire
+from raftio.multiplex import LinkPool
+from raftio.wire import to_wire
 from store.consume_queue import CqUnit
 from store.fileio import DirectoryLock, mkdir_durably
 from store.flush import GroupCommit, PeriodicFlush

@@ -50,7 +50,7 @@ from dledger_commitlog.log.message_route import group_port
 from dledger_commitlog.log.verify import LAYOUT_FILE, read_layout, write_layout
 from dledger_commitlog.node.config import ConfigError, NodeConfig, parse_address
 from raft import Config, LogDiverged, RaftCore
-from raft.hard_state import RaftStateFile
+from raftio.hard_state import RaftStateFile
 from store.fileio import fsync_dir, write_atomically
 
 log = logging.getLogger(__name__)

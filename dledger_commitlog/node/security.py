@@ -1,7 +1,7 @@
 """Who may talk to a node, as its settings say: loaded and checked before it binds a port.
 
 Owns `NodeSecurity` (the node's TLS identity and cluster secret, whose checks are
-`raft.peer_auth`'s, plus the clients' ACL, `common.acl`), loaded from the files
+`netkit.peer_auth`'s, plus the clients' ACL, `common.acl`), loaded from the files
 the settings name with one clear error per bad file; the cluster-secret file
 (`read_secret`, `write_secret`); the certificate's common name
 (`read_common_name`); and the bind rule (`check_exposure`: no port reachable
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dledger_commitlog.node.acl import Acl
 from dledger_commitlog.node.config import ConfigError, NodeConfig, parse_address
-from raft.peer_auth import PeerAuth, PeerSecurity, TlsIdentity, node_id_of
+from netkit.peer_auth import PeerAuth, PeerSecurity, TlsIdentity, node_id_of
 from store.fileio import write_atomically
 
 
@@ -41,7 +41,7 @@ def write_secret(path: Path, nbytes: int = 32) -> None:
 @dataclass(frozen=True, slots=True)
 class NodeSecurity(PeerSecurity):
     """What a node's settings ask for, loaded and checked before it binds a port: its
-    peer identity (`raft.peer_auth`) and the clients' ACL."""
+    peer identity (`netkit.peer_auth`) and the clients' ACL."""
 
     acl: Acl | None = None
 

@@ -45,11 +45,11 @@ from dledger_commitlog.node.metrics import NodeMetrics
 from dledger_commitlog.node.node import RaftNode
 from dledger_commitlog.node.security import NodeSecurity
 from dledger_commitlog.service.loop_probe import LoopLagProbe
+from netkit.channel import open_channel
+from netkit.peer_auth import NODE_AUTH, PeerAuthError
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 from raft import NotLeader
-from raft.peer_auth import NODE_AUTH, PeerAuthError
-from raft.transport import open_channel
 from store.errors import CorruptEntry, InvalidMessage, OffsetOutOfRange
 from store.message import Message, check_name
 

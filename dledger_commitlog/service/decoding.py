@@ -3,8 +3,8 @@
 gRPC parses a request before the handler runs; a protobuf `DecodeError` there
 (bytes that are no such message, or a string field that is not UTF-8, which
 proto3 refuses) would reach the client as UNKNOWN "Unexpected DecodeError", and
-be logged as a servicer failure. `add_services` registers a service's handlers
-(through its generated `add_*Servicer_to_server`) with two changes:
+be logged as a servicer failure. `checked_handlers` gives a service's handlers
+(as its generated `add_*Servicer_to_server` registers them) with two changes:
 
 - the request deserializer answers an `Undecodable` instead of raising, saying
   why (`why_undecodable`: for bad UTF-8, the path of the field, found by walking
@@ -47,20 +47,10 @@ class Undecodable:
 Services = tuple[tuple[Callable[[Any, Any], None], object], ...]
 
 
-def add_services(
-    server: grpc.aio.Server, *services: tuple[Callable[[Any, Any], None], object]
-) -> None:
-    """Register each (generated `add_*Servicer_to_server`, servicer) with `server`, its
-    requests decoded as the module doc says."""
-    for service, handlers in checked_handlers(services):
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
-        server.add_registered_method_handlers(service, handlers)
-
-
 def checked_handlers(services: Services) -> list[tuple[str, dict[str, Any]]]:
     """Per (generated `add_*Servicer_to_server`, servicer): the service's full name and
     its grpc.RpcMethodHandlers by method name, requests decoded as the module doc says
-    (what `add_services` registers; `h2_port` serves the same handlers)."""
+    (what `h2_port` serves)."""
     out = []
     for add, servicer in services:
         service, handlers = handler_table(add, servicer)

@@ -226,10 +226,14 @@ class ClientServer:
         self._server = h2grpc.Server(self._served.handle, ssl_context=tls)
         self._started = False
 
-    async def start(self, address: str) -> None:
-        """Listen on `address` (HOST:PORT); OSError if it cannot."""
-        await self._server.start(h2grpc.bind(address))
+    async def start(self, address: str) -> int:
+        """Listen on `address` (HOST:PORT; port 0: any free one); the port bound. OSError
+        if it cannot."""
+        sock = h2grpc.bind(address)
+        await self._server.start(sock)
         self._started = True
+        port: int = sock.getsockname()[1]
+        return port
 
     async def stop(self, grace_s: float) -> None:
         """Refuse new calls; calls in progress get `grace_s` to end, then are cancelled."""

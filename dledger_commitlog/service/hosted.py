@@ -6,7 +6,7 @@ single-group cluster) its config (`config.group_config`: its own data directory)
 and client service (`client_service.ClientService`), and what the groups of a
 process share (docs/scaling.md): the event loop, the Raft peer port (`gate`: each
 message goes to the group it names), one outgoing stream per peer process
-(`raft.multiplex.LinkPool`), the client port (`client_services`: each call goes to
+(`raftio.multiplex.LinkPool`), the client port (`client_services`: each call goes to
 the group it names, `multigroup`), the metrics port (`registry`: every group's
 metrics with a `group` label) and, with group 0, the route table
 (`messaging.routes.RouteStore`, served by `service.routes`).
@@ -43,8 +43,8 @@ from dledger_commitlog.service.multigroup import group_services
 from dledger_commitlog.service.routes import Host
 from proto import dledger_pb2_grpc as pb_grpc
 from raft.messages import Message
-from raft.multiplex import LinkPool
-from raft.transport import PeerGate, open_link
+from raftio.multiplex import LinkPool
+from raftio.transport import PeerGate, open_link
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,8 @@ import logging
 import signal
 import socket
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dledger_commitlog.node.config import ListenError, NodeConfig
@@ -32,10 +31,10 @@ from dledger_commitlog.node.metrics import serve_metrics
 from dledger_commitlog.node.node import RaftNode
 from dledger_commitlog.node.security import NodeSecurity
 from dledger_commitlog.service import h2_port
-from dledger_commitlog.service.decoding import Services, add_services
+from dledger_commitlog.service.decoding import Services
 from dledger_commitlog.service.hosted import Groups
-from raft.peer_auth import TlsIdentity
-from raft.transport import GRPC_OPTIONS, PeerServer, open_peer_server
+from netkit.peer_auth import TlsIdentity
+from raftio.transport import PeerServer, open_peer_server
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +63,7 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
             at = cfg.listen_metrics
             stop_metrics = _listen("metrics", at, lambda: serve_metrics(groups.registry(), at))
         tls = security.tls
-        raft_server = open_peer_server(cfg.raft_transport, groups.gate())
+        raft_server = open_peer_server(groups.gate())
         _listen_checked(raft_server.bind, "Raft peers", cfg.raft_address)
         groups.start_services()
         health_servicer = health.aio.HealthServicer()
@@ -112,29 +111,16 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
 
 
 class ClientPort:
-    """The client port on the stack `cfg.client_transport` names: h2grpc, every frame
-    parsed on the loop (`h2_port`), or grpc.aio; the same services either way."""
+    """The client port on h2grpc (`h2_port`: every frame parsed on the loop)."""
 
     def __init__(self, cfg: NodeConfig, services: Services, tls: TlsIdentity | None) -> None:
         self._address = cfg.client_address
-        self._h2: h2_port.ClientServer | None = None
-        self._grpc: grpc.aio.Server | None = None
-        if cfg.client_transport == "h2":
-            why = _bind_error(self._address)  # the cause, before the loop's own error
-            if why is not None:
-                raise ListenError(f"cannot listen for clients on {self._address}: {why}")
-            self._h2 = h2_port.ClientServer(services, h2_port.ssl_context(cfg) if tls else None)
-        else:
-            self._grpc = grpc.aio.server(options=GRPC_OPTIONS)
-            creds = tls.server_credentials(require_client_cert=False) if tls else None
-            _listen_grpc(self._grpc, "clients", self._address, creds)
-            add_services(self._grpc, *services)
+        why = _bind_error(self._address)  # the cause, before the loop's own error
+        if why is not None:
+            raise ListenError(f"cannot listen for clients on {self._address}: {why}")
+        self._h2 = h2_port.ClientServer(services, h2_port.ssl_context(cfg) if tls else None)
 
     async def start(self) -> None:
-        if self._grpc is not None:
-            await self._grpc.start()
-            return
-        assert self._h2 is not None
         try:
             await self._h2.start(self._address)
         except OSError as exc:
@@ -143,10 +129,7 @@ class ClientPort:
 
     async def stop(self, grace_s: float) -> None:
         """Refuse new calls; calls in progress get `grace_s` to end, then are cancelled."""
-        if self._grpc is not None:
-            await self._grpc.stop(grace=grace_s)
-        elif self._h2 is not None:
-            await self._h2.stop(grace_s)
+        await self._h2.stop(grace_s)
 
 
 def _listen(what: str, address: str, bind: Callable[[], _T]) -> _T:
@@ -158,22 +141,11 @@ def _listen(what: str, address: str, bind: Callable[[], _T]) -> _T:
         raise ListenError(f"cannot listen for {what} on {address}: {why or exc}") from None
 
 
-def _listen_grpc(
-    server: grpc.aio.Server, what: str, address: str, credentials: Any | None = None
-) -> None:
-    """Bind `server` to `address`, checked first with a plain socket (`_listen_checked`)."""
-    if credentials is None:
-        _listen_checked(server.add_insecure_port, what, address)
-    else:
-        _listen_checked(lambda at: server.add_secure_port(at, credentials), what, address)
-
-
 def _listen_checked(bind: Callable[[str], object], what: str, address: str) -> None:
     """`bind(address)`, checked first with a plain socket.
 
-    The check gives the cause (gRPC logs its own error and raises without it), and
-    it refuses a port another gRPC server holds: gRPC binds with SO_REUSEPORT and
-    would share the port with a second copy of this node.
+    The check gives the cause, and it refuses a port another server holds with
+    SO_REUSEPORT, which would share the port with a second copy of this node.
     """
     why = _bind_error(address)
     if why is not None:

@@ -106,8 +106,8 @@ from raft import (
     VoteResponse,
 )
 from raft.driver import ReadyDriver
-from raft.hard_state import RaftStateFile
 from raft.membership import ChangeOp
+from raftio.hard_state import RaftStateFile
 from store.entry_format import INDEX_UNIT_SIZE
 from store.errors import CorruptEntry
 from tests.sim.checkers import Checker, InvariantViolation, LogView

@@ -5,7 +5,7 @@ Owns: `MultiSim`, the cluster (nodes 1..n, groups given), its shared links and
 its clock; the faults are filters on the links (`cut`: a message of group g from
 src to dst is lost when it returns True), as a partition of one group's traffic
 or of a whole node. Each ordered pair of nodes has one FIFO link carrying
-group-tagged messages of every group (raft/multiplex.py: one stream per peer
+group-tagged messages of every group (raftio/multiplex.py: one stream per peer
 process, the group stamped on each message), each with a random delay that never
 lets it overtake an earlier one; a message the filter cuts is dropped where it
 would be delivered, and the messages of other groups behind it go on.

@@ -1,6 +1,6 @@
 """Who a Raft peer is: its certificate's name, the cluster-secret token it presents.
 
-Owns the peer identity the transport checks (`raft.transport`): `TlsIdentity`
+Owns the peer identity the transport checks (`raftio.transport`): `TlsIdentity`
 (one certificate per node, read once at start; gRPC SSL credentials built from
 it, or an `ssl.SSLContext` for the link on asyncio), `PeerAuth` (the per-cluster
 shared secret: an HMAC token a node presents when it opens a Raft stream or

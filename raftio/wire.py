@@ -1,12 +1,11 @@
 """Raft messages on the wire: the only place that converts them to and from protobuf.
 
-Owns the encoding both peer-link stacks share (`raft.transport`): a `Message` as a
+Owns the encoding of the peer link (`raftio.transport`): a `Message` as a
 `RaftMessage` (`to_wire`, `to_proto`) and back (`from_proto`), the entries of an
 append as one blob (`encode_entries`: a 24-byte head per entry, then its data, not
-one protobuf object per entry), and the limits of a stream: `MAX_MESSAGE_BYTES`
-(gRPC's message limit, both directions), `MAX_BATCH_BYTES` and `MAX_BATCH` (what
-one `RaftBatch` carries), `MAX_QUEUED` (messages waiting for one peer); and the
-names of the stacks that speak it (`TRANSPORTS`, a node's `raft_transport`).
+one protobuf object per entry), and the limits of a stream: `MAX_BATCH_BYTES` and
+`MAX_BATCH` (what one `RaftBatch` carries), `MAX_QUEUED` (messages waiting for one
+peer), all under gRPC's message limit (`netkit.channel.MAX_MESSAGE_BYTES`).
 
 Invariants: `from_proto(to_proto(m)) == m` for every message; a blob that does not
 decode whole is a ValueError, never a shorter list of entries; a batch of more than
@@ -40,9 +39,6 @@ PEER_ID = "dledger-peer-id"  # stream metadata: the node id the sender claims
 # A refusal's trailing metadata: how many batches of the stream the peer took off it
 # (0 for a stream refused as it opened); the link sends the rest again.
 BATCHES_READ = "dledger-batches-read"
-# The gRPC stacks that speak this wire (`raft.transport`); the first is the default.
-TRANSPORTS = ("h2", "grpcio")
-MAX_MESSAGE_BYTES = 64 << 20  # one gRPC message, sent or received, on either stack
 MAX_QUEUED = 4096  # messages waiting for one peer; past it the oldest are dropped
 MAX_BATCH = 256
 # A stream message (RaftBatch) stays far below gRPC's 64 MiB limit: appends of

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from netkit.peer_auth import PeerSecurity
 from proto import dledger_pb2 as pb
-from raft.peer_auth import PeerSecurity
-from raft.peer_link import PeerLink
+from raftio.link import PeerLink
 
 OpenLink = Callable[..., PeerLink]
 
@@ -69,7 +69,7 @@ class LinkPool:
         self._links: dict[tuple[int, str], tuple[PeerLink, int]] = {}
 
     def open(
-        self, group: int, transport: str, cluster: str, peer_id: int, address: str, *,
+        self, group: int, cluster: str, peer_id: int, address: str, *,
         me: int, security: PeerSecurity | None = None,
     ) -> GroupLink:  # fmt: skip
         """Group `group`'s link to `peer_id` at `address` (the shared one, opened and
@@ -77,7 +77,7 @@ class LinkPool:
         key = (peer_id, address)
         held = self._links.get(key)
         if held is None:
-            link = self._open(transport, cluster, peer_id, address, me=me, security=security)
+            link = self._open(cluster, peer_id, address, me=me, security=security)
             link.start()
             held = (link, 0)
         self._links[key] = (held[0], held[1] + 1)

@@ -35,12 +35,12 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from netkit.peer_auth import NODE_AUTH, PeerAuthError, PeerSecurity
+from netkit.tasks import cancel_and_wait
 from proto import dledger_pb2 as pb
 from raft.messages import Message
-from raft.peer_auth import NODE_AUTH, PeerAuthError, PeerSecurity
 from raft.validate import InvalidPeerMessage
-from raft.wire import BATCHES_READ, MAX_BATCH, MAX_BATCH_BYTES, MAX_QUEUED, PEER_ID, from_proto
-from store.flush import cancel_and_wait
+from raftio.wire import BATCHES_READ, MAX_BATCH, MAX_BATCH_BYTES, MAX_QUEUED, PEER_ID, from_proto
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ class PeerGate:
     ) -> None:
         self.cluster = cluster
         self._deliver = deliver
-        # Multi-Raft (raft/multiplex.py): the deliver of the group a message names (None:
+        # Multi-Raft (raftio/multiplex.py): the deliver of the group a message names (None:
         # the process hosts no such group); without it every message goes to `deliver`.
         self._groups = groups
         self._unknown_groups: set[int] = set()

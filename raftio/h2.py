@@ -29,9 +29,9 @@ from collections.abc import Sequence
 
 import h2grpc
 from h2grpc import frames as f
+from netkit.peer_auth import PeerSecurity, peercert_node
 from proto import dledger_pb2 as pb
-from raft.peer_auth import PeerSecurity, peercert_node
-from raft.peer_link import (
+from raftio.link import (
     CONNECT_TIMEOUT_S,
     REFUSALS,
     LinkBroken,
@@ -41,7 +41,7 @@ from raft.peer_link import (
     Refusal,
     batches_read,
 )
-from raft.wire import BATCHES_READ
+from raftio.wire import BATCHES_READ
 
 PATH = "/dledger.v1.RaftPeer/Stream"
 KEEPALIVE_S = 10.0  # a ping this often; unanswered within h2grpc's timeout: reconnect
