@@ -7,13 +7,19 @@ acknowledgement `advance()` (with async storage writes, durability comes
 separately through `persisted()`). The core never reads the clock, the network,
 the disk or the global `random`.
 
-One class, in parts (etcd-io/raft's seams), each a mixin over the same state:
-raft/state.py (the fields, role transitions, `_send`), raft/election.py
-(campaigns, votes, the lease), raft/replication.py (appends, acks, commit,
-snapshots), raft/leadership.py (the leader's clock, ReadIndex, transfer). This
-module holds what a driver calls and the routing of each message by role
-(`step` -> `_step_leader/_step_candidate/_step_follower`); each part's module
-states the invariants it keeps.
+The core composes objects that own their state, after etcd-io/raft's
+`tracker`, `quorum`, `confchange` and `readOnly`: the `RaftLog` (raft/log.py),
+the `ProgressTracker` (raft/tracker.py: the configuration as the protocol sees
+it, a leader's progress per peer, a candidate's votes), quorum arithmetic
+(raft/quorum.py), configuration changes (raft/confchange.py) and a leader's
+ReadIndex queues (raft/readonly.py). Its own fields and role transitions are
+`CoreState` (raft/state.py); the protocol steps are two mixins over it that
+never call each other: raft/election.py (campaigns, votes, the lease) and
+raft/replication.py (the log's replication at both ends, commit, the leader's
+clock, ReadIndex and transfer). This module holds what a driver calls, the
+routing of each message by role (`step` -> `_step_leader/_step_candidate/
+_step_follower`) and the following of the configuration in effect
+(`_sync_conf`); each part's module states the invariants it keeps.
 
 Invariants kept here:
 - every message that depends on a hard state or entries leaves in the same
@@ -22,7 +28,7 @@ Invariants kept here:
   persisted (`advance`, or `persisted` with async storage writes), and with
   async storage writes only durable entries are applied.
 - only a leader accepts proposals, and not while it is transferring leadership
-  (a leader that lost its quorum steps down: raft/leadership.py).
+  (a leader that lost its quorum steps down: raft/replication.py).
 - a message of a higher term makes the node follow that term before it is
   handled (a pre-vote and a granted pre-vote answer excepted, and a vote request
   inside the leader lease is ignored); one of a lower term is answered only so
@@ -30,8 +36,8 @@ Invariants kept here:
 - a node restoring a snapshot does not campaign until the driver has restored
   it (`advance` of the Ready carrying it).
 - membership is carried by the log (raft/membership.py): a configuration is in
-  effect once appended, one change at a time (`propose_conf_change`), and the
-  hard state records the last committed one.
+  effect once appended, one change at a time (`propose_conf_change`, checked by
+  raft/confchange.py), and the hard state records the last committed one.
 - a node started with `catch_up_to` beyond its log (its disk lost entries it had
   acknowledged or knew committed) neither campaigns nor grants votes or pre-votes
   until a leader's replication has made its log match the leader's up to that
@@ -43,10 +49,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import repeat
 
+from raft import confchange
 from raft.election import Elections
-from raft.errors import MembershipError, NotLeader, ProposalDropped
-from raft.leadership import Leadership
-from raft.membership import ChangeOp, ConfChange, Membership
+from raft.errors import NotLeader, ProposalDropped
+from raft.membership import ConfChange, Membership
 from raft.messages import (
     AppendEntries,
     AppendResponse,
@@ -66,7 +72,7 @@ from raft.replication import Replication
 from raft.types import Entry, EntryKind, HardState, ReadState, Role
 
 
-class RaftCore(Elections, Replication, Leadership):
+class RaftCore(Elections, Replication):
     """One Raft node's protocol state machine (see the module docstring).
 
     `RaftCore(config, storage, hard_state=HardState(), *, rng, applied=0,
@@ -148,7 +154,7 @@ class RaftCore(Elections, Replication, Leadership):
     def replicas(self) -> tuple[int, ...]:
         """Leader: the nodes it replicates to (the other members, and a member being
         removed until the removal commits); empty on other roles."""
-        return self._replicas
+        return self._trk.replicas
 
     @property
     def conf_pending(self) -> bool:
@@ -160,7 +166,7 @@ class RaftCore(Elections, Replication, Leadership):
         """Per-peer replication state; empty unless this node is the leader."""
         return {
             p: PeerProgress(pr.match, pr.next, pr.state, pr.recent_active, pr.pending_snapshot)
-            for p, pr in self._progress.items()
+            for p, pr in self._trk.progress.items()
         }
 
     def log_term(self, index: int) -> int:
@@ -211,21 +217,15 @@ class RaftCore(Elections, Replication, Leadership):
         if self._transferee is not None:
             raise NotLeader(self._transferee)
         log = self._log
-        pending = log.confs.pending_after(log.committed)
-        if pending:
-            raise MembershipError(f"another membership change (entry {pending}) is not "
-                                  "committed yet; retry once it is")  # fmt: skip
-        if log.term(log.committed) != self._term:
-            raise MembershipError("the leader has not committed an entry of its term yet; "
-                                  "retry in a moment")  # fmt: skip
-        new = self._conf.apply(change)
-        if change.op is ChangeOp.PROMOTE:
-            lag = log.last_index() - self._progress[change.node_id].match
-            if lag > self._cfg.max_promote_lag:
-                raise MembershipError(
-                    f"learner {change.node_id} is {lag} entries behind the leader, more than "
-                    f"{self._cfg.max_promote_lag}: promote it once it has caught up"
-                )
+        new = confchange.propose(
+            self._conf,
+            change,
+            pending=log.confs.pending_after(log.committed),
+            term_committed=log.term(log.committed) == self._term,
+            last_index=log.last_index(),
+            match=self._trk.match_indexes(),
+            max_promote_lag=self._cfg.max_promote_lag,
+        )
         index = log.last_index() + 1
         log.append([Entry(index, self._term, new.encode(), EntryKind.CONFIG)])
         self._bcast_pending = True
@@ -237,7 +237,7 @@ class RaftCore(Elections, Replication, Leadership):
         election timeout. Proposals are refused while the transfer is pending."""
         if self._role is not Role.LEADER:
             raise NotLeader(self._leader_id)
-        if target not in self._voters:
+        if target not in self._trk.voters:
             raise ValueError(f"{target} is not a voter")
         if target in (self._id, self._transferee):
             return
@@ -275,7 +275,7 @@ class RaftCore(Elections, Replication, Leadership):
             return
         match self._role:
             case Role.LEADER:
-                if m.src in self._progress:  # answers of a removed member are moot
+                if m.src in self._trk.progress:  # answers of a removed member are moot
                     self._step_leader(m)
             case Role.PRE_CANDIDATE | Role.CANDIDATE:
                 self._step_candidate(m)
@@ -353,7 +353,7 @@ class RaftCore(Elections, Replication, Leadership):
         counts its own log in the quorum up to there."""
         self._log.persisted = max(self._log.persisted, index)
         if self._role is Role.LEADER:
-            pr = self._progress[self._id]
+            pr = self._trk.progress[self._id]
             if pr.maybe_update(index) and self._maybe_commit():
                 self._bcast_pending = True
 
@@ -361,6 +361,18 @@ class RaftCore(Elections, Replication, Leadership):
         """With async storage writes only durable entries are applied (etcd's rule):
         a node never serves an entry its own disk may still lose."""
         return self._log.persisted if self._cfg.async_storage_writes else None
+
+    # --- the configuration ---
+
+    def _sync_conf(self) -> None:
+        """Follow the configuration in effect (the log's last); cheap when unchanged."""
+        conf = self._log.confs.current
+        if conf is self._conf and self._trk.voters:
+            return
+        self._conf = conf
+        self._trk.set_config(confchange.tracker_config(conf, self._id))
+        if self._role is Role.LEADER:
+            self._follow_conf_as_leader()
 
     # --- routing by role ---
 

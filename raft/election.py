@@ -1,9 +1,11 @@
 """Elections: the election timer, (pre-)campaigns, votes and the leader lease.
 
 Owns: `Elections`, the part of `RaftCore` that decides who leads (a mixin over
-`CoreState`, raft/state.py). A follower or candidate whose randomized timeout
-runs out campaigns: with pre-vote first as a pre-candidate at term + 1 without
-changing its term, then for real.
+`CoreState`, raft/state.py, calling only it and the objects it composes). A
+follower or candidate whose randomized timeout runs out campaigns: with
+pre-vote first as a pre-candidate at term + 1 without changing its term, then
+for real. The votes are recorded and tallied by the `ProgressTracker`
+(raft/tracker.py), over the voters of the configuration in effect.
 
 Invariants kept here:
 - a node votes at most once per term (`_vote`, persisted before the answer
@@ -23,8 +25,8 @@ Invariants kept here:
 
 from __future__ import annotations
 
-from raft import quorum
 from raft.messages import RequestVote, VoteResponse
+from raft.quorum import VoteResult
 from raft.state import CoreState
 from raft.types import Role
 
@@ -50,7 +52,7 @@ class Elections(CoreState):
         """A voter of the configuration in effect; or, while that one is uncommitted, of
         the last committed one (Raft thesis 4.2.2: a leader that removed itself and
         stepped down may be the only node whose log can still be elected)."""
-        if self._id in self._voters:
+        if self._id in self._trk.voters:
             return True
         log = self._log
         return bool(log.confs.pending_after(log.committed)) and (
@@ -64,7 +66,7 @@ class Elections(CoreState):
             return  # our log is not in storage yet: wait for the driver's restore
         if self._catch_up_to:
             return  # we lack entries that may be committed: a leader must restore them
-        if not self.may_campaign and len(self._voters) > 1:
+        if not self.may_campaign and len(self._trk.voters) > 1:
             return  # the driver knows this node could not serve its log as a leader
         pre_vote = self._cfg.pre_vote and not transfer
         if pre_vote:
@@ -77,20 +79,20 @@ class Elections(CoreState):
         if self._role is Role.LEADER or (pre_vote and self._role is not Role.PRE_CANDIDATE):
             return  # a one-node cluster already decided
         last_index, last_term = self._log.last_index(), self._log.last_term()
-        for p in self._vote_peers:
+        for p in self._trk.vote_peers:
             self._send(RequestVote(self._id, p, term, last_index, last_term, pre_vote, transfer))
 
     def _record_vote(self, voter: int, granted: bool) -> None:
-        self._votes[voter] = granted
-        match quorum.vote_result(self._voters, self._votes):
-            case quorum.VoteResult.WON:
+        self._trk.record_vote(voter, granted)
+        match self._trk.tally_votes():
+            case VoteResult.WON:
                 if self._role is Role.PRE_CANDIDATE:
                     self._campaign(transfer=True)  # a real election, no second pre-vote
                 else:
                     self._become_leader()
-            case quorum.VoteResult.LOST:
+            case VoteResult.LOST:
                 self._become_follower(self._term, None)
-            case quorum.VoteResult.PENDING:
+            case VoteResult.PENDING:
                 pass
 
     def _handle_vote_request(self, m: RequestVote) -> None:

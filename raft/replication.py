@@ -1,11 +1,27 @@
-"""Replication: moving the leader's log to the followers, and the commit index.
+"""Replication: the log's flow from the leader to the followers, and the leader's duties.
 
-Owns: `Replication`, the part of `RaftCore` that appends (a mixin over
-`CoreState`, raft/state.py). The follower side answers appends, snapshots and
-heartbeats; the leader side tracks each follower's `Progress` (probe,
-replicate, snapshot; raft/progress.py), fills its window of pipelined appends,
-advances the commit index from the quorum's match indexes, and sends a
-`Snapshot` to a follower behind its first retained entry.
+Owns: `Replication`, the part of `RaftCore` that moves the log (a mixin over
+`CoreState`, raft/state.py, calling only it and the objects it composes; the
+election side is raft/election.py, and the two never call each other).
+
+- The follower side answers appends, snapshots and heartbeats.
+- The leader side fills each follower's window of pipelined appends from its
+  `Progress` (probe, replicate, snapshot; raft/progress.py) in the
+  `ProgressTracker` (raft/tracker.py), advances the commit index from the
+  voters' match indexes (raft/quorum.py), and sends a `Snapshot` to a follower
+  behind its first retained entry.
+- The leader's clock: heartbeats every `heartbeat_ticks`, the catch-up
+  throttle's refill every tick; every election timeout check-quorum (step down
+  unless a quorum was heard from) and the end of a transfer that did not finish
+  in time.
+- ReadIndex: a read is answered with the commit index at the time it arrived,
+  once a quorum has acknowledged a heartbeat sent after it; the queues are a
+  `ReadOnly` (raft/readonly.py).
+- Leadership transfer: bring the target up to date, then `TimeoutNow`; the
+  preferred leader, to which a leader hands over once it is caught up; and a
+  removed leader's hand-over to the most caught-up voter.
+- A configuration change under a leader (`_follow_conf_as_leader`): new members
+  are tracked at once, removed ones once their removal commits.
 
 Invariants kept here:
 - a follower never truncates or overwrites an entry at or below its commit
@@ -14,8 +30,8 @@ Invariants kept here:
   majority lost acknowledged entries: async flush and a power loss) raises
   `LogDiverged` before anything changes the log; the driver rolls back or stops.
 - a follower never commits beyond its own log, whatever the leader believes.
-- a leader commits only entries of its own term, by quorum (raft/quorum.py),
-  and never counts a follower's ack beyond its own log.
+- a leader commits only entries of its own term, by a quorum of voters, and
+  never counts a follower's ack beyond its own log.
 - a follower behind the leader's first retained entry gets a `Snapshot`; the
   core never touches its storage for it, the driver restores the storage from
   `Ready.snapshot`.
@@ -23,23 +39,34 @@ Invariants kept here:
 - with a catch-up throttle (`Config.catch_up_bytes_per_tick`) an append of
   committed entries only goes to a follower while its byte budget lasts (the
   leader's tick refills it); appends carrying what a commit waits for never wait.
+- a read is answered only once this leader has committed an entry of its own
+  term (until then its commit index may be stale): earlier reads are held in
+  the `ReadOnly` and released by that first commit; reads are answered in the
+  order they arrived.
+- at most one transfer is pending; while it is, proposals are refused
+  (`RaftCore.propose`); it ends when the target campaigns, or after an
+  election timeout.
+- a removed member stays tracked (and gets the entries, its removal included)
+  until its removal commits; then it gets a last heartbeat carrying the commit
+  index, so that it applies its removal too.
 """
 
 from __future__ import annotations
 
-from raft import quorum
 from raft.errors import Compacted, LogDiverged
 from raft.messages import (
     AppendEntries,
     AppendResponse,
     Heartbeat,
     HeartbeatResponse,
+    ReadIndexResponse,
     Snapshot,
+    TimeoutNow,
 )
 from raft.progress import Progress, ProgressState
 from raft.state import CoreState
 from raft.storage import data_size
-from raft.types import Role, SnapshotMeta
+from raft.types import ReadState, Role, SnapshotMeta
 
 
 class Replication(CoreState):
@@ -113,7 +140,7 @@ class Replication(CoreState):
     # --- leader side: acknowledgements ---
 
     def _handle_append_response(self, m: AppendResponse) -> None:
-        pr = self._progress[m.src]
+        pr = self._trk.progress[m.src]
         pr.recent_active = True
         if m.reject:
             if m.hint_index < pr.match:
@@ -152,8 +179,8 @@ class Replication(CoreState):
         self._maybe_send_timeout_now(m.src)
 
     def _handle_heartbeat_response(self, m: HeartbeatResponse) -> None:
-        """The follower is alive: probe it if it lags (its reads: raft/leadership.py)."""
-        pr = self._progress[m.src]
+        """The follower is alive: probe it if it lags (its reads: `_handle_read_ack`)."""
+        pr = self._trk.progress[m.src]
         pr.recent_active = True
         pr.probe_sent = False
         if pr.state is ProgressState.SNAPSHOT:
@@ -174,8 +201,8 @@ class Replication(CoreState):
             self._send_appends(m.src, force_empty=force)
 
     def _maybe_commit(self) -> bool:
-        match = {p: pr.match for p, pr in self._progress.items()}
-        index = quorum.committed_index(self._voters, match)
+        trk = self._trk
+        index = trk.committed()
         log = self._log
         if index <= log.committed or log.term(index) != self._term:
             return False
@@ -183,15 +210,33 @@ class Replication(CoreState):
         log.commit_to(index)
         if first_in_term:
             self._release_waiting_reads()
-        if len(self._replicas) != len(self._others):
+        if trk.has_removed():
             self._drop_removed()  # a removal committed
-        if self._id not in self._voters and log.confs.index <= index:
+        if self._id not in trk.voters and log.confs.index <= index:
             self._hand_over()  # our removal committed: hand leadership to a voter
         return True
 
-    def _conf_changed_as_leader(self) -> None:
-        """Fewer voters may make a quorum of what is already stored."""
+    # --- leader side: the configuration ---
+
+    def _follow_conf_as_leader(self) -> None:
+        """The configuration in effect changed under this leader (`_trk` has it):
+        track new members at once, drop removed ones once their removal commits,
+        and commit what fewer voters may already make a quorum of."""
+        self._trk.track_new_members(self._log.last_index() + 1)
+        self._drop_removed()
+        if self._transferee is not None and self._transferee not in self._trk.voters:
+            self._transferee = None
         self._maybe_commit()
+        self._bcast_pending = True
+
+    def _drop_removed(self) -> None:
+        """Stop replicating to removed members once their removal commits (until
+        then they get the entries, the configuration that removes them included)."""
+        log, me = self._log, self._id
+        if log.confs.index <= log.committed:
+            for p, match in self._trk.untrack_removed():
+                # A last word: the commit index, so that it applies its removal too.
+                self._send(Heartbeat(me, p, self._term, min(match, log.committed)))
 
     # --- leader side: sending ---
 
@@ -203,7 +248,7 @@ class Replication(CoreState):
             return
         if self._bcast_pending:
             self._bcast_pending = False
-            for p in self._replicas:
+            for p in self._trk.replicas:
                 self._send_appends(p)
         if self._heartbeat_pending:
             self._heartbeat_pending = False
@@ -212,8 +257,8 @@ class Replication(CoreState):
     def _bcast_heartbeat(self) -> None:
         ctx = self._reads.last_ctx()
         committed = self._log.committed
-        for p in self._replicas:
-            pr = self._progress[p]
+        for p in self._trk.replicas:
+            pr = self._trk.progress[p]
             commit = min(pr.match, committed)
             pr.sent_commit = max(pr.sent_commit, commit)
             self._send(Heartbeat(self._id, p, self._term, commit, ctx))
@@ -236,13 +281,13 @@ class Replication(CoreState):
         while self._maybe_send_append(peer, send_empty=False):
             sent_any = True
         if not sent_any:
-            pr = self._progress[peer]
+            pr = self._trk.progress[peer]
             if not pr.is_paused() and (force_empty or pr.sent_commit < self._log.committed):
                 quiet = not force_empty and pr.state is ProgressState.REPLICATE
                 self._maybe_send_append(peer, send_empty=True, quiet=quiet)
 
     def _maybe_send_append(self, peer: int, send_empty: bool, quiet: bool = False) -> bool:
-        pr = self._progress[peer]
+        pr = self._trk.progress[peer]
         if pr.is_paused():
             return False
         log = self._log
@@ -288,3 +333,110 @@ class Replication(CoreState):
                             encoded or conf.encode(), conf_index))  # fmt: skip
         pr.become_snapshot(index)
         return True
+
+    # --- the leader's clock ---
+
+    def _tick_heartbeat(self) -> None:
+        self._heartbeat_elapsed += 1
+        self._election_elapsed += 1
+        if self._election_elapsed >= self._cfg.election_ticks:
+            self._election_elapsed = 0
+            active = not self._cfg.check_quorum or self._trk.quorum_active()
+            self._trk.reset_recent_active()
+            if not active:
+                self._become_follower(self._term, None)
+                return
+            self._transferee = None  # a transfer that took an election timeout failed
+            if self._removed_and_committed():
+                # Removed, and nobody took over within an election timeout: step down
+                # (the voters elect among themselves) rather than lead from outside.
+                self._become_follower(self._term, None)
+                return
+        rate = self._cfg.catch_up_bytes_per_tick
+        if rate:
+            self._refill_catch_up(rate)
+        if self._heartbeat_elapsed >= self._cfg.heartbeat_ticks:
+            self._heartbeat_elapsed = 0
+            self._bcast_heartbeat()
+            self._maybe_transfer_to_preferred()
+
+    def _refill_catch_up(self, rate: int) -> None:
+        """A tick's worth of catch-up bytes for every follower (one tick's at most
+        saved up); one whose budget was spent gets its next appends now."""
+        for p in self._trk.replicas:
+            pr = self._trk.progress[p]
+            if pr.budget < rate:
+                spent = pr.budget <= 0
+                pr.budget = min(pr.budget + rate, rate)
+                if spent and pr.budget > 0:
+                    self._send_appends(p)
+
+    # --- leadership transfer ---
+
+    def _start_transfer(self, target: int) -> None:
+        """Hand over to `target` (a peer, not us, not already the transferee)."""
+        self._transferee = target
+        self._election_elapsed = 0
+        if not self._maybe_send_timeout_now(target):
+            self._send_appends(target)
+
+    def _maybe_send_timeout_now(self, peer: int) -> bool:
+        if peer != self._transferee or self._trk.progress[peer].match != self._log.last_index():
+            return False
+        self._send(TimeoutNow(self._id, peer, self._term))
+        return True
+
+    def _maybe_transfer_to_preferred(self) -> None:
+        pref = self._cfg.preferred_leader
+        if pref is None or pref == self._id or self._transferee is not None:
+            return
+        if self._removed_and_committed():
+            self._hand_over()
+            return
+        if pref not in self._trk.voters:
+            return
+        pr = self._trk.progress[pref]
+        if pr.recent_active and pr.match == self._log.last_index():
+            self._start_transfer(pref)
+
+    # --- leaving the group ---
+
+    def _removed_and_committed(self) -> bool:
+        """This leader is no voter of a committed configuration: it must hand over."""
+        return self._id not in self._trk.voters and self._log.confs.index <= self._log.committed
+
+    def _hand_over(self) -> None:
+        """Transfer to the most up-to-date voter (it campaigns once caught up)."""
+        if self._transferee is not None:
+            return
+        target = max(self._trk.vote_peers, key=lambda p: self._trk.progress[p].match, default=None)
+        if target is not None:
+            self._start_transfer(target)
+
+    # --- ReadIndex ---
+
+    def _handle_read_index(self, ctx: bytes, requester: int) -> None:
+        log = self._log
+        if log.term(log.committed) != self._term:
+            self._reads.hold(ctx, requester)
+        elif self._trk.is_sole_voter():
+            self._answer_read(ctx, log.committed, requester)
+        elif self._reads.add(ctx, log.committed, requester, self._id):
+            self._heartbeat_pending = True
+
+    def _handle_read_ack(self, src: int, ctx: bytes) -> None:
+        """`src` answered a heartbeat that carried `ctx` (b"": no read was pending)."""
+        if ctx:
+            for req in self._reads.recv_ack(src, ctx, self._trk.voters):
+                self._answer_read(req.ctx, req.index, req.requester)
+
+    def _release_waiting_reads(self) -> None:
+        """The first commit of this leader's term: the held reads proceed."""
+        for ctx, requester in self._reads.take_held():
+            self._handle_read_index(ctx, requester)
+
+    def _answer_read(self, ctx: bytes, index: int, requester: int) -> None:
+        if requester == self._id:
+            self._read_states.append(ReadState(ctx, index))
+        else:
+            self._send(ReadIndexResponse(self._id, requester, self._term, ctx, index))

@@ -16,6 +16,12 @@ the expected output up to the next blank line. Commands:
   tick-election N...            tick each node election_ticks times
   tick-heartbeat N...           tick each node heartbeat_ticks times
   propose N DATA...             one entry per DATA, proposed on node N as a batch
+  conf-change N add-learner|promote|remove M
+                                propose a membership change on node N
+  start-node M                  start node M, empty, joining the group (it
+                                becomes a member through conf-change)
+  compact N [INDEX]             node N's storage drops its log up to INDEX
+                                (default: all it applied)
   transfer-leadership from=N to=M
   read-index N CTX
   process-ready N...            persist, send, apply and advance one Ready each
@@ -24,11 +30,14 @@ the expected output up to the next blank line. Commands:
                                 dropping those for the nodes in drop=
   stabilize [N...]              process Readies and deliver until nothing moves
   status N...                   role, term, commit; a leader's view of its peers
+  membership N...               the configuration in effect (and, if it is not
+                                committed yet, the committed one)
   raft-log N                    node N's log
 
 The trace: one line per message (`1->2 MsgApp term=2 index=3 logterm=1
 entries=[2/4 "a"] commit=2`: index/logterm are the entry the append follows; an
-entry prints as term/index), a block per Ready in the order the driver carries
+entry prints as term/index, a configuration entry with its voters and
+learners), a block per Ready in the order the driver carries
 it out, and a line whenever a node's role, term or leader changes. An error the
 core raises for a command (`NotLeader`, ...) is part of the trace; a mistake in
 the script is a `ScriptError`. Every random choice comes from `seed=`.
@@ -63,6 +72,7 @@ from raft import (
     TimeoutNow,
     VoteResponse,
 )
+from raft.membership import ChangeOp, ConfChange, Member, Membership
 from tests.sim.harness import Cluster
 
 SEPARATOR = "----"
@@ -133,9 +143,17 @@ def quote(data: bytes) -> str:
     return '"' + data.decode("utf-8", "backslashreplace").replace('"', '\\"') + '"'
 
 
+def fmt_membership(m: Membership) -> str:
+    voters = ",".join(map(str, m.voters))
+    learners = ",".join(map(str, m.learners))
+    return f"voters=({voters})" + (f" learners=({learners})" if learners else "")
+
+
 def fmt_entry(e: Entry) -> str:
     if e.kind is EntryKind.NOOP:
         return f"{e.term}/{e.index} noop"
+    if e.kind is EntryKind.CONFIG:
+        return f"{e.term}/{e.index} conf {fmt_membership(Membership.decode(e.data))}"
     return f"{e.term}/{e.index} {quote(e.data)}"
 
 
@@ -250,6 +268,9 @@ class TraceEnv:
             "tick-election": lambda a: self._tick_each(a, lambda cfg: cfg.election_ticks),
             "tick-heartbeat": lambda a: self._tick_each(a, lambda cfg: cfg.heartbeat_ticks),
             "propose": self._propose,
+            "conf-change": self._conf_change,
+            "start-node": self._start_node,
+            "compact": self._compact,
             "transfer-leadership": self._transfer_leadership,
             "read-index": self._read_index,
             "process-ready": lambda a: self._each_node(a, self._process_ready, everyone=False),
@@ -257,6 +278,7 @@ class TraceEnv:
             "stabilize": self._stabilize,
             "status": lambda a: self._each_node(a, self._status, everyone=True),
             "raft-log": lambda a: self._each_node(a, self._raft_log, everyone=False),
+            "membership": lambda a: self._each_node(a, self._membership, everyone=True),
         }
 
     # --- helpers ---
@@ -369,6 +391,40 @@ class TraceEnv:
 
         self._guarded(node, 0, propose)
 
+    def _conf_change(self, args: list[str]) -> None:
+        ops = {op.value: op for op in ChangeOp}
+        if len(args) != 3 or args[1] not in ops or not args[2].isdigit():
+            raise ScriptError("conf-change N add-learner|promote|remove M")
+        node, op, target = self._node(args[0]), ops[args[1]], int(args[2])
+        member = Member(target) if op is ChangeOp.ADD_LEARNER else None
+        change = ConfChange(op, target, member)
+
+        def propose() -> None:
+            index = self.cluster.core(node).propose_conf_change(change)
+            self._print(f"proposed at {index}")
+
+        self._guarded(node, 0, propose)
+
+    def _start_node(self, args: list[str]) -> None:
+        if len(args) != 1 or not args[0].isdigit():
+            raise ScriptError("start-node M")
+        node = int(args[0])
+        if node in self.cluster.peers:
+            raise ScriptError(f"start-node: node {node} exists already")
+        self.cluster.add_node(node)
+        self._print(f"node {node} started, joining the group")
+
+    def _compact(self, args: list[str]) -> None:
+        if len(args) not in (1, 2):
+            raise ScriptError("compact N [INDEX]")
+        node = self._node(args[0])
+        applied = self.cluster.core(node).applied
+        index = self._int("INDEX", args[1]) if len(args) == 2 else applied
+        if not self.cluster.core(node).first_index - 1 <= index <= applied:
+            raise ScriptError(f"compact: {index} is not between the log start and {applied}")
+        self.cluster.compact(node, index)
+        self._print(f"{node}: log starts at {self.cluster.core(node).first_index}")
+
     def _transfer_leadership(self, args: list[str]) -> None:
         positional, keyed = self._split(args)
         if positional or set(keyed) != {"from", "to"}:
@@ -439,6 +495,13 @@ class TraceEnv:
             snap = f" pending_snapshot={pr.pending_snapshot}" if pr.pending_snapshot else ""
             self._print(f"{peer}: {pr.state.value} match={pr.match} next={pr.next}"
                         f"{active}{snap}", 2)  # fmt: skip
+
+    def _membership(self, node: int) -> None:
+        core = self.cluster.core(node)
+        line = f"{node}: {fmt_membership(core.membership)} (entry {core.conf_index})"
+        if core.conf_pending:
+            line += f", committed: {fmt_membership(core.committed_membership)}"
+        self._print(line)
 
     def _raft_log(self, node: int) -> None:
         core = self.cluster.core(node)

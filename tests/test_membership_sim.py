@@ -131,7 +131,7 @@ def test_a_leader_that_counts_learners_fails_its_seed(monkeypatch: pytest.Monkey
         def committed_index(voters: object, match: dict[int, int]) -> int:
             return quorum.committed_index(tuple(match), match)
 
-    monkeypatch.setattr("raft.replication.quorum", CountsEveryone)
+    monkeypatch.setattr("raft.tracker.quorum", CountsEveryone)
     with pytest.raises(SimFailure, match=r"committed \d+ but only \[\d\] of its voters"):
         Simulation(0, membership=True).run(CORE_STEPS)
 

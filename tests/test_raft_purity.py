@@ -10,10 +10,10 @@ import raft
 CORE_MODULES = (
     "__init__",
     "config",
+    "confchange",
     "core",
     "election",
     "errors",
-    "leadership",
     "log",
     "membership",
     "messages",
@@ -24,6 +24,7 @@ CORE_MODULES = (
     "replication",
     "state",
     "storage",
+    "tracker",
     "types",
     "validate",
 )

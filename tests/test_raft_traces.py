@@ -46,7 +46,11 @@ def test_the_scenarios_are_there() -> None:
         "replication",
         "replication_conflict",
         "transfer_leadership",
+        "transfer_lagging",
         "read_index",
+        "membership_changes",
+        "learners",
+        "snapshot",
     }
 
 
@@ -68,6 +72,9 @@ def test_a_rewrite_restores_a_damaged_trace() -> None:
         ("add-nodes 3 pre_votes=false\n----\n", "not a Config field"),
         ("add-nodes 3 election-ticks=ten\n----\n", "not a number"),
         ("add-nodes 3\n----\n\n# dangling\n", "precedes no command"),
+        ("add-nodes 3\n----\n\nconf-change 1 demote 2\n----\n", "add-learner|promote"),
+        ("add-nodes 3\n----\n\nstart-node 2\n----\n", "exists already"),
+        ("add-nodes 3\n----\n\ncompact 1 5\n----\n", "not between the log start"),
     ],
 )
 def test_a_mistake_in_a_script_is_an_error_not_a_trace(script: str, complaint: str) -> None:

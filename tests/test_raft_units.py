@@ -43,6 +43,19 @@ def test_vote_result() -> None:
     assert has_quorum(v, [1, 3, 9]) and not has_quorum(v, [1, 9])
 
 
+def test_only_voters_make_a_quorum() -> None:
+    """Matches, votes and acks of non-voters (learners, removed members) never count."""
+    v = (1, 2, 3)
+    assert committed_index(v, {1: 9, 4: 9, 5: 9, 2: 1}) == 1
+    assert vote_result(v, {1: True, 4: True, 5: True}) is VoteResult.PENDING
+    assert vote_result(v, {2: False, 3: False, 4: True}) is VoteResult.LOST
+    assert not has_quorum(v, [1, 4, 5, 6])
+    assert has_quorum(v, [2, 2, 3])  # each voter counts once
+    assert not has_quorum((1, 2), [1, 1])
+    assert vote_result((1,), {1: True}) is VoteResult.WON
+    assert vote_result((1, 2), {1: True, 2: False}) is VoteResult.LOST
+
+
 def test_memory_storage_reads_and_limits() -> None:
     s = MemoryStorage()
     assert (s.first_index(), s.last_index(), s.term(0)) == (1, 0, 0)

@@ -235,7 +235,7 @@ def settle(sim: MultiSim, deadline_ms: int) -> None:
     """Run until every group is led by its preferred node (elections and transfers
     done; without preferred leaders, until every group has a leader), then 100 ms
     under load. Quiet meanwhile: a leader hands over to its
-    preferred node only when that one holds its whole log (raft/leadership.py),
+    preferred node only when that one holds its whole log (raft/replication.py),
     which a steady stream of proposals may never let happen."""
 
     def settled() -> bool:
