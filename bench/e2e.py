@@ -126,7 +126,8 @@ def proposals(cl: LocalCluster, node_id: int) -> tuple[float, float]:
     except OSError:
         return NAN, NAN
     for line in text.splitlines():
-        name, _, value = line.partition(" ")
+        sample, _, value = line.rpartition(" ")
+        name = sample.partition("{")[0]  # labelled with the shard
         if name in want:
             got[want[name]] = float(value)
     return got[0], got[1]

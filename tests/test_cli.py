@@ -264,7 +264,7 @@ def test_make_client_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 def test_serve_builds_the_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dledger_commitlog.service import server
+    from dledger_commitlog.process import server
 
     seen: list[NodeConfig] = []
     monkeypatch.setattr(server, "run", seen.append)
@@ -291,7 +291,7 @@ def test_serve_reads_a_retired_setting_with_a_warning_that_names_it(
 ) -> None:  # fmt: skip
     """The gRPC stack of either port is no longer a setting: a config file or a flag
     that still names one starts the node, with one warning each that says so."""
-    from dledger_commitlog.service import server
+    from dledger_commitlog.process import server
 
     seen: list[NodeConfig] = []
     monkeypatch.setattr(server, "run", seen.append)

@@ -42,7 +42,7 @@ from dledger_commitlog.client import (
     InvalidArgument,
     RoutedClient,
 )
-from dledger_commitlog.client.consumer import run_together
+from dledger_commitlog.client.async_consumer import run_together
 from dledger_commitlog.common.protocol import group_metadata
 from dledger_commitlog.common.routes import group_of_msg_id
 from proto import dledger_pb2 as pb
@@ -286,12 +286,12 @@ def test_routed_consumers_run_together_with_one_member_id(cluster: LocalCluster)
     assert sorted(m.msg_id for m in got) == sorted(set().union(*by_group.values()))
 
 
-def test_metrics_carry_the_group_label(cluster: LocalCluster) -> None:
+def test_metrics_carry_the_shard_label(cluster: LocalCluster) -> None:
     spec = cluster.specs[1]
     text = urllib.request.urlopen(f"http://{spec.metrics}/metrics", timeout=5).read().decode()
     samples = [line for line in text.splitlines() if line and not line.startswith("#")]
-    unlabelled = [s for s in samples if 'group="' not in s.split(" ")[0]]
+    unlabelled = [s for s in samples if 'shard="' not in s.split(" ")[0]]
     assert not unlabelled, unlabelled[:5]
     for name in ("dledger_term", "dledger_commit_index", "dledger_role"):
-        groups = {s.split('group="')[1].split('"')[0] for s in samples if s.startswith(name + "{")}
-        assert groups == {str(g) for g in range(GROUPS + 1)}, (name, groups)
+        shards = {s.split('shard="')[1].split('"')[0] for s in samples if s.startswith(name + "{")}
+        assert shards == {str(g) for g in range(GROUPS + 1)}, (name, shards)

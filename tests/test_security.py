@@ -78,13 +78,18 @@ def raft_call(
     return grpc.StatusCode.OK
 
 
-def metric(cluster: LocalCluster, node: int, line_start: str) -> float:
-    """A counter's value from node `node`'s Prometheus endpoint (0 if not there yet)."""
+def metric(cluster: LocalCluster, node: int, sample: str) -> float:
+    """The value of `sample` (`name{label="value",...}`: those labels, any others too)
+    from node `node`'s Prometheus endpoint, summed over what matches (0 if none yet)."""
+    name, _, labels = sample.partition("{")
+    wanted = [part for part in labels.rstrip("}").split(",") if part]
+    total = 0.0
     with urllib.request.urlopen(f"http://{cluster.specs[node].metrics}/metrics", timeout=5) as r:
         for line in r.read().decode().splitlines():
-            if line.startswith(line_start):
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0
+            head, _, value = line.rpartition(" ")
+            if head.partition("{")[0] == name and all(w in head for w in wanted):
+                total += float(value)
+    return total
 
 
 def member_token(cluster: LocalCluster, src: int, dst: int) -> list[tuple[str, str]]:

@@ -128,7 +128,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 @command("serve", "run one node until SIGTERM/SIGINT", _serve_args)
 def _serve(args: argparse.Namespace) -> int:
     config = serve_config(args)
-    from dledger_commitlog.service import server  # lazily: the server's imports are not the CLI's
+    from dledger_commitlog.process import server  # lazily: the server's imports are not the CLI's
 
     server.run(config)
     return 0

@@ -30,7 +30,8 @@ GROUP_HEADER = "dledger-group"
 
 
 def group_metadata(group: int) -> tuple[tuple[str, str], ...]:
-    """The metadata that names `group` (none for group 1: calls stay as they were)."""
+    """The metadata that names `group` (none for group 1, the group of a call that
+    names none)."""
     return () if group == 1 else ((GROUP_HEADER, str(group)),)
 
 

@@ -44,6 +44,7 @@ from dledger_commitlog.node.config import NodeConfig
 from dledger_commitlog.node.metrics import NodeMetrics
 from dledger_commitlog.node.node import RaftNode
 from dledger_commitlog.node.security import NodeSecurity
+from dledger_commitlog.service.host import Host
 from dledger_commitlog.service.loop_probe import LoopLagProbe
 from netkit.channel import open_channel
 from netkit.peer_auth import NODE_AUTH, PeerAuthError
@@ -98,9 +99,6 @@ class Context(Protocol):
 class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
     """The state and helpers every part of the client service uses."""
 
-    # Multi-Raft (docs/scaling.md): the process's groups and routes (`routes.Host`), set
-    # by the server; None: this node's one group.
-    host: Any = None
     _next_queue = itertools.count()  # puts without a queue id, within a route's part
 
     def __init__(
@@ -111,9 +109,12 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         *,
         metrics: NodeMetrics,
         security: NodeSecurity | None = None,
+        host: Host | None = None,
     ) -> None:
+        """`host`: the process's groups and routes (None: a process of this one group)."""
         self.cfg = cfg
         self.node = node
+        self.host = host or Host(cfg.data_groups, cfg.queues_per_topic, {cfg.group: node})
         self.services = services
         self.metrics = metrics
         self.security = security or NodeSecurity()
@@ -296,7 +297,7 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         route says: a single-group cluster, a process without group 0, or the default
         route, which is queues_per_topic in every data group)."""
         host = self.host
-        if host is None or host.routes is None or self.cfg.group == 0:
+        if host.routes is None or self.cfg.group == 0:
             return None
         route = host.routes.current().configured.get(topic)
         if route is None:

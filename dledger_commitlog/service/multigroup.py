@@ -1,6 +1,6 @@
 """One client port for every Raft group a process hosts: calls go to their group.
 
-A multi-Raft process (docs/scaling.md) runs one client service per hosted group
+A node process (docs/scaling.md) runs one client service per hosted group
 (`client_service.ClientService` over that group's node). `group_services` joins
 them into one servicer table for the port: each RPC's handler reads the group the
 call names (metadata `dledger-group`, `common.protocol.GROUP_HEADER`; absent: group
@@ -8,11 +8,7 @@ call names (metadata `dledger-group`, `common.protocol.GROUP_HEADER`; absent: gr
 to group 0 whatever they name, so a client of any group can make them). A call for
 a group the process does not host is NOT_FOUND naming the groups it does host; a
 group header that is no number is INVALID_ARGUMENT. The request decoding
-(`decoding`) wraps the joined handlers once, as it wraps a single service's, so
-both ports (h2grpc and grpc.aio) serve it.
-
-A single-group process does not use this: its port serves its one service as
-before, with no per-call lookup.
+(`decoding`) wraps the joined handlers once, as it wraps a single service's.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Routes of a multi-Raft cluster: `Route` and `TopicUpdate` (docs/scaling.md).
 
-Owns `RouteRpcs` and `Host`, what one node process knows beyond the group a call
-names: the groups it hosts (their leaders and members) and, when it hosts the
-metadata group 0, the route table (`messaging.routes.RouteStore`). `Route` is
+Owns `RouteRpcs`, over `host.Host` (what one node process knows beyond the group a
+call names: the groups it hosts and, with group 0, the route table). `Route` is
 answered by any group's service of the process (it is the process's answer);
 `TopicUpdate` is a call of group 0 (the dispatcher sends it to group 0's service,
 a follower redirects to group 0's leader) and needs the admin right when the ACL
@@ -12,51 +11,17 @@ and refuses `TopicUpdate`: every topic lives in group 1 there.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import cast
-
 import grpc
 
 from dledger_commitlog.common.routes import TopicRoute
-from dledger_commitlog.messaging.routes import RouteError, RouteStore, RouteTable
+from dledger_commitlog.messaging.routes import RouteError
 from dledger_commitlog.node.acl import require_admin
-from dledger_commitlog.node.node import RaftNode
 from dledger_commitlog.service.base import Context, ServiceBase
 from proto import dledger_pb2 as pb
 from raft import NotLeader
 
 _OPS = {pb.TopicUpdateRequest.CREATE: "create", pb.TopicUpdateRequest.UPDATE: "update",
         pb.TopicUpdateRequest.DELETE: "delete"}  # fmt: skip
-
-
-@dataclass
-class Host:
-    """The process: its hosted groups' nodes and, with group 0, the route table."""
-
-    data_groups: int
-    queues_per_topic: int
-    nodes: Mapping[int, RaftNode] = field(default_factory=dict)
-    routes: RouteStore | None = None
-
-    def table(self) -> RouteTable | None:
-        """The route table (None: a multi-group process without group 0)."""
-        if self.routes is not None:
-            return self.routes.current()
-        if self.data_groups == 1:
-            return RouteTable(1, self.queues_per_topic)
-        return None
-
-    def leaders(self) -> list[pb.GroupLeader]:
-        return [
-            pb.GroupLeader(
-                group=g,
-                leader_id=node.leader_id or 0,
-                leader=node.leader_client_address() or "",
-                members=sorted(m.id for m in node.members()),
-            )
-            for g, node in sorted(self.nodes.items())
-        ]
 
 
 def route_pb(route: TopicRoute) -> pb.TopicRoute:
@@ -67,17 +32,12 @@ def route_pb(route: TopicRoute) -> pb.TopicRoute:
 
 
 class RouteRpcs(ServiceBase):
-    def _host(self) -> Host:
-        if self.host is None:
-            self.host = Host(1, self.cfg.queues_per_topic, {self.cfg.group: self.node})
-        return cast(Host, self.host)
-
     async def Route(self, request: pb.RouteRequest, context: Context) -> pb.RouteResponse:
         await self._caller(context, "Route")
         wrong = self._check_cluster(request.cluster)
         if wrong:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, wrong)
-        host = self._host()
+        host = self.host
         table = host.table()
         if table is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
@@ -98,7 +58,7 @@ class RouteRpcs(ServiceBase):
         wrong = self._check_cluster(request.cluster)
         if wrong:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, wrong)
-        host = self._host()
+        host = self.host
         if host.data_groups == 1:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "a single-group cluster: every topic lives in group 1 "

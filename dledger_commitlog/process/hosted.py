@@ -1,23 +1,24 @@
 """The Raft groups one node process hosts, built, started and closed together.
 
-Owns `Groups`: per hosted group (`NodeConfig.host_groups`; one, group 1, in a
-single-group cluster) its config (`config.group_config`: its own data directory),
+Owns `Groups`: per hosted group (`NodeConfig.host_groups`; group 1 alone in a
+cluster of one data group) its config (`config.group_config`: its own data directory),
 `RaftNode`, leader-side services (`messaging.services.LeaderServices`), metrics
 and client service (`client_service.ClientService`), and what the groups of a
 process share (docs/scaling.md): the event loop, the Raft peer port (`gate`: each
 message goes to the group it names), one outgoing stream per peer process
 (`raftio.multiplex.LinkPool`), the client port (`client_services`: each call goes to
 the group it names, `multigroup`), the metrics port (`registry`: every group's
-metrics with a `group` label) and, with group 0, the route table
-(`messaging.routes.RouteStore`, served by `service.routes`).
+metrics with a `shard` label: the Raft group) and what the process knows beyond one group
+(`service.host.Host`: its groups' nodes and, with group 0, the route table).
+A cluster of one data group is built by the same code: a process hosting one group.
 
 A group's failure (corruption, a full disk) stops that group, not the process: a
 group whose directory cannot be opened (recovery refuses it) is left closed, and a
 group that fails later stops itself as a single node does (`RaftNode.stop_on`);
 either way its calls are UNAVAILABLE naming why (`stopped`), its peers' messages
 are dropped, and the other groups keep serving. The process stops when every group
-it hosts has failed, and refuses to start when none can be opened. A single-group
-process keeps the behaviour it always had: its node's failure stops the process.
+it hosts has failed (its one group, if it hosts one), and refuses to start when
+none can be opened.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from dledger_commitlog.node.node import RaftNode
 from dledger_commitlog.node.security import NodeSecurity
 from dledger_commitlog.service.client_service import ClientService
 from dledger_commitlog.service.decoding import Services
+from dledger_commitlog.service.host import Host
 from dledger_commitlog.service.multigroup import group_services
-from dledger_commitlog.service.routes import Host
 from proto import dledger_pb2_grpc as pb_grpc
 from raft.messages import Message
 from raftio.multiplex import LinkPool
@@ -66,13 +67,12 @@ class Groups:
         self.cfg = cfg
         self._stop = stop
         self.security = security
-        self.multi = cfg.data_groups > 1 or cfg.host_groups != (1,)
-        self._pool = LinkPool(open_link) if self.multi else None
+        self._pool = LinkPool(open_link)
         self.hosted: dict[int, Hosted] = {}
         # Groups that stopped on this node (could not open, or failed since), and why:
         # their calls are UNAVAILABLE (`multigroup`), their Raft messages dropped.
         self.stopped: dict[int, str] = {}
-        self.host = Host(cfg.data_groups, cfg.queues_per_topic)
+        self.host = Host(cfg.data_groups, cfg.queues_per_topic)  # with its groups once open
 
     @property
     def first(self) -> Hosted:
@@ -90,30 +90,30 @@ class Groups:
     def _open(self) -> None:
         first: Exception | None = None
         for group in sorted(self.cfg.host_groups):
-            gcfg = group_config(self.cfg, group) if self.multi else self.cfg
+            gcfg = group_config(self.cfg, group)
             metrics = NodeMetrics(self.cfg.node_id)
-            on_fatal = self._stop.set if not self.multi else self._failure_of(group)
             try:
-                node = RaftNode(gcfg, metrics, security=self.security, on_fatal=on_fatal,
-                                links=self._pool)  # fmt: skip
+                node = RaftNode(gcfg, metrics, security=self.security,
+                                on_fatal=self._failure_of(group), links=self._pool)  # fmt: skip
             except Exception as exc:
-                if not self.multi:
-                    raise
                 first = first or exc
                 self.stopped[group] = (f"group {group} is stopped on node {self.cfg.node_id}: "
                                        f"it could not be opened ({exc})")  # fmt: skip
-                log.critical("node %d: %s; the process's other groups serve on",
-                             self.cfg.node_id, self.stopped[group])  # fmt: skip
                 continue
             self.hosted[group] = Hosted(group, gcfg, metrics, node,
                                         LeaderServices(node, gcfg, metrics))  # fmt: skip
         if not self.hosted and first is not None:
-            raise first  # no group opened (a second copy of the process, say): as one node
-        self.host.nodes = {g: h.node for g, h in self.hosted.items()}
+            raise first  # no group opened (a second copy of the process, say)
+        for why in self.stopped.values():
+            log.critical("node %d: %s; the process's other groups serve on",
+                         self.cfg.node_id, why)  # fmt: skip
+        routes = None
         if 0 in self.hosted:
-            self.host.routes = RouteStore(
+            routes = RouteStore(
                 self.hosted[0].services.system_log, self.cfg.data_groups, self.cfg.queues_per_topic
             )
+        self.host = Host(self.cfg.data_groups, self.cfg.queues_per_topic,
+                         {g: h.node for g, h in self.hosted.items()}, routes)  # fmt: skip
 
     def _failure_of(self, group: int) -> Callable[[], None]:
         def failed() -> None:
@@ -143,21 +143,18 @@ class Groups:
 
         return PeerGate(cfg.cluster, self.first.node.deliver, me=cfg.node_id, members=members,
                         security=self.security, on_reject=lambda why: reject.labels(why).inc(),
-                        groups=deliver_of if self.multi else None)  # fmt: skip
+                        groups=deliver_of)  # fmt: skip
 
     def start_services(self) -> None:
         """Build and start each group's client service (on the serving loop)."""
         for h in self.hosted.values():
             h.client = ClientService(h.cfg, h.node, h.services, metrics=h.metrics,
-                                     security=self.security)  # fmt: skip
-            h.client.host = self.host
+                                     security=self.security, host=self.host)  # fmt: skip
             h.client.start()
 
     def client_services(self) -> Services:
         add = pb_grpc.add_DLedgerClientServicer_to_server
         clients = {g: h.client for g, h in self.hosted.items()}
-        if not self.multi:
-            return ((add, clients[1]),)
         return group_services(add, clients, self.stopped)
 
     async def start(self) -> None:
@@ -166,16 +163,12 @@ class Groups:
             h.services.start()
 
     def describe(self) -> str:
-        if not self.multi:
-            return ""
         return (f", groups {sorted(self.hosted)} of 1..{self.cfg.data_groups}"
                 f"{' and 0 (routes)' if 0 in self.hosted else ''}")  # fmt: skip
 
     def registry(self) -> CollectorRegistry:
-        """What the metrics port serves: the one group's registry, or every group's
-        metrics in one registry, each sample labelled with its `group`."""
-        if not self.multi:
-            return self.first.metrics.registry
+        """What the metrics port serves: every group's metrics in one registry, each
+        sample labelled with its Raft group (`shard`: `group` names a consumer group)."""
         merged = CollectorRegistry()
         merged.register(_Labelled({g: h.metrics.registry for g, h in self.hosted.items()}))
         return merged
@@ -214,5 +207,5 @@ class _Labelled(Collector):
                     )
                 for sample in family.samples:
                     merged.samples.append(sample._replace(
-                        labels={**sample.labels, "group": str(group)}))  # fmt: skip
+                        labels={**sample.labels, "shard": str(group)}))  # fmt: skip
         return list(families.values())

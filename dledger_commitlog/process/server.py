@@ -30,9 +30,9 @@ from dledger_commitlog.node.config import ListenError, NodeConfig
 from dledger_commitlog.node.metrics import serve_metrics
 from dledger_commitlog.node.node import RaftNode
 from dledger_commitlog.node.security import NodeSecurity
+from dledger_commitlog.process.hosted import Groups
 from dledger_commitlog.service import h2_port
 from dledger_commitlog.service.decoding import Services
-from dledger_commitlog.service.hosted import Groups
 from netkit.peer_auth import TlsIdentity
 from raftio.transport import PeerServer, open_peer_server
 
