@@ -30,15 +30,15 @@ query resumes exactly where it stopped. Only committed messages are ever read.
 
 Multi-Raft clusters (docs/analytics.md): the store is every data group
 (`analytics.group_stores`, groups asked once, by the first planning), a queue
-is keyed by its group too (`"G:Q"` in offsets JSON and checkpoints; a
-single-group read's are as before), partitions are cut per group, never across
+is keyed by its group too (`"G:Q"` in offsets JSON and checkpoints; group 1's
+stay `"Q"`), partitions are cut per group, never across
 groups, and `raft_group` is a metadata column: not in the default schema,
 decoded when the schema or `columns` names it.
 
 Filter pushdown needs `spark.sql.python.filterPushdown.enabled=true` (what
 `analytics.session.register` sets). Spark refuses a reader that implements
 `pushFilters` when it is off, so the reader made for Spark's pushdown planner
-is the only one that does; with pushdown off, reads work as before, unfiltered.
+is the only one that does; with pushdown off, reads work unfiltered.
 """
 
 from __future__ import annotations

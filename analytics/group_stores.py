@@ -21,9 +21,8 @@ The `raft_group` column (a metadata column: not in the default schema, decoded
 when named, `sources.METADATA_COLUMNS`) is added here, as a constant column of
 each batch; the group stores never see it.
 
-Invariant: group 1 is read exactly as a single-group store reads it (no group
-metadata, the same keys and paths), so a single-group cluster or directory reads
-as it always did.
+Invariant: group 1 is read as a store without groups reads it (no group
+metadata, the same keys and paths).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ Spark checks those rows again.
 
 Raft groups (a multi-Raft cluster, docs/analytics.md): a queue is keyed by
 (topic, queue id) in group 1 and (topic, queue id, group) in any other
-(`analytics.sources.QueueKey`), so everything about a single-group read, its
-checkpoints included, is as it always was. In JSON (options and checkpoints) a
+(`analytics.sources.QueueKey`), so a read of group 1 alone keys its queues,
+checkpoints included, by (topic, queue id). In JSON (options and checkpoints) a
 queue is "Q" (group 1) or "G:Q" (group G): `to_json` writes every queue of a
 read that holds any group but 1 as "G:Q", else as "Q"; `from_json` takes both.
 A store's timestamp lookups are (topic, queue id, ms) in group 1 and (topic,

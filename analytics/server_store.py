@@ -16,10 +16,9 @@ when those are not on their host or not far enough.
 
 Raft groups: a store reads one group (`group`; 1 by default, as a single-group
 cluster's), every call naming it in its metadata (`dledger-group`; none for
-group 1, so a single-group cluster sees the calls it always saw); `for_group`
-gives another group's store over the same channels, and `data_groups` asks a
-node (`Route`) how many data groups the cluster has (1 from a server that
-predates groups). `analytics.group_stores` reads every group through these.
+group 1); `for_group` gives another group's store over the same channels, and
+`data_groups` asks a node (`Route`) how many data groups the cluster has (1 from
+a server without `Route`). `analytics.group_stores` reads every group through these.
 
 Replicas answer only below their committed position; one that is behind the
 planned end is waited for (committed data reaches every replica) and an
@@ -110,7 +109,7 @@ class ServerStore:
 
     def data_groups(self) -> int:
         """How many data groups the cluster has (groups 1..N): a node's `Route` answer;
-        1 from a server that predates groups."""
+        1 from a server without `Route`."""
         from proto import dledger_pb2 as pb
 
         try:
@@ -346,7 +345,7 @@ class ServerStore:
     def _read_rows(self, rows: Rows, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
         """Rows in log order, a batch at a time: without a `body` column, their heads
         (ReadLog's `message_offsets`: each message without its body; the next batch's
-        asked while one is decoded); else, or from a server that predates heads, their
+        asked while one is decoded); else, or from a server that does not send heads, their
         bytes streamed by ReadLog into one buffer."""
         if not len(rows):
             return
@@ -384,7 +383,7 @@ class ServerStore:
 
     def _heads(self, offsets: Int64s, end: int) -> tuple[bytes, bytes, bytes] | None:
         """(heads, tails, tail offsets) of the messages at `offsets` (ending at `end`), from
-        a replica that has committed them; None from a server that predates heads (it
+        a replica that has committed them; None from a server that does not send heads (it
         answers the span's raw bytes: the call is cancelled at its first chunk)."""
         from proto import dledger_pb2 as pb
 

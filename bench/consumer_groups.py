@@ -61,7 +61,7 @@ from bench._report import report
 from bench.cluster import async_client
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import Client, ClientError, MessageSpec
-from dledger_commitlog.client.consumer import AsyncConsumer, ConsumedMessage
+from dledger_commitlog.client.async_consumer import AsyncConsumer, ConsumedMessage
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUES = 8

@@ -8,9 +8,9 @@ queues (`RaftMessage.group`). Messages of every group to one peer then travel in
 the same batches: the heartbeats of all groups that a tick produces leave as one
 RaftBatch per pair of processes, one HTTP/2 message, not one per group.
 
-The receiving side is the peer port's gate (`peer_link.PeerGate`), which hands
-each message to the group it names; a group absent on the wire is group 1, so a
-single-group node speaks exactly as before.
+The receiving side is the peer port's gate (`link.PeerGate`), which hands
+each message to the group it names; a group absent on the wire is group 1, so
+group 1's messages are those of a link that knows no groups.
 
 Invariants: one shared link per (peer id, Raft address), opened with its first
 group and closed with its last; a group's messages keep their order (they share
@@ -42,7 +42,7 @@ class GroupLink:
 
     def send(self, messages: Sequence[tuple[pb.RaftMessage, int]]) -> None:
         group = self.group
-        if group != 1:  # absent is group 1: a single-group stream stays as it was
+        if group != 1:  # absent is group 1
             for msg, _ in messages:
                 msg.group = group
         self._link.send(messages)

@@ -232,7 +232,7 @@ class IndexService:
         deleted; the file that straddles it is cut in place (`IndexFile.truncate`),
         which also repairs a file torn by the crash. `store_timestamp_of(phy)` gives
         the store timestamp of the message at `phy` (the caller reads it from the
-        commit log); without it a straddling file is deleted whole, as before. Returns
+        commit log); without it a straddling file is deleted whole. Returns
         the smallest physical offset whose messages must be put again (`end_phy_offset
         + 1` of what is kept, 0 if nothing); `put_message` skips messages already
         indexed, so replaying from an earlier offset is harmless.

@@ -153,6 +153,6 @@ def test_a_cluster_that_never_comes_up_is_a_reported_harness_failure(tmp_path: P
 def test_membership_scenarios_get_spare_ids_and_need_the_proxy_network() -> None:
     assert ChaosConfig("grow-shrink").spare_ids == (4, 5, 6, 7, 8, 9)
     assert ChaosConfig("grow-shrink", nodes=5).spare_ids[0] == 6
-    assert ChaosConfig("leader-kill").spare_ids == ()  # the other runs are as they were
+    assert ChaosConfig("leader-kill").spare_ids == ()  # the other runs spare none
     with pytest.raises(ValueError, match="grow-shrink adds nodes: it runs on the toxiproxy"):
         ChaosConfig("grow-shrink", network="netns").validate()

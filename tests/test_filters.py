@@ -15,13 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dledger_commitlog.messaging.filters import (
-    MAX_DEPTH,
-    MAX_EXPRESSION_CHARS,
-    FilterError,
-    MessageFilter,
-    compile_filter,
-)
+from dledger_commitlog.messaging.filters import FilterError, MessageFilter, compile_filter
+from dledger_commitlog.messaging.sql92 import MAX_DEPTH, MAX_EXPRESSION_CHARS
 from store.errors import InvalidMessage
 
 

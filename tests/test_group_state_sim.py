@@ -254,7 +254,7 @@ class Sim:
             tries = self.state.retry_in_place(lease, offset, self.rng.choice([0, 200]), self.now)
             for o in [o for o in view.unacked if o >= offset]:
                 del view.unacked[o]  # they come again
-            # nor may its claim vouch for them (client/consumer.py's _Track keeps its
+            # nor may its claim vouch for them (client/async_consumer.py's _Track keeps its
             # next_offset: a claim after an election then skips them, messages lost)
             retried = tries < self.settings.max_reconsume
             view.next_offset = min(view.next_offset, offset if retried else offset + 1)

@@ -10,7 +10,6 @@ its mapping to FAILED_PRECONDITION is tests/test_members_unit.py's.)
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,15 +18,8 @@ import pytest
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.cli.main import main
 from dledger_commitlog.client import ChangeRefused, Client, ClientError, InvalidArgument
-from dledger_commitlog.node.node import RaftNode
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        "NotImplementedError" in inspect.getsource(RaftNode.add_member),
-        reason="the membership facade is a stub on this branch",
-    ),
-]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 A process hosting several groups keeps one stream per peer process: each group's
 messages are stamped with their group (group 1's are not: a single-group node's
-stream is what it always was), travel in the same batches, and the gate hands
+stream is that of a link without groups), travel in the same batches, and the gate hands
 each to its group, in order. What the groups send in one loop iteration (their
 heartbeats on an aligned tick) leaves as one batch.
 """

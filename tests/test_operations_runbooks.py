@@ -21,7 +21,6 @@ ACL grows and restarts with its new nodes.
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 import shlex
@@ -37,7 +36,6 @@ import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster, free_ports
 from dledger_commitlog.client import Client, ClientError, PutResult
-from dledger_commitlog.node.node import RaftNode
 from tests.test_docs_examples import _env, dledger_argv, option, sh_blocks, table_rows
 
 pytestmark = pytest.mark.slow
@@ -46,9 +44,6 @@ OPERATIONS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
 COMMAND_TIMEOUT_S = 180.0  # add-node waits for the new node to catch up (120 s at most)
 WRITER_PAUSE_S = 0.01
 _SHELL = ("kill", "rm", "mkdir", "cp")
-# The membership facade is a stub raising NotImplementedError until the Raft core's
-# membership is merged (branch i22-core); these runbooks need the real thing.
-_FACADE_STUB = "NotImplementedError" in inspect.getsource(RaftNode.add_member)
 
 
 def runbooks() -> dict[str, list[str]]:
@@ -238,7 +233,6 @@ def runbook(tmp_path: Path) -> Iterator[Runbook]:
         run.close()
 
 
-@pytest.mark.skipif(_FACADE_STUB, reason="the membership facade is a stub on this branch")
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_a_runbook_does_what_it_says(name: str, runbook: Runbook) -> None:
     for line in runbooks()[name]:

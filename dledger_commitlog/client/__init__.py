@@ -17,8 +17,9 @@ imports nothing of the server side.
 
 from dledger_commitlog.client.access import Access, cluster_security, load_credentials
 from dledger_commitlog.client.aio import AsyncClient
+from dledger_commitlog.client.async_consumer import AsyncConsumer
 from dledger_commitlog.client.blocking import Client
-from dledger_commitlog.client.consumer import AsyncConsumer, ConsumedMessage, Consumer, Retry
+from dledger_commitlog.client.consumer import ConsumedMessage, Consumer, Retry
 from dledger_commitlog.client.errors import (
     ChangeRefused,
     ClientError,

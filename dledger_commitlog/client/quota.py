@@ -1,4 +1,4 @@
-"""`Quota`: the `max_messages` that consumers run together share (`consumer.run_together`,
+"""`Quota`: the `max_messages` that consumers run together share (`async_consumer.run_together`,
 one consumer per Raft group of a multi-Raft cluster; a lone consumer has its own).
 
 Invariant: the deliveries taken (being handled, or handled) never exceed the limit;

@@ -17,7 +17,7 @@ queue of one group, in order), or to the queue it names; so does a transactional
 half message, whose commit or rollback goes to the group its id names. Consumer
 groups live in each Raft group: `RoutedConsumer` (blocking, as `Consumer`) and
 `AsyncRoutedClient.consumers` run one consumer per data group, with one member id
-and a `max_messages` shared between them (`consumer.run_together`). A refusal that
+and a `max_messages` shared between them (`async_consumer.run_together`). A refusal that
 says the route changed (a queue the group does not have) refreshes the route and tries
 once more; a cached route is asked for again after `route_ttl_s` (30 s, as
 RocketMQ's clients poll their name server), and `refresh_routes` drops the cache.
@@ -35,13 +35,13 @@ from typing import Any, Generic, Self, TypeVar
 
 from dledger_commitlog.client.aio import AsyncClient
 from dledger_commitlog.client.api import cluster_file_args
-from dledger_commitlog.client.blocking import Client
-from dledger_commitlog.client.consumer import (
+from dledger_commitlog.client.async_consumer import (
     CONSUMER_OPTIONS,
     AsyncConsumer,
-    Consumer,
     new_member_id,
 )
+from dledger_commitlog.client.blocking import Client
+from dledger_commitlog.client.consumer import Consumer
 from dledger_commitlog.client.errors import InvalidArgument
 from dledger_commitlog.client.values import (
     HalfResult,
@@ -255,7 +255,7 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
         """One `AsyncConsumer` of consumer group `group` per data group of the cluster
         (a consumer group lives in each Raft group, as a topic's queues do), or per
         group of `raft_groups`, all with one member id: run them with
-        `consumer.run_together`."""
+        `async_consumer.run_together`."""
         if raft_groups is None:
             raft_groups = range(1, (await self.routes()).data_groups + 1)
         kwargs["member_id"] = kwargs.get("member_id") or new_member_id()

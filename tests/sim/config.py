@@ -15,7 +15,7 @@ of events, and a 3-node cluster spends fewer of them on ticks and messages, so
 more on faults (in the core simulation, 5 nodes half the time cut the faults
 per 300 seeds by about 15%).
 
-Not drawn: `election_ticks`, 10 in both as before (with 10 ms ticks, election
+Not drawn: `election_ticks`, 10 in both (with 10 ms ticks, election
 timeouts of 100-200 ms: the simulators' pauses, partitions and convergence
 deadlines are scaled to that), `check_quorum` and `pre_vote` (on, as the
 product runs them), and `async_storage_writes`, which is the simulator's to
