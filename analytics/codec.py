@@ -270,13 +270,15 @@ def decode_heads(
         raise ValueError("the body column needs whole messages (decode)")
     n = len(offsets)
     if len(heads) != n * FIXED_PART_SIZE or len(tail_offsets) != (n + 1) * 4:
-        raise CorruptEntry(where, int(offsets[0]) if n else 0,
-                           f"{len(heads)} bytes of heads for {n} messages")  # fmt: skip
+        raise CorruptEntry(
+            where, int(offsets[0]) if n else 0, f"{len(heads)} bytes of heads for {n} messages"
+        )
     ends = np.frombuffer(tail_offsets, "<i4").astype(np.int64)
     if ends[0] != 0 or (np.diff(ends) < 0).any() or ends[-1] != len(tails):
         raise CorruptEntry(where, int(offsets[0]) if n else 0, "tail offsets do not add up")
-    return _Decoder(tails + _TAIL_PAD, offsets, expected or Expected(), where,
-                    heads=(heads, ends)).batch(columns)  # fmt: skip
+    return _Decoder(
+        tails + _TAIL_PAD, offsets, expected or Expected(), where, heads=(heads, ends)
+    ).batch(columns)
 
 
 class _Decoder:
@@ -337,8 +339,11 @@ class _Decoder:
             self._fail(frames.total_size != exp.sizes, "totalSize differs from the expected size")
         for check, reason in zip(frames.checks[1:], FAULTS[1:], strict=True):
             self._fail(check, reason)
-        body_len, topic_len, props_len = (frames.body_length, frames.topic_length,
-                                          frames.properties_length)  # fmt: skip
+        body_len, topic_len, props_len = (
+            frames.body_length,
+            frames.topic_length,
+            frames.properties_length,
+        )
         body_end, topic_end, end = frames.body_end, frames.topic_end, frames.end
         self.body_len, self.topic_len, self.props_len = body_len, topic_len, props_len
         self.body_end, self.topic_end = body_end, topic_end
@@ -457,8 +462,9 @@ class _Decoder:
     def _binary(self, starts: Int64s, lengths: Int64s) -> pa.Array:
         """`buf[starts[i] : starts[i] + lengths[i]]` as a binary array, built in C++."""
         views = _view_structs(self.arr, starts, lengths)
-        view = pa.Array.from_buffers(pa.binary_view(), self.n,
-                                     [None, pa.py_buffer(views), self.data])  # fmt: skip
+        view = pa.Array.from_buffers(
+            pa.binary_view(), self.n, [None, pa.py_buffer(views), self.data]
+        )
         return view.cast(pa.binary())
 
     def _text(self, starts: Int64s, lengths: Int64s, what: str) -> pa.Array:
@@ -511,10 +517,12 @@ class _Decoder:
         cuts = np.empty((len(ends), 4), np.int32)
         cuts[:, 0], cuts[:, 1], cuts[:, 2], cuts[:, 3] = starts, mid, mid + 1, ends
         cuts_flat = np.append(cuts.ravel(), np.int32(len(raw)))
-        pieces = pa.Array.from_buffers(pa.string(), len(cuts_flat) - 1,
-                                       [None, pa.py_buffer(cuts_flat), data])  # fmt: skip
-        is_keys, is_tags = (_is_name(raw, starts, name_len, name)
-                            for name in (PROPERTY_KEYS, PROPERTY_TAGS))  # fmt: skip
+        pieces = pa.Array.from_buffers(
+            pa.string(), len(cuts_flat) - 1, [None, pa.py_buffer(cuts_flat), data]
+        )
+        is_keys, is_tags = (
+            _is_name(raw, starts, name_len, name) for name in (PROPERTY_KEYS, PROPERTY_TAGS)
+        )
 
         def value_of(hit: npt.NDArray[np.bool_]) -> pa.Array:
             """Per row, the value of its (last) pair where `hit`, null where none."""

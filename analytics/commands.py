@@ -96,7 +96,7 @@ def _servers(args: argparse.Namespace) -> tuple[list[str], Access]:
 
 
 def _store(args: argparse.Namespace) -> Any:
-    """What `dledger export` reads: one Raft group, --raft-group's or the only data
+    """What `dledger export` reads: one Raft group, --shard's or the only data
     group there is. A multi-Raft cluster's groups export one at a time, each to a
     directory of its own (their queue ids and offsets are their own)."""
     from analytics.stores import open_groups
@@ -114,13 +114,15 @@ def _store(args: argparse.Namespace) -> Any:
 
 
 def _export_group(args: argparse.Namespace, groups: list[int]) -> int:
-    """--raft-group if it is one of `groups`, or the only one (UsageError otherwise)."""
-    group = args.raft_group if args.raft_group is not None or len(groups) > 1 else groups[0]
+    """--shard if it is one of `groups`, or the only one (UsageError otherwise)."""
+    group = args.shard if args.shard is not None or len(groups) > 1 else groups[0]
     if group not in groups:
-        named = "" if group is None else f"--raft-group {group}: not a data group here; "
-        raise UsageError(f"{named}the data groups are {', '.join(map(str, groups))}: export "
-                         "one at a time, each to a directory of its own "
-                         "(--raft-group G --to DIR-G)")  # fmt: skip
+        named = "" if group is None else f"--shard {group}: not a data group here; "
+        raise UsageError(
+            f"{named}the data groups are {', '.join(map(str, groups))}: export "
+            "one at a time, each to a directory of its own "
+            "(--shard G --to DIR-G)"
+        )
     return int(group)
 
 
@@ -181,8 +183,7 @@ def _run_job(args: argparse.Namespace, job: Callable[[Any], Any]) -> int:
     ours = SparkSession.getActiveSession() is None  # else: a caller's session (tests, notebooks)
     spark = local_session(args.master)
     try:
-        df = jobs.read(spark, servers=servers, path=args.path, topics=args.topics,
-                       options=options)  # fmt: skip
+        df = jobs.read(spark, servers=servers, path=args.path, topics=args.topics, options=options)
         result = job(df)
     finally:
         if ours:

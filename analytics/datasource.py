@@ -16,7 +16,7 @@ user schema that is a subset of the source's
 
 Batch: the planner (driver side) asks the store for each queue's committed
 range, resolves offsets (and timestamps), applies the filters Spark pushed down
-(`pushFilters`: topic, queue_id, queue_offset, raft_group = / IN exactly; store_timestamp bounds as
+(`pushFilters`: topic, queue_id, queue_offset, shard = / IN exactly; store_timestamp bounds as
 offsets, rechecked by Spark) and cuts partitions: commit-log ranges read in one
 pass each (`LogPiece`: most of the log) or queue-offset ranges of one queue
 (`Slice`: a few topics of many). Each partition is read on an executor (a local
@@ -29,10 +29,10 @@ committed offsets `{"topic": {"queue": next offset}}`; each micro-batch reads
 query resumes exactly where it stopped. Only committed messages are ever read.
 
 Multi-Raft clusters (docs/analytics.md): the store is every data group
-(`analytics.group_stores`, groups asked once, by the first planning), a queue
+(`analytics.shard_stores`, groups asked once, by the first planning), a queue
 is keyed by its group too (`"G:Q"` in offsets JSON and checkpoints; group 1's
 stay `"Q"`), partitions are cut per group, never across
-groups, and `raft_group` is a metadata column: not in the default schema,
+groups, and `shard` is a metadata column: not in the default schema,
 decoded when the schema or `columns` names it.
 
 Filter pushdown needs `spark.sql.python.filterPushdown.enabled=true` (what
@@ -76,9 +76,9 @@ from analytics import offsets, partitions
 from analytics.codec import SPARK_DDL, SPARK_TYPES
 from analytics.errors import OptionError
 from analytics.file_store import LocalFiles
-from analytics.group_stores import GroupedStore
 from analytics.offsets import Narrowing, Offsets
 from analytics.options import ReadOptions, columns_option, parse_options
+from analytics.shard_stores import ShardedStore
 from analytics.sources import METADATA_COLUMNS, SYSTEM_TOPIC_PREFIX, LogPiece, QueueInfo, Slice
 from analytics.stores import open_groups
 
@@ -164,13 +164,20 @@ class _Base:
         self.narrowing = Narrowing()
         self._groups: list[int] | None = None  # the data groups, once a planner asked
 
-    def _store(self, prefer: int = 0, groups: list[int] | None = None) -> GroupedStore:
+    def _store(self, prefer: int = 0, groups: list[int] | None = None) -> ShardedStore:
         """Every data group (`groups`: known ones; else the planner's, or asked once)."""
         opts = self.options
-        return open_groups(opts.servers, opts.path, opts.timeout_s, prefer, _access(opts),
-                           opts.local_reads, groups or self._groups)  # fmt: skip
+        return open_groups(
+            opts.servers,
+            opts.path,
+            opts.timeout_s,
+            prefer,
+            _access(opts),
+            opts.local_reads,
+            groups or self._groups,
+        )
 
-    def _queues(self, store: GroupedStore) -> list[QueueInfo]:
+    def _queues(self, store: ShardedStore) -> list[QueueInfo]:
         opts = self.options
         found = store.queues()  # user topics
         for topic in offsets.named_topics(opts):
@@ -179,7 +186,7 @@ class _Base:
         self._groups = store.groups()
         return self.narrowing.queues(offsets.choose(found, opts))
 
-    def _partitions(self, store: GroupedStore, slices: list[Slice]) -> list[InputPartition]:
+    def _partitions(self, store: ShardedStore, slices: list[Slice]) -> list[InputPartition]:
         """Each group's slices cut as one read's (`analytics.partitions`), never across
         groups; log pieces shared among the groups by their bytes."""
         opts = self.options
@@ -194,16 +201,18 @@ class _Base:
             for g, span in spans.items()
             if span is not None and partitions.use_log_ranges(opts.partitioning, files, span)
         }
-        counts = partitions.shares(partitions.default_partitions(opts),
-                                   [span[2] for span in logged.values()])  # fmt: skip
+        counts = partitions.shares(
+            partitions.default_partitions(opts), [span[2] for span in logged.values()]
+        )
         share = dict(zip(logged, counts, strict=True))
         out: list[InputPartition] = []
         for g, ss in per_group.items():
             local = store.offered(g) if opts.local_reads else None
             span = logged.get(g)
             if span is not None:
-                pieces = partitions.log_pieces(ss, span, share[g], store.segment_bytes(g),
-                                               exact=opts.min_partitions_given)  # fmt: skip
+                pieces = partitions.log_pieces(
+                    ss, span, share[g], store.segment_bytes(g), exact=opts.min_partitions_given
+                )
                 out += [DLedgerLogPartition(p, len(out) + k, local) for k, p in enumerate(pieces)]
             else:
                 cut = partitions.split(ss, opts.messages_per_partition, opts.min_partitions)
@@ -279,7 +288,7 @@ class DLedgerFilteringBatchReader(DLedgerBatchReader):
                 self.narrowing = n.with_topics(value, what)
                 return True
             return False
-        if column == "raft_group":  # a metadata column: only = and IN select groups
+        if column == "shard":  # a metadata column: only = and IN select groups
             if equal and _is_int(value):
                 self.narrowing = n.with_groups([value], what)
                 return True

@@ -91,8 +91,10 @@ def main() -> None:
         elected_s = time.monotonic() - killed_at
         seen = len(acked)
         wait_until(lambda: len(acked) > seen, 15, "a put acknowledged by the new leader")
-        say(f"node {new_leader} elected {elected_s:.2f} s after the kill; first put acknowledged "
-            f"by it {time.monotonic() - killed_at:.2f} s after the kill")  # fmt: skip
+        say(
+            f"node {new_leader} elected {elected_s:.2f} s after the kill; first put acknowledged "
+            f"by it {time.monotonic() - killed_at:.2f} s after the kill"
+        )
         stop.set()
         writer.join()
         everything = first + acked

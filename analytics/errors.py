@@ -17,18 +17,20 @@ class SourceError(AnalyticsError):
 
 # gRPC status codes (by name) worth another server; any other refusal is `RpcFailed`.
 RETRIED_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "RESOURCE_EXHAUSTED"})
-_NOT_HOSTED = "this node process hosts groups"  # service.multigroup's NOT_FOUND
-_NO_ROUTES = "does not host group 0"  # Route's FAILED_PRECONDITION (service.routes)
+# service.shard_calls's NOT_FOUND and Route's FAILED_PRECONDITION (service.routes), in
+# the words of this release and of servers before shards had their name.
+_NOT_HOSTED = ("this node process hosts shards", "this node process hosts groups")
+_NO_ROUTES = ("does not host shard 0", "does not host group 0")
 
 
 def retried(code: str, details: str | None) -> bool:
-    """Worth another server: a retried code, or a process that does not host the Raft
-    group the call names (multi-Raft: another process may)."""
+    """Worth another server: a retried code, or a process that does not host the shard
+    the call names (another process may)."""
     text = details or ""
     return (
         code in RETRIED_CODES
-        or (code == "NOT_FOUND" and _NOT_HOSTED in text)
-        or (code == "FAILED_PRECONDITION" and _NO_ROUTES in text)
+        or (code == "NOT_FOUND" and any(w in text for w in _NOT_HOSTED))
+        or (code == "FAILED_PRECONDITION" and any(w in text for w in _NO_ROUTES))
     )
 
 

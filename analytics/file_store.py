@@ -70,8 +70,13 @@ class LocalFiles:
             (q.topic, q.queue_id): QueueInfo(q.topic, q.queue_id, q.min_offset, q.max_offset)
             for q in response.queues
         }
-        return cls(lf.data_dir, lf.boot_id, lf.dir_device, lf.dir_inode,
-                   LiveBounds(queues, lf.log_file_end))  # fmt: skip
+        return cls(
+            lf.data_dir,
+            lf.boot_id,
+            lf.dir_device,
+            lf.dir_inode,
+            LiveBounds(queues, lf.log_file_end),
+        )
 
     def open(self, need: Sequence[Slice]) -> OfflineStore | None:
         """The store of these files if they are on this host and hold `need`; else None."""
@@ -248,11 +253,14 @@ class OfflineStore:
         """(first message offset, end of the last message, bytes of the slices' messages,
         estimated from the sizes at their ends) of `slices`; None if they are empty."""
         return span_from_ends(
-            (s, self._checked_units(s.topic, s.queue_id, s.start, s.start + 1),
-             self._checked_units(s.topic, s.queue_id, s.end - 1, s.end))
+            (
+                s,
+                self._checked_units(s.topic, s.queue_id, s.start, s.start + 1),
+                self._checked_units(s.topic, s.queue_id, s.end - 1, s.end),
+            )
             for s in slices
             if s.start < s.end
-        )  # fmt: skip
+        )
 
     # -- messages ----------------------------------------------------------------
 
@@ -390,9 +398,12 @@ class OfflineStore:
                 out.append(0)
                 continue
             out.append(
-                _first_where(info.min_offset, info.max_offset,
-                             lambda q: self._timestamp(topic, queue_id, q) >= ts)  # noqa: B023
-            )  # fmt: skip
+                _first_where(
+                    info.min_offset,
+                    info.max_offset,
+                    lambda q: self._timestamp(topic, queue_id, q) >= ts,  # noqa: B023
+                )
+            )
         return out
 
     def _timestamp(self, topic: str, queue_id: int, q: int) -> int:

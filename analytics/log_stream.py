@@ -108,8 +108,9 @@ class LogStream:
                 code = getattr(exc.code(), "name", str(exc.code()))
                 address = self.store.current
                 if not retried(code, exc.details()):
-                    raise RpcFailed(f"ReadLog: {address} answered {code}: "
-                                    f"{exc.details() or code}", code) from None  # fmt: skip
+                    raise RpcFailed(
+                        f"ReadLog: {address} answered {code}: {exc.details() or code}", code
+                    ) from None
                 self._lagging(f"ReadLog: {address}: {code}")
                 self.close()
                 continue

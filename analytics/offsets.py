@@ -9,7 +9,7 @@ offsets in Spark's checkpoints as JSON (`to_json`, `from_json`), and `cap`
 bounds a micro-batch (Kafka's maxOffsetsPerTrigger).
 
 Filters Spark pushes down (`pushFilters`) narrow the read: `topic` = / IN and
-`queue_id` comparisons and `raft_group` = / IN select queues exactly, `queue_offset` comparisons cut
+`queue_id` comparisons and `shard` = / IN select queues exactly, `queue_offset` comparisons cut
 each queue's range exactly, and `store_timestamp` bounds become offsets by binary
 search, widened by `timestampSlackMs` (a leader's clock may step back a little);
 Spark checks those rows again.
@@ -157,22 +157,25 @@ def resolve_end(opts: ReadOptions, queues: Sequence[QueueInfo], lookup: Lookup) 
 
 
 def _named(
-    spec: Mapping[str, dict[QueueRef, int]], queues: Sequence[QueueInfo],
-    by_key: Mapping[QueueKey, QueueInfo], name: str,
-) -> Iterator[tuple[QueueKey, int]]:  # fmt: skip
+    spec: Mapping[str, dict[QueueRef, int]],
+    queues: Sequence[QueueInfo],
+    by_key: Mapping[QueueKey, QueueInfo],
+    name: str,
+) -> Iterator[tuple[QueueKey, int]]:
     """(queue, value) of each queue option `name` names per topic, each checked: a topic
     the read does not cover, or a queue it does not have, is an OptionError naming it."""
     topics = {q.topic for q in queues}
     for topic, per_queue in spec.items():
         if topic not in topics:
-            raise OptionError(f"{name} names topic {topic!r}, which is not read "
-                              f"(read: {', '.join(sorted(topics)) or 'none'})")  # fmt: skip
+            raise OptionError(
+                f"{name} names topic {topic!r}, which is not read "
+                f"(read: {', '.join(sorted(topics)) or 'none'})"
+            )
         for ref, value in per_queue.items():
             key = ref_key(topic, ref)
             if key not in by_key:
                 ids = queue_ids(queues, topic)
-                raise OptionError(f"{name}: {topic} has no queue {queue_name(key)} "
-                                  f"(queues: {ids})")  # fmt: skip
+                raise OptionError(f"{name}: {topic} has no queue {queue_name(key)} (queues: {ids})")
             yield key, value
 
 
@@ -327,7 +330,7 @@ class Narrowing:
 
     topics: frozenset[str] | None = None
     queue_ids: frozenset[int] | None = None
-    groups: frozenset[int] | None = None  # raft_group = / IN
+    groups: frozenset[int] | None = None  # shard = / IN
     queue_id_range: tuple[int | None, int | None] = (None, None)
     offset_range: tuple[int | None, int | None] = (None, None)
     time_range: tuple[int | None, int | None] = (None, None)  # store timestamps, ms

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -326,11 +327,29 @@ def columns_option(options: Mapping[str, str]) -> tuple[str, ...] | None:
     return _columns({str(k).lower(): str(v) for k, v in options.items()})
 
 
+# Columns under an old name, read for one more release with a warning naming the new.
+RENAMED_COLUMNS: Final = {"raft_group": "shard"}
+
+
+def _renamed_column(name: str) -> str:
+    new = RENAMED_COLUMNS.get(name)
+    if new is None:
+        return name
+    warnings.warn(
+        f"column {name} is now {new} (the old name works for one more release)",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return new
+
+
 def _columns(opts: Mapping[str, str]) -> tuple[str, ...] | None:
     """`columns`: the source columns to read (the schema), comma-separated."""
     if "columns" not in opts:
         return None
-    names = tuple(dict.fromkeys(c.strip() for c in opts["columns"].split(",") if c.strip()))
+    names = tuple(
+        dict.fromkeys(_renamed_column(c.strip()) for c in opts["columns"].split(",") if c.strip())
+    )
     unknown = [c for c in names if c not in COLUMNS and c not in METADATA_COLUMNS]
     if not names or unknown:
         raise OptionError(

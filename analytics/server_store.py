@@ -17,8 +17,8 @@ when those are not on their host or not far enough.
 Raft groups: a store reads one group (`group`; 1 by default, as a single-group
 cluster's), every call naming it in its metadata (`dledger-group`; none for
 group 1); `for_group` gives another group's store over the same channels, and
-`data_groups` asks a node (`Route`) how many data groups the cluster has (1 from
-a server without `Route`). `analytics.group_stores` reads every group through these.
+`shard_count` asks a node (`Route`) how many data groups the cluster has (1 from
+a server without `Route`). `analytics.shard_stores` reads every group through these.
 
 Replicas answer only below their committed position; one that is behind the
 planned end is waited for (committed data reaches every replica) and an
@@ -30,7 +30,6 @@ resumes on another server where it stopped.
 from __future__ import annotations
 
 import copy
-import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -81,7 +80,9 @@ class ServerStore:
         """`access`: TLS and credentials of a secured cluster (default: neither);
         `local_reads`: read a replica on this host from its files (default);
         `group`: the Raft group read (see the module doc)."""
-        from dledger_commitlog.client import Access  # lazily: grpc only when reading servers
+        # lazily: grpc only when reading servers
+        from dledger_commitlog.client import Access
+        from dledger_commitlog.client.retry import ReplicaReads
 
         self.access = access or Access()
         self.servers = [s.strip() for s in servers if s.strip()]
@@ -90,7 +91,7 @@ class ServerStore:
         self.timeout_s = timeout_s
         self.pull_bytes = pull_bytes
         self.local_reads = local_reads
-        self._first = prefer % len(self.servers)
+        self._replicas = ReplicaReads(self.servers, prefer)
         self._channels: dict[str, Any] = {}
         self._stubs: dict[str, Any] = {}
         self.group = group
@@ -101,13 +102,14 @@ class ServerStore:
     def for_group(self, group: int) -> ServerStore:
         """A store of Raft group `group` sharing this one's channels (close this one)."""
         other = copy.copy(self)
+        other._replicas = type(self._replicas)(self.servers, self.servers.index(self.current))
         other.group = group
         other.metadata = self.access.group_metadata(group)
         other.offered = None
         other.last_path = ""
         return other
 
-    def data_groups(self) -> int:
+    def shard_count(self) -> int:
         """How many data groups the cluster has (groups 1..N): a node's `Route` answer;
         1 from a server without `Route`."""
         from proto import dledger_pb2 as pb
@@ -144,11 +146,11 @@ class ServerStore:
     @property
     def current(self) -> str:
         """The server tried first: the last that answered, unless failed over since."""
-        return self.servers[self._first]
+        return self._replicas.current
 
     def fail_over(self) -> None:
         """Try the next server first from now on."""
-        self._first = (self._first + 1) % len(self.servers)
+        self._replicas.fail_over()
 
     def _call(self, method: str, request: Any, what: str, attempt_s: float = 10.0) -> Any:
         """One RPC on the preferred server, failing over to the others until the deadline."""
@@ -161,34 +163,22 @@ class ServerStore:
         )
 
     def _attempts(self, call: Callable[[Any, float], Any], what: str, attempt_s: float) -> Any:
-        import grpc
+        """`call(stub, timeout)` on one replica after another (`client.retry.ReplicaReads`)
+        until one answers, a refusal not worth another replica, or the deadline."""
+        from dledger_commitlog.client.retry import ReplicaRefused, ReplicasExhausted
 
-        deadline = time.monotonic() + self.timeout_s
-        errors: dict[str, str] = {}
-        backoff = 0.05
-        while True:
-            for k in range(len(self.servers)):
-                address = self.servers[(self._first + k) % len(self.servers)]
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                try:
-                    response = call(self._stub(address), min(attempt_s, remaining))
-                except grpc.RpcError as exc:
-                    code = getattr(exc.code(), "name", str(exc.code()))
-                    details = exc.details() or code
-                    if not retried(code, exc.details()):
-                        why = f"{what}: {address} answered {code}: {details}"
-                        raise RpcFailed(why, code) from None
-                    errors[address] = f"{code}: {details}"
-                    continue
-                self._first = (self._first + k) % len(self.servers)  # stick to what works
-                return response
-            if time.monotonic() + backoff >= deadline:
-                tried = "; ".join(f"{a}: {e}" for a, e in errors.items()) or "no attempt"
-                raise SourceError(f"{what}: no server answered in {self.timeout_s:g}s ({tried})")
-            time.sleep(backoff + random.uniform(0, backoff))
-            backoff = min(backoff * 2, 1.0)
+        try:
+            return self._replicas.call(
+                lambda address, timeout: call(self._stub(address), timeout),
+                what,
+                timeout_s=self.timeout_s,
+                attempt_s=attempt_s,
+                retried=lambda f: retried(f.code, f.details),
+            )
+        except ReplicaRefused as exc:
+            raise RpcFailed(str(exc), exc.failure.code) from None
+        except ReplicasExhausted as exc:
+            raise SourceError(str(exc)) from None
 
     def queues(self, topic: str = "") -> list[QueueInfo]:
         from proto import dledger_pb2 as pb
@@ -236,8 +226,7 @@ class ServerStore:
 
         from proto import dledger_pb2 as pb
 
-        for k in range(len(self.servers)):
-            address = self.servers[(self._first + k) % len(self.servers)]
+        for address in self._replicas.in_order():
             try:
                 response = self._stub(address).QueueOffsets(
                     pb.QueueOffsetsRequest(),
@@ -305,11 +294,15 @@ class ServerStore:
 
         wanted = [s for s in piece.queues if s.start < s.end]
         request = pb.ReadUnitsRequest(
-            queues=[pb.QueueRange(topic=s.topic, queue_id=s.queue_id, start_offset=s.start,
-                                  end_offset=s.end) for s in wanted],
+            queues=[
+                pb.QueueRange(
+                    topic=s.topic, queue_id=s.queue_id, start_offset=s.start, end_offset=s.end
+                )
+                for s in wanted
+            ],
             from_pos=piece.start,
             to_pos=piece.end,
-        )  # fmt: skip
+        )
         by_key = {(s.topic, s.queue_id): s for s in wanted}
         deadline = time.monotonic() + self.timeout_s
         while True:
@@ -332,13 +325,13 @@ class ServerStore:
                         f"{a.topic}/{a.queue_id}: offsets {s.start}..{a.min_offset - 1} were "
                         "deleted by retention before this query read them"
                     )
-                units.add(a.topic, a.queue_id, a.first_offset,
-                          np.frombuffer(a.units, UNIT_DTYPE))  # fmt: skip
+                units.add(a.topic, a.queue_id, a.first_offset, np.frombuffer(a.units, UNIT_DTYPE))
             if behind is None:
                 return Rows.of(units, order="log")
             if time.monotonic() > deadline:
-                raise SourceError(f"no replica reached the planned end in {self.timeout_s:g}s "
-                                  f"({behind})")  # fmt: skip
+                raise SourceError(
+                    f"no replica reached the planned end in {self.timeout_s:g}s ({behind})"
+                )
             self.fail_over()
             time.sleep(0.1)
 
@@ -387,8 +380,11 @@ class ServerStore:
         answers the span's raw bytes: the call is cancelled at its first chunk)."""
         from proto import dledger_pb2 as pb
 
-        request = pb.ReadLogRequest(from_pos=int(offsets[0]) - HEADER_SIZE, end_pos=end,
-                                    message_offsets=offsets.astype("<i8").tobytes())  # fmt: skip
+        request = pb.ReadLogRequest(
+            from_pos=int(offsets[0]) - HEADER_SIZE,
+            end_pos=end,
+            message_offsets=offsets.astype("<i8").tobytes(),
+        )
 
         def collect(stub: Any, timeout: float) -> list[Any] | None:
             call = stub.ReadLog(request, timeout=timeout, metadata=self.metadata("ReadLog"))
@@ -554,8 +550,11 @@ class ServerStore:
                     topic=s.topic, queue_id=s.queue_id, start_offset=s.start, end_offset=s.start + 1
                 )
             )
-            ranges.append(pb.QueueRange(topic=s.topic, queue_id=s.queue_id,
-                                        start_offset=s.end - 1, end_offset=s.end))  # fmt: skip
+            ranges.append(
+                pb.QueueRange(
+                    topic=s.topic, queue_id=s.queue_id, start_offset=s.end - 1, end_offset=s.end
+                )
+            )
         request = pb.ReadUnitsRequest(queues=ranges)
         answers = self._attempts(
             lambda stub, timeout: list(

@@ -29,7 +29,7 @@ another. In a multi-Raft cluster each data group is a log of its own: queues,
 slices and pieces name their `group` (1 by default), queue ids and commit-log
 offsets are only comparable within a group, and a queue's key is (topic, queue
 id) in group 1, (topic, queue id, group) in any other (`QueueKey`);
-`analytics.group_stores` reads every group.
+`analytics.shard_stores` reads every group.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ SYSTEM_TOPIC_PREFIX = "%SYS%"  # dispatch's system topics (consumer offsets): no
 # queue id (group 1) or (group, queue id), written "Q" or "G:Q" (`parse_queue_ref`).
 QueueKey = tuple[str, int] | tuple[str, int, int]
 QueueRef = int | tuple[int, int]
-METADATA_COLUMNS: Final = {"raft_group": "int"}  # asked for by name only (docs/analytics.md)
+METADATA_COLUMNS: Final = {"shard": "int"}  # asked for by name only (docs/analytics.md)
 
 
 def queue_key(topic: str, queue_id: int, group: int = 1) -> QueueKey:

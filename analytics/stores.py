@@ -4,7 +4,7 @@ Owns `open_store`, the one place that chooses between the two stores
 (`file_store.OfflineStore`, `server_store.ServerStore`); both answer the
 questions of `sources.MessageStore`, of one Raft group (group 1: all of a
 single-group cluster). `open_groups` opens every data group of either
-(`group_stores.GroupedStore`): what the Spark source reads.
+(`group_stores.ShardedStore`): what the Spark source reads.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from analytics.file_store import OfflineStore
-from analytics.group_stores import GroupedStore
 from analytics.server_store import ServerStore
+from analytics.shard_stores import ShardedStore
 from dledger_commitlog.client import Access
 
 
@@ -39,19 +39,23 @@ def open_groups(
     access: Access | None = None,
     local_reads: bool = True,
     groups: Sequence[int] | None = None,
-) -> GroupedStore:
+) -> ShardedStore:
     """Every data group of the files under `path` if given, else of the cluster at
     `servers`; `groups`: the data groups when known (else asked on first need)."""
     if path:
-        return GroupedStore.files(path, groups)
-    return GroupedStore(server=_server(servers, timeout_s, prefer, access, local_reads),
-                        groups=groups)  # fmt: skip
+        return ShardedStore.files(path, groups)
+    return ShardedStore(
+        server=_server(servers, timeout_s, prefer, access, local_reads), groups=groups
+    )
 
 
 def _server(
-    servers: Sequence[str], timeout_s: float, prefer: int, access: Access | None,
+    servers: Sequence[str],
+    timeout_s: float,
+    prefer: int,
+    access: Access | None,
     local_reads: bool,
-) -> ServerStore:  # fmt: skip
+) -> ServerStore:
     return ServerStore(
         servers, timeout_s=timeout_s, prefer=prefer, access=access, local_reads=local_reads
     )

@@ -26,12 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dledger_commitlog.log.committed_view import CommittedView
 from dledger_commitlog.log.entry_store import EntryStore
-from dledger_commitlog.log.message_route import stamp, store_host_bytes
+from dledger_commitlog.log.message_layout import stamp, store_host_bytes
 from dledger_commitlog.log.verify import committed_view, open_dispatcher
 from raft.types import Entry, HardState
 from raftio.hard_state import RaftStateFile
 from store.flush import PeriodicFlush
-from store.message import Message, encode_message, make_properties
+from store.message import StoredMessage, encode_message, make_properties
 
 GIB = 1 << 30
 BODY = bytes(range(256)) * 4  # 1 KiB
@@ -78,8 +78,14 @@ class Messages:
     def encode(self, seq: int, born_ms: int) -> tuple[str, bytes]:
         topic, tags = TOPICS[seq % len(TOPICS)], TAGS[seq // len(TOPICS) % len(TAGS)]
         props = make_properties(keys=_keys(seq), tags=tags, uniq_key=self._uniq(seq))
-        msg = Message(topic=topic, body=BODY, properties=props, born_timestamp_ms=born_ms,
-                      born_host=BORN_HOST, store_host=STORE_HOST)  # fmt: skip
+        msg = StoredMessage(
+            topic=topic,
+            body=BODY,
+            properties=props,
+            born_timestamp_ms=born_ms,
+            born_host=BORN_HOST,
+            store_host=STORE_HOST,
+        )
         return topic, encode_message(msg)
 
     def _template(self, t: int, g: int) -> tuple[bytes, int, int, int]:

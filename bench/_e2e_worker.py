@@ -2,8 +2,8 @@
 
 `python -m bench._e2e_worker --servers ... --topic T --mode closed|paced|batch`:
 an `AsyncClient` puts 1 KiB messages whose body starts with (sequence number, send
-time: time.time()), bench/consumer_groups.py's HEAD, so a consumer process of
-bench/consumer_groups.py (`Worker`) measures the end-to-end latency on this host's
+time: time.time()), bench/_group_worker.py's HEAD, so a consumer process of
+bench/_group_worker.py (`Worker`) measures the end-to-end latency on this host's
 clock. The process primes its client (one put to `T-prime`: channel, leader, put
 stream), prints {"ready": pid}, reads a start time (time.time()) from stdin, then:
 
@@ -43,7 +43,8 @@ from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.consumer_groups import HEAD, PAD, ROOT, pct
+from bench._group_worker import HEAD
+from bench.consumer_groups import PAD, ROOT, pct
 from dledger_commitlog.client import AsyncClient, ClientError, MessageSpec
 from dledger_commitlog.client.put_pipe import PutPipe
 
@@ -165,18 +166,26 @@ async def produce(args: argparse.Namespace) -> dict[str, Any]:
         elif args.mode == "paced":
             run = await paced(client, args.topic, args.base, args.rate, start, end)
         else:
-            run = await batched(client, args.topic, args.base, args.count, args.batch,
-                                args.inflight)  # fmt: skip
+            run = await batched(
+                client, args.topic, args.base, args.count, args.batch, args.inflight
+            )
         ended, cpu_s = time.time(), time.process_time() - cpu0
         marker.cancel()
         frames = [b - a for a, b in zip(at_window or [0, 0], FRAMES, strict=True)]
     behind_ms = [b * 1e3 for b in run.behind]
-    return {"acked": run.acked, "failed": run.failed, "errors": dict(run.errors.most_common(3)),
-            "started": began, "ended": ended,
-            "cpu_s": cpu_s,
-            "frames": frames[0], "framed_msgs": frames[1],
-            "behind_max_ms": max(behind_ms, default=0.0), "behind_p99_ms": pct(behind_ms, 0.99),
-            "late_msgs": sum(b > 1.0 for b in behind_ms)}  # fmt: skip
+    return {
+        "acked": run.acked,
+        "failed": run.failed,
+        "errors": dict(run.errors.most_common(3)),
+        "started": began,
+        "ended": ended,
+        "cpu_s": cpu_s,
+        "frames": frames[0],
+        "framed_msgs": frames[1],
+        "behind_max_ms": max(behind_ms, default=0.0),
+        "behind_p99_ms": pct(behind_ms, 0.99),
+        "late_msgs": sum(b > 1.0 for b in behind_ms),
+    }
 
 
 def main() -> None:
@@ -218,8 +227,17 @@ class Producer:
     """A producer process (see the module docstring): `ready()`, `go(at)`, `result()`."""
 
     def __init__(self, servers: Sequence[str], topic: str, mode: str, **opts: float) -> None:
-        cmd = [sys.executable, "-m", "bench._e2e_worker", "--servers", ",".join(servers),
-               "--topic", topic, "--mode", mode]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench._e2e_worker",
+            "--servers",
+            ",".join(servers),
+            "--topic",
+            topic,
+            "--mode",
+            mode,
+        ]
         for k, v in opts.items():
             cmd += [f"--{k}", str(v)]
         self.proc = subprocess.Popen(
@@ -244,8 +262,9 @@ class Producer:
         except queue.Empty:
             raise RuntimeError(f"producer {self.pid}: no {key!r} in {timeout_s:.0f} s") from None
         if msg is None or key not in msg:
-            raise RuntimeError(f"producer {self.pid} ended (exit {self.proc.poll()}) "
-                               f"without {key!r}")  # fmt: skip
+            raise RuntimeError(
+                f"producer {self.pid} ended (exit {self.proc.poll()}) without {key!r}"
+            )
         return msg[key]
 
     def ready(self, timeout_s: float = 60.0) -> None:

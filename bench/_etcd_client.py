@@ -45,8 +45,12 @@ def run(threads: int, call: Callable[[int], None], per_call: int, seconds: float
     for t in pool:
         t.join()
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-    return {"puts": len(lat) * per_call, "wall_s": wall, "cpu_s": cpu,
-            "lat_us": [round(x * 1e6) for x in lat]}  # fmt: skip
+    return {
+        "puts": len(lat) * per_call,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "lat_us": [round(x * 1e6) for x in lat],
+    }
 
 
 def main() -> None:
@@ -63,8 +67,10 @@ def main() -> None:
     body = b"m" * args.body_bytes
     client.put("bench/warm", body)
     if args.workload == "txn100x4":
-        ops = [[client.transactions.put(f"bench/txn/{w}/{j}", body) for j in range(TXN_OPS)]
-               for w in range(4)]  # fmt: skip
+        ops = [
+            [client.transactions.put(f"bench/txn/{w}/{j}", body) for j in range(TXN_OPS)]
+            for w in range(4)
+        ]
 
         def txn(w: int) -> None:
             if not client.transaction(compare=[], success=ops[w], failure=[])[0]:

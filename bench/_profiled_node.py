@@ -23,8 +23,9 @@ if __name__ == "__main__":
 
     def stop(_sig: int, _frame: FrameType | None) -> None:
         profile.disable()
-        profile.dump_stats(os.path.join(os.environ["DLEDGER_PROFILE_DIR"],
-                                        f"node-{os.getpid()}.prof"))  # fmt: skip
+        profile.dump_stats(
+            os.path.join(os.environ["DLEDGER_PROFILE_DIR"], f"node-{os.getpid()}.prof")
+        )
 
     signal.signal(signal.SIGUSR1, start)
     signal.signal(signal.SIGUSR2, stop)

@@ -138,8 +138,12 @@ def main() -> None:
         root = Path(tmp)
         eps, mbps = entries_per_s_async(root, args.entries, args.batch)
         raw = raw_async(root, args.entries * (ENTRY_BYTES + 48), args.batch * (ENTRY_BYTES + 48))
-        metrics |= {"async_entries_per_s": eps, "async_mb_per_s": mbps,
-                    "raw_write_mb_per_s": raw, "async_ratio_to_raw": mbps / raw}  # fmt: skip
+        metrics |= {
+            "async_entries_per_s": eps,
+            "async_mb_per_s": mbps,
+            "raw_write_mb_per_s": raw,
+            "async_ratio_to_raw": mbps / raw,
+        }
         rows += [
             (f"(a) async, batches of {args.batch}", f"{eps:,.0f} entries/s", f"{mbps:,.1f} MB/s"),
             ("(c) raw write+fsync", f"{raw:,.1f} MB/s", "same bytes, same chunk size"),
@@ -161,15 +165,23 @@ def main() -> None:
                 f"sync_{writers}w_ratio_to_raw": eps / raw_eps,
             }
             rows += [
-                (f"(b) sync, {writers} writers", f"{eps:,.0f} entries/s",
-                 f"{fps:,.0f} fsync/s, {per:.1f} entries/fsync, {eps * 1.072e-3:,.1f} MB/s"),
-                (f"(c) raw at {per:.1f} entries/fsync", f"{raw_eps:,.0f} entries/s",
-                 f"ratio {eps / raw_eps:.2f}" + ("  (target >= 0.70)" if writers == 64 else "")),
-            ]  # fmt: skip
+                (
+                    f"(b) sync, {writers} writers",
+                    f"{eps:,.0f} entries/s",
+                    f"{fps:,.0f} fsync/s, {per:.1f} entries/fsync, {eps * 1.072e-3:,.1f} MB/s",
+                ),
+                (
+                    f"(c) raw at {per:.1f} entries/fsync",
+                    f"{raw_eps:,.0f} entries/s",
+                    f"ratio {eps / raw_eps:.2f}" + ("  (target >= 0.70)" if writers == 64 else ""),
+                ),
+            ]
         eps, fps, per = group_commit(root, 64, args.seconds, 0)
         raw_eps = raw_sync(root, per, args.seconds)
-        metrics |= {"sync_64w_write_through_entries_per_s": eps,
-                    "sync_64w_write_through_ratio_to_raw": eps / raw_eps}  # fmt: skip
+        metrics |= {
+            "sync_64w_write_through_entries_per_s": eps,
+            "sync_64w_write_through_ratio_to_raw": eps / raw_eps,
+        }
         note = f"{per:.1f} entries/fsync, ratio {eps / raw_eps:.2f} (a pwrite per append)"
         rows.append(("(b') 64 writers, write-through", f"{eps:,.0f} entries/s", note))
     report("append", rows, metrics)

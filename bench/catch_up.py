@@ -49,12 +49,21 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._catch_up_report import (
+    MB,
+    WORKLOADS,
+    CatchUp,
+    Rates,
+    Row,
+    catch_up_rows,
+    copy_rows,
+    rate_rows,
+)
 from bench._proc import loadavg
 from bench._report import report
 from bench.cluster import CONFIG, async_client, concurrent, sequential, wait_caught_up
@@ -62,13 +71,8 @@ from bench.put_profile import threads
 from dledger_commitlog.cli.launcher import LocalCluster, answered
 from dledger_commitlog.client import MessageSpec, NodeStatus
 
-MB = 1e6
 _POLL_S = 0.1
 _PROFILED = Path(__file__).resolve().parent / "_profiled_node.py"
-MAX_DROP = 0.20  # issue 22: puts while a learner catches up, at most 20% below steady
-Row = tuple[str, str, str]
-# the put workloads (bench/cluster.py's): metric prefix -> label
-WORKLOADS = {"inflight32": "(b) 32 in-flight puts", "seq": "(a) 1 sequential client"}
 
 
 def status(cl: LocalCluster, node_id: int) -> NodeStatus | None:
@@ -122,31 +126,6 @@ def fill(cl: LocalCluster, target_bytes: int, body_bytes: int) -> tuple[int, flo
 # ------------------------------------------------------------------ catch-up
 
 
-@dataclass
-class CatchUp:
-    """One wiped node's catch-up: seconds from its process start to its first Status
-    answer (`up_s`), to applied == the leader's commit (`done_s`), to everything
-    dispatched (`dispatched_s`); the leader's log then; CPU seconds per node and
-    thread kind meanwhile (from `up_s` to `done_s`); the node's longest event-loop
-    delay over its life (start-up and catch-up), from its Status."""
-
-    up_s: float
-    done_s: float
-    dispatched_s: float
-    log_bytes: int
-    log_index: int
-    cpu_s: dict[str, dict[str, float]]
-    loop_lag_ms: float = float("nan")
-
-    @property
-    def seconds(self) -> float:
-        return self.done_s - self.up_s
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.log_bytes / self.seconds / MB
-
-
 def dispatched(s: NodeStatus) -> bool:
     return s.dispatched_pos >= s.committed_pos
 
@@ -161,9 +140,13 @@ def wipe_and_start(cl: LocalCluster, node_id: int) -> float:
 
 
 def wait_node(
-    cl: LocalCluster, node_id: int, started: float, timeout_s: float,
-    ready: Callable[[NodeStatus], bool] = lambda _s: True, what: str = "come up",
-) -> float:  # fmt: skip
+    cl: LocalCluster,
+    node_id: int,
+    started: float,
+    timeout_s: float,
+    ready: Callable[[NodeStatus], bool] = lambda _s: True,
+    what: str = "come up",
+) -> float:
     """Seconds from `started` until `node_id` answers Status, and `ready` of it."""
     while (s := status(cl, node_id)) is None or not ready(s):
         if time.monotonic() - started > timeout_s:
@@ -188,16 +171,21 @@ def wait_applied(
         if time.monotonic() - started > timeout_s:
             where = "no answer" if me is None else f"applied {me.applied_index}"
             has = "no leader" if lead is None else f"leader committed {lead.committed_index}"
-            raise RuntimeError(f"node {node_id} did not catch up in {timeout_s:g} s ({where}, "
-                               f"{has})")  # fmt: skip
+            raise RuntimeError(
+                f"node {node_id} did not catch up in {timeout_s:g} s ({where}, {has})"
+            )
         time.sleep(_POLL_S)
 
 
 def catch_up(
-    cl: LocalCluster, node_id: int, timeout_s: float, *, cold: bool,
+    cl: LocalCluster,
+    node_id: int,
+    timeout_s: float,
+    *,
+    cold: bool,
     on_up: Callable[[list[int]], None] = lambda _pids: None,
     on_done: Callable[[list[int]], None] = lambda _pids: None,
-) -> CatchUp:  # fmt: skip
+) -> CatchUp:
     """Wipe `node_id`, restart it and time its catch-up, nothing else asked of the
     cluster; `on_up` and `on_done` get the leader's and the node's pids when it first
     answers and once it has caught up (a profile's window)."""
@@ -213,8 +201,12 @@ def catch_up(
     done_s, lead = wait_applied(cl, node_id, started, timeout_s)
     on_done(alive)
     after = {role: threads(pid) for role, pid in pids.items() if pid is not None}
-    cpu = {role: {kind: after[role][kind][0] - before[role].get(kind, (0.0, 0))[0]
-                  for kind in after[role]} for role in after}  # fmt: skip
+    cpu = {
+        role: {
+            kind: after[role][kind][0] - before[role].get(kind, (0.0, 0))[0] for kind in after[role]
+        }
+        for role in after
+    }
     dispatched_s = wait_node(cl, node_id, started, timeout_s, dispatched, "dispatch its log")
     lag = me.loop_lag_max_ms if (me := status(cl, node_id)) else float("nan")
     return CatchUp(up_s, done_s, dispatched_s, lead.committed_pos, lead.committed_index, cpu, lag)
@@ -294,17 +286,6 @@ def put_rate(cl: LocalCluster, workload: str, seconds: float) -> float:
     return asyncio.run(concurrent(cl, 32, seconds))[0]
 
 
-@dataclass
-class Rates:
-    """Puts/s per workload: steady (all nodes up) and while a node catches up, with the
-    node's lag (entries) at the end of each catching-up window."""
-
-    steady: dict[str, list[float]]
-    catching: dict[str, list[float]]
-    lag_at_end: dict[str, list[int]]
-    loaded: list[CatchUp]  # the catch-ups under those windows
-
-
 def steady_round(cl: LocalCluster, seconds: float, rates: Rates) -> None:
     for w in WORKLOADS:
         rates.steady.setdefault(w, []).append(put_rate(cl, w, seconds))
@@ -353,81 +334,10 @@ def print_profile(path: Path, role: str, log_bytes: int, top: int) -> None:
     for key in ranked[:top]:
         _prim, calls, own, cum, _callers = table[key]
         where = f"{Path(key[0]).name}:{key[1]}({key[2]})"
-        print(f"{own / mb * 1e3:7.3f} ms/MB own {cum / mb * 1e3:8.3f} cum {own / busy:5.1%} "
-              f"{calls:>9}  {where}")  # fmt: skip
-
-
-def catch_up_rows(cu: CatchUp, label: str) -> tuple[list[Row], dict[str, float]]:
-    m = {
-        "catch_up_s": cu.seconds,
-        "catch_up_mb_per_s": cu.mb_per_s,
-        "catch_up_with_start_s": cu.done_s,
-        "catch_up_dispatched_s": cu.dispatched_s - cu.up_s,
-        "node_start_s": cu.up_s,
-        "catch_up_loop_lag_max_ms": cu.loop_lag_ms,
-        "log_bytes": cu.log_bytes,
-        "log_entries": cu.log_index,
-    }
-    rows: list[Row] = [
-        (label, f"{cu.mb_per_s:,.1f} MB/s",
-         f"{cu.log_bytes / MB:,.0f} MB, {cu.log_index:,} entries in {cu.seconds:.1f} s from its "
-         f"first Status answer ({cu.done_s:.1f} s from its start; the process took "
-         f"{cu.up_s:.1f} s to answer)"),
-        ("    its event loop's longest delay", f"{cu.loop_lag_ms:,.0f} ms",
-         "over its life (start-up and catch-up): its Status and reads wait that long"),
-        ("    ... and dispatched", f"{cu.dispatched_s - cu.up_s:.1f} s",
-         "consume queues and key index built (what it serves reads from)"),
-    ]  # fmt: skip
-    for role, kinds in cu.cpu_s.items():
-        total = sum(kinds.values())
-        split = ", ".join(f"{k} {v:.1f}" for k, v in sorted(kinds.items()))
-        per_gb = total / (cu.log_bytes / 1e9)
-        rows.append((f"    {role} CPU", f"{total:.1f} s", f"{total / cu.seconds:.0%} of a "
-                     f"core; {per_gb:.1f} s/GB; by thread kind: {split}"))  # fmt: skip
-        m[f"{role}_cpu_s_per_gb"] = per_gb
-        m[f"{role}_cpu_pct"] = total / cu.seconds * 100
-        for k, v in kinds.items():
-            m[f"{role}_{k}_cpu_s"] = v
-    return rows, m
-
-
-def copy_rows(copies: dict[str, list[tuple[int, float]]], cu_mb_per_s: float
-              ) -> tuple[list[Row], dict[str, float]]:  # fmt: skip
-    rows: list[Row] = []
-    m: dict[str, float] = {}
-    for cache, runs in copies.items():
-        rate = statistics.median(n / s / MB for n, s in runs)
-        m[f"copy_{cache}_mb_per_s"] = rate
-        m[f"catch_up_to_copy_{cache}_ratio"] = cu_mb_per_s / rate
-        rows.append((f"raw copy, {cache} page cache", f"{rate:,.0f} MB/s",
-                     f"{runs[0][0] / MB:,.0f} MB (data + index files up to the log's end), "
-                     "copy_file_range + fsync; catch-up/copy "
-                     f"{cu_mb_per_s / rate:.3f}"))  # fmt: skip
-    return rows, m
-
-
-def rate_rows(rates: Rates) -> tuple[list[Row], dict[str, float]]:
-    rows: list[Row] = []
-    m: dict[str, float] = {}
-    for w, label in WORKLOADS.items():
-        steady = statistics.median(rates.steady[w])
-        catching = statistics.median(rates.catching[w])
-        ratio = catching / steady
-        m |= {f"steady_{w}_msgs_per_s": steady, f"catching_up_{w}_msgs_per_s": catching,
-              f"{w}_during_catch_up_ratio": ratio}  # fmt: skip
-        verdict = "ok" if ratio >= 1 - MAX_DROP else f"FAILS (> {MAX_DROP:.0%} below steady)"
-        lags = ", ".join(f"{lag:,}" for lag in rates.lag_at_end[w])
-        rows.append((f"{label}, steady -> catching up", f"{steady:,.0f} -> {catching:,.0f}/s",
-                     f"ratio {ratio:.3f}: {verdict}; the node's lag at each window's end: "
-                     f"{lags} entries"))  # fmt: skip
-        runs = ", ".join(f"{r:,.0f}" for r in rates.steady[w])
-        rows.append(("    steady windows", runs, "(before each catch-up, and one after the last)"))
-    for k, cu in enumerate(rates.loaded):
-        rows.append((f"    catch-up under those puts #{k + 1}", f"{cu.mb_per_s:,.1f} MB/s",
-                     f"{cu.log_bytes / MB:,.0f} MB in {cu.seconds:.1f} s "
-                     "(a moving target)"))  # fmt: skip
-    m["catch_up_loaded_mb_per_s"] = statistics.median(cu.mb_per_s for cu in rates.loaded)
-    return rows, m
+        print(
+            f"{own / mb * 1e3:7.3f} ms/MB own {cum / mb * 1e3:8.3f} cum {own / busy:5.1%} "
+            f"{calls:>9}  {where}"
+        )
 
 
 # ------------------------------------------------------------------ main
@@ -444,8 +354,13 @@ def filled(
     lead = leader_status(cl)
     m = {"fill_msgs_per_s": count / fill_s, "fill_mb_per_s": lead.committed_pos / fill_s / MB}
     size = f"{count:,} messages of {args.body_bytes} B, {lead.committed_pos / MB:,.0f} MB of log"
-    rows: list[Row] = [("write the log (PutBatch 256 x 4)", f"{count / fill_s:,.0f} msgs/s",
-                        f"{size} in {fill_s:.1f} s")]  # fmt: skip
+    rows: list[Row] = [
+        (
+            "write the log (PutBatch 256 x 4)",
+            f"{count / fill_s:,.0f} msgs/s",
+            f"{size} in {fill_s:.1f} s",
+        )
+    ]
     return lead.node_id, min(i for i in cl.specs if i != lead.node_id), rows, m
 
 
@@ -491,10 +406,13 @@ def profile(args: argparse.Namespace) -> None:
     prof_dir = Path(tempfile.mkdtemp(prefix="catch-up-profile-"))
     with (
         tempfile.TemporaryDirectory(prefix="catch-up-", dir=args.dir) as tmp,
-        LocalCluster(Path(tmp) / "cluster", extra_config=CONFIG,
-                     command_prefix=lambda _i: [sys.executable, str(_PROFILED)],
-                     env={"DLEDGER_PROFILE_DIR": str(prof_dir)}) as cl,
-    ):  # fmt: skip
+        LocalCluster(
+            Path(tmp) / "cluster",
+            extra_config=CONFIG,
+            command_prefix=lambda _i: [sys.executable, str(_PROFILED)],
+            env={"DLEDGER_PROFILE_DIR": str(prof_dir)},
+        ) as cl,
+    ):
         leader, node, rows, _m = filled(cl, args)
         start, stop = signaller(signal.SIGUSR1), signaller(signal.SIGUSR2)
         cu = catch_up(cl, node, args.timeout_s, cold=args.cold, on_up=start, on_done=stop)
@@ -515,9 +433,12 @@ def compare_trees(args: argparse.Namespace, other: Path) -> None:
     with (
         tempfile.TemporaryDirectory(prefix="catch-up-", dir=args.dir) as tmp,
         LocalCluster(Path(tmp) / "this", extra_config=CONFIG) as this,
-        LocalCluster(Path(tmp) / "vs", extra_config=CONFIG,
-                     command_prefix=lambda _i: ["env", f"PYTHONPATH={other}"]) as vs,
-    ):  # fmt: skip
+        LocalCluster(
+            Path(tmp) / "vs",
+            extra_config=CONFIG,
+            command_prefix=lambda _i: ["env", f"PYTHONPATH={other}"],
+        ) as vs,
+    ):
         clusters = {"this": this, "vs": vs}
         nodes = {name: filled(cl, args)[1] for name, cl in clusters.items()}
         for rep in range(args.reps):
@@ -528,19 +449,34 @@ def compare_trees(args: argparse.Namespace, other: Path) -> None:
     for name, cus in runs.items():
         rates = [cu.mb_per_s for cu in cus]
         m[f"catch_up_mb_per_s_{name}"] = statistics.median(rates)
-        cpu = {f"{role}{'_loop' if loop else ''}": statistics.median(
-            (cu.cpu_s[role].get("loop", 0.0) if loop else sum(cu.cpu_s[role].values()))
-            / (cu.log_bytes / 1e9) for cu in cus)
-            for role in ("follower", "leader") for loop in (False, True)}  # fmt: skip
+        cpu = {
+            f"{role}{'_loop' if loop else ''}": statistics.median(
+                (cu.cpu_s[role].get("loop", 0.0) if loop else sum(cu.cpu_s[role].values()))
+                / (cu.log_bytes / 1e9)
+                for cu in cus
+            )
+            for role in ("follower", "leader")
+            for loop in (False, True)
+        }
         m |= {f"{k}_cpu_s_per_gb_{name}": v for k, v in cpu.items()}
-        rows.append((f"catch-up, {name}", f"{statistics.median(rates):,.1f} MB/s",
-                     f"runs: {', '.join(f'{r:.1f}' for r in rates)}; CPU s/GB: follower "
-                     f"{cpu['follower']:.1f} (its loop {cpu['follower_loop']:.1f}), leader "
-                     f"{cpu['leader']:.1f} (its loop {cpu['leader_loop']:.1f})"))  # fmt: skip
+        rows.append(
+            (
+                f"catch-up, {name}",
+                f"{statistics.median(rates):,.1f} MB/s",
+                f"runs: {', '.join(f'{r:.1f}' for r in rates)}; CPU s/GB: follower "
+                f"{cpu['follower']:.1f} (its loop {cpu['follower_loop']:.1f}), leader "
+                f"{cpu['leader']:.1f} (its loop {cpu['leader_loop']:.1f})",
+            )
+        )
     pairs = [a.mb_per_s / b.mb_per_s for a, b in zip(runs["this"], runs["vs"], strict=True)]
     m["catch_up_this_vs_ratio"] = statistics.median(pairs)
-    rows.append(("this/vs, pair by pair", f"{statistics.median(pairs):.3f}",
-                 ", ".join(f"{p:.3f}" for p in pairs)))  # fmt: skip
+    rows.append(
+        (
+            "this/vs, pair by pair",
+            f"{statistics.median(pairs):.3f}",
+            ", ".join(f"{p:.3f}" for p in pairs),
+        )
+    )
     rows.append(("loadavg at end", loadavg(), ""))
     report("catch_up_vs", rows, m)
 

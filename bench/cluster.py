@@ -60,8 +60,11 @@ THROUGHPUT = {
 }
 # Issue 21's, ahead of etcd on this machine; also leader CPU <= 800 us and <= 30 context
 # switches (all nodes) per sequential put, an idle node <= 0.5 % of a core.
-TARGETS = {"seq": "900/s, p50 <= 1.2 ms; leader CPU <= 800 us/put, <= 30 switches/put",
-           "inflight32": "6,000/s", "batch256x4": "20,000/s"}  # fmt: skip
+TARGETS = {
+    "seq": "900/s, p50 <= 1.2 ms; leader CPU <= 800 us/put, <= 30 switches/put",
+    "inflight32": "6,000/s",
+    "batch256x4": "20,000/s",
+}
 MAX_TLS_DROP = 0.15  # the requirement: puts/s must not drop more than 15% with TLS on
 Row = tuple[str, str, str]
 
@@ -308,9 +311,14 @@ def results(
     cl.wait_for_leader()
     cpu, switches = idle_usage(cl, args.idle_s)
     m |= {"idle_cpu_pct_max_node": max(cpu), "idle_switches_per_s_max_node": max(switches)}
-    rows.append(("idle cluster, per node", f"{', '.join(f'{c:.2f}' for c in cpu)} % CPU",
-                 f"{', '.join(f'{w:,.0f}' for w in switches)} switches/s over {args.idle_s:.0f} s "
-                 "(target <= 0.5 % CPU)"))  # fmt: skip
+    rows.append(
+        (
+            "idle cluster, per node",
+            f"{', '.join(f'{c:.2f}' for c in cpu)} % CPU",
+            f"{', '.join(f'{w:,.0f}' for w in switches)} switches/s over {args.idle_s:.0f} s "
+            "(target <= 0.5 % CPU)",
+        )
+    )
     for name, label in THROUGHPUT.items():
         m |= throughput(name, runs[name])
         per = " per batch" if name == "batch256x4" else ""
@@ -431,12 +439,18 @@ def main() -> None:
     head = f"median of {reps} run{'s' if reps > 1 else ''}"
     report(
         "cluster_tls",
-        [("plain cluster", head, ""), *rows, ("", "", ""),
-         ("TLS + ACL cluster", head, ""), *tls_rows, ("", "", ""),
-         ("TLS/plain", "plain -> TLS", f"requirement: puts/s drop <= {MAX_TLS_DROP:.0%}"),
-         *both_rows],
+        [
+            ("plain cluster", head, ""),
+            *rows,
+            ("", "", ""),
+            ("TLS + ACL cluster", head, ""),
+            *tls_rows,
+            ("", "", ""),
+            ("TLS/plain", "plain -> TLS", f"requirement: puts/s drop <= {MAX_TLS_DROP:.0%}"),
+            *both_rows,
+        ],
         both,
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

@@ -39,40 +39,38 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import json
 import os
 import pstats
 import signal
 import statistics
-import struct
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Self
+from typing import NamedTuple, Self
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._group_worker import HEAD, Seen, Worker, stop_all, worker_main
 from bench._proc import loadavg, process_usage
 from bench._report import report
 from bench.cluster import async_client
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import Client, ClientError, MessageSpec
-from dledger_commitlog.client.async_consumer import AsyncConsumer, ConsumedMessage
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUES = 8
-CONFIG = {"data_segment_bytes": 64 << 20, "index_segment_bytes": 32 << 20,
-          "queues_per_topic": QUEUES}  # fmt: skip
-HEAD = struct.Struct(">qd")  # the message's sequence number, its send time (time.time())
+CONFIG = {
+    "data_segment_bytes": 64 << 20,
+    "index_segment_bytes": 32 << 20,
+    "queues_per_topic": QUEUES,
+}
 BODY_BYTES = 1024
 PAD = b"m" * (BODY_BYTES - HEAD.size)
 INFLIGHT = 32
 REBALANCE_RATE = 200  # msgs/s put during a rebalance trial, over all 8 queues
-FLUSH_S = 0.1  # how often a worker reports what it handled
 SETTLE_TIMEOUT_S = 60.0
 DRAIN_TIMEOUT_S = 60.0
 REBALANCE_TIMEOUT_S = 30.0
@@ -80,111 +78,9 @@ BOUND_S = 5.0  # the issue's bound on a rebalance
 Row = tuple[str, str, str]
 
 
-class Seen(NamedTuple):
-    """A handler call in a worker: which message, where it was stored, when (this host's
-    time.time()), and how long after it was sent (ms)."""
-
-    seq: int
-    queue_id: int
-    handled_s: float
-    latency_ms: float
-
-
 def pct(values: Sequence[float], p: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(len(s) * p))] if s else float("nan")
-
-
-# -- the worker: one consumer process ------------------------------------------------
-
-
-async def worker_main(servers: list[str], group: str, topic: str, member_id: str) -> int:
-    """Consume `topic` in `group` until SIGTERM; print JSON lines on stdout: {"member"}
-    once it runs, {"seen": [[seq, queue_id, handled_s, latency_ms], ...]} every
-    FLUSH_S, {"done": handled} at the end."""
-    seen: list[list[float]] = []
-
-    def out(obj: dict[str, Any]) -> None:
-        sys.stdout.write(json.dumps(obj) + "\n")
-        sys.stdout.flush()
-
-    async def handle(m: ConsumedMessage) -> None:
-        now = time.time()
-        seq, sent = HEAD.unpack_from(m.body)
-        queue = m.queue_id if m.stored_topic == topic else -1  # -1: a retried copy
-        seen.append([seq, queue, now, (now - sent) * 1e3])
-
-    async def flush() -> None:
-        nonlocal seen
-        while True:
-            await asyncio.sleep(FLUSH_S)
-            if seen:
-                batch, seen = seen, []
-                out({"seen": batch})
-
-    consumer = AsyncConsumer(servers, group, [topic], handle, member_id=member_id)
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, consumer.stop)
-    flusher = asyncio.create_task(flush())
-    out({"member": member_id})
-    handled = await consumer.run()
-    flusher.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await flusher
-    if seen:
-        out({"seen": seen})
-    out({"done": handled})
-    return handled
-
-
-class Worker:
-    """A consumer process (`--worker`) and what it reported so far."""
-
-    def __init__(self, cl: LocalCluster, group: str, topic: str, member_id: str) -> None:
-        self.member_id = member_id
-        servers = ",".join(s.client for s in cl.specs.values())
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.consumer_groups", "--worker", "--servers", servers,
-             "--group", group, "--topic", topic, "--member", member_id],
-            cwd=ROOT, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        self.seen: list[Seen] = []
-        self.done: int | None = None
-        self._reader = threading.Thread(target=self._read, name=f"read-{member_id}", daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            msg = json.loads(line)
-            if "seen" in msg:
-                self.seen.extend(Seen(int(s[0]), int(s[1]), s[2], s[3]) for s in msg["seen"])
-            elif "done" in msg:
-                self.done = int(msg["done"])
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-        self._reader.join(5)
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM: the consumer finishes, acks, leaves the group, reports the rest."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            print(f"worker {self.member_id} did not stop in {timeout_s} s; killed", file=sys.stderr)
-            self.proc.kill()
-            self.proc.wait()
-        self._reader.join(5)
-
-
-def stop_all(workers: Sequence[Worker]) -> None:
-    for w in workers:  # all asked first, so they leave together
-        if w.proc.poll() is None:
-            w.proc.send_signal(signal.SIGTERM)
-    for w in workers:
-        w.stop()
 
 
 # -- the producer ---------------------------------------------------------------------
@@ -195,8 +91,9 @@ class Producer:
     `inflight` at once, paced to `rate` msgs/s (0: unpaced), on queue seq % `queues`
     (0: the server picks), until `stop()`."""
 
-    def __init__(self, cl: LocalCluster, topic: str, *, inflight: int, rate: float,
-                 queues: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, cl: LocalCluster, topic: str, *, inflight: int, rate: float, queues: int = 0
+    ) -> None:
         self.cl, self.topic, self.queues = cl, topic, queues
         self.inflight, self.rate = inflight, rate
         self.acked: set[int] = set()
@@ -278,8 +175,11 @@ def e2e_case(cl: LocalCluster, consumers: int, seconds: float, rate: float) -> d
     workers = [Worker(cl, name, name, f"{name}-{i}") for i in range(consumers)]
     try:
         with cl.client(timeout_s=5) as client:
-            wait_for(f"{consumers} consumers to settle", lambda: owned_by(
-                client, name, name, [w.member_id for w in workers]), SETTLE_TIMEOUT_S)  # fmt: skip
+            wait_for(
+                f"{consumers} consumers to settle",
+                lambda: owned_by(client, name, name, [w.member_id for w in workers]),
+                SETTLE_TIMEOUT_S,
+            )
         producer = Producer(cl, name, inflight=INFLIGHT, rate=rate).start()
         time.sleep(seconds)  # the measurement itself: a fixed interval of load
         producer.stop()
@@ -316,27 +216,43 @@ def e2e_case(cl: LocalCluster, consumers: int, seconds: float, rate: float) -> d
 def e2e_rows(m: dict[str, float], consumers: int) -> list[Row]:
     p = f"e2e_{consumers}c"
     label = f"(a) e2e, {consumers} consumer{'s' if consumers > 1 else ''}"
-    spread = (f", fewest on one consumer {m[f'{p}_handled_per_consumer_min']:,.0f}"
-              if consumers > 1 else "")  # fmt: skip
+    spread = (
+        f", fewest on one consumer {m[f'{p}_handled_per_consumer_min']:,.0f}"
+        if consumers > 1
+        else ""
+    )
     return [
-        (label, f"{m[f'{p}_msgs_per_s']:,.0f} msgs/s",
-         f"consumed; p50 {m[f'{p}_p50_ms']:.1f} ms, p99 {m[f'{p}_p99_ms']:.1f} ms"),
-        ("    producer", f"{m[f'{p}_put_msgs_per_s']:,.0f} msgs/s",
-         f"put, {INFLIGHT} in flight: p50 {m[f'{p}_put_p50_ms']:.1f} ms, p99 "
-         f"{m[f'{p}_put_p99_ms']:.1f} ms to the put's ack (part of the above); "
-         f"{m[f'{p}_messages']:,.0f} messages, {m[f'{p}_put_failures']:.0f} failed"),
-        ("    duplicates / missing", f"{m[f'{p}_duplicates']:.0f} / {m[f'{p}_missing']:.0f}",
-         f"(target 0 / 0){spread}"),
-    ]  # fmt: skip
+        (
+            label,
+            f"{m[f'{p}_msgs_per_s']:,.0f} msgs/s",
+            f"consumed; p50 {m[f'{p}_p50_ms']:.1f} ms, p99 {m[f'{p}_p99_ms']:.1f} ms",
+        ),
+        (
+            "    producer",
+            f"{m[f'{p}_put_msgs_per_s']:,.0f} msgs/s",
+            f"put, {INFLIGHT} in flight: p50 {m[f'{p}_put_p50_ms']:.1f} ms, p99 "
+            f"{m[f'{p}_put_p99_ms']:.1f} ms to the put's ack (part of the above); "
+            f"{m[f'{p}_messages']:,.0f} messages, {m[f'{p}_put_failures']:.0f} failed",
+        ),
+        (
+            "    duplicates / missing",
+            f"{m[f'{p}_duplicates']:.0f} / {m[f'{p}_missing']:.0f}",
+            f"(target 0 / 0){spread}",
+        ),
+    ]
 
 
 # -- (c) drain ------------------------------------------------------------------------
 
 
 def drain_case(
-    cl: LocalCluster, consumers: int, backlog: int, *, stored: bool = False,
+    cl: LocalCluster,
+    consumers: int,
+    backlog: int,
+    *,
+    stored: bool = False,
     profile: bool = False,
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, float]:
     """`consumers` settled in a fresh group, then `backlog` messages put in batches of
     256 (faster than they are handled); or (`stored`) the backlog put first, then the
     consumers started: msgs/s from the first handler call to the last, and each node's
@@ -346,8 +262,12 @@ def drain_case(
 
     def put_backlog(client: Client) -> None:
         for start in range(0, backlog, 256):
-            client.put_batch([MessageSpec(name, HEAD.pack(seq, time.time()) + PAD)
-                              for seq in range(start, min(backlog, start + 256))])  # fmt: skip
+            client.put_batch(
+                [
+                    MessageSpec(name, HEAD.pack(seq, time.time()) + PAD)
+                    for seq in range(start, min(backlog, start + 256))
+                ]
+            )
 
     with cl.client(timeout_s=30) as client:
         if stored:
@@ -363,9 +283,12 @@ def drain_case(
                 settled = lambda: owned_by(client, name, name, members)  # noqa: E731
                 wait_for(f"{consumers} consumers to settle", settled, SETTLE_TIMEOUT_S)
                 put_backlog(client)
-            wait_for(f"{consumers} consumers to drain {backlog:,}",
-                     lambda: len({s.seq for w in workers for s in w.seen}) >= backlog,
-                     DRAIN_TIMEOUT_S * 2, poll_s=0.05)  # fmt: skip
+            wait_for(
+                f"{consumers} consumers to drain {backlog:,}",
+                lambda: len({s.seq for w in workers for s in w.seen}) >= backlog,
+                DRAIN_TIMEOUT_S * 2,
+                poll_s=0.05,
+            )
             cpu = [process_usage(pid)[0] - c for pid, c in zip(pids, cpu0, strict=True)]
             for pid in pids if profile else ():
                 os.kill(pid, signal.SIGUSR2)  # stop; writes DLEDGER_PROFILE_DIR/node-PID.prof
@@ -374,22 +297,35 @@ def drain_case(
     seen = [s for w in workers for s in w.seen]
     first, last = min(s.handled_s for s in seen), max(s.handled_s for s in seen)
     p = f"drain_{'stored_' if stored else ''}{consumers}c"
-    return {f"{p}_msgs_per_s": backlog / max(1e-9, last - first),
-            f"{p}_duplicates": len(seen) - len({s.seq for s in seen}),
-            f"{p}_leader_cpu_us_per_msg": max(cpu) / backlog * 1e6,
-            f"{p}_follower_cpu_us_per_msg": min(cpu) / backlog * 1e6}  # fmt: skip
+    return {
+        f"{p}_msgs_per_s": backlog / max(1e-9, last - first),
+        f"{p}_duplicates": len(seen) - len({s.seq for s in seen}),
+        f"{p}_leader_cpu_us_per_msg": max(cpu) / backlog * 1e6,
+        f"{p}_follower_cpu_us_per_msg": min(cpu) / backlog * 1e6,
+    }
 
 
 def drain_rows(m: dict[str, float], consumers: int, stored: bool = False) -> list[Row]:
     p = f"drain_{'stored_' if stored else ''}{consumers}c"
     label = f"(c) drain, {consumers} consumer{'s' if consumers > 1 else ''}"
-    how = ("the backlog stored before the consumer starts" if stored
-           else "put in batches, faster than handled")  # fmt: skip
-    return [(label, f"{m[f'{p}_msgs_per_s']:,.0f} msgs/s",
-             f"{how} (first to last handler call); {m[f'{p}_duplicates']:.0f} duplicates"),
-            ("    CPU per message", f"{m[f'{p}_leader_cpu_us_per_msg']:,.0f} us leader",
-             f"a follower {m[f'{p}_follower_cpu_us_per_msg']:,.0f} us"
-             + ("" if stored else "; the leader's includes storing the puts"))]  # fmt: skip
+    how = (
+        "the backlog stored before the consumer starts"
+        if stored
+        else "put in batches, faster than handled"
+    )
+    return [
+        (
+            label,
+            f"{m[f'{p}_msgs_per_s']:,.0f} msgs/s",
+            f"{how} (first to last handler call); {m[f'{p}_duplicates']:.0f} duplicates",
+        ),
+        (
+            "    CPU per message",
+            f"{m[f'{p}_leader_cpu_us_per_msg']:,.0f} us leader",
+            f"a follower {m[f'{p}_follower_cpu_us_per_msg']:,.0f} us"
+            + ("" if stored else "; the leader's includes storing the puts"),
+        ),
+    ]
 
 
 def drain_profile(backlog: int, top: int = 25) -> None:
@@ -415,8 +351,9 @@ def drain_profile(backlog: int, top: int = 25) -> None:
     for key in sorted((k for k in table if k[2] != idle), key=lambda k: -table[k][3])[:top]:
         _primitive, calls, own, cum, _callers = table[key]
         where = f"{Path(key[0]).name}:{key[1]}({key[2]})"
-        print(f"{own / backlog * 1e6:8.1f} us own {cum / backlog * 1e6:8.1f} cum {calls:>8}  "
-              f"{where}")  # fmt: skip
+        print(
+            f"{own / backlog * 1e6:8.1f} us own {cum / backlog * 1e6:8.1f} cum {calls:>8}  {where}"
+        )
 
 
 # -- (b) rebalance --------------------------------------------------------------------
@@ -436,25 +373,41 @@ def rebalance_trial(cl: LocalCluster, n: int) -> Trial:
     producer = Producer(cl, name, inflight=4, rate=REBALANCE_RATE, queues=QUEUES).start()
     try:
         with cl.client(timeout_s=5) as client:
-            wait_for("3 consumers to settle", lambda: owned_by(
-                client, name, name, [w.member_id for w in workers]), SETTLE_TIMEOUT_S)  # fmt: skip
-            wait_for("every consumer to handle messages", lambda: all(w.seen for w in workers),
-                     SETTLE_TIMEOUT_S)  # fmt: skip
+            wait_for(
+                "3 consumers to settle",
+                lambda: owned_by(client, name, name, [w.member_id for w in workers]),
+                SETTLE_TIMEOUT_S,
+            )
+            wait_for(
+                "every consumer to handle messages",
+                lambda: all(w.seen for w in workers),
+                SETTLE_TIMEOUT_S,
+            )
             desc = client.group_describe(name)
-            lost = {q.queue_id for q in desc.queues
-                    if q.topic == name and q.owner == victim.member_id}  # fmt: skip
+            lost = {
+                q.queue_id for q in desc.queues if q.topic == name and q.owner == victim.member_id
+            }
             killed_s = time.time()
             victim.kill()
-            owned_s = wait_for("the survivors to own every queue", lambda: owned_by(
-                client, name, name, [w.member_id for w in survivors]),
-                REBALANCE_TIMEOUT_S)  # fmt: skip
+            owned_s = wait_for(
+                "the survivors to own every queue",
+                lambda: owned_by(client, name, name, [w.member_id for w in survivors]),
+                REBALANCE_TIMEOUT_S,
+            )
 
             def taken_over() -> list[float]:
-                return [s.handled_s for w in survivors for s in w.seen
-                        if s.queue_id in lost and s.handled_s >= killed_s]  # fmt: skip
+                return [
+                    s.handled_s
+                    for w in survivors
+                    for s in w.seen
+                    if s.queue_id in lost and s.handled_s >= killed_s
+                ]
 
-            wait_for("a survivor to handle a lost queue's message", lambda: bool(taken_over()),
-                     REBALANCE_TIMEOUT_S)  # fmt: skip
+            wait_for(
+                "a survivor to handle a lost queue's message",
+                lambda: bool(taken_over()),
+                REBALANCE_TIMEOUT_S,
+            )
             return Trial(owned_s - killed_s, min(taken_over()) - killed_s, len(lost))
     finally:
         producer.stop()
@@ -476,32 +429,49 @@ def rebalance(cl: LocalCluster, trials: int) -> tuple[list[Row], dict[str, float
     }
     over = "ok" if max(*owned, *first) < BOUND_S else f"FAILS (>= {BOUND_S:.0f} s)"
     rows = [
-        ("(b) rebalance, kill 1 of 3", f"median {m['rebalance_owned_s_median']:.2f} s",
-         f"until all {QUEUES} queues owned by the survivors; max "
-         f"{m['rebalance_owned_s_max']:.2f} s over {len(runs)}: "
-         + ", ".join(f"{x:.2f}" for x in owned)),
-        ("    first message of a lost queue", f"median {m['rebalance_first_msg_s_median']:.2f} s",
-         f"handled by a survivor; max {m['rebalance_first_msg_s_max']:.2f} s: "
-         + ", ".join(f"{x:.2f}" for x in first)
-         + f" (queues lost per kill: {', '.join(str(t.lost_queues) for t in runs)})"),
+        (
+            "(b) rebalance, kill 1 of 3",
+            f"median {m['rebalance_owned_s_median']:.2f} s",
+            f"until all {QUEUES} queues owned by the survivors; max "
+            f"{m['rebalance_owned_s_max']:.2f} s over {len(runs)}: "
+            + ", ".join(f"{x:.2f}" for x in owned),
+        ),
+        (
+            "    first message of a lost queue",
+            f"median {m['rebalance_first_msg_s_median']:.2f} s",
+            f"handled by a survivor; max {m['rebalance_first_msg_s_max']:.2f} s: "
+            + ", ".join(f"{x:.2f}" for x in first)
+            + f" (queues lost per kill: {', '.join(str(t.lost_queues) for t in runs)})",
+        ),
         ("    bound", f"< {BOUND_S:.0f} s", f"{over} (session timeout 3 s, long poll 1 s)"),
-    ]  # fmt: skip
+    ]
     return rows, m
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=10.0, help="producer time per e2e case")
-    ap.add_argument("--rate", type=float, default=0.0,
-                    help="pace the e2e producer to this many msgs/s (0: unpaced)")  # fmt: skip
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="pace the e2e producer to this many msgs/s (0: unpaced)",
+    )
     ap.add_argument("--trials", type=int, default=3, help="rebalance trials")
     ap.add_argument("--backlog", type=int, default=20_000, help="messages each drain case handles")
-    ap.add_argument("--cprofile", action="store_true",
-                    help="only the 1-consumer drain, the nodes under cProfile: the "
-                    "leader's loop functions per message; writes no results")  # fmt: skip
+    ap.add_argument(
+        "--cprofile",
+        action="store_true",
+        help="only the 1-consumer drain, the nodes under cProfile: the "
+        "leader's loop functions per message; writes no results",
+    )
     ap.add_argument("--quick", action="store_true", help="2 s per e2e case, 1 rebalance trial")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="the JSON file (default bench/results/consumer_groups.json)")  # fmt: skip
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the JSON file (default bench/results/consumer_groups.json)",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--servers", help=argparse.SUPPRESS)
     ap.add_argument("--group", help=argparse.SUPPRESS)

@@ -28,8 +28,12 @@ from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import AsyncClient
 
 BODY = b"m" * 1024
-CONFIG = {"data_segment_bytes": 64 << 20, "index_segment_bytes": 32 << 20,
-          "delay_levels": "1s 5s", "queues_per_topic": 4}  # fmt: skip
+CONFIG = {
+    "data_segment_bytes": 64 << 20,
+    "index_segment_bytes": 32 << 20,
+    "delay_levels": "1s 5s",
+    "queues_per_topic": 4,
+}
 LEVEL_MS = 1000
 
 
@@ -38,8 +42,9 @@ def pct(values: Sequence[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))] if ordered else 0.0
 
 
-async def consume(client: AsyncClient, topic: str, want: int, deadline: float,
-                  seen: dict[str, tuple[int, float]]) -> None:  # fmt: skip
+async def consume(
+    client: AsyncClient, topic: str, want: int, deadline: float, seen: dict[str, tuple[int, float]]
+) -> None:
     """Long-poll every queue of `topic`: uniq key -> (store ts, local receive time)."""
     offsets = dict.fromkeys(range(4), 0)
     while len(seen) < want and time.time() < deadline:
@@ -125,18 +130,33 @@ def main() -> None:
         m = asyncio.run(delivery_lag(cl, args.messages, args.spread_s))
         m |= asyncio.run(throughput(cl, args.seconds, args.inflight))
     rows = [
-        ("(a) delayed messages delivered", f"{m['delayed_delivered']:.0f}/{args.messages}",
-         f"{m['delayed_early']:.0f} early (store time before due)"),
-        ("    lag after due, store time", f"p50 {m['delivery_lag_store_p50_ms']:.0f} ms",
-         f"p99 {m['delivery_lag_store_p99_ms']:.0f} ms, max "
-         f"{m['delivery_lag_store_max_ms']:.0f} ms"),
-        ("    lag after due, consumer", f"p50 {m['delivery_lag_consumer_p50_ms']:.0f} ms",
-         f"p99 {m['delivery_lag_consumer_p99_ms']:.0f} ms (long poll, 4 queues)"),
-        ("(b) delayed puts", f"{m['delayed_put_msgs_per_s']:,.0f} msgs/s",
-         f"{args.inflight} in flight"),
-        ("(c) put_half + commit", f"{m['tx_half_commit_per_s']:,.0f} tx/s",
-         f"p50 {m['tx_p50_ms']:.1f} ms, p99 {m['tx_p99_ms']:.1f} ms, {args.inflight} in flight"),
-    ]  # fmt: skip
+        (
+            "(a) delayed messages delivered",
+            f"{m['delayed_delivered']:.0f}/{args.messages}",
+            f"{m['delayed_early']:.0f} early (store time before due)",
+        ),
+        (
+            "    lag after due, store time",
+            f"p50 {m['delivery_lag_store_p50_ms']:.0f} ms",
+            f"p99 {m['delivery_lag_store_p99_ms']:.0f} ms, max "
+            f"{m['delivery_lag_store_max_ms']:.0f} ms",
+        ),
+        (
+            "    lag after due, consumer",
+            f"p50 {m['delivery_lag_consumer_p50_ms']:.0f} ms",
+            f"p99 {m['delivery_lag_consumer_p99_ms']:.0f} ms (long poll, 4 queues)",
+        ),
+        (
+            "(b) delayed puts",
+            f"{m['delayed_put_msgs_per_s']:,.0f} msgs/s",
+            f"{args.inflight} in flight",
+        ),
+        (
+            "(c) put_half + commit",
+            f"{m['tx_half_commit_per_s']:,.0f} tx/s",
+            f"p50 {m['tx_p50_ms']:.1f} ms, p99 {m['tx_p99_ms']:.1f} ms, {args.inflight} in flight",
+        ),
+    ]
     report("delayed_tx", rows, m)
 
 

@@ -120,27 +120,52 @@ def main() -> None:
                 "profiled_dispatch_entries_per_s": profiled_rate,
             }
             rows += [
-                (f"log of {small}", f"{b.entries:,} entries", f"{b.bytes / 1e6:,.0f} MB, "
-                 f"{len(TOPICS)} topics x {QUEUES} queues, 2 keys + UNIQ_KEY, 1 GiB segments"),
-                ("encode (request path)", f"{m['encode_entries_per_s']:,.0f} entries/s",
-                 "encode_message + make_properties, not in the append figure"),
-                ("append, async flush", f"{append_eps:,.0f} entries/s",
-                 f"{m['append_mb_per_s']:,.1f} MB/s; CPU-time rate {append_cpu:,.0f}/s "
-                 f"(leader's queue patch + append_entries, batches of {BATCH})"),
-                ("dispatch (catch_up)", f"{disp_eps:,.0f} entries/s",
-                 f"{m['dispatch_mb_per_s']:,.1f} MB/s; CPU-time rate {disp_cpu:,.0f}/s; "
-                 f"persist {dsp.persist_s:.2f} s"),
-                ("dispatch / append", f"{disp_eps / append_eps:.2f}",
-                 f"CPU-time ratio {disp_cpu / append_cpu:.2f} (target >= 2)"),
-                ("dispatch, batches of 64", f"{small_n / small_cpu:,.0f} entries/s",
-                 f"CPU-time rate over {small_n:,} entries, the commit index moving 64 at a time"),
-                ("dispatch, one at a time", f"{one_cpu / one_n * 1e6:,.1f} us CPU/entry",
-                 f"over {one_n:,} entries, the commit index moving 1 at a time "
-                 "(a sequential put; ONE_BY_ONE_MAX)"),
-                ("commit-log read alone", f"{read_n / read_cpu:,.0f} entries/s",
-                 f"CPU-time rate of read_committed; dispatch beyond it "
-                 f"{m['dispatch_beyond_read_cpu_entries_per_s']:,.0f}/s"),
-            ]  # fmt: skip
+                (
+                    f"log of {small}",
+                    f"{b.entries:,} entries",
+                    f"{b.bytes / 1e6:,.0f} MB, "
+                    f"{len(TOPICS)} topics x {QUEUES} queues, 2 keys + UNIQ_KEY, 1 GiB segments",
+                ),
+                (
+                    "encode (request path)",
+                    f"{m['encode_entries_per_s']:,.0f} entries/s",
+                    "encode_message + make_properties, not in the append figure",
+                ),
+                (
+                    "append, async flush",
+                    f"{append_eps:,.0f} entries/s",
+                    f"{m['append_mb_per_s']:,.1f} MB/s; CPU-time rate {append_cpu:,.0f}/s "
+                    f"(leader's queue patch + append_entries, batches of {BATCH})",
+                ),
+                (
+                    "dispatch (catch_up)",
+                    f"{disp_eps:,.0f} entries/s",
+                    f"{m['dispatch_mb_per_s']:,.1f} MB/s; CPU-time rate {disp_cpu:,.0f}/s; "
+                    f"persist {dsp.persist_s:.2f} s",
+                ),
+                (
+                    "dispatch / append",
+                    f"{disp_eps / append_eps:.2f}",
+                    f"CPU-time ratio {disp_cpu / append_cpu:.2f} (target >= 2)",
+                ),
+                (
+                    "dispatch, batches of 64",
+                    f"{small_n / small_cpu:,.0f} entries/s",
+                    f"CPU-time rate over {small_n:,} entries, the commit index moving 64 at a time",
+                ),
+                (
+                    "dispatch, one at a time",
+                    f"{one_cpu / one_n * 1e6:,.1f} us CPU/entry",
+                    f"over {one_n:,} entries, the commit index moving 1 at a time "
+                    "(a sequential put; ONE_BY_ONE_MAX)",
+                ),
+                (
+                    "commit-log read alone",
+                    f"{read_n / read_cpu:,.0f} entries/s",
+                    f"CPU-time rate of read_committed; dispatch beyond it "
+                    f"{m['dispatch_beyond_read_cpu_entries_per_s']:,.0f}/s",
+                ),
+            ]
             if args.dispatch_only:
                 print("\n" + profile)
                 _report_dispatch_only(m, rows, began)
@@ -206,27 +231,47 @@ def main() -> None:
                 f"load_msgs_per_s_{label}": p.load.acked / p.load.seconds,
             }
             rows += [
-                (f"kill -9 recovery, {label}", f"{r.leader_s:.2f} s",
-                 f"spawn -> leader, all {p.load.acked:,} acked puts committed (target < 5 s); "
-                 f"port open {r.port_s:.2f} s, dispatched {r.dispatched_s:.2f} s"),
-                ("    node's own figure", f"{p.node_s:.2f} s",
-                 f"'recovered in ... after a {p.node_kind}', re-dispatched {p.redispatched:,}"),
-                ("    first start (clean)", f"{p.first_start_s:.2f} s",
-                 f"node's figure {p.first_start_node_s:.2f} s; load before the kill "
-                 f"{p.load.acked / p.load.seconds:,.0f} msgs/s"),
-            ]  # fmt: skip
+                (
+                    f"kill -9 recovery, {label}",
+                    f"{r.leader_s:.2f} s",
+                    f"spawn -> leader, all {p.load.acked:,} acked puts committed (target < 5 s); "
+                    f"port open {r.port_s:.2f} s, dispatched {r.dispatched_s:.2f} s",
+                ),
+                (
+                    "    node's own figure",
+                    f"{p.node_s:.2f} s",
+                    f"'recovered in ... after a {p.node_kind}', re-dispatched {p.redispatched:,}",
+                ),
+                (
+                    "    first start (clean)",
+                    f"{p.first_start_s:.2f} s",
+                    f"node's figure {p.first_start_node_s:.2f} s; load before the kill "
+                    f"{p.load.acked / p.load.seconds:,.0f} msgs/s",
+                ),
+            ]
         rows += [
-            (f"full rebuild, {small}", f"{m['rebuild_mb_per_s']:,.1f} MB/s",
-             f"{rebuild_s:.1f} s, {m['rebuild_entries_per_s']:,.0f} entries/s (verify.rebuild)"),
-            (f"extension to {large}", f"{m['ext_dispatch_entries_per_s']:,.0f} dispatch/s",
-             f"append {m['ext_append_entries_per_s']:,.0f}/s over "
-             f"{e.entries:,} more entries (template encoding)"),
-        ]  # fmt: skip
+            (
+                f"full rebuild, {small}",
+                f"{m['rebuild_mb_per_s']:,.1f} MB/s",
+                f"{rebuild_s:.1f} s, {m['rebuild_entries_per_s']:,.0f} entries/s (verify.rebuild)",
+            ),
+            (
+                f"extension to {large}",
+                f"{m['ext_dispatch_entries_per_s']:,.0f} dispatch/s",
+                f"append {m['ext_append_entries_per_s']:,.0f}/s over "
+                f"{e.entries:,} more entries (template encoding)",
+            ),
+        ]
     m["loadavg_1m_end"] = os.getloadavg()[0]
     m["total_s"] = time.perf_counter() - began
-    rows.append(("whole bench", f"{m['total_s']:.0f} s",
-                 f"load average {m['loadavg_1m_start']:.1f} -> {m['loadavg_1m_end']:.1f} "
-                 f"on {os.cpu_count()} cpus (shared machine)"))  # fmt: skip
+    rows.append(
+        (
+            "whole bench",
+            f"{m['total_s']:.0f} s",
+            f"load average {m['loadavg_1m_start']:.1f} -> {m['loadavg_1m_end']:.1f} "
+            f"on {os.cpu_count()} cpus (shared machine)",
+        )
+    )
     print("\n" + profile)
     report("dispatch", rows, m)
 

@@ -53,8 +53,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
-import math
 import os
 import sys
 import tempfile
@@ -66,22 +64,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._e2e_report import Row, check_note, cpu_note, failure_rows, lat_note, ok, targets
 from bench._e2e_worker import Producer, Result
+from bench._group_worker import Seen, Worker, stop_all
 from bench._proc import loadavg, process_usage
 from bench._report import report
-from bench.consumer_groups import (
-    CONFIG,
-    SETTLE_TIMEOUT_S,
-    Seen,
-    Worker,
-    owned_by,
-    pct,
-    stop_all,
-    wait_for,
-)
+from bench.consumer_groups import CONFIG, SETTLE_TIMEOUT_S, owned_by, pct, wait_for
 from dledger_commitlog.cli.launcher import LocalCluster
 
-Row = tuple[str, str, str]
 SEQ_STRIDE = 10**9  # producer p numbers its messages from p * SEQ_STRIDE
 DRAIN_TIMEOUT_S = 120.0  # after the producers stop, for the consumers to catch up
 BATCH = 256  # messages per PutBatch call of the drain's backlog
@@ -167,9 +157,16 @@ class Case:
 
 
 def run_load(
-    cl: LocalCluster, name: str, mode: str, *, consumers: int, producers: int,
-    warmup: float, seconds: float, **opts: float,
-) -> Case:  # fmt: skip
+    cl: LocalCluster,
+    name: str,
+    mode: str,
+    *,
+    consumers: int,
+    producers: int,
+    warmup: float,
+    seconds: float,
+    **opts: float,
+) -> Case:
     """Topic and group `name`: `consumers` settled, then `producers` processes in
     `mode` for warmup + seconds; the consumers then catch up."""
     servers = [s.client for s in cl.specs.values()]
@@ -182,8 +179,12 @@ def run_load(
             with cl.client(timeout_s=5) as client:
                 settled = lambda: owned_by(client, name, name, members)  # noqa: E731
                 wait_for(f"{name}: {consumers} consumer(s) to settle", settled, SETTLE_TIMEOUT_S)
-        prods = [Producer(servers, name, mode, base=p * SEQ_STRIDE, warmup=warmup,
-                          seconds=seconds, **opts) for p in range(producers)]  # fmt: skip
+        prods = [
+            Producer(
+                servers, name, mode, base=p * SEQ_STRIDE, warmup=warmup, seconds=seconds, **opts
+            )
+            for p in range(producers)
+        ]
         for p in prods:
             p.ready()
         leader, pids = role_pids(cl)
@@ -203,15 +204,24 @@ def run_load(
         want = {a[0] for r in results for a in r.acked}
         if workers:
             with contextlib.suppress(RuntimeError):  # what is missing is reported
-                wait_for(f"{name}: the consumers to catch up", lambda: drained(workers, want),
-                         DRAIN_TIMEOUT_S, poll_s=0.2)  # fmt: skip
+                wait_for(
+                    f"{name}: the consumers to catch up",
+                    lambda: drained(workers, want),
+                    DRAIN_TIMEOUT_S,
+                    poll_s=0.2,
+                )
     finally:
         stop_all(workers)
         for p in prods:
             p.close()
-    return Case(results, [s for w in workers for s in w.seen], (w0, w1),
-                {k: c1[k] - c0[k] for k in c0}, (m1[0] - m0[0], m1[1] - m0[1]),
-                consumers)  # fmt: skip
+    return Case(
+        results,
+        [s for w in workers for s in w.seen],
+        (w0, w1),
+        {k: c1[k] - c0[k] for k in c0},
+        (m1[0] - m0[0], m1[1] - m0[1]),
+        consumers,
+    )
 
 
 def cpu_metrics(p: str, cpu_s: dict[str, float], messages: int) -> dict[str, float]:
@@ -256,40 +266,6 @@ def load_metrics(p: str, case: Case) -> dict[str, float]:
     return m
 
 
-def fmt(v: float, unit: str = "", digits: int = 0) -> str:
-    return "n/a" if math.isnan(v) else f"{v:,.{digits}f}{unit}"
-
-
-def lat_note(m: dict[str, float], p: str) -> str:
-    note = "ack p50/p99/max " + "/".join(
-        fmt(m[f"{p}_ack_{q}_ms"], "", 1) for q in ("p50", "p99", "max")
-    )
-    if f"{p}_e2e_p50_ms" in m:
-        note += "; e2e " + "/".join(fmt(m[f"{p}_e2e_{q}_ms"], "", 1) for q in ("p50", "p99", "max"))
-    return note + " ms"
-
-
-def cpu_note(m: dict[str, float], p: str) -> str:
-    roles = [r for r in ("leader", "follower1", "follower2", "producer", "consumer", "orchestrator")
-             if f"{p}_{r}_cpu_us_per_msg" in m]  # fmt: skip
-    return "CPU us/msg " + ", ".join(f"{r} {fmt(m[f'{p}_{r}_cpu_us_per_msg'])}" for r in roles)
-
-
-def check_note(m: dict[str, float], p: str) -> str:
-    missing, dups = m.get(f"{p}_missing", NAN), m.get(f"{p}_duplicates", NAN)
-    failed = m[f"{p}_put_failures"]
-    return f"missing {fmt(missing)}, duplicates {fmt(dups)}, put failures {fmt(failed)}"
-
-
-def failure_rows(results: Sequence[Result]) -> list[Row]:
-    """A row per common kind of failed put, if any failed."""
-    errors: dict[str, int] = {}
-    for r in results:
-        for what, n in r.errors.items():
-            errors[what] = errors.get(what, 0) + n
-    return [("", "", f"  {n:,} failed: {what}") for what, n in errors.items()]
-
-
 # -- (i) closed loop ----------------------------------------------------------------------
 
 
@@ -299,8 +275,13 @@ def linger(args: argparse.Namespace) -> dict[str, float]:
 
 
 def closed_loop(cl: LocalCluster, args: argparse.Namespace) -> tuple[list[Row], dict[str, float]]:
-    common = {"producers": args.producers, "warmup": args.warmup, "seconds": args.seconds,
-              "inflight": args.inflight, **linger(args)}  # fmt: skip
+    common = {
+        "producers": args.producers,
+        "warmup": args.warmup,
+        "seconds": args.seconds,
+        "inflight": args.inflight,
+        **linger(args),
+    }
     po_case = run_load(cl, "closed-po", "closed", consumers=0, **common)
     case = run_load(cl, "closed", "closed", consumers=1, **common)
     po = load_metrics("closed_produce_only", po_case)
@@ -314,20 +295,34 @@ def closed_loop(cl: LocalCluster, args: argparse.Namespace) -> tuple[list[Row], 
     m["closed_ratio"] = sustained / po_rate if po_rate else NAN
     how = f"{args.producers} producer(s) x {args.inflight} in flight"
     rows = [
-        ("(i) closed loop, produce only", f"{po_rate:,.0f} msgs/s",
-         f"{how}, no consumer; {lat_note(m, 'closed_produce_only')}"),
-        ("", "", f"{cpu_note(m, 'closed_produce_only')}; "
-         f"{m['closed_produce_only_msgs_per_frame']:.1f} msgs/frame, "
-         f"{m['closed_produce_only_msgs_per_proposal']:.1f} msgs/proposal"),
-        ("(i) closed loop, 1 consumer", f"{sustained:,.0f} msgs/s",
-         f"sustained: produced {produced:,.0f}/s, consumed {consumed:,.0f}/s; backlog at the "
-         f"end {m['closed_backlog_msgs']:,.0f} msgs = {m['closed_backlog_s']:.2f} s "
-         f"({'bounded' if m['closed_bounded'] else 'NOT bounded'}: < 1 s)"),
+        (
+            "(i) closed loop, produce only",
+            f"{po_rate:,.0f} msgs/s",
+            f"{how}, no consumer; {lat_note(m, 'closed_produce_only')}",
+        ),
+        (
+            "",
+            "",
+            f"{cpu_note(m, 'closed_produce_only')}; "
+            f"{m['closed_produce_only_msgs_per_frame']:.1f} msgs/frame, "
+            f"{m['closed_produce_only_msgs_per_proposal']:.1f} msgs/proposal",
+        ),
+        (
+            "(i) closed loop, 1 consumer",
+            f"{sustained:,.0f} msgs/s",
+            f"sustained: produced {produced:,.0f}/s, consumed {consumed:,.0f}/s; backlog at the "
+            f"end {m['closed_backlog_msgs']:,.0f} msgs = {m['closed_backlog_s']:.2f} s "
+            f"({'bounded' if m['closed_bounded'] else 'NOT bounded'}: < 1 s)",
+        ),
         ("", "", f"{lat_note(m, 'closed')}; {cpu_note(m, 'closed')}"),
-        ("", "", f"{m['closed_msgs_per_frame']:.1f} msgs/frame, "
-         f"{m['closed_msgs_per_proposal']:.1f} msgs/proposal; {check_note(m, 'closed')}"),
+        (
+            "",
+            "",
+            f"{m['closed_msgs_per_frame']:.1f} msgs/frame, "
+            f"{m['closed_msgs_per_proposal']:.1f} msgs/proposal; {check_note(m, 'closed')}",
+        ),
         ("    ratio sustained / produce only", f"{m['closed_ratio']:.2f}", "(target >= 0.90)"),
-    ]  # fmt: skip
+    ]
     return rows + failure_rows(po_case.results + case.results), m
 
 
@@ -341,8 +336,17 @@ def paced(
     m: dict[str, float] = {}
     for label, rate in sorted(rates, key=lambda lr: lr[1]):
         p = f"paced{label}"
-        case = run_load(cl, p, "paced", consumers=1, producers=1, warmup=args.warmup,
-                         seconds=args.seconds, rate=rate, **linger(args))  # fmt: skip
+        case = run_load(
+            cl,
+            p,
+            "paced",
+            consumers=1,
+            producers=1,
+            warmup=args.warmup,
+            seconds=args.seconds,
+            rate=rate,
+            **linger(args),
+        )
         m |= load_metrics(p, case) | {f"{p}_rate": rate}
         m[f"{p}_server_cpu_us_per_msg"] = sum(
             m[f"{p}_{r}_cpu_us_per_msg"] for r in ("leader", "follower1", "follower2")
@@ -353,18 +357,33 @@ def paced(
         busy = m[f"{p}_producer_cpu_us_per_msg"] * m[f"{p}_msgs_per_s"] / 1e4
         m[f"{p}_producer_core_pct"] = busy
         rows += [
-            (f"(ii) paced {rate:,.0f}/s" + (" (80% of max)" if label == "80pct" else ""),
-             f"{m[f'{p}_msgs_per_s']:,.0f} msgs/s", lat_note(m, p)),
-            ("", "", f"{cpu_note(m, p)}; servers {m[f'{p}_server_cpu_us_per_msg']:,.0f}; "
-             f"the producer busy {busy:.0f}% of a core"),
-            ("", "", f"{m[f'{p}_msgs_per_frame']:.1f} msgs/frame, "
-             f"{m[f'{p}_msgs_per_proposal']:.1f} msgs/proposal; behind schedule: max "
-             f"{m[f'{p}_behind_max_ms']:.1f} ms, p99 {m[f'{p}_behind_p99_ms']:.1f} ms, "
-             f"{m[f'{p}_late_msgs']:,.0f} msgs > 1 ms late; {check_note(m, p)}"),
-            ("", "", f"e2e/ack p50 {e50:.2f}x ({ok(e50 <= 1.5)}: <= 1.5x), "
-             f"p99 {e99:.2f}x ({ok(e99 <= 3.0)}: <= 3x)"),
+            (
+                f"(ii) paced {rate:,.0f}/s" + (" (80% of max)" if label == "80pct" else ""),
+                f"{m[f'{p}_msgs_per_s']:,.0f} msgs/s",
+                lat_note(m, p),
+            ),
+            (
+                "",
+                "",
+                f"{cpu_note(m, p)}; servers {m[f'{p}_server_cpu_us_per_msg']:,.0f}; "
+                f"the producer busy {busy:.0f}% of a core",
+            ),
+            (
+                "",
+                "",
+                f"{m[f'{p}_msgs_per_frame']:.1f} msgs/frame, "
+                f"{m[f'{p}_msgs_per_proposal']:.1f} msgs/proposal; behind schedule: max "
+                f"{m[f'{p}_behind_max_ms']:.1f} ms, p99 {m[f'{p}_behind_p99_ms']:.1f} ms, "
+                f"{m[f'{p}_late_msgs']:,.0f} msgs > 1 ms late; {check_note(m, p)}",
+            ),
+            (
+                "",
+                "",
+                f"e2e/ack p50 {e50:.2f}x ({ok(e50 <= 1.5)}: <= 1.5x), "
+                f"p99 {e99:.2f}x ({ok(e99 <= 3.0)}: <= 3x)",
+            ),
             *failure_rows(case.results),
-        ]  # fmt: skip
+        ]
     return rows, m
 
 
@@ -380,12 +399,20 @@ def drain_case(cl: LocalCluster, consumers: int, want: set[int]) -> dict[str, fl
         workers = [Worker(cl, name, "drain", f"{name}-{i}") for i in range(consumers)]
         pids["consumer"] = [w.proc.pid for w in workers]
         pids["orchestrator"] = [os.getpid()]
-        wait_for(f"{name}: a first handled message", lambda: any(w.seen for w in workers),
-                 SETTLE_TIMEOUT_S, poll_s=0.01)  # fmt: skip
+        wait_for(
+            f"{name}: a first handled message",
+            lambda: any(w.seen for w in workers),
+            SETTLE_TIMEOUT_S,
+            poll_s=0.01,
+        )
         t0, c0 = time.time(), cpu(pids)
         with contextlib.suppress(RuntimeError):  # what is missing is reported
-            wait_for(f"{name}: the drain", lambda: drained(workers, want),
-                     max(DRAIN_TIMEOUT_S, len(want) / 500), poll_s=0.2)  # fmt: skip
+            wait_for(
+                f"{name}: the drain",
+                lambda: drained(workers, want),
+                max(DRAIN_TIMEOUT_S, len(want) / 500),
+                poll_s=0.2,
+            )
         c1 = cpu(pids)
     finally:
         stop_all(workers)
@@ -394,17 +421,19 @@ def drain_case(cl: LocalCluster, consumers: int, want: set[int]) -> dict[str, fl
     times = [s.handled_s for s in first.values()]
     in_window = sum(t >= t0 for t in times)
     span = max(times) - min(times) if times else NAN
-    return {f"{name}_msgs_per_s": len(first) / max(1e-9, span),
-            f"{name}_missing": len(want - first.keys()),
-            f"{name}_duplicates": len(seen) - len(first),
-            f"{name}_handled_min_per_consumer": min(len(w.seen) for w in workers),
-            } | cpu_metrics(name, {k: c1[k] - c0[k] for k in c0}, in_window)  # fmt: skip
+    return {
+        f"{name}_msgs_per_s": len(first) / max(1e-9, span),
+        f"{name}_missing": len(want - first.keys()),
+        f"{name}_duplicates": len(seen) - len(first),
+        f"{name}_handled_min_per_consumer": min(len(w.seen) for w in workers),
+    } | cpu_metrics(name, {k: c1[k] - c0[k] for k in c0}, in_window)
 
 
 def drain(cl: LocalCluster, args: argparse.Namespace) -> tuple[list[Row], dict[str, float]]:
     servers = [s.client for s in cl.specs.values()]
-    prod = Producer(servers, "drain", "batch", count=args.backlog, batch=BATCH,
-                    inflight=args.batch_inflight)  # fmt: skip
+    prod = Producer(
+        servers, "drain", "batch", count=args.backlog, batch=BATCH, inflight=args.batch_inflight
+    )
     try:
         prod.ready()
         _, pids = role_pids(cl)
@@ -419,11 +448,14 @@ def drain(cl: LocalCluster, args: argparse.Namespace) -> tuple[list[Row], dict[s
     used = {k: c1[k] - c0[k] for k in c0} | {"producer": r.cpu_s}  # (it has ended: its own)
     m |= cpu_metrics("drain_batched_put", used, len(r.acked))
     rows: list[Row] = [
-        ("(iii) backlog put, PutBatch", f"{put_rate:,.0f} msgs/s",
-         f"{len(r.acked):,} msgs, {BATCH} a call x {args.batch_inflight} in flight; "
-         f"{cpu_note(m, 'drain_batched_put')}; {r.failed} failed"),
+        (
+            "(iii) backlog put, PutBatch",
+            f"{put_rate:,.0f} msgs/s",
+            f"{len(r.acked):,} msgs, {BATCH} a call x {args.batch_inflight} in flight; "
+            f"{cpu_note(m, 'drain_batched_put')}; {r.failed} failed",
+        ),
         *failure_rows([r]),
-    ]  # fmt: skip
+    ]
     want = {a[0] for a in r.acked}
     for n in (1, 3):
         if f"drain{n}" in args.skip:
@@ -433,11 +465,18 @@ def drain(cl: LocalCluster, args: argparse.Namespace) -> tuple[list[Row], dict[s
         spread = (
             f"; fewest on one consumer {m[f'{p}_handled_min_per_consumer']:,.0f}" if n > 1 else ""
         )
-        rows += [(f"(iii) drain, {n} consumer{'s' if n > 1 else ''}",
-                  f"{m[f'{p}_msgs_per_s']:,.0f} msgs/s",
-                  f"first to last handler call; {cpu_note(m, p)}"),
-                 ("", "", f"missing {m[f'{p}_missing']:,.0f}, duplicates "
-                  f"{m[f'{p}_duplicates']:,.0f}{spread}")]  # fmt: skip
+        rows += [
+            (
+                f"(iii) drain, {n} consumer{'s' if n > 1 else ''}",
+                f"{m[f'{p}_msgs_per_s']:,.0f} msgs/s",
+                f"first to last handler call; {cpu_note(m, p)}",
+            ),
+            (
+                "",
+                "",
+                f"missing {m[f'{p}_missing']:,.0f}, duplicates {m[f'{p}_duplicates']:,.0f}{spread}",
+            ),
+        ]
     if "drain1_msgs_per_s" in m:
         m["drain_vs_batched_put_ratio"] = m["drain1_msgs_per_s"] / put_rate
         ratio = m["drain_vs_batched_put_ratio"]
@@ -445,69 +484,10 @@ def drain(cl: LocalCluster, args: argparse.Namespace) -> tuple[list[Row], dict[s
     return rows, m
 
 
-# -- the targets --------------------------------------------------------------------------
-
-
-def ok(met: bool) -> str:
-    return "met" if met else "NOT met"
-
-
-def targets(m: dict[str, float], paced_labels: list[str]) -> list[Row]:
-    """The issue's targets that this run measured: a row each, met or not; adds
-    targets_met and targets_checked to `m`."""
-    checks: list[tuple[str, str, bool]] = []
-
-    def check(what: str, value: str, met: bool) -> None:
-        checks.append((what, value, met))
-
-    if "paced1000_ack_p50_ms" in m:
-        check("1,000/s: ack p50 <= 5 ms", fmt(m["paced1000_ack_p50_ms"], " ms", 1),
-              m["paced1000_ack_p50_ms"] <= 5)  # fmt: skip
-        check("1,000/s: ack p99 <= 25 ms", fmt(m["paced1000_ack_p99_ms"], " ms", 1),
-              m["paced1000_ack_p99_ms"] <= 25)  # fmt: skip
-        check("1,000/s: e2e p99 <= 30 ms", fmt(m["paced1000_e2e_p99_ms"], " ms", 1),
-              m["paced1000_e2e_p99_ms"] <= 30)  # fmt: skip
-    idle = paced_labels[0] if paced_labels else ""
-    cap = 0.8 * m.get("closed_produce_only_msgs_per_s", NAN)
-    loaded = [lb for lb in paced_labels[1:] if m[f"paced{lb}_rate"] <= cap * 1.001]
-    if loaded and not math.isnan(cap):
-        for kind in ("ack", "e2e"):
-            base = m[f"paced{idle}_{kind}_p50_ms"]
-            worst = max(m[f"paced{lb}_{kind}_p50_ms"] / base for lb in loaded)
-            check(f"<= 80% of max: {kind} p50 <= 3x unloaded ({base:.1f} ms)",
-                  f"worst {worst:.2f}x", worst <= 3)  # fmt: skip
-    if len(paced_labels) > 1:
-        cpus = [m[f"paced{lb}_server_cpu_us_per_msg"] for lb in paced_labels]
-        falls = all(b <= a * 1.1 for a, b in itertools.pairwise(cpus))
-        check("server CPU/msg falls as the rate rises (10% noise allowed)",
-              " > ".join(f"{c:,.0f}" for c in cpus) + " us", falls)  # fmt: skip
-    for lb in paced_labels:
-        p = f"paced{lb}"
-        check(f"paced {m[f'{p}_rate']:,.0f}/s: e2e p50 <= 1.5x, p99 <= 3x ack",
-              f"{m[f'{p}_e2e_over_ack_p50']:.2f}x, {m[f'{p}_e2e_over_ack_p99']:.2f}x",
-              m[f"{p}_e2e_over_ack_p50"] <= 1.5 and m[f"{p}_e2e_over_ack_p99"] <= 3)  # fmt: skip
-    if "closed_ratio" in m:
-        check("closed loop: sustained / produce only >= 0.90", f"{m['closed_ratio']:.2f}",
-              m["closed_ratio"] >= 0.9 and bool(m["closed_bounded"]))  # fmt: skip
-    if "drain_vs_batched_put_ratio" in m:
-        check(
-            "drain (1 consumer) >= 2x the batched put rate",
-            f"{m['drain_vs_batched_put_ratio']:.2f}x",
-            m["drain_vs_batched_put_ratio"] >= 2,
-        )
-        check("drain (1 consumer): leader CPU <= 15 us/msg",
-              fmt(m["drain1_leader_cpu_us_per_msg"], " us", 1),
-              m["drain1_leader_cpu_us_per_msg"] <= 15)  # fmt: skip
-    lost = sum(v for k, v in m.items() if k.endswith("_missing"))
-    check("every acknowledged put handled (all cases)", f"{lost:,.0f} missing", lost == 0)
-    m["targets_met"] = sum(c[2] for c in checks)
-    m["targets_checked"] = len(checks)
-    return [(f"target: {what}", value, ok(met)) for what, value, met in checks]
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--seconds", type=float, default=10.0, help="measured time per load case")
     ap.add_argument("--warmup", type=float, default=2.0, help="load before each measured window")
     ap.add_argument("--rates", default="250,500,1000,2000", help="paced rates, msgs/s")
@@ -523,8 +503,11 @@ def main() -> None:
         help="the producers' AsyncClient linger_ms (default: the client's)",
     )
     ap.add_argument("--skip", default="", help="cases to skip: closed,paced,drain1,drain3")
-    ap.add_argument("--quick", action="store_true",
-                    help="3 s per case (1 s warm-up), backlog 20,000, rates 250,1000")  # fmt: skip
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="3 s per case (1 s warm-up), backlog 20,000, rates 250,1000",
+    )
     ap.add_argument("--out", type=Path, default=None, help="default bench/results/e2e.json")
     args = ap.parse_args()
     if args.quick:

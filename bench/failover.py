@@ -31,8 +31,9 @@ def main() -> int:
     args = p.parse_args()
     rows: list[tuple[str, str, str]] = []
     metrics: dict[str, float] = {}
-    kills = run(ChaosConfig("leader-kill", duration_s=3600, seed=args.seed,
-                            max_leader_faults=args.kills))  # fmt: skip
+    kills = run(
+        ChaosConfig("leader-kill", duration_s=3600, seed=args.seed, max_leader_faults=args.kills)
+    )
     t, v = kills.timing, kills.verdict
     p50, worst = t["failover_p50_s"] or float("inf"), t["failover_max_s"] or float("inf")
     metrics |= {
@@ -48,9 +49,12 @@ def main() -> int:
         ("(a) leader kills under load", str(t["failovers"]), f"{v.acked} puts acknowledged"),
         ("    failover median", f"{p50:.3f} s", "target < 1 s"),
         ("    failover max", f"{worst:.3f} s", "target < 2 s"),
-        ("    acknowledged lost", str(len(v.lost)), "target 0" + ("" if kills.valid else
-                                                              " (run INVALID)")),
-    ]  # fmt: skip
+        (
+            "    acknowledged lost",
+            str(len(v.lost)),
+            "target 0" + ("" if kills.valid else " (run INVALID)"),
+        ),
+    ]
     if not args.only_kills:
         lost_all = 0
         valid = 0
@@ -70,10 +74,18 @@ def main() -> int:
                 if r.valid
                 else "INVALID: " + "; ".join(r.verdict.problems() + r.harness_errors)
             )
-            rows.append((f"(b) {name}", f"{len(r.verdict.lost)} lost",
-                         f"{r.verdict.acked} acknowledged{extra}; {verdict[:200]}"))  # fmt: skip
-        metrics |= {"lost_all_scenarios": lost_all, "scenarios_valid": valid,
-                    "scenarios_run": len(names)}  # fmt: skip
+            rows.append(
+                (
+                    f"(b) {name}",
+                    f"{len(r.verdict.lost)} lost",
+                    f"{r.verdict.acked} acknowledged{extra}; {verdict[:200]}",
+                )
+            )
+        metrics |= {
+            "lost_all_scenarios": lost_all,
+            "scenarios_valid": valid,
+            "scenarios_run": len(names),
+        }
     report("failover", rows, metrics)
     return 0
 

@@ -161,9 +161,11 @@ async def drive(stack: str, seconds: float) -> dict[str, float]:
             after = process_usage(os.getpid()), process_usage(child.pid)
             cpu = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
             switches = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
-            out |= {f"{name}_round_trips_per_s": trips / wall,
-                    f"{name}_cpu_us_per_round_trip": cpu / trips * 1e6,
-                    f"{name}_context_switches_per_round_trip": switches / trips}  # fmt: skip
+            out |= {
+                f"{name}_round_trips_per_s": trips / wall,
+                f"{name}_cpu_us_per_round_trip": cpu / trips * 1e6,
+                f"{name}_context_switches_per_round_trip": switches / trips,
+            }
         await end.close()
         return out
     finally:
@@ -220,10 +222,15 @@ def main() -> None:
             ("inflight32", "32 in flight, 1 KiB"),
         ):
             rates = ", ".join(f"{r[f'{name}_round_trips_per_s']:,.0f}" for r in runs[stack])
-            rows.append((f"{stack}: {label}", f"{med[f'{name}_round_trips_per_s']:,.0f} /s",
-                         f"{med[f'{name}_cpu_us_per_round_trip']:,.0f} us CPU, "
-                         f"{med[f'{name}_context_switches_per_round_trip']:.1f} switches "
-                         f"per round trip [runs: {rates}]"))  # fmt: skip
+            rows.append(
+                (
+                    f"{stack}: {label}",
+                    f"{med[f'{name}_round_trips_per_s']:,.0f} /s",
+                    f"{med[f'{name}_cpu_us_per_round_trip']:,.0f} us CPU, "
+                    f"{med[f'{name}_context_switches_per_round_trip']:.1f} switches "
+                    f"per round trip [runs: {rates}]",
+                )
+            )
     if set(stacks) == set(STACKS):
         for name in ("pingpong", "inflight32"):
             key = f"{name}_round_trips_per_s"

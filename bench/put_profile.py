@@ -110,10 +110,14 @@ def main() -> None:
         "client_cpu_us_per_put": me / puts * 1e6,
     }
     rows = [
-        ("sequential puts", f"{rate:,.0f}/s", f"p50 {m['seq_p50_ms']:.2f} ms over {puts:,} puts"
-         + (" (leadership moved: leader figures mix roles)" if moved else "")),
+        (
+            "sequential puts",
+            f"{rate:,.0f}/s",
+            f"p50 {m['seq_p50_ms']:.2f} ms over {puts:,} puts"
+            + (" (leadership moved: leader figures mix roles)" if moved else ""),
+        ),
         ("client", f"{m['client_cpu_us_per_put']:,.0f} us/put", "CPU of this process"),
-    ]  # fmt: skip
+    ]
     for i in pids:
         role = (
             "leader"

@@ -96,20 +96,34 @@ def reads(stub: Any, first_offset: int) -> dict[str, Callable[[], None]]:
         time.sleep(0.3)
 
     def pull() -> None:
-        r = stub.Pull(pb.PullRequest(topic=TOPIC, queue_id=0, queue_offset=0,
-                                     max_messages=MESSAGES, tag_expression="*", raw=True,
-                                     max_bytes=PULL_BYTES, end_offset=MESSAGES),
-                      timeout=30)  # fmt: skip
+        r = stub.Pull(
+            pb.PullRequest(
+                topic=TOPIC,
+                queue_id=0,
+                queue_offset=0,
+                max_messages=MESSAGES,
+                tag_expression="*",
+                raw=True,
+                max_bytes=PULL_BYTES,
+                end_offset=MESSAGES,
+            ),
+            timeout=30,
+        )
         assert r.next_offset == MESSAGES, r.next_offset
 
     def query() -> None:
-        r = stub.QueryByKey(pb.QueryByKeyRequest(topic=TOPIC, key=KEY, max_messages=QUERY_MAX),
-                            timeout=30)  # fmt: skip
+        r = stub.QueryByKey(
+            pb.QueryByKeyRequest(topic=TOPIC, key=KEY, max_messages=QUERY_MAX), timeout=30
+        )
         assert len(r.messages) == QUERY_MAX, len(r.messages)
 
     def read_range() -> None:
-        r = stub.ReadRange(pb.ReadRangeRequest(from_offset=first_offset, max_messages=MESSAGES,
-                                               max_bytes=64 << 20), timeout=30)  # fmt: skip
+        r = stub.ReadRange(
+            pb.ReadRangeRequest(
+                from_offset=first_offset, max_messages=MESSAGES, max_bytes=64 << 20
+            ),
+            timeout=30,
+        )
         assert len(r.messages) > MESSAGES * len(BODY), len(r.messages)
 
     return {"idle": idle, "pull_16k": pull, "query_by_key_1k": query, "read_range_16k": read_range}
@@ -127,8 +141,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--trials", type=int, default=7)
     args = ap.parse_args()
-    rows: list[tuple[str, str, str]] = [("read, on a follower", "loop lag best / median / worst",
-                                         f"{args.trials} trials")]  # fmt: skip
+    rows: list[tuple[str, str, str]] = [
+        ("read, on a follower", "loop lag best / median / worst", f"{args.trials} trials")
+    ]
     m: dict[str, float] = {"messages": MESSAGES, "body_bytes": len(BODY), "trials": args.trials}
     with tempfile.TemporaryDirectory() as tmp, LocalCluster(tmp, extra_config=CONFIG) as cluster:
         cluster.up()
@@ -161,8 +176,13 @@ def main() -> None:
             verdict = "  ok"
         else:
             verdict = "  OVER 20 ms" + (" (the worst only)" if median < TARGET_MS else "")
-        rows.append((label, f"{best:.1f} / {median:.1f} / {worst:.1f} ms",
-                     f"call {call_ms:.0f} ms{verdict}"))  # fmt: skip
+        rows.append(
+            (
+                label,
+                f"{best:.1f} / {median:.1f} / {worst:.1f} ms",
+                f"call {call_ms:.0f} ms{verdict}",
+            )
+        )
     report("read_loop_lag", rows, m)
 
 

@@ -1,17 +1,17 @@
 """Multi-Raft scale-out (issue 24): aggregate puts/s with 1, 2 and 3 groups, two layouts.
 
 A 3-node cluster on this machine, every data group under load at once: per group
-one AsyncClient(group=g) keeps 32 puts of 1 KiB in flight (topic "bench", sync
+one AsyncClient(shard=g) keeps 32 puts of 1 KiB in flight (topic "bench", sync
 flush) for `--seconds` after a `--warmup-s`; measured over that window: aggregate
 puts/s, p50/p99 latency, and the CPU seconds (utime + stime, /proc/PID/stat) of
 every node process and of this load generator, as CPU microseconds per put.
 
-- Layout A, one process per node: `LocalCluster` with `groups_config(G)`, each of
+- Layout A, one process per node: `LocalCluster` with `shards_config(G)`, each of
   the 3 processes hosting every group (and group 0, the routes, when G > 1); the
   leaders spread by preferred leader (group g: node sorted(ids)[g % 3]).
 - Layout B, one process per group: 3 x G processes; group g's 3 processes form
   their own `LocalCluster` (own ports, data dirs, secret) whose configs host only g
-  (`host_groups=(g,)`; group 1's also host group 0 when G > 1), written by the
+  (`host_shards=(g,)`; group 1's also host group 0 when G > 1), written by the
   layout (`cluster_layout.node_toml`) and started as `dledger serve --config`
   (`GroupCluster`, a `LocalCluster` whose calls name its group). Same code, other
   config: how groups map to processes is a setting.
@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._proc import loadavg, process_usage
 from bench._report import report
 from bench.put_profile import threads
-from dledger_commitlog.cli.cluster_layout import groups_config
+from dledger_commitlog.cli.cluster_layout import shards_config
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import AsyncClient, Client, ClientError, NodeStatus
 from dledger_commitlog.common.routes import preferred_leader
@@ -92,7 +92,7 @@ class Deployment:
 
 @contextlib.contextmanager
 def layout_a(root: Path, groups: int, store: dict[str, Any]) -> Iterator[Deployment]:
-    with LocalCluster(root, extra_config={**store, **groups_config(groups)}) as cl:
+    with LocalCluster(root, extra_config={**store, **shards_config(groups)}) as cl:
         cl.up(timeout_s=60)
         servers = [s.client for s in cl.specs.values()]
         pids = {(i, 0): pid for i in cl.specs if (pid := cl.pid(i)) is not None}
@@ -106,7 +106,7 @@ def layout_b(root: Path, groups: int, store: dict[str, Any]) -> Iterator[Deploym
         dep = Deployment("b", groups, {}, {}, {})
         for g in range(1, groups + 1):
             hosted = (0, 1) if g == 1 and groups > 1 else (g,)
-            extra = {**store, "data_groups": groups, "host_groups": hosted}
+            extra = {**store, "shard_count": groups, "host_shards": hosted}
             if groups == 1:
                 extra = dict(store)  # today's single-group layout, as in A
             cl = stack.enter_context(GroupCluster(root / f"group{g}", g, extra))
@@ -124,7 +124,7 @@ def layout_b(root: Path, groups: int, store: dict[str, Any]) -> Iterator[Deploym
 async def group_statuses(dep: Deployment) -> dict[int, list[NodeStatus]]:
     out: dict[int, list[NodeStatus]] = {}
     for g, servers in dep.servers.items():
-        async with AsyncClient(servers, group=g) as client:
+        async with AsyncClient(servers, shard=g) as client:
             got = await client.status_all(timeout_s=1.0)
         out[g] = [s for s in got if isinstance(s, NodeStatus)]
     return out
@@ -218,8 +218,10 @@ async def run_load(dep: Deployment, seconds: float, warmup_s: float, led: dict[i
         return before, usage(dep), time.perf_counter() - t0
 
     async with contextlib.AsyncExitStack() as stack:
-        clients = {g: await stack.enter_async_context(AsyncClient(s, group=g))
-                   for g, s in dep.servers.items()}  # fmt: skip
+        clients = {
+            g: await stack.enter_async_context(AsyncClient(s, shard=g))
+            for g, s in dep.servers.items()
+        }
         measuring = asyncio.ensure_future(window())
         await asyncio.gather(*(worker(c, g) for g, c in clients.items() for _ in range(INFLIGHT)))
         (cpu0, loop0, gen0, m0), (cpu1, loop1, gen1, m1), wall = await measuring
@@ -300,8 +302,9 @@ def case_results(dep: Deployment, case: Case) -> tuple[list[Row], dict[str, floa
     m[f"{key}_leader_moved"] = float(case.moved)  # then who led what is unknown: no L, F
     if dep.layout == "b" and not case.moved:  # each process one role: direct
         lead = sum(case.cpu[dep.replica[(g, n)]] for g, n in case.leaders.items())
-        follow = sum(case.cpu[dep.replica[(g, n)]] / 2 for g, n in dep.replica
-                     if case.leaders[g] != n)  # fmt: skip
+        follow = sum(
+            case.cpu[dep.replica[(g, n)]] / 2 for g, n in dep.replica if case.leaders[g] != n
+        )
         m[f"{key}_leader_cpu_us_per_put"] = lead / total * 1e6
         m[f"{key}_follower_cpu_us_per_put"] = follow / total * 1e6
     elif not case.moved and (lf := fit(dep, case)) is not None:
@@ -309,31 +312,39 @@ def case_results(dep: Deployment, case: Case) -> tuple[list[Row], dict[str, floa
     per_group = ", ".join(f"g{g} {n / case.window_s:,.0f}" for g, n in sorted(case.puts.items()))
     led = ", ".join(f"g{g}@node{n}" for g, n in sorted(case.leaders.items()))
     rows: list[Row] = [
-        (f"{key}: {dep.groups} group(s), layout {dep.layout.upper()}",
-         f"{m[f'{key}_puts_per_s']:,.0f} puts/s",
-         f"p50 {m[f'{key}_p50_ms']:.1f} ms, p99 {m[f'{key}_p99_ms']:.1f} ms; {per_group}; "
-         f"leaders {led}; errors {case.errors}"),
-        ("    CPU us/put: nodes | loadgen",
-         f"{m[f'{key}_nodes_cpu_us_per_put']:,.0f} | {m[f'{key}_loadgen_cpu_us_per_put']:,.0f}",
-         f"cores busy: nodes {m[f'{key}_nodes_cores']:.2f}, loadgen "
-         f"{m[f'{key}_loadgen_cores']:.2f} ({m[f'{key}_bench_busy_pct']:.0f} % of the machine); "
-         f"machine {m[f'{key}_machine_busy_pct']:.0f} % busy by anyone, "
-         f"{m[f'{key}_machine_iowait_pct']:.0f} % iowait; "
-         f"busiest event loop {m[f'{key}_busiest_loop_pct']:.0f} % of a core"),
-    ]  # fmt: skip
+        (
+            f"{key}: {dep.groups} group(s), layout {dep.layout.upper()}",
+            f"{m[f'{key}_puts_per_s']:,.0f} puts/s",
+            f"p50 {m[f'{key}_p50_ms']:.1f} ms, p99 {m[f'{key}_p99_ms']:.1f} ms; {per_group}; "
+            f"leaders {led}; errors {case.errors}",
+        ),
+        (
+            "    CPU us/put: nodes | loadgen",
+            f"{m[f'{key}_nodes_cpu_us_per_put']:,.0f} | {m[f'{key}_loadgen_cpu_us_per_put']:,.0f}",
+            f"cores busy: nodes {m[f'{key}_nodes_cores']:.2f}, loadgen "
+            f"{m[f'{key}_loadgen_cores']:.2f} ({m[f'{key}_bench_busy_pct']:.0f} % of the machine); "
+            f"machine {m[f'{key}_machine_busy_pct']:.0f} % busy by anyone, "
+            f"{m[f'{key}_machine_iowait_pct']:.0f} % iowait; "
+            f"busiest event loop {m[f'{key}_busiest_loop_pct']:.0f} % of a core",
+        ),
+    ]
     if f"{key}_leader_cpu_us_per_put" in m:
         how = "direct" if dep.layout == "b" else "fitted over the processes"
-        rows.append(("    CPU us/put: leader L | follower F",
-                     f"{m[f'{key}_leader_cpu_us_per_put']:,.0f} | "
-                     f"{m[f'{key}_follower_cpu_us_per_put']:,.0f}",
-                     f"per put of its group ({how})"))  # fmt: skip
+        rows.append(
+            (
+                "    CPU us/put: leader L | follower F",
+                f"{m[f'{key}_leader_cpu_us_per_put']:,.0f} | "
+                f"{m[f'{key}_follower_cpu_us_per_put']:,.0f}",
+                f"per put of its group ({how})",
+            )
+        )
     else:
         why = (
             "a leader moved during the run"
             if case.moved
             else "not separable: every process leads and follows the same mix"
         )
-        rows.append(("    CPU us/put: leader L | follower F", "-", why))  # fmt: skip
+        rows.append(("    CPU us/put: leader L | follower F", "-", why))
     mix = roles(dep, case)
     rows.append(("    per node process", "CPU us/put", "per put of the groups it hosts"))
     for p in sorted(case.cpu, key=lambda q: (q[1], q[0])):
@@ -345,10 +356,14 @@ def case_results(dep: Deployment, case: Case) -> tuple[list[Row], dict[str, floa
             what.append(f"leads {led_n / case.window_s:,.0f} puts/s")
         if fol_n:
             what.append(f"follows {fol_n / case.window_s:,.0f} puts/s")
-        rows.append((f"    {name(p)}", f"{us:,.0f} us/put",
-                     f"{case.cpu[p] / case.window_s * 100:.0f} % of a core (loop "
-                     f"{case.loop_cpu[p] / case.window_s * 100:.0f} %); "
-                     + ("; ".join(what) or "idle")))  # fmt: skip
+        rows.append(
+            (
+                f"    {name(p)}",
+                f"{us:,.0f} us/put",
+                f"{case.cpu[p] / case.window_s * 100:.0f} % of a core (loop "
+                f"{case.loop_cpu[p] / case.window_s * 100:.0f} %); " + ("; ".join(what) or "idle"),
+            )
+        )
     return rows, m
 
 
@@ -365,8 +380,13 @@ def bound(groups: int, cores: int, lead_s: float, follow_s: float) -> float:
 def model(lead_us: float, follow_us: float, source: str) -> tuple[list[Row], dict[str, float]]:
     """docs/scaling.md's model on N hosts x C cores (K = N * C): K/3 groups (one
     replica per core), K groups (three per core), and one process per host."""
-    rows: list[Row] = [("model (docs/scaling.md)", f"L {lead_us:,.0f}, F {follow_us:,.0f} us",
-                        f"from {source}; CPU-bound, leaders spread, no client cost")]  # fmt: skip
+    rows: list[Row] = [
+        (
+            "model (docs/scaling.md)",
+            f"L {lead_us:,.0f}, F {follow_us:,.0f} us",
+            f"from {source}; CPU-bound, leaders spread, no client cost",
+        )
+    ]
     m: dict[str, float] = {"model_leader_us": lead_us, "model_follower_us": follow_us}
     lead, follow = lead_us / 1e6, follow_us / 1e6
     for hosts, cores in SHAPES:
@@ -375,9 +395,14 @@ def model(lead_us: float, follow_us: float, source: str) -> tuple[list[Row], dic
         m[f"{tag}_g{k // 3}_puts_per_s"] = sparse = bound(k // 3, k, lead, follow)
         m[f"{tag}_g{k}_puts_per_s"] = full = bound(k, k, lead, follow)
         m[f"{tag}_one_process_per_host_puts_per_s"] = one = hosts / (lead + 2 * follow)
-        rows.append((f"    {hosts} hosts x {cores} cores", f"<= {full:,.0f} puts/s",
-                     f"with {k} groups (3 replicas a core); {sparse:,.0f} with {k // 3} "
-                     f"(1 a core); one process per host: {one:,.0f}"))  # fmt: skip
+        rows.append(
+            (
+                f"    {hosts} hosts x {cores} cores",
+                f"<= {full:,.0f} puts/s",
+                f"with {k} groups (3 replicas a core); {sparse:,.0f} with {k // 3} "
+                f"(1 a core); one process per host: {one:,.0f}",
+            )
+        )
     return rows, m
 
 
@@ -387,13 +412,24 @@ def main() -> None:
     ap.add_argument("--warmup-s", type=float, default=2.0, help="load before the window")
     ap.add_argument("--groups", default="1,2,3", help="data group counts to run")
     ap.add_argument("--layouts", default="a,b", help="a: process per node, b: per group")
-    ap.add_argument("--leader-wait-s", type=float, default=20.0,
-                    help="how long to wait for the preferred leaders")  # fmt: skip
-    ap.add_argument("--model-from", default="median",
-                    help="the case whose L and F feed the model (default: the median of "
-                    "every case that measured them)")  # fmt: skip
-    ap.add_argument("--segment-mb", type=int, default=SMALL_SEGMENTS["data_segment_bytes"] >> 20,
-                    help="data segment size (MiB); bench/cluster.py uses 256")  # fmt: skip
+    ap.add_argument(
+        "--leader-wait-s",
+        type=float,
+        default=20.0,
+        help="how long to wait for the preferred leaders",
+    )
+    ap.add_argument(
+        "--model-from",
+        default="median",
+        help="the case whose L and F feed the model (default: the median of "
+        "every case that measured them)",
+    )
+    ap.add_argument(
+        "--segment-mb",
+        type=int,
+        default=SMALL_SEGMENTS["data_segment_bytes"] >> 20,
+        help="data segment size (MiB); bench/cluster.py uses 256",
+    )
     args = ap.parse_args()
     store = {**SMALL_SEGMENTS, "data_segment_bytes": args.segment_mb << 20}
     counts = [int(g) for g in args.groups.split(",")]
@@ -401,8 +437,11 @@ def main() -> None:
     if not set(layouts) <= {"a", "b"} or not all(1 <= g <= 9 for g in counts):
         ap.error("--layouts from a,b; --groups from 1..9")
     rows: list[Row] = [("loadavg at start", loadavg(), "")]
-    m: dict[str, float] = {"loadavg_1m_start": float(loadavg().split()[0] or "nan"),
-                           "seconds": args.seconds, "inflight_per_group": INFLIGHT}  # fmt: skip
+    m: dict[str, float] = {
+        "loadavg_1m_start": float(loadavg().split()[0] or "nan"),
+        "seconds": args.seconds,
+        "inflight_per_group": INFLIGHT,
+    }
     gen_cpu, gen_puts = 0.0, 0
     for layout in layouts:
         for groups in counts:

@@ -184,10 +184,16 @@ def pull_lag(address: str) -> tuple[float, float, float]:
         for offset in range(0, end, PULL):
             t = time.perf_counter()
             r = stub.Pull(
-                pb.PullRequest(topic=TOPICS[0], queue_id=0, queue_offset=offset,
-                               max_messages=PULL, raw=True, max_bytes=64 << 20),
+                pb.PullRequest(
+                    topic=TOPICS[0],
+                    queue_id=0,
+                    queue_offset=offset,
+                    max_messages=PULL,
+                    raw=True,
+                    max_bytes=64 << 20,
+                ),
                 timeout=30,
-            )  # fmt: skip
+            )
             took.append(time.perf_counter() - t)
             assert r.next_offset == min(end, offset + PULL), (r.next_offset, offset)
         busy = stub.Status(pb.StatusRequest(reset_loop_lag=True), timeout=10).loop_lag_max_ms
@@ -234,9 +240,11 @@ def _native(spark: Any, n: int, parquet: Path) -> Run:
 def _pushed(spark: Any, options: dict[str, str], middle: dt.datetime) -> Run:
     def run() -> object:
         df = (
-            spark.read.format("dledger").options(**options).load()
+            spark.read.format("dledger")
+            .options(**options)
+            .load()
             .where(f"topic = 'orders' AND store_timestamp >= '{middle.isoformat()}'")
-        )  # fmt: skip
+        )
         return df.count()
 
     return run
@@ -273,8 +281,13 @@ def main() -> None:
             servers = [s.client for s in cluster]
             m["load_msgs_per_s"], first_ms, last_ms = asyncio.run(load(servers, n))
             wait_dispatched(servers, n, timeout_s=600)
-            rows.append(("load (PutBatch 2000 x 4, async flush)", f"{m['load_msgs_per_s']:,.0f}",
-                         "msgs/s, 3 replicas, committed and dispatched"))  # fmt: skip
+            rows.append(
+                (
+                    "load (PutBatch 2000 x 4, async flush)",
+                    f"{m['load_msgs_per_s']:,.0f}",
+                    "msgs/s, 3 replicas, committed and dispatched",
+                )
+            )
             follower = next(s.id for s in cluster if s.id != cluster.leader_id())
             idle, busy, pull_s = pull_lag(cluster.specs[follower].client)
             m["pull_16k_s"] = pull_s
@@ -294,29 +307,47 @@ def main() -> None:
                 middle = dt.datetime.fromtimestamp((first_ms + last_ms) / 2000, dt.UTC)
                 pushed = _pushed(spark, grpc_only, middle)
                 m["filter_rows"] = float(pushed())  # type: ignore[arg-type]
-                times["grpc"] = phase({**base,
-                                       "cluster_topic": _count(spark, n, "topic", **grpc_only),
-                                       "cluster": _count(spark, n, None, **grpc_only),
-                                       "cluster_filter": pushed}, args.repeat)  # fmt: skip
-                times["local"] = phase({**base,
-                                        "cluster_local_topic": _count(spark, n, "topic",
-                                                                      servers=joined),
-                                        "cluster_local": _count(spark, n, None, servers=joined)},
-                                       args.repeat)  # fmt: skip
+                times["grpc"] = phase(
+                    {
+                        **base,
+                        "cluster_topic": _count(spark, n, "topic", **grpc_only),
+                        "cluster": _count(spark, n, None, **grpc_only),
+                        "cluster_filter": pushed,
+                    },
+                    args.repeat,
+                )
+                times["local"] = phase(
+                    {
+                        **base,
+                        "cluster_local_topic": _count(spark, n, "topic", servers=joined),
+                        "cluster_local": _count(spark, n, None, servers=joined),
+                    },
+                    args.repeat,
+                )
                 cluster.down()
                 path = cluster.specs[follower].data_dir
-                times["files"] = phase({**base,
-                                        "files_topic": _count(spark, n, "topic", path=path),
-                                        "files": _count(spark, n, None, path=path)},
-                                       args.repeat)  # fmt: skip
+                times["files"] = phase(
+                    {
+                        **base,
+                        "files_topic": _count(spark, n, "topic", path=path),
+                        "files": _count(spark, n, None, path=path),
+                    },
+                    args.repeat,
+                )
             finally:
                 spark.stop()
         shutil.rmtree(root / "parquet", ignore_errors=True)
     rows += _report_rows(times, n, m)
     lag = f"loop lag: idle {idle:.1f} ms, during Pulls {busy:.1f} ms (target < 20)"
     rows.append(("raw Pull of 16,384 messages", f"{m['pull_16k_s'] * 1000:.0f} ms", lag))
-    rows.append(("", "", f"groupBy(topic).count() over {n:,} messages; medians of "
-                         f"{args.repeat} interleaved rounds per phase"))  # fmt: skip
+    rows.append(
+        (
+            "",
+            "",
+            f"groupBy(topic).count() over {n:,} messages; medians of "
+            f"{args.repeat} interleaved rounds per phase",
+        )
+    )
     report("spark_read", rows, m)
 
 
@@ -337,12 +368,20 @@ def _report_rows(
         m[f"parquet_{p}_rows_per_s"] = n / pq
         m[f"floor_{p}_s"] = median[p]["floor"]
         m[f"floor_{p}_vs_parquet"] = pq / median[p]["floor"]
-        out.append((f"[{title}] Parquet, native", f"{n / pq:,.0f}",
-                    f"rows/s; {pq:.2f} s (runs: {runs(p, 'parquet')})"))  # fmt: skip
-        out.append((f"[{title}] floor: a source yielding ready batches",
-                    f"{n / median[p]['floor']:,.0f}",
-                    f"rows/s; {pq / median[p]['floor']:.0%} of Parquet "
-                    f"(runs: {runs(p, 'floor')})"))  # fmt: skip
+        out.append(
+            (
+                f"[{title}] Parquet, native",
+                f"{n / pq:,.0f}",
+                f"rows/s; {pq:.2f} s (runs: {runs(p, 'parquet')})",
+            )
+        )
+        out.append(
+            (
+                f"[{title}] floor: a source yielding ready batches",
+                f"{n / median[p]['floor']:,.0f}",
+                f"rows/s; {pq / median[p]['floor']:.0%} of Parquet (runs: {runs(p, 'floor')})",
+            )
+        )
         for name, label, target in ROWS:
             if name not in median[p]:
                 continue

@@ -124,8 +124,16 @@ class Ours(Side):
 
     def client_cmd(self, workload: str, seconds: float) -> list[str]:
         me = str(Path(__file__).resolve())
-        return [sys.executable, me, "--client-of", str(self.cluster.directory),
-                "--workload", workload, "--seconds", str(seconds)]  # fmt: skip
+        return [
+            sys.executable,
+            me,
+            "--client-of",
+            str(self.cluster.directory),
+            "--workload",
+            workload,
+            "--seconds",
+            str(seconds),
+        ]
 
 
 class EtcdCluster(Side):
@@ -145,24 +153,48 @@ class EtcdCluster(Side):
         initial = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in self.peer_ports.items())
         for name, port in self.client_ports.items():
             peer = f"http://127.0.0.1:{self.peer_ports[name]}"
-            cmd = [self.etcd, "--name", name, "--data-dir", str(self.directory / name),
-                   "--listen-client-urls", f"http://127.0.0.1:{port}",
-                   "--advertise-client-urls", f"http://127.0.0.1:{port}",
-                   "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                   "--initial-cluster", initial, "--initial-cluster-state", "new",
-                   "--initial-cluster-token", "vs-etcd", "--quota-backend-bytes",
-                   str(ETCD_QUOTA_BYTES), "--logger", "zap", "--log-level", "warn"]  # fmt: skip
+            cmd = [
+                self.etcd,
+                "--name",
+                name,
+                "--data-dir",
+                str(self.directory / name),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{port}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{port}",
+                "--listen-peer-urls",
+                peer,
+                "--initial-advertise-peer-urls",
+                peer,
+                "--initial-cluster",
+                initial,
+                "--initial-cluster-state",
+                "new",
+                "--initial-cluster-token",
+                "vs-etcd",
+                "--quota-backend-bytes",
+                str(ETCD_QUOTA_BYTES),
+                "--logger",
+                "zap",
+                "--log-level",
+                "warn",
+            ]
             with (self.directory / f"{name}.log").open("ab") as log:
                 self.procs[name] = subprocess.Popen(
-                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
                     start_new_session=True,
-                )  # fmt: skip
+                )
         deadline = time.monotonic() + timeout_s
         while self._leader_now() is None:
             for name, proc in self.procs.items():
                 if proc.poll() is not None:
-                    raise RuntimeError(f"etcd {name} exited with {proc.returncode}: "
-                                       f"{self.directory / name}.log")  # fmt: skip
+                    raise RuntimeError(
+                        f"etcd {name} exited with {proc.returncode}: {self.directory / name}.log"
+                    )
             if time.monotonic() >= deadline:
                 raise RuntimeError(f"etcd: no leader after {timeout_s:g} s")
             time.sleep(0.1)
@@ -193,8 +225,18 @@ class EtcdCluster(Side):
 
     def client_cmd(self, workload: str, seconds: float) -> list[str]:
         endpoint = f"127.0.0.1:{self.client_ports[self.leader()]}"
-        return [self.venv_python, str(ETCD_CLIENT), "--endpoint", endpoint, "--workload",
-                workload, "--seconds", str(seconds), "--body-bytes", str(len(BODY))]  # fmt: skip
+        return [
+            self.venv_python,
+            str(ETCD_CLIENT),
+            "--endpoint",
+            endpoint,
+            "--workload",
+            workload,
+            "--seconds",
+            str(seconds),
+            "--body-bytes",
+            str(len(BODY)),
+        ]
 
     def down(self) -> None:
         for proc in self.procs.values():
@@ -240,8 +282,12 @@ def client_main(directory: Path, workload: str, seconds: float) -> None:
             raise SystemExit(f"unknown workload {workload}")
         cpu = time.process_time() - cpu
     puts = len(lat) * per_call
-    out = {"puts": puts, "wall_s": puts / rate, "cpu_s": cpu,
-           "lat_us": [round(x * 1e6) for x in lat]}  # fmt: skip
+    out = {
+        "puts": puts,
+        "wall_s": puts / rate,
+        "cpu_s": cpu,
+        "lat_us": [round(x * 1e6) for x in lat],
+    }
     print(json.dumps(out), flush=True)
 
 
@@ -380,8 +426,9 @@ FIGURES = {  # metric suffix -> (Run field, label, format)
 
 def summary(runs: list[Run]) -> dict[str, float]:
     """Metric suffix -> the median over `runs`."""
-    return {suffix: med([getattr(r, field) for r in runs])
-            for suffix, (field, _, _) in FIGURES.items()}  # fmt: skip
+    return {
+        suffix: med([getattr(r, field) for r in runs]) for suffix, (field, _, _) in FIGURES.items()
+    }
 
 
 def results(
@@ -395,16 +442,23 @@ def results(
                 m |= {f"{workload}_{side}_{k}": v for k, v in summary(rs).items()}
     for key, label, ours_ws, etcd_ws in PAIRS:
         # each side's best of its workloads for this pair, by median puts/s
-        best = {side: max(ws, key=lambda w, s=side: m[f"{w}_{s}_msgs_per_s"])
-                for side, ws in (("ours", ours_ws), ("etcd", etcd_ws))}  # fmt: skip
+        best = {
+            side: max(ws, key=lambda w, s=side: m[f"{w}_{s}_msgs_per_s"])
+            for side, ws in (("ours", ours_ws), ("etcd", etcd_ws))
+        }
         name = "batch_best" if key == "batch" else key
         if key == "batch":
             size = BATCH.fullmatch(best["ours"])
             assert size is not None
             m["batch_best_ours_batch"] = float(size[1])
             each = " / ".join(f"{m[f'{w}_ours_msgs_per_s']:,.0f}" for w in ours_ws)
-            rows.append((f"(c) ours {' / '.join(ours_ws)}, puts/s", each,
-                         f"PutBatch size x in flight; etcd {' / '.join(etcd_ws)}"))  # fmt: skip
+            rows.append(
+                (
+                    f"(c) ours {' / '.join(ours_ws)}, puts/s",
+                    each,
+                    f"PutBatch size x in flight; etcd {' / '.join(etcd_ws)}",
+                )
+            )
         title = f"(c) best batched ({best['ours']} | {best['etcd']})" if key == "batch" else label
         for suffix, (_, flabel, fmt) in FIGURES.items():
             a, b = (m[f"{best[s]}_{s}_{suffix}"] for s in ("ours", "etcd"))
@@ -425,8 +479,11 @@ def results(
 def compare(args: argparse.Namespace, etcd: str, python: str) -> None:
     version = etcd_version(etcd)
     load_start = loadavg()
-    print(f"vs_etcd: loadavg {load_start}; etcd {version}; {args.rounds} round(s) of "
-          f"{args.seconds:g} s per workload", flush=True)  # fmt: skip
+    print(
+        f"vs_etcd: loadavg {load_start}; etcd {version}; {args.rounds} round(s) of "
+        f"{args.seconds:g} s per workload",
+        flush=True,
+    )
     runs: dict[tuple[str, str], list[Run]] = {}
     with (
         tempfile.TemporaryDirectory(prefix="vs-etcd-") as tmp,
@@ -438,15 +495,20 @@ def compare(args: argparse.Namespace, etcd: str, python: str) -> None:
             for rnd in range(args.rounds):
                 for _, _, ours_ws, etcd_ws in PAIRS:
                     pairs: list[tuple[Side, tuple[str, ...]]] = [
-                        (ours, ours_ws), (etcd_cluster, etcd_ws)]  # fmt: skip
+                        (ours, ours_ws),
+                        (etcd_cluster, etcd_ws),
+                    ]
                     for side, workloads in pairs if rnd % 2 == 0 else pairs[::-1]:
                         for w in workloads:
                             run = measure(side, w, args.seconds)
                             runs.setdefault((side.name, w), []).append(run)
-                            print(f"  round {rnd + 1}/{args.rounds} {side.name:<4} {w:<12}"
-                                  f"{run.rate:>9,.0f} puts/s  p50 {run.p50_ms:6.2f} ms  "
-                                  f"leader {run.leader_cpu_us:7.1f} us/put  "
-                                  f"{run.switches:6.2f} switches/put", flush=True)  # fmt: skip
+                            print(
+                                f"  round {rnd + 1}/{args.rounds} {side.name:<4} {w:<12}"
+                                f"{run.rate:>9,.0f} puts/s  p50 {run.p50_ms:6.2f} ms  "
+                                f"leader {run.leader_cpu_us:7.1f} us/put  "
+                                f"{run.switches:6.2f} switches/put",
+                                flush=True,
+                            )
     rows, m = results(runs, args, version)
     head: list[Row] = [
         ("loadavg at start", load_start, f"{os.cpu_count()} cpus, shared: figures indicative"),

@@ -229,8 +229,10 @@ def _check_removed(v: Verdict, replicas: Sequence[Replica], removed: Sequence[Re
             continue
         common = enumerate(zip(r.raw, final.raw, strict=False))
         at = next((i for i, (a, b) in common if a != b), len(final.raw))
-        v.divergent.append(f"removed n{r.node}'s committed log ({len(r.raw)} bytes) is no "
-                           f"prefix of n{final.node}'s: they differ at byte {at}")  # fmt: skip
+        v.divergent.append(
+            f"removed n{r.node}'s committed log ({len(r.raw)} bytes) is no "
+            f"prefix of n{final.node}'s: they differ at byte {at}"
+        )
 
 
 def _check_reads(v: Verdict, replicas: Sequence[Replica], reads: list[Operation]) -> None:

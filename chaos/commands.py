@@ -20,23 +20,34 @@ SCENARIO_HELP = "a scenario name, or 'list'"
 
 def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", required=True, metavar="NAME", help=SCENARIO_HELP)
-    p.add_argument("--duration", type=float, default=15.0, metavar="S",
-                   help="seconds of faults (default 15)")  # fmt: skip
+    p.add_argument(
+        "--duration", type=float, default=15.0, metavar="S", help="seconds of faults (default 15)"
+    )
     p.add_argument("--seed", type=int, default=1, metavar="N", help="replays the schedule")
     p.add_argument("--nodes", type=int, default=3, choices=(3, 5))
     p.add_argument("--clients", type=int, default=4, metavar="N", help="client threads")
-    p.add_argument("--network", default="toxiproxy", choices=("toxiproxy", "netns"),
-                   help="proxies per link (TOXIPROXY_URL: a real Toxiproxy), or namespaces "
-                        "and iptables (root)")  # fmt: skip
-    p.add_argument("--dir", metavar="DIR", help="run directory (default: a temporary one, "
-                   "removed when the run is valid)")  # fmt: skip
-    p.add_argument("--leader-faults", type=int, metavar="N",
-                   help="end the schedule after N faults that take the leader away")  # fmt: skip
+    p.add_argument(
+        "--network",
+        default="toxiproxy",
+        choices=("toxiproxy", "netns"),
+        help="proxies per link (TOXIPROXY_URL: a real Toxiproxy), or namespaces "
+        "and iptables (root)",
+    )
+    p.add_argument(
+        "--dir",
+        metavar="DIR",
+        help="run directory (default: a temporary one, removed when the run is valid)",
+    )
+    p.add_argument(
+        "--leader-faults",
+        type=int,
+        metavar="N",
+        help="end the schedule after N faults that take the leader away",
+    )
     p.add_argument("--out", metavar="FILE.json", help="write the report here too")
 
 
-@command("chaos", "run a chaos scenario against a local cluster and check the history",
-         _configure)  # fmt: skip
+@command("chaos", "run a chaos scenario against a local cluster and check the history", _configure)
 def _chaos(args: argparse.Namespace) -> int:
     from chaos.runner import ChaosConfig, run
     from chaos.scenarios import KINDS, SCENARIOS

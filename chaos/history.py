@@ -126,11 +126,35 @@ class History:
                 continue
             c = done.get(inv.op)
             if c is None:
-                out.append(Operation(inv.op, inv.process, inv.f, inv.key, inv.time, UNKNOWN,
-                                     -1.0, inv.offset, inv.crc, "still open"))  # fmt: skip
+                out.append(
+                    Operation(
+                        inv.op,
+                        inv.process,
+                        inv.f,
+                        inv.key,
+                        inv.time,
+                        UNKNOWN,
+                        -1.0,
+                        inv.offset,
+                        inv.crc,
+                        "still open",
+                    )
+                )
             else:
-                out.append(Operation(inv.op, inv.process, inv.f, c.key, inv.time, c.type,
-                                     c.time, c.offset, c.crc, c.detail))  # fmt: skip
+                out.append(
+                    Operation(
+                        inv.op,
+                        inv.process,
+                        inv.f,
+                        c.key,
+                        inv.time,
+                        c.type,
+                        c.time,
+                        c.offset,
+                        c.crc,
+                        c.detail,
+                    )
+                )
         return out
 
     def faults(self) -> list[Event]:

@@ -44,8 +44,7 @@ from chaos.scenarios import Nemesis, ScenarioError, scenario
 from dledger_commitlog.cli.launcher import NodeSpec
 from dledger_commitlog.client import ChangeRefused, Client, ClientError, MemberInfo
 
-MEMBER_SCENARIOS = frozenset({"grow-shrink", "remove-leader", "replace-wiped",
-                              "partition-joiner"})  # fmt: skip
+MEMBER_SCENARIOS = frozenset({"grow-shrink", "remove-leader", "replace-wiped", "partition-joiner"})
 SPARE_NODES = 6  # ids a membership run may add (their proxies are made at the start)
 CHANGE_TIMEOUT_MS = 5_000  # a change's own commit deadline (the run's settle_s bounds a step)
 Members = dict[int, MemberInfo]
@@ -58,8 +57,9 @@ def members(n: Nemesis) -> Members:
 
 
 def voters(n: Nemesis) -> list[int]:
-    return sorted(i for i, m in _until(n, "the member list", lambda: members(n)).items()
-                  if m.role == "voter")  # fmt: skip
+    return sorted(
+        i for i, m in _until(n, "the member list", lambda: members(n)).items() if m.role == "voter"
+    )
 
 
 def _until(n: Nemesis, what: str, get: Callable[[], Members]) -> Members:
@@ -132,24 +132,34 @@ def start_joiner(n: Nemesis) -> NodeSpec:
 
 
 def add_learner(n: Nemesis, spec: NodeSpec) -> None:
-    _drive(n, f"the learner add of n{spec.id}",
-           lambda c: c.member_add(spec.id, spec.raft, spec.client, learner=True,
-                                  timeout_ms=CHANGE_TIMEOUT_MS),
-           lambda ms: spec.id in ms)  # fmt: skip
+    _drive(
+        n,
+        f"the learner add of n{spec.id}",
+        lambda c: c.member_add(
+            spec.id, spec.raft, spec.client, learner=True, timeout_ms=CHANGE_TIMEOUT_MS
+        ),
+        lambda ms: spec.id in ms,
+    )
     n.fault("learner", f"n{spec.id} is a learner")
 
 
 def promote(n: Nemesis, node: int) -> None:
-    _drive(n, f"the promotion of n{node}",
-           lambda c: c.member_promote(node, timeout_ms=CHANGE_TIMEOUT_MS),
-           lambda ms: node in ms and ms[node].role == "voter")  # fmt: skip
+    _drive(
+        n,
+        f"the promotion of n{node}",
+        lambda c: c.member_promote(node, timeout_ms=CHANGE_TIMEOUT_MS),
+        lambda ms: node in ms and ms[node].role == "voter",
+    )
     n.fault("promoted", f"n{node} is a voter")
 
 
 def remove(n: Nemesis, node: int) -> None:
-    _drive(n, f"the removal of n{node}",
-           lambda c: c.member_remove(node, timeout_ms=CHANGE_TIMEOUT_MS),
-           lambda ms: node not in ms)  # fmt: skip
+    _drive(
+        n,
+        f"the removal of n{node}",
+        lambda c: c.member_remove(node, timeout_ms=CHANGE_TIMEOUT_MS),
+        lambda ms: node not in ms,
+    )
     n.fault("removed", f"n{node} left the group")
 
 
@@ -229,8 +239,9 @@ def grow_shrink(n: Nemesis) -> None:
         for _ in range(2):
             spec = start_joiner(n)
             if n.rng.random() < 0.5:
-                kill_leader_while(n, f"learner add of n{spec.id}", partial(add_learner, n, spec),
-                                  target=spec.id)  # fmt: skip
+                kill_leader_while(
+                    n, f"learner add of n{spec.id}", partial(add_learner, n, spec), target=spec.id
+                )
             else:
                 add_learner(n, spec)
                 kill_leader(n, f"between the learner add and the promotion of n{spec.id}")
@@ -256,8 +267,11 @@ def remove_leader(n: Nemesis) -> None:
         remove(n, old)
         at = n.fault("leader-removed", f"n{old}'s removal committed", leader=True)
         new = n.leader(exclude={old}, timeout_s=n.settle_s)
-        n.fault("handed-over", f"n{new} leads {n.history.now() - at:.2f}s after the commit "
-                f"({n.history.now() - asked:.2f}s after the removal was asked)")  # fmt: skip
+        n.fault(
+            "handed-over",
+            f"n{new} leads {n.history.now() - at:.2f}s after the commit "
+            f"({n.history.now() - asked:.2f}s after the removal was asked)",
+        )
         retire(n, old)
         add_voter(n)
         n.wait_caught_up()
@@ -283,8 +297,11 @@ def replace_wiped(n: Nemesis) -> None:
         n.pause_for(0.3, 1.0)
 
 
-@scenario("partition-joiner", "the node being added is cut off while it catches up and while "
-          "its promotion is asked", "membership")  # fmt: skip
+@scenario(
+    "partition-joiner",
+    "the node being added is cut off while it catches up and while its promotion is asked",
+    "membership",
+)
 def partition_joiner(n: Nemesis) -> None:
     while n.running() and spares_left(n) >= 1:
         spec = start_joiner(n)
@@ -330,5 +347,8 @@ def _promote_cut_off(n: Nemesis, node: int) -> None:
         except ClientError as exc:
             n.fault("promotion-unknown", f"n{node}: {type(exc).__name__}: {exc.message}")
         else:
-            n.fault("promotion-accepted", f"n{node} a voter (entry {change.config_index}): "
-                    "it was within the lag bound when asked")  # fmt: skip
+            n.fault(
+                "promotion-accepted",
+                f"n{node} a voter (entry {change.config_index}): "
+                "it was within the lag bound when asked",
+            )

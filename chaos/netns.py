@@ -352,9 +352,23 @@ class NetnsNetwork:
     def _drop_rule(self, action: str, src: int, dst: int) -> list[str]:
         src_ip, port = self._link(src, dst)
         return [
-            self._ip, "netns", "exec", self.namespace(dst), self._iptables, "-w", action,
-            "INPUT", "-s", f"{src_ip}/32", "-p", "tcp", "--dport", str(port), "-j", "DROP",
-        ]  # fmt: skip
+            self._ip,
+            "netns",
+            "exec",
+            self.namespace(dst),
+            self._iptables,
+            "-w",
+            action,
+            "INPUT",
+            "-s",
+            f"{src_ip}/32",
+            "-p",
+            "tcp",
+            "--dport",
+            str(port),
+            "-j",
+            "DROP",
+        ]
 
     def cut(self, src: int, dst: int) -> None:
         """Drop what src sends to dst's Raft port (dst's own stream to src is untouched)."""
@@ -407,8 +421,10 @@ class NetnsNetwork:
                     raise NetnsError(f"tc {netem} in {ns}: {done.stderr.strip()}")
                 if (src, dst) not in self._slow:
                     match = f"match ip dst {self.ip(dst)}/32 match ip dport {port} 0xffff"
-                    run(f"filter add dev {IFACE} parent 1: protocol ip prio 1 u32 {match} "
-                        f"flowid 1:{band}")  # fmt: skip
+                    run(
+                        f"filter add dev {IFACE} parent 1: protocol ip prio 1 u32 {match} "
+                        f"flowid 1:{band}"
+                    )
                     self._slow.add((src, dst))
             except BaseException:
                 if not any(s == src for s, _ in self._slow):  # nothing of ours to keep there
@@ -430,8 +446,16 @@ class NetnsNetwork:
             for src, dst in sorted(self._cut):
                 _run(*self._drop_rule("-D", src, dst), check=False)
             for i in self.ids:  # the namespaces are ours: no rule of anyone else's goes
-                _run(self._ip, "netns", "exec", self.namespace(i), self._iptables, "-w",
-                     "-F", "INPUT")  # fmt: skip
+                _run(
+                    self._ip,
+                    "netns",
+                    "exec",
+                    self.namespace(i),
+                    self._iptables,
+                    "-w",
+                    "-F",
+                    "INPUT",
+                )
             for src in sorted(self._shaped):
                 self._unshape(src)
             self._cut.clear()

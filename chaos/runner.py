@@ -153,28 +153,48 @@ class ChaosReport:
         more = f", ... ({len(windows)} in all)" if len(windows) > 6 else ""
         p50, worst = t["failover_p50_s"], t["failover_max_s"]
         rows = [
-            ("scenario", f"{c['scenario']} (seed {c['seed']}, {c['duration_s']:g} s, "
-                         f"{c['nodes']} nodes, {c['flush_mode']} flush, {c['network']} links)"),
+            (
+                "scenario",
+                f"{c['scenario']} (seed {c['seed']}, {c['duration_s']:g} s, "
+                f"{c['nodes']} nodes, {c['flush_mode']} flush, {c['network']} links)",
+            ),
             ("operations", f"{v.operations}: {v.puts} puts, {v.reads} reads ({v.reads_ok} ok)"),
             ("acknowledged", str(v.acked)),
-            ("failed / unknown", f"{v.failed} / {v.unknown} ({v.unknown_present} of the "
-                                 "unknown were stored, once each)"),
+            (
+                "failed / unknown",
+                f"{v.failed} / {v.unknown} ({v.unknown_present} of the "
+                "unknown were stored, once each)",
+            ),
             ("lost", str(len(v.lost))),
             ("duplicates", str(len(v.duplicates))),
             ("failed but present", str(len(v.failed_present))),
             ("replicas diverging", str(len(v.divergent))),
-            ("stores vs rebuild", "identical" if not v.store_problems else
-                                  f"{len(v.store_problems)} differ"),
-            ("leaders per term", "at most one" if not v.leader_conflicts else
-                                 f"conflicts: {v.leader_conflicts}"),
+            (
+                "stores vs rebuild",
+                "identical" if not v.store_problems else f"{len(v.store_problems)} differ",
+            ),
+            (
+                "leaders per term",
+                "at most one" if not v.leader_conflicts else f"conflicts: {v.leader_conflicts}",
+            ),
             ("stale reads", str(len(v.stale_reads))),
-            ("unavailability", f"{t['unavailable_s']:.2f} s in {len(windows)} windows"
-                               f"{': ' + shown + more if windows else ''}"),
-            ("failover", "no leader faults" if not t["failovers"] else
-                         f"p50 {_s(p50)}, max {_s(worst)} over {t['failovers']} leader faults"
-                         + (f" ({t['failovers_unfinished']} unfinished)"
-                            if t["failovers_unfinished"] else "")),
-        ]  # fmt: skip
+            (
+                "unavailability",
+                f"{t['unavailable_s']:.2f} s in {len(windows)} windows"
+                f"{': ' + shown + more if windows else ''}",
+            ),
+            (
+                "failover",
+                "no leader faults"
+                if not t["failovers"]
+                else f"p50 {_s(p50)}, max {_s(worst)} over {t['failovers']} leader faults"
+                + (
+                    f" ({t['failovers_unfinished']} unfinished)"
+                    if t["failovers_unfinished"]
+                    else ""
+                ),
+            ),
+        ]
         if self.exits:
             rows.append(("nodes that exited", f"{len(self.exits)}: {self.exits[:3]}"))
         if v.lost_in_window:
@@ -243,16 +263,22 @@ def make_network(cfg: ChaosConfig, cluster_dir: Path) -> tuple[LocalCluster, Net
         try:
             # The namespaces' bridge is this run's own: its addresses reach no other machine.
             insecure = {**settings, "insecure": True}
-            cluster = LocalCluster(cluster_dir, cfg.nodes, flush_mode=flush_mode, env=env,
-                                   extra_config=insecure, hosts=netns.hosts(),
-                                   command_prefix=netns.command_prefix)  # fmt: skip
+            cluster = LocalCluster(
+                cluster_dir,
+                nodes=cfg.nodes,
+                flush_mode=flush_mode,
+                env=env,
+                extra_config=insecure,
+                hosts=netns.hosts(),
+                command_prefix=netns.command_prefix,
+            )
             netns.attach({s.id: s.raft for s in cluster})
         except BaseException:
             netns.close()
             raise
         return cluster, netns
     cluster = LocalCluster(
-        cluster_dir, cfg.nodes, flush_mode=flush_mode, env=env, extra_config=settings
+        cluster_dir, nodes=cfg.nodes, flush_mode=flush_mode, env=env, extra_config=settings
     )
     proxies = ToxiproxyNetwork({s.id: s.raft for s in cluster}, spares=cfg.spare_ids)
     cluster.set_links(proxies.links())
@@ -285,14 +311,24 @@ def run(cfg: ChaosConfig, log: Log = lambda _: None) -> ChaosReport:
     history = History()
     harness: list[str] = []
     info = {
-        "scenario": cfg.scenario, "seed": cfg.seed, "duration_s": cfg.duration_s,
-        "nodes": cfg.nodes, "clients": cfg.clients, "flush_mode": cluster.flush_mode,
+        "scenario": cfg.scenario,
+        "seed": cfg.seed,
+        "duration_s": cfg.duration_s,
+        "nodes": cfg.nodes,
+        "clients": cfg.clients,
+        "flush_mode": cluster.flush_mode,
         "network": net.name,
-    }  # fmt: skip
+    }
     servers = {s.id: s.client for s in cluster}
     monitor = Monitor(servers, cluster.cluster)
-    workload = Workload(list(servers.values()), history, cfg.seed, cfg.clients,
-                        read_ratio=cfg.read_ratio, cluster=cluster.cluster)  # fmt: skip
+    workload = Workload(
+        list(servers.values()),
+        history,
+        cfg.seed,
+        cfg.clients,
+        read_ratio=cfg.read_ratio,
+        cluster=cluster.cluster,
+    )
     nemesis: Nemesis | None = None
     replicas: list[Replica] = []
     removed: list[Replica] = []
@@ -303,25 +339,38 @@ def run(cfg: ChaosConfig, log: Log = lambda _: None) -> ChaosReport:
         monitor.start(history)
         workload.start()
         _wait(lambda: workload.acked_count() > 0, cfg.settle_s, "a first acknowledged put")
-        nemesis = Nemesis(cluster, net, history, random.Random(cfg.seed),
-                          time.monotonic() + cfg.duration_s, settle_s=cfg.settle_s,
-                          max_leader_faults=cfg.max_leader_faults, spare_ids=cfg.spare_ids,
-                          on_join=lambda spec: _joined(spec, monitor, workload),
-                          on_leave=lambda spec: workload.remove_server(spec.client))  # fmt: skip
+        nemesis = Nemesis(
+            cluster,
+            net,
+            history,
+            random.Random(cfg.seed),
+            time.monotonic() + cfg.duration_s,
+            settle_s=cfg.settle_s,
+            max_leader_faults=cfg.max_leader_faults,
+            spare_ids=cfg.spare_ids,
+            on_join=lambda spec: _joined(spec, monitor, workload),
+            on_leave=lambda spec: workload.remove_server(spec.client),
+        )
         log(f"running {cfg.scenario} for {cfg.duration_s:g} s (seed {cfg.seed})")
         try:
             SCENARIOS[cfg.scenario][0](nemesis)
         except ScenarioError as exc:
             harness.append(f"the cluster did not recover: {exc}")
         healed_at = nemesis.heal()
-        _wait(lambda: workload.last_acked_start >= healed_at, cfg.settle_s,
-              "a put invoked after healing to be acknowledged")  # fmt: skip
+        _wait(
+            lambda: workload.last_acked_start >= healed_at,
+            cfg.settle_s,
+            "a put invoked after healing to be acknowledged",
+        )
         history.info("stop-clients")
         workload.stop(timeout_s=cfg.settle_s)
         harness += [f"client thread failed: {e!r}" for e in workload.errors]
         log("healed; waiting for the replicas to converge")
-        _wait(lambda: nemesis_converged(nemesis, cluster), cfg.settle_s,
-              "every replica to hold the same committed log")  # fmt: skip
+        _wait(
+            lambda: nemesis_converged(nemesis, cluster),
+            cfg.settle_s,
+            "every replica to hold the same committed log",
+        )
         replicas = [
             Replica.from_raw(s.id, read_replica(s.client, cluster.cluster)) for s in cluster
         ]
@@ -342,15 +391,24 @@ def run(cfg: ChaosConfig, log: Log = lambda _: None) -> ChaosReport:
         monitor.stop()
         cluster.down()
         net.close()
-    verdict = check(history, replicas, problems, monitor.seen,
-                    nemesis.loss_windows if nemesis else (), removed)  # fmt: skip
+    verdict = check(
+        history, replicas, problems, monitor.seen, nemesis.loss_windows if nemesis else (), removed
+    )
     if not replicas and not harness:
         harness.append("no replica was read")
     faults = [f"{e.time:7.2f}s {e.f}: {e.detail}".rstrip(": ") for e in history.faults()]
     timing = timings(history, nemesis.leader_faults if nemesis else [])
     exits = nemesis.exits if nemesis else []
-    report = ChaosReport(info, verdict, timing.as_json(), faults, harness, exits, str(root),
-                         time.monotonic() - started)  # fmt: skip
+    report = ChaosReport(
+        info,
+        verdict,
+        timing.as_json(),
+        faults,
+        harness,
+        exits,
+        str(root),
+        time.monotonic() - started,
+    )
     history.write_jsonl(root / "history.jsonl")
     (root / "report.json").write_text(json.dumps(report.as_json(), indent=2) + "\n")
     if report.valid and temp and not cfg.keep:

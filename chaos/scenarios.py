@@ -131,8 +131,9 @@ class Nemesis:
             if done:
                 return min(done)
             if time.monotonic() >= deadline:
-                raise ScenarioError(f"no put invoked after {at:.2f}s was acknowledged within "
-                                    f"{timeout_s:g}s: {why}")  # fmt: skip
+                raise ScenarioError(
+                    f"no put invoked after {at:.2f}s was acknowledged within {timeout_s:g}s: {why}"
+                )
             time.sleep(0.05)
 
     # -------------------------------------------------------------- process faults

@@ -187,8 +187,9 @@ class Dispatcher:
     # -- opening and recovery ------------------------------------------------------
 
     def _open_index(self) -> IndexService:
-        return IndexService(self.root, slot_count=self._index_slots,
-                            entry_count=self._index_entries)  # fmt: skip
+        return IndexService(
+            self.root, slot_count=self._index_slots, entry_count=self._index_entries
+        )
 
     def _open_queues(self) -> None:
         for topic, queue_id in discover_queues(self.root):
@@ -333,8 +334,9 @@ class Dispatcher:
             raise AssertionError(f"message at {messages[i][0]} reaches past committed {committed}")
         self._append_units(batch, offsets)
         if len(batch.key_message):
-            hashes = topic_key_hashes(batch.topics, batch.topic_index[batch.key_message],
-                                      batch.key_hash, batch.key_units)  # fmt: skip
+            hashes = topic_key_hashes(
+                batch.topics, batch.topic_index[batch.key_message], batch.key_hash, batch.key_units
+            )
             counts = np.bincount(batch.key_message, minlength=n).astype(np.int64)
             self.index.put_batch(offsets, batch.store_timestamp_ms, counts, hashes)
         if OFFSETS_TOPIC in batch.topics:  # in log order: each sets a value
@@ -383,9 +385,13 @@ class Dispatcher:
         bounds = [0, *(np.flatnonzero(breaks) + 1).tolist(), n]
         heads = order[bounds[:-1]]
         topics = batch.topics
-        runs = zip(batch.topic_index[heads].tolist(), batch.queue_id[heads].tolist(),
-                   queue_offset[bounds[:-1]].tolist(), itertools.pairwise(bounds),
-                   strict=True)  # fmt: skip
+        runs = zip(
+            batch.topic_index[heads].tolist(),
+            batch.queue_id[heads].tolist(),
+            queue_offset[bounds[:-1]].tolist(),
+            itertools.pairwise(bounds),
+            strict=True,
+        )
         for topic, queue_id, first, (lo, hi) in runs:
             self._queue(topics[topic], queue_id).append_units(first, units[lo:hi])
 
@@ -398,9 +404,13 @@ class Dispatcher:
 
     def snapshot(self) -> DispatchSnapshot:
         """The state to persist, taken on the writer's thread."""
-        return DispatchSnapshot(self.dispatched_pos, dict(self.offsets),
-                                self.last_store_timestamp_ms,
-                                tuple(self.queues.values()), self.index.flush_plan())  # fmt: skip
+        return DispatchSnapshot(
+            self.dispatched_pos,
+            dict(self.offsets),
+            self.last_store_timestamp_ms,
+            tuple(self.queues.values()),
+            self.index.flush_plan(),
+        )
 
     def persist(self, snap: DispatchSnapshot) -> None:
         """Flush queues and index, then record `snap` durably (blocking; any thread)."""

@@ -63,9 +63,10 @@ class TlsIdentity:
 
     def server_credentials(self, *, require_client_cert: bool) -> Any:
         return grpc.ssl_server_credentials(
-            [(self.key, self.cert)], root_certificates=self.ca,
+            [(self.key, self.cert)],
+            root_certificates=self.ca,
             require_client_auth=require_client_cert,
-        )  # fmt: skip
+        )
 
     def channel_credentials(self) -> Any:
         """For dialing a node: verifies it against the CA and presents our certificate."""
@@ -124,8 +125,10 @@ class PeerAuth:
             raise PeerAuthError(f"peer token claiming node {src} does not verify: another secret?")
         now = time.time()
         if abs(now - ts_ms / 1000) > TOKEN_WINDOW_S:
-            raise PeerAuthError(f"peer token from node {src} is {now - ts_ms / 1000:.0f}s off this "
-                            f"node's clock (limit {TOKEN_WINDOW_S:.0f}s)")  # fmt: skip
+            raise PeerAuthError(
+                f"peer token from node {src} is {now - ts_ms / 1000:.0f}s off this "
+                f"node's clock (limit {TOKEN_WINDOW_S:.0f}s)"
+            )
         if once:
             self._remember(nonce, now)
         return src
@@ -152,8 +155,12 @@ def certificate_node(auth_context: Mapping[str, Sequence[bytes]]) -> int | None:
 
 def peercert_node(cert: Mapping[str, Any] | None) -> int | None:
     """`certificate_node` of a verified certificate as `ssl` gives it (`getpeercert()`)."""
-    names = [value.encode() for rdn in (cert or {}).get("subject", ())
-             for key, value in rdn if key == "commonName"]  # fmt: skip
+    names = [
+        value.encode()
+        for rdn in (cert or {}).get("subject", ())
+        for key, value in rdn
+        if key == "commonName"
+    ]
     return certificate_node({"x509_common_name": names})
 
 

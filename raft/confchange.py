@@ -47,11 +47,13 @@ def propose(
     leader committed in its term, for a change that does not apply to `conf`, and
     for the promotion of a learner more than `max_promote_lag` entries behind."""
     if pending:
-        raise MembershipError(f"another membership change (entry {pending}) is not "
-                              "committed yet; retry once it is")  # fmt: skip
+        raise MembershipError(
+            f"another membership change (entry {pending}) is not committed yet; retry once it is"
+        )
     if not term_committed:
-        raise MembershipError("the leader has not committed an entry of its term yet; "
-                              "retry in a moment")  # fmt: skip
+        raise MembershipError(
+            "the leader has not committed an entry of its term yet; retry in a moment"
+        )
     new = conf.apply(change)
     if change.op is ChangeOp.PROMOTE:
         lag = last_index - match[change.node_id]

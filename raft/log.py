@@ -33,8 +33,17 @@ _SCAN_BYTES = 8 << 20  # entry bytes read at a time when looking for configurati
 
 
 class RaftLog:
-    __slots__ = ("applied", "applying", "committed", "confs", "offset", "persisted", "snapshot",
-                 "storage", "unstable")  # fmt: skip
+    __slots__ = (
+        "applied",
+        "applying",
+        "committed",
+        "confs",
+        "offset",
+        "persisted",
+        "snapshot",
+        "storage",
+        "unstable",
+    )
 
     def __init__(
         self,

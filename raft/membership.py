@@ -129,9 +129,14 @@ class Membership:
             raise ValueError('configuration must be {"members": [...]}')
         members = []
         for row in rows:
-            ok = (isinstance(row, list) and len(row) == 4 and type(row[0]) is int
-                  and isinstance(row[1], str) and isinstance(row[2], str)
-                  and type(row[3]) is bool)  # fmt: skip
+            ok = (
+                isinstance(row, list)
+                and len(row) == 4
+                and type(row[0]) is int
+                and isinstance(row[1], str)
+                and isinstance(row[2], str)
+                and type(row[3]) is bool
+            )
             if not ok:
                 raise ValueError(f"configuration member {row!r} is not [id, raft, client, learner]")
             members.append(Member(*row))

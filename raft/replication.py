@@ -313,8 +313,16 @@ class Replication(CoreState):
         size = data_size(ents)
         if rate and prev_index + len(ents) <= log.committed:
             pr.budget -= size
-        msg = AppendEntries(self._id, peer, self._term, prev_index, prev_term, tuple(ents),
-                            log.committed, quiet and not ents)  # fmt: skip
+        msg = AppendEntries(
+            self._id,
+            peer,
+            self._term,
+            prev_index,
+            prev_term,
+            tuple(ents),
+            log.committed,
+            quiet and not ents,
+        )
         self._send(msg)
         pr.sent_entries(prev_index + len(ents), len(ents), size)
         pr.sent_commit = max(pr.sent_commit, min(log.committed, prev_index + len(ents)))
@@ -329,8 +337,19 @@ class Replication(CoreState):
         term = log.term(index)
         data = log.storage.snapshot_data()
         conf_index, conf, encoded = log.confs.at(index)
-        self._send(Snapshot(self._id, peer, self._term, index, term, log.committed, data,
-                            encoded or conf.encode(), conf_index))  # fmt: skip
+        self._send(
+            Snapshot(
+                self._id,
+                peer,
+                self._term,
+                index,
+                term,
+                log.committed,
+                data,
+                encoded or conf.encode(),
+                conf_index,
+            )
+        )
         pr.become_snapshot(index)
         return True
 

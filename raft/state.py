@@ -72,8 +72,7 @@ class CoreState:
             base = (0, config.bootstrap(), b"")
         self._log = RaftLog(storage, hard_state.commit, applied, base)
         self._conf = self._log.confs.current  # the membership `_trk` was configured from
-        self._trk = ProgressTracker(config.id, config.max_inflight_msgs,
-                                    config.max_inflight_bytes)  # fmt: skip
+        self._trk = ProgressTracker(config.id, config.max_inflight_msgs, config.max_inflight_bytes)
         self._term = hard_state.term
         self._vote = hard_state.vote
         self._persisted_hs = hard_state
@@ -162,8 +161,13 @@ class CoreState:
             # Acks coalesce: a success covers every index up to its own, so one to
             # the same leader in the same term replaces the one just before it.
             prev = msgs[-1]
-            if (type(prev) is AppendResponse and not prev.reject and prev.dst == m.dst
-                    and prev.term == m.term and prev.index <= m.index):  # fmt: skip
+            if (
+                type(prev) is AppendResponse
+                and not prev.reject
+                and prev.dst == m.dst
+                and prev.term == m.term
+                and prev.index <= m.index
+            ):
                 msgs[-1] = m
                 return
         msgs.append(m)

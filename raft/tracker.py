@@ -109,8 +109,11 @@ class ProgressTracker:
     def untrack_removed(self) -> list[tuple[int, int]]:
         """Stop tracking every peer that is no member; (peer, its match) of each."""
         me, members = self._me, self.config.others
-        gone = [(p, self.progress.pop(p).match) for p in list(self.progress)
-                if p != me and p not in members]  # fmt: skip
+        gone = [
+            (p, self.progress.pop(p).match)
+            for p in list(self.progress)
+            if p != me and p not in members
+        ]
         self._replicas = tuple(p for p in self.progress if p != me)
         return gone
 

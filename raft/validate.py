@@ -69,8 +69,9 @@ def check_peer_message(
     if msg.src == me or msg.src not in peers:
         raise InvalidPeerMessage(f"{kind} from node {msg.src}, not a member", membership=True)
     if msg.dst != me:
-        raise InvalidPeerMessage(f"{kind} for node {msg.dst}, not this node ({me})",
-                                 membership=True)  # fmt: skip
+        raise InvalidPeerMessage(
+            f"{kind} for node {msg.dst}, not this node ({me})", membership=True
+        )
     if not 0 <= msg.term < MAX_TERM:
         raise InvalidPeerMessage(f"{kind} from node {msg.src}: term {msg.term} out of range")
     if msg.term > term + MAX_TERM_JUMP:
@@ -85,9 +86,11 @@ def check_peer_message(
             _indexes(msg, msg.index, msg.commit, msg.conf_index)
             _log_term(msg, msg.log_term)
             if msg.index > msg.commit or msg.conf_index > msg.commit:
-                raise InvalidPeerMessage(f"snapshot from node {msg.src}: index {msg.index} or "
-                                         f"configuration {msg.conf_index} beyond its commit "
-                                         f"{msg.commit}")  # fmt: skip
+                raise InvalidPeerMessage(
+                    f"snapshot from node {msg.src}: index {msg.index} or "
+                    f"configuration {msg.conf_index} beyond its commit "
+                    f"{msg.commit}"
+                )
             if msg.conf:
                 _membership(msg, msg.conf)
         case Heartbeat():
@@ -107,14 +110,16 @@ def check_peer_message(
 def _indexes(msg: Message, *values: int) -> None:
     for v in values:
         if not 0 <= v < MAX_INDEX:
-            raise InvalidPeerMessage(f"{type(msg).__name__} from node {msg.src}: index {v} "
-                                     "out of range")  # fmt: skip
+            raise InvalidPeerMessage(
+                f"{type(msg).__name__} from node {msg.src}: index {v} out of range"
+            )
 
 
 def _log_term(msg: Message, log_term: int) -> None:
     if not 0 <= log_term <= msg.term:
-        raise InvalidPeerMessage(f"{type(msg).__name__} from node {msg.src}: log term "
-                                 f"{log_term} not in [0, {msg.term}]")  # fmt: skip
+        raise InvalidPeerMessage(
+            f"{type(msg).__name__} from node {msg.src}: log term {log_term} not in [0, {msg.term}]"
+        )
 
 
 def _check_append(msg: AppendEntries, max_entry_bytes: int) -> None:
@@ -124,11 +129,14 @@ def _check_append(msg: AppendEntries, max_entry_bytes: int) -> None:
     for e in msg.entries:
         index += 1
         if e.index != index:
-            raise InvalidPeerMessage(f"append from node {msg.src}: entry {e.index} where "
-                                     f"{index} belongs")  # fmt: skip
+            raise InvalidPeerMessage(
+                f"append from node {msg.src}: entry {e.index} where {index} belongs"
+            )
         if not term <= e.term <= msg.term:
-            raise InvalidPeerMessage(f"append from node {msg.src}: entry {e.index} has term "
-                                     f"{e.term}, not in [{term}, {msg.term}]")  # fmt: skip
+            raise InvalidPeerMessage(
+                f"append from node {msg.src}: entry {e.index} has term "
+                f"{e.term}, not in [{term}, {msg.term}]"
+            )
         if len(e.data) > max_entry_bytes:
             raise InvalidPeerMessage(
                 f"append from node {msg.src}: entry {e.index} of {len(e.data)} bytes, over the "
@@ -144,5 +152,6 @@ def _membership(msg: Message, data: bytes) -> None:
     try:
         Membership.decode(data)
     except ValueError as exc:
-        raise InvalidPeerMessage(f"{type(msg).__name__} from node {msg.src}: bad "
-                                 f"configuration: {exc}") from None  # fmt: skip
+        raise InvalidPeerMessage(
+            f"{type(msg).__name__} from node {msg.src}: bad configuration: {exc}"
+        ) from None

@@ -87,9 +87,14 @@ class PeerLink:
     """
 
     def __init__(
-        self, cluster: str, peer_id: int, address: str, *, me: int = 0,
+        self,
+        cluster: str,
+        peer_id: int,
+        address: str,
+        *,
+        me: int = 0,
         security: PeerSecurity | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.peer_id = peer_id
         self.address = address
         self._cluster = cluster
@@ -194,14 +199,14 @@ class PeerLink:
             except LinkRefused as exc:
                 read = exc.read
                 if exc.code != "PERMISSION_DENIED":
-                    log.error("peer %d refused our stream: %s: %s", self.peer_id, exc.code,
-                              exc.details)  # fmt: skip
+                    log.error(
+                        "peer %d refused our stream: %s: %s", self.peer_id, exc.code, exc.details
+                    )
                     await asyncio.sleep(_REFUSED_PAUSE_S)
                     continue
                 # Not a member there (yet): a joining node whose addition that peer has
                 # not appended. It will be in a moment: retry as for an unreachable peer.
-                log.info("peer %d does not take our stream (yet): %s", self.peer_id,
-                         exc.details)  # fmt: skip
+                log.info("peer %d does not take our stream (yet): %s", self.peer_id, exc.details)
             except LinkBroken as exc:
                 log.info("stream to peer %d broke: %s", self.peer_id, exc)
             except (TimeoutError, OSError):
@@ -289,8 +294,9 @@ class PeerGate:
         if sec.tls is not None:
             sender = cert_node
             if sender is None:
-                raise self.refuse(peer, "UNAUTHENTICATED", "certificate",
-                                  "its certificate names no dledger node")  # fmt: skip
+                raise self.refuse(
+                    peer, "UNAUTHENTICATED", "certificate", "its certificate names no dledger node"
+                )
         if sec.peers is not None:
             try:
                 proven = sec.peers.check(metadata.get(NODE_AUTH), self._me, once=True)
@@ -300,11 +306,19 @@ class PeerGate:
                 raise self.refuse(peer, "UNAUTHENTICATED", "token", exc.message) from None
             sender = proven
         if sender is not None and claimed is not None and claimed != sender:
-            raise self.refuse(peer, "UNAUTHENTICATED", "identity",
-                              f"claims to be node {claimed} but is node {sender}")  # fmt: skip
+            raise self.refuse(
+                peer,
+                "UNAUTHENTICATED",
+                "identity",
+                f"claims to be node {claimed} but is node {sender}",
+            )
         if sender is not None and (sender not in self._members() or sender == self._me):
-            raise self.refuse(peer, "PERMISSION_DENIED", "membership",
-                              f"node {sender} is not a peer of node {self._me}")  # fmt: skip
+            raise self.refuse(
+                peer,
+                "PERMISSION_DENIED",
+                "membership",
+                f"node {sender} is not a peer of node {self._me}",
+            )
         return sender
 
     def receive(self, raw: bytes, sender: int | None, peer: str) -> None:
@@ -312,16 +326,21 @@ class PeerGate:
         try:
             batch = pb.RaftBatch.FromString(raw)
         except DecodeError as exc:
-            raise self.refuse(peer, "INVALID_ARGUMENT", "malformed",
-                              f"malformed raft batch: {exc}") from None  # fmt: skip
+            raise self.refuse(
+                peer, "INVALID_ARGUMENT", "malformed", f"malformed raft batch: {exc}"
+            ) from None
         if batch.cluster != self.cluster:
-            raise Refusal("FAILED_PRECONDITION", f"wrong cluster: this node belongs to "
-                          f"{self.cluster!r}, the stream to {batch.cluster!r}")  # fmt: skip
+            raise Refusal(
+                "FAILED_PRECONDITION",
+                f"wrong cluster: this node belongs to "
+                f"{self.cluster!r}, the stream to {batch.cluster!r}",
+            )
         try:  # the whole batch decodes, or none of it is delivered
             messages = [from_proto(p) for p in batch.messages]
         except ValueError as exc:
-            raise self.refuse(peer, "INVALID_ARGUMENT", "malformed",
-                              f"malformed raft message: {exc}") from None  # fmt: skip
+            raise self.refuse(
+                peer, "INVALID_ARGUMENT", "malformed", f"malformed raft message: {exc}"
+            ) from None
         delivers = self._delivers(batch) if self._groups is not None else None
         for i, msg in enumerate(messages):
             try:

@@ -69,9 +69,15 @@ class LinkPool:
         self._links: dict[tuple[int, str], tuple[PeerLink, int]] = {}
 
     def open(
-        self, group: int, cluster: str, peer_id: int, address: str, *,
-        me: int, security: PeerSecurity | None = None,
-    ) -> GroupLink:  # fmt: skip
+        self,
+        group: int,
+        cluster: str,
+        peer_id: int,
+        address: str,
+        *,
+        me: int,
+        security: PeerSecurity | None = None,
+    ) -> GroupLink:
         """Group `group`'s link to `peer_id` at `address` (the shared one, opened and
         started with the first group that asks)."""
         key = (peer_id, address)

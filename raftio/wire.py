@@ -83,9 +83,17 @@ def to_wire(m: Message) -> tuple[pb.RaftMessage, int]:
     match m:
         case AppendEntries():
             data = encode_entries(m.entries)
-            return _T(type=_T.APPEND, src=m.src, dst=m.dst, term=m.term, index=m.prev_index,
-                      log_term=m.prev_term, commit=m.commit, entries=data,
-                      quiet=m.quiet), len(data) + _FIELDS_BOUND  # fmt: skip
+            return _T(
+                type=_T.APPEND,
+                src=m.src,
+                dst=m.dst,
+                term=m.term,
+                index=m.prev_index,
+                log_term=m.prev_term,
+                commit=m.commit,
+                entries=data,
+                quiet=m.quiet,
+            ), len(data) + _FIELDS_BOUND
         case Snapshot():
             return to_proto(m), len(m.data) + len(m.conf) + _FIELDS_BOUND
     return to_proto(m), _FIELDS_BOUND
@@ -96,43 +104,83 @@ def to_proto(m: Message) -> pb.RaftMessage:
         case AppendEntries():
             return to_wire(m)[0]
         case AppendResponse():
-            return _T(type=_T.APPEND_RESPONSE, src=m.src, dst=m.dst, term=m.term, index=m.index,
-                      reject=m.reject, hint_index=m.hint_index, hint_term=m.hint_term)  # fmt: skip
+            return _T(
+                type=_T.APPEND_RESPONSE,
+                src=m.src,
+                dst=m.dst,
+                term=m.term,
+                index=m.index,
+                reject=m.reject,
+                hint_index=m.hint_index,
+                hint_term=m.hint_term,
+            )
         case Snapshot():
-            return _T(type=_T.SNAPSHOT, src=m.src, dst=m.dst, term=m.term, index=m.index,
-                      log_term=m.log_term, commit=m.commit, snapshot=m.data, conf=m.conf,
-                      conf_index=m.conf_index)  # fmt: skip
+            return _T(
+                type=_T.SNAPSHOT,
+                src=m.src,
+                dst=m.dst,
+                term=m.term,
+                index=m.index,
+                log_term=m.log_term,
+                commit=m.commit,
+                snapshot=m.data,
+                conf=m.conf,
+                conf_index=m.conf_index,
+            )
         case Heartbeat():
-            return _T(type=_T.HEARTBEAT, src=m.src, dst=m.dst, term=m.term, commit=m.commit,
-                      ctx=m.ctx)  # fmt: skip
+            return _T(
+                type=_T.HEARTBEAT, src=m.src, dst=m.dst, term=m.term, commit=m.commit, ctx=m.ctx
+            )
         case HeartbeatResponse():
             return _T(type=_T.HEARTBEAT_RESPONSE, src=m.src, dst=m.dst, term=m.term, ctx=m.ctx)
         case RequestVote():
-            return _T(type=_T.VOTE, src=m.src, dst=m.dst, term=m.term, index=m.last_index,
-                      log_term=m.last_term, pre_vote=m.pre_vote, transfer=m.transfer)  # fmt: skip
+            return _T(
+                type=_T.VOTE,
+                src=m.src,
+                dst=m.dst,
+                term=m.term,
+                index=m.last_index,
+                log_term=m.last_term,
+                pre_vote=m.pre_vote,
+                transfer=m.transfer,
+            )
         case VoteResponse():
-            return _T(type=_T.VOTE_RESPONSE, src=m.src, dst=m.dst, term=m.term,
-                      granted=m.granted, pre_vote=m.pre_vote)  # fmt: skip
+            return _T(
+                type=_T.VOTE_RESPONSE,
+                src=m.src,
+                dst=m.dst,
+                term=m.term,
+                granted=m.granted,
+                pre_vote=m.pre_vote,
+            )
         case TimeoutNow():
             return _T(type=_T.TIMEOUT_NOW, src=m.src, dst=m.dst, term=m.term)
         case ReadIndexRequest():
             return _T(type=_T.READ_INDEX, src=m.src, dst=m.dst, term=m.term, ctx=m.ctx)
         case ReadIndexResponse():
-            return _T(type=_T.READ_INDEX_RESPONSE, src=m.src, dst=m.dst, term=m.term, ctx=m.ctx,
-                      index=m.index)  # fmt: skip
+            return _T(
+                type=_T.READ_INDEX_RESPONSE,
+                src=m.src,
+                dst=m.dst,
+                term=m.term,
+                ctx=m.ctx,
+                index=m.index,
+            )
     raise TypeError(f"not a raft message: {m!r}")
 
 
 def from_proto(p: pb.RaftMessage) -> Message:
     t = p.type
     if t == _T.APPEND:
-        return AppendEntries(p.src, p.dst, p.term, p.index, p.log_term,
-                             decode_entries(p.entries), p.commit, p.quiet)  # fmt: skip
+        return AppendEntries(
+            p.src, p.dst, p.term, p.index, p.log_term, decode_entries(p.entries), p.commit, p.quiet
+        )
     if t == _T.APPEND_RESPONSE:
         return AppendResponse(p.src, p.dst, p.term, p.index, p.reject, p.hint_index, p.hint_term)
     if t == _T.SNAPSHOT:
-        return Snapshot(p.src, p.dst, p.term, p.index, p.log_term, p.commit, p.snapshot, p.conf,
-                        p.conf_index)  # fmt: skip
+        return Snapshot(
+            p.src, p.dst, p.term, p.index, p.log_term, p.commit, p.snapshot, p.conf, p.conf_index
+        )
     if t == _T.HEARTBEAT:
         return Heartbeat(p.src, p.dst, p.term, p.commit, p.ctx)
     if t == _T.HEARTBEAT_RESPONSE:

@@ -58,8 +58,9 @@ __all__ = [
 HEADER = struct.Struct(">qqqqii")
 SLOT = struct.Struct(">i")
 ENTRY = struct.Struct(">iqii")
-ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"),
-                        ("prev_index", ">i4")])  # fmt: skip
+ENTRY_DTYPE = np.dtype(
+    [("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev_index", ">i4")]
+)
 HEADER_SIZE = HEADER.size
 SLOT_SIZE = SLOT.size
 ENTRY_SIZE = ENTRY.size
@@ -105,10 +106,12 @@ def time_diffs_s(store_timestamps_ms: I64s, begin_timestamp_ms: int) -> I64s:
     limit = 1 << 61
     low, high = int(store_timestamps_ms.min()), int(store_timestamps_ms.max())
     if max(abs(begin_timestamp_ms), abs(low), abs(high)) >= limit:
-        return np.array([time_diff_s(t, begin_timestamp_ms)
-                         for t in store_timestamps_ms.tolist()], np.int64)  # fmt: skip
-    diffs: I64s = np.minimum(np.maximum((store_timestamps_ms - begin_timestamp_ms) // 1000, 0),
-                             I32_MAX)  # fmt: skip
+        return np.array(
+            [time_diff_s(t, begin_timestamp_ms) for t in store_timestamps_ms.tolist()], np.int64
+        )
+    diffs: I64s = np.minimum(
+        np.maximum((store_timestamps_ms - begin_timestamp_ms) // 1000, 0), I32_MAX
+    )
     return diffs
 
 

@@ -263,8 +263,10 @@ class MappedFileQueue:
             os.close(fd)
             if not existed:
                 path.unlink(missing_ok=True)
-            raise OSError(exc.errno, f"cannot allocate segment {path} "
-                          f"({self.segment_size} bytes): {exc.strerror}") from exc  # fmt: skip
+            raise OSError(
+                exc.errno,
+                f"cannot allocate segment {path} ({self.segment_size} bytes): {exc.strerror}",
+            ) from exc
         return _Segment(start, path, fd)
 
     def _open(self, start: int, path: Path) -> _Segment:
@@ -429,8 +431,11 @@ class MappedFileQueue:
         """
         if self._flush_error is not None:
             err = self._flush_error
-            raise OSError(err.errno, f"{self.directory}: an earlier fdatasync failed "
-                          f"({err.strerror}); nothing is flushed since")  # fmt: skip
+            raise OSError(
+                err.errno,
+                f"{self.directory}: an earlier fdatasync failed "
+                f"({err.strerror}); nothing is flushed since",
+            )
         target = self.commit()
         with self._lock:
             epoch = self._epoch

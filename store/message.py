@@ -63,8 +63,8 @@ __all__ = [
     "STORE_HOST_POS",
     "STORE_TIMESTAMP_POS",
     "TOPIC_BYTES",
-    "Message",
     "MessageHeader",
+    "StoredMessage",
     "check_name",
     "decode_fields",
     "decode_message",
@@ -155,7 +155,7 @@ Host = tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)
-class Message:
+class StoredMessage:
     """A commit-log message; the offsets and store fields are filled in by the store."""
 
     topic: str
@@ -189,7 +189,7 @@ class Message:
     def tags_code(self) -> int:
         return tags_hash_code(self.tags)
 
-    def with_positions(self, queue_offset: int, physical_offset: int) -> Message:
+    def with_positions(self, queue_offset: int, physical_offset: int) -> StoredMessage:
         return replace(self, queue_offset=queue_offset, physical_offset=physical_offset)
 
 
@@ -323,19 +323,27 @@ def max_encoded_size(max_body_bytes: int) -> int:
     return FIXED_PART_SIZE + max_body_bytes + 1 + MAX_TOPIC_BYTES + 2 + MAX_PROPERTIES_BYTES
 
 
-def encode_message(msg: Message, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> bytes:
+def encode_message(msg: StoredMessage, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> bytes:
     """The message's bytes; raises InvalidMessage for anything `decode_message` would refuse."""
     if msg.sys_flag & IPV6_FLAGS:
         raise InvalidMessage("IPv6 host flags in sysFlag are not supported")
     return encode_fields(
-        msg.topic, msg.body, msg.properties, max_body_bytes=max_body_bytes,
-        queue_id=msg.queue_id, flag=msg.flag, queue_offset=msg.queue_offset,
-        physical_offset=msg.physical_offset, sys_flag=msg.sys_flag,
-        born_timestamp_ms=msg.born_timestamp_ms, born_host=msg.born_host,
-        store_timestamp_ms=msg.store_timestamp_ms, store_host=msg.store_host,
+        msg.topic,
+        msg.body,
+        msg.properties,
+        max_body_bytes=max_body_bytes,
+        queue_id=msg.queue_id,
+        flag=msg.flag,
+        queue_offset=msg.queue_offset,
+        physical_offset=msg.physical_offset,
+        sys_flag=msg.sys_flag,
+        born_timestamp_ms=msg.born_timestamp_ms,
+        born_host=msg.born_host,
+        store_timestamp_ms=msg.store_timestamp_ms,
+        store_host=msg.store_host,
         reconsume_times=msg.reconsume_times,
         prepared_transaction_offset=msg.prepared_transaction_offset,
-    )  # fmt: skip
+    )
 
 
 def encode_fields(
@@ -356,7 +364,7 @@ def encode_fields(
     reconsume_times: int = 0,
     prepared_transaction_offset: int = 0,
 ) -> bytes:
-    """`encode_message` of the message with these fields, without making the Message (the
+    """`encode_message` of the message with these fields, without making the StoredMessage (the
     put path encodes every message it takes once, here)."""
     raw_topic = _topic_bytes(topic)
     if not isinstance(body, bytes | bytearray):
@@ -399,13 +407,13 @@ def encode_fields(
     )
 
 
-def encoded_size(msg: Message) -> int:
+def encoded_size(msg: StoredMessage) -> int:
     """Length of `encode_message(msg)` for a valid message, without encoding the body."""
     props = _properties_bytes(msg.properties)
     return FIXED_PART_SIZE + len(msg.body) + 1 + len(_topic_bytes(msg.topic)) + 2 + len(props)
 
 
-def validate_message(msg: Message, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+def validate_message(msg: StoredMessage, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
     """Raise InvalidMessage(reason) unless `msg` can be stored (the same checks as encoding)."""
     encode_message(msg, max_body_bytes=max_body_bytes)
 
@@ -491,7 +499,7 @@ def _parse_properties(raw: _Buffer, offset: int) -> dict[str, str]:
 def decode_fields(
     buf: _Buffer, offset: int = 0, verify_crc: bool = True
 ) -> tuple[tuple[Any, ...], str, bytes, dict[str, str]]:
-    """`decode_message` without building the Message: the fixed part's fields (in
+    """`decode_message` without building the StoredMessage: the fixed part's fields (in
     `HEADER_DTYPE`'s order, hosts as their raw 4-byte addresses), the topic, the body
     and the properties; for a reader that builds its own value of them."""
     fields, body_end, topic, raw_props = _parse_layout(buf, offset)
@@ -503,10 +511,10 @@ def decode_fields(
     return fields, topic, body, _parse_properties(raw_props, offset)
 
 
-def decode_message(buf: _Buffer, offset: int = 0, verify_crc: bool = True) -> Message:
+def decode_message(buf: _Buffer, offset: int = 0, verify_crc: bool = True) -> StoredMessage:
     """Decode the message at `buf[offset:]`; raises CorruptEntry on any inconsistency."""
     fields, topic, body, properties = decode_fields(buf, offset, verify_crc)
-    return Message(
+    return StoredMessage(
         topic=topic,
         body=body,
         properties=properties,
@@ -542,7 +550,7 @@ def decode_messages(
 def message_id(buf: _Buffer, offset: int = 0) -> str:
     """The id of the stored message at `buf[offset:]` (RocketMQ's: its storeHost, IPv4
     address and port, then its physicalOffset; 32 upper-case hex digits), the id a put
-    answered for it (`log.message_route`)."""
+    answered for it (`log.message_layout`)."""
     host = buf[offset + STORE_HOST_POS : offset + STORE_HOST_POS + 8]
     at = buf[offset + PHYSICAL_OFFSET_POS : offset + PHYSICAL_OFFSET_POS + 8]
     return (bytes(host) + bytes(at)).hex().upper()

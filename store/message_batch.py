@@ -60,11 +60,13 @@ U32s = npt.NDArray[np.uint32]
 _Buffer = bytes | bytearray | memoryview
 
 # 31**k and 31**-k mod 2**32 for k < 2**16 (a property is at most 32767 bytes long).
-POW31_U32: U32s = np.cumprod(np.r_[np.uint32(1), np.full((1 << 16) - 1, 31, np.uint32)],
-                             dtype=np.uint32)  # fmt: skip
+POW31_U32: U32s = np.cumprod(
+    np.r_[np.uint32(1), np.full((1 << 16) - 1, 31, np.uint32)], dtype=np.uint32
+)
 _INV31 = pow(31, -1, 1 << 32)
-_INV31_POW: U32s = np.cumprod(np.r_[np.uint32(1), np.full((1 << 16) - 1, _INV31, np.uint32)],
-                              dtype=np.uint32)  # fmt: skip
+_INV31_POW: U32s = np.cumprod(
+    np.r_[np.uint32(1), np.full((1 << 16) - 1, _INV31, np.uint32)], dtype=np.uint32
+)
 _HASH_WIDTH = 64  # segments up to this long are hashed as the rows of one matrix
 _PROPS_WIDTH = 4096  # properties longer than this (or than 4x the mean) go one by one
 # Pads the message tails laid end to end: gathers of topics and properties read past
@@ -239,8 +241,10 @@ def peek_headers(datas: Sequence[_Buffer], vector_min: int | None = None) -> Hea
     lens = np.fromiter(map(len, datas), np.int64, n)
     short = lens < MIN_MESSAGE_SIZE
     if short.any():
-        heads = [d[:FIXED_PART_SIZE] if len(d) >= MIN_MESSAGE_SIZE else _PAD[:FIXED_PART_SIZE]
-                 for d in datas]  # fmt: skip
+        heads = [
+            d[:FIXED_PART_SIZE] if len(d) >= MIN_MESSAGE_SIZE else _PAD[:FIXED_PART_SIZE]
+            for d in datas
+        ]
     else:
         heads = [d[:FIXED_PART_SIZE] for d in datas]
     fixed = np.frombuffer(b"".join(heads), HEADER_DTYPE)
@@ -248,8 +252,9 @@ def peek_headers(datas: Sequence[_Buffer], vector_min: int | None = None) -> Hea
     # The rest is read from the tails (topic and properties) laid end to end.
     cut = FIXED_PART_SIZE + frames.body_length
     cut[frames.bad] = lens[frames.bad]
-    arr = np.frombuffer(b"".join([*(d[c:] for d, c in zip(datas, cut.tolist(), strict=True)),
-                                  _PAD]), np.uint8)  # fmt: skip
+    arr = np.frombuffer(
+        b"".join([*(d[c:] for d, c in zip(datas, cut.tolist(), strict=True)), _PAD]), np.uint8
+    )
     tail_len = lens - cut
     body_end = np.cumsum(tail_len) - tail_len
     total = frames.total_size
@@ -275,10 +280,15 @@ def peek_headers(datas: Sequence[_Buffer], vector_min: int | None = None) -> Hea
     if props_len.any():
         tags_code, keys = _properties(arr, topic_end + 2, props_len, slow)
     batch = HeaderBatch(
-        total, fixed["queue_id"].astype(np.int64), fixed["queue_offset"].astype(np.int64),
-        fixed["store_timestamp_ms"].astype(np.int64), tags_code,
-        topic_index.reshape(n).astype(np.int64), topics, *keys,
-    )  # fmt: skip
+        total,
+        fixed["queue_id"].astype(np.int64),
+        fixed["queue_offset"].astype(np.int64),
+        fixed["store_timestamp_ms"].astype(np.int64),
+        tags_code,
+        topic_index.reshape(n).astype(np.int64),
+        topics,
+        *keys,
+    )
     if slow.any():
         return _one_by_one(datas, slow, batch)
     return batch

@@ -74,9 +74,22 @@ class Workers:
 
     def spawn(self, member: str, group: str, topic: str, *extra: str) -> Worker:
         out_path = self.directory / f"worker-{member}.jsonl"
-        argv = [sys.executable, "-m", "tests.group_worker", "--servers", self.servers,
-                "--cluster", self.cluster, "--group", group, "--topic", topic,
-                "--member-id", member, *extra]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "tests.group_worker",
+            "--servers",
+            self.servers,
+            "--cluster",
+            self.cluster,
+            "--group",
+            group,
+            "--topic",
+            topic,
+            "--member-id",
+            member,
+            *extra,
+        ]
         err_path = self.directory / f"worker-{member}.err"
         with out_path.open("wb") as out, err_path.open("wb") as err:
             process = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=err)
@@ -133,21 +146,37 @@ def main(argv: list[str]) -> int:
             nth = calls[body]
         limit = fail_rules.get(body)
         ok = limit is None or (0 <= limit < nth)
-        emit({"member": consumer.member_id, "topic": m.topic, "stored_topic": m.stored_topic,
-              "queue_id": m.queue_id, "queue_offset": m.queue_offset, "body": body,
-              "msg_id": m.msg_id, "uniq_key": m.message.uniq_key,
-              "reconsume_times": m.reconsume_times, "ok": ok,
-              "t_ns": time.monotonic_ns()})  # fmt: skip
+        emit(
+            {
+                "member": consumer.member_id,
+                "topic": m.topic,
+                "stored_topic": m.stored_topic,
+                "queue_id": m.queue_id,
+                "queue_offset": m.queue_offset,
+                "body": body,
+                "msg_id": m.msg_id,
+                "uniq_key": m.message.uniq_key,
+                "reconsume_times": m.reconsume_times,
+                "ok": ok,
+                "t_ns": time.monotonic_ns(),
+            }
+        )
         if args.work_ms:
             time.sleep(args.work_ms / 1000)
         return ok
 
     consumer = Consumer(
-        args.servers.split(","), args.group, args.topic, handle, orderly=args.orderly,
-        strategy=args.strategy, max_reconsume=args.max_reconsume,
-        first_retry_level=args.first_retry_level, member_id=args.member_id,
+        args.servers.split(","),
+        args.group,
+        args.topic,
+        handle,
+        orderly=args.orderly,
+        strategy=args.strategy,
+        max_reconsume=args.max_reconsume,
+        first_retry_level=args.first_retry_level,
+        member_id=args.member_id,
         cluster=args.cluster or None,
-    )  # fmt: skip
+    )
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         consumer.stop()

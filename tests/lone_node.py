@@ -16,10 +16,16 @@ from dledger_commitlog.node.node import RaftNode
 
 # A lone voter on fast ticks, small files; a test adds what it needs (`lone_config`).
 SMALL = dict(
-    flush_mode="sync", tick_ms=10, election_ticks=3, heartbeat_ticks=1,
-    data_segment_bytes=8 << 20, index_segment_bytes=32 * 4096, cq_units_per_file=64,
-    index_slots=64, index_entries=256,
-)  # fmt: skip
+    flush_mode="sync",
+    tick_ms=10,
+    election_ticks=3,
+    heartbeat_ticks=1,
+    data_segment_bytes=8 << 20,
+    index_segment_bytes=32 * 4096,
+    cq_units_per_file=64,
+    index_slots=64,
+    index_entries=256,
+)
 
 
 def lone_config(root: Path, **settings: object) -> NodeConfig:

@@ -3,7 +3,7 @@ processes: per-group status, leaders and transfers, and a writer that records
 every acknowledged put.
 
 Owns nothing the product has: `LocalCluster` answers for group 1 only, so these
-ask each node about group g with a `Client(group=g)` pinned to that node (a
+ask each node about group g with a `Client(shard=g)` pinned to that node (a
 Status call is never redirected). Every wait is `tests.conftest.wait_until`: a
 condition with a deadline.
 """
@@ -34,7 +34,7 @@ def group_statuses(
     """Each node's Status of `group` (StatusError: it did not answer)."""
     ids = list(nodes) if nodes is not None else [s.id for s in cluster]
     out: dict[int, NodeStatus | StatusError] = {}
-    with Client(servers(cluster), group=group, max_retries=0) as client:
+    with Client(servers(cluster), shard=group, max_retries=0) as client:
         for i in ids:
             address = cluster.specs[i].client
             try:
@@ -55,9 +55,11 @@ def leader_of(statuses: dict[int, NodeStatus | StatusError]) -> int | None:
 
 
 def group_leader(
-    cluster: LocalCluster, group: int, nodes: Iterable[int] | None = None,
+    cluster: LocalCluster,
+    group: int,
+    nodes: Iterable[int] | None = None,
     timeout_s: float = GROUP_LEADER_S,
-) -> int:  # fmt: skip
+) -> int:
     """Group `group`'s leader once the nodes (default: all) that answer agree on one."""
     ids = list(nodes) if nodes is not None else None
     found = wait_until(
@@ -80,7 +82,7 @@ def transfer(cluster: LocalCluster, group: int, to: int) -> None:
     def moved() -> int | None:
         now = leader_of(group_statuses(cluster, group))
         if now is not None and now != to:
-            with Client(servers(cluster), group=group) as client:
+            with Client(servers(cluster), shard=group) as client:
                 client.transfer_leadership(to)
         return now
 
@@ -98,8 +100,9 @@ class Acked:
 
 
 @contextmanager
-def writer(cluster: LocalCluster, group: int, topic: str, stop: threading.Event,
-           **client_kw: Any) -> Iterator[Acked]:  # fmt: skip
+def writer(
+    cluster: LocalCluster, group: int, topic: str, stop: threading.Event, **client_kw: Any
+) -> Iterator[Acked]:
     """A thread putting to `group` until `stop` (or the block ends), recording each
     acknowledged put; an error (a leader gone, say) is recorded and retried."""
     acked = Acked(group, topic)
@@ -107,7 +110,7 @@ def writer(cluster: LocalCluster, group: int, topic: str, stop: threading.Event,
 
     def run() -> None:
         n = 0
-        with Client(servers(cluster), group=group, **kw) as client:
+        with Client(servers(cluster), shard=group, **kw) as client:
             while not stop.is_set():
                 body = b"g%d-%d" % (group, n)
                 try:

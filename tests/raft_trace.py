@@ -166,15 +166,19 @@ def fmt_message(m: Message) -> str:
     match m:
         case AppendEntries():
             quiet = " quiet" if m.quiet else ""
-            return (f"{head} MsgApp term={m.term} index={m.prev_index} logterm={m.prev_term} "
-                    f"entries=[{fmt_entries(m.entries)}] commit={m.commit}{quiet}")  # fmt: skip
+            return (
+                f"{head} MsgApp term={m.term} index={m.prev_index} logterm={m.prev_term} "
+                f"entries=[{fmt_entries(m.entries)}] commit={m.commit}{quiet}"
+            )
         case AppendResponse():
             hint = f" reject hint_index={m.hint_index} hint_term={m.hint_term}" if m.reject else ""
             return f"{head} MsgAppResp term={m.term} index={m.index}{hint}"
         case Snapshot():
             data = f" data={quote(m.data)}" if m.data else ""
-            return (f"{head} MsgSnap term={m.term} index={m.index} logterm={m.log_term} "
-                    f"commit={m.commit}{data}")  # fmt: skip
+            return (
+                f"{head} MsgSnap term={m.term} index={m.index} logterm={m.log_term} "
+                f"commit={m.commit}{data}"
+            )
         case Heartbeat():
             ctx = f" ctx={quote(m.ctx)}" if m.ctx else ""
             return f"{head} MsgHeartbeat term={m.term} commit={m.commit}{ctx}"
@@ -184,8 +188,9 @@ def fmt_message(m: Message) -> str:
         case RequestVote():
             kind = "MsgPreVote" if m.pre_vote else "MsgVote"
             transfer = " transfer" if m.transfer else ""
-            return (f"{head} {kind} term={m.term} index={m.last_index} "
-                    f"logterm={m.last_term}{transfer}")  # fmt: skip
+            return (
+                f"{head} {kind} term={m.term} index={m.last_index} logterm={m.last_term}{transfer}"
+            )
         case VoteResponse():
             kind = "MsgPreVoteResp" if m.pre_vote else "MsgVoteResp"
             return f"{head} {kind} term={m.term} {'granted' if m.granted else 'rejected'}"
@@ -487,14 +492,17 @@ class TraceEnv:
         core = self.cluster.core(node)
         lead = "none" if core.leader_id is None else core.leader_id
         transfer = "" if core.lead_transferee is None else f" transferee={core.lead_transferee}"
-        self._print(f"{node}: {core.role.value} term={core.term} lead={lead} "
-                    f"commit={core.commit_index} applied={core.applied} "
-                    f"last={core.last_index}{transfer}")  # fmt: skip
+        self._print(
+            f"{node}: {core.role.value} term={core.term} lead={lead} "
+            f"commit={core.commit_index} applied={core.applied} "
+            f"last={core.last_index}{transfer}"
+        )
         for peer, pr in sorted(core.progress.items()):
             active = " active" if pr.recent_active else ""
             snap = f" pending_snapshot={pr.pending_snapshot}" if pr.pending_snapshot else ""
-            self._print(f"{peer}: {pr.state.value} match={pr.match} next={pr.next}"
-                        f"{active}{snap}", 2)  # fmt: skip
+            self._print(
+                f"{peer}: {pr.state.value} match={pr.match} next={pr.next}{active}{snap}", 2
+            )
 
     def _membership(self, node: int) -> None:
         core = self.cluster.core(node)

@@ -205,9 +205,14 @@ def test_consistent_hash_does_not_depend_on_the_hash_seed() -> None:
     for seed in ("1", "2", "3"):
         env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=str(ROOT))
         done = subprocess.run(
-            [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
-            timeout=60, check=True,
-        )  # fmt: skip
+            [sys.executable, "-c", code],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         outputs.add(done.stdout)
     assert len(outputs) == 1
 

@@ -83,12 +83,20 @@ def test_analytics_commands_are_registered(capsys: pytest.CaptureFixture[str]) -
 
 def test_charts_of_every_job(tmp_path: Path) -> None:
     tables = [
-        jobs.Table("rate", ("minute", "topic", "messages", "bytes"),
-                   [("2024-01-01 00:00", "a", 3, 30), ("2024-01-01 00:01", "a", 5, 50)], "lines"),
+        jobs.Table(
+            "rate",
+            ("minute", "topic", "messages", "bytes"),
+            [("2024-01-01 00:00", "a", 3, 30), ("2024-01-01 00:01", "a", 5, 50)],
+            "lines",
+        ),
         jobs.Table("keys", ("topic", "rank", "key", "messages"), [("a", 1, "k", 9)], "bars"),
-        jobs.Table("lag", ("topic", "queue", "committed_end", "group_offset", "lag",
-                           "oldest_unconsumed_s"), [("a", 0, 9, None, 9, 1.5)], "bars"),
-    ]  # fmt: skip
+        jobs.Table(
+            "lag",
+            ("topic", "queue", "committed_end", "group_offset", "lag", "oldest_unconsumed_s"),
+            [("a", 0, 9, None, 9, 1.5)],
+            "bars",
+        ),
+    ]
     for k, table in enumerate(tables):
         png = charts.write_chart(table, tmp_path / f"c{k}.png")
         assert png.read_bytes().startswith(b"\x89PNG") and png.stat().st_size > 5000
@@ -98,7 +106,7 @@ def test_export_of_a_multi_raft_directory_takes_one_group_at_a_time(
     node: SyntheticNode, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A node directory of groups 1 and 2 (docs/scaling.md): `export` without
-    --raft-group is a usage error naming the groups, --raft-group 2 exports group 2's
+    --shard is a usage error naming the groups, --shard 2 exports group 2's
     files (its own queues and offsets) to a directory of its own, a group that is
     not there is refused."""
     two = SyntheticNode(node.root / "groups" / "2", segment_bytes=1 << 15)
@@ -108,10 +116,10 @@ def test_export_of_a_multi_raft_directory_takes_one_group_at_a_time(
     err = capsys.readouterr().err
     assert "the data groups are 1, 2: export one at a time" in err, err
     assert not (tmp_path / "all").exists()
-    assert cli.main([*base, "--to", str(tmp_path / "g2"), "--raft-group", "2", "--json"]) == 0
+    assert cli.main([*base, "--to", str(tmp_path / "g2"), "--shard", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["messages"] == 30
     assert len(exported_rows(tmp_path / "g2")) == 30
-    assert cli.main([*base, "--to", str(tmp_path / "g1"), "--raft-group", "1", "--json"]) == 0
+    assert cli.main([*base, "--to", str(tmp_path / "g1"), "--shard", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["messages"] == 120
-    assert cli.main([*base, "--to", str(tmp_path / "g3"), "--raft-group", "3"]) == 2
-    assert "--raft-group 3: not a data group here" in capsys.readouterr().err
+    assert cli.main([*base, "--to", str(tmp_path / "g3"), "--shard", "3"]) == 2
+    assert "--shard 3: not a data group here" in capsys.readouterr().err

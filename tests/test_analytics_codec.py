@@ -13,12 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analytics.codec import ARROW_SCHEMA, COLUMNS, Expected, decode, decode_heads, walk
-from dledger_commitlog.log.message_route import make_msg_id
+from dledger_commitlog.log.message_layout import make_msg_id
 from store.errors import CorruptEntry
 from store.message import (
     PHYSICAL_OFFSET_POS,
     QUEUE_OFFSET_POS,
-    Message,
+    StoredMessage,
     decode_message,
     encode_message,
     make_properties,
@@ -36,8 +36,8 @@ def message(
     keys: Sequence[str] = (),
     tags: str | None = None,
     extra: dict[str, str] | None = None,
-) -> Message:
-    return Message(
+) -> StoredMessage:
+    return StoredMessage(
         topic=topic,
         body=f"body {k}".encode() * (k % 4) if body is None else body,
         properties=make_properties(tags=tags, keys=keys, uniq_key=f"{k:032X}", extra=extra),
@@ -50,7 +50,7 @@ def message(
     )
 
 
-def expected_row(m: Message) -> dict[str, Any]:
+def expected_row(m: StoredMessage) -> dict[str, Any]:
     """What the source must produce for `m`, from the canonical decoder's view of it."""
     return {
         "topic": m.topic,
@@ -81,7 +81,7 @@ def rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
     return out
 
 
-def concat(msgs: Sequence[Message]) -> bytes:
+def concat(msgs: Sequence[StoredMessage]) -> bytes:
     return b"".join(encode_message(m) for m in msgs)
 
 
@@ -108,7 +108,7 @@ messages = st.builds(
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(messages, min_size=1, max_size=40))
-def test_decoded_rows_equal_the_canonical_codec(msgs: list[Message]) -> None:
+def test_decoded_rows_equal_the_canonical_codec(msgs: list[StoredMessage]) -> None:
     raw = concat(msgs)
     starts = walk(raw)
     assert starts.tolist() == np.cumsum([0, *(len(encode_message(m)) for m in msgs)])[:-1].tolist()
@@ -268,7 +268,7 @@ NO_BODY = [c for c in COLUMNS if c != "body"]
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(messages, min_size=1, max_size=30))
-def test_heads_decode_as_the_whole_messages_do(msgs: list[Message]) -> None:
+def test_heads_decode_as_the_whole_messages_do(msgs: list[StoredMessage]) -> None:
     raw = concat(msgs)
     starts = walk(raw)
     offsets = np.asarray([m.physical_offset for m in msgs], np.int64)

@@ -26,7 +26,7 @@ from dledger_commitlog.log.entry_store import EntryStore
 from raft.types import Entry
 from store.consume_queue import ConsumeQueue
 from store.errors import CorruptEntry
-from store.message import Message, encode_message, make_properties, tags_hash_code
+from store.message import StoredMessage, encode_message, make_properties, tags_hash_code
 from tests.test_analytics_codec import expected_row
 
 HEADER = 48  # entry header before each message: physical offset = entry pos + 48
@@ -70,7 +70,7 @@ class SyntheticNode:
             queue_id = (k // len(topics)) % queues
             offset = self._next.get((topic, queue_id), 0)
             self._next[(topic, queue_id)] = offset + 1
-            msg = Message(
+            msg = StoredMessage(
                 topic=topic,
                 body=f"{topic} message {k}".encode() * (1 + k % 3),
                 properties=make_properties(
@@ -294,8 +294,11 @@ def test_a_live_replicas_files_are_read_only_below_what_it_reported(node: Synthe
     slices = tuple(Slice(t, q, 0, 100) for t, q in sorted(reported))
     span = live.unit_span(slices)
     assert span is not None
-    got = [r for b in live.read_piece(LogPiece(span[0], span[1], slices), COLUMNS)
-           for r in plain(b.to_pylist())]  # fmt: skip
+    got = [
+        r
+        for b in live.read_piece(LogPiece(span[0], span[1], slices), COLUMNS)
+        for r in plain(b.to_pylist())
+    ]
     assert sorted(got, key=key) == sorted(
         (r for r in node.rows if r["queue_offset"] < 100), key=key
     )
@@ -305,11 +308,24 @@ def test_a_live_replicas_files_are_read_only_below_what_it_reported(node: Synthe
         behind.piece_rows(LogPiece(span[0], span[1], slices))
     # Offered files open only on the same host, in the very directory.
     st = os.stat(node.root)
-    here = LocalFiles(str(node.root), this_boot_id() or "", st.st_dev, st.st_ino,
-                      LiveBounds(reported, file_end))  # fmt: skip
+    here = LocalFiles(
+        str(node.root), this_boot_id() or "", st.st_dev, st.st_ino, LiveBounds(reported, file_end)
+    )
     assert here.open(slices) is not None
-    assert LocalFiles(str(node.root), "another-host", st.st_dev, st.st_ino,
-                      LiveBounds(reported, file_end)).open(slices) is None  # fmt: skip
-    assert LocalFiles(str(node.root), this_boot_id() or "", st.st_dev, st.st_ino + 1,
-                      LiveBounds(reported, file_end)).open(slices) is None  # fmt: skip
+    assert (
+        LocalFiles(
+            str(node.root), "another-host", st.st_dev, st.st_ino, LiveBounds(reported, file_end)
+        ).open(slices)
+        is None
+    )
+    assert (
+        LocalFiles(
+            str(node.root),
+            this_boot_id() or "",
+            st.st_dev,
+            st.st_ino + 1,
+            LiveBounds(reported, file_end),
+        ).open(slices)
+        is None
+    )
     assert here.open([Slice("pay", 1, 0, 101)]) is None  # more than the replica reported

@@ -91,8 +91,11 @@ def test_read_log_is_the_committed_log_byte_for_byte_in_any_chunks(cluster: Loca
         bodies = {pos + HEADER_SIZE: body for pos, _, body in entries(raw, first)}
         for r in acked:
             msg = decode_message(bodies[r.commitlog_offset])
-            assert (msg.topic, msg.queue_id, msg.queue_offset) == (topic, r.queue_id,
-                                                                   r.queue_offset)  # fmt: skip
+            assert (msg.topic, msg.queue_id, msg.queue_offset) == (
+                topic,
+                r.queue_id,
+                r.queue_offset,
+            )
         # Again (checked before: no second CRC pass), in bigger chunks: the same bytes.
         assert read_log(stubs[1], first, chunk=1 << 20)[: len(raw)] == raw
         # A range that starts and ends at entries: exactly those bytes.
@@ -104,8 +107,9 @@ def test_read_log_is_the_committed_log_byte_for_byte_in_any_chunks(cluster: Loca
 def read_heads(stub: Any, offsets: list[int]) -> tuple[bytes, bytes, list[int]]:
     """ReadLog's heads of the messages at `offsets`: (fixed parts, tails, tail offsets)."""
     packed = struct.pack(f"<{len(offsets)}q", *offsets)
-    request = pb.ReadLogRequest(from_pos=offsets[0] - HEADER_SIZE, end_pos=offsets[-1] + 1,
-                                message_offsets=packed)  # fmt: skip
+    request = pb.ReadLogRequest(
+        from_pos=offsets[0] - HEADER_SIZE, end_pos=offsets[-1] + 1, message_offsets=packed
+    )
     heads, tails, ends = b"", b"", [0]
     for c in stub.ReadLog(request, timeout=30):
         assert not c.data and c.pos == offsets[len(heads) // 88]
@@ -146,8 +150,17 @@ def test_read_log_heads_are_the_messages_without_their_bodies(cluster: LocalClus
                 read_heads(stub, bad)
             assert err.value.code() == code, (bad, err.value.details())
     # The reader: without the body column, the same rows as with it, from the heads.
-    columns = ["topic", "queue_id", "queue_offset", "msg_id", "keys", "tags", "properties",
-               "store_timestamp", "body_size"]  # fmt: skip
+    columns = [
+        "topic",
+        "queue_id",
+        "queue_offset",
+        "msg_id",
+        "keys",
+        "tags",
+        "properties",
+        "store_timestamp",
+        "body_size",
+    ]
     store = ServerStore([s.client for s in cluster], local_reads=False)
     asked_heads: list[int] = []
     heads_of = store._heads
@@ -158,8 +171,9 @@ def test_read_log_heads_are_the_messages_without_their_bodies(cluster: LocalClus
 
     store._heads = counted  # type: ignore[method-assign]
     try:
-        queues = tuple(Slice(q.topic, q.queue_id, q.min_offset, q.max_offset)
-                       for q in store.queues(topic))  # fmt: skip
+        queues = tuple(
+            Slice(q.topic, q.queue_id, q.min_offset, q.max_offset) for q in store.queues(topic)
+        )
         piece = LogPiece(first, offsets[-1] + 4096, queues)
         got = [r for b in store.read_piece(piece, columns) for r in b.to_pylist()]
         assert asked_heads == [300]
@@ -319,9 +333,16 @@ def test_a_damaged_entry_is_never_served_raw(make_cluster: Callable[..., LocalCl
         assert err.value.code() == grpc.StatusCode.DATA_LOSS
         # Pull, which reads the message with its entry, refuses it as well.
         with pytest.raises(grpc.RpcError) as err:
-            stub.Pull(pb.PullRequest(topic=topic, queue_id=hit.queue_id,
-                                     queue_offset=hit.queue_offset, max_messages=1, raw=True),
-                      timeout=10)  # fmt: skip
+            stub.Pull(
+                pb.PullRequest(
+                    topic=topic,
+                    queue_id=hit.queue_id,
+                    queue_offset=hit.queue_offset,
+                    max_messages=1,
+                    raw=True,
+                ),
+                timeout=10,
+            )
         assert err.value.code() == grpc.StatusCode.DATA_LOSS
 
 
@@ -406,9 +427,17 @@ def test_a_16k_message_pull_does_not_block_the_nodes_loop(
             took = []
             for offset in (0, PULL):
                 t = time.perf_counter()
-                r = stub.Pull(pb.PullRequest(topic=topic, queue_id=0, queue_offset=offset,
-                                             max_messages=PULL, raw=True, max_bytes=64 << 20),
-                              timeout=30)  # fmt: skip
+                r = stub.Pull(
+                    pb.PullRequest(
+                        topic=topic,
+                        queue_id=0,
+                        queue_offset=offset,
+                        max_messages=PULL,
+                        raw=True,
+                        max_bytes=64 << 20,
+                    ),
+                    timeout=30,
+                )
                 took.append(time.perf_counter() - t)
                 assert r.next_offset == offset + PULL
                 assert len(r.raw_messages) > PULL * 300
@@ -428,9 +457,12 @@ def test_the_analytics_rpcs_check_rights(make_cluster: Callable[..., LocalCluste
     leader = cluster.wait_for_leader()
     with cluster.client() as admin:
         admin.put_batch(specs("orders", 20) + specs("audit", 5))
-        wait_until(lambda: admin.queue_offsets("orders", linearizable=True), 20,
-                   "the puts to be dispatched",
-                   ok=lambda qs: sum(q.max_offset for q in qs) == 20)  # fmt: skip
+        wait_until(
+            lambda: admin.queue_offsets("orders", linearizable=True),
+            20,
+            "the puts to be dispatched",
+            ok=lambda qs: sum(q.max_offset for q in qs) == 20,
+        )
     orders = pb.QueueRange(topic="orders", queue_id=0)
     audit = pb.QueueRange(topic="audit", queue_id=0)
     when = pb.TimeQuery(topic="audit", queue_id=0, timestamp_ms=0)
@@ -439,11 +471,19 @@ def test_the_analytics_rpcs_check_rights(make_cluster: Callable[..., LocalCluste
         stub = stubs[leader]
         calls = [
             ("ReadLog", lambda **kw: list(stub.ReadLog(pb.ReadLogRequest(), **kw)), None),
-            ("ReadUnits", lambda **kw: list(stub.ReadUnits(
-                pb.ReadUnitsRequest(queues=[orders, audit]), **kw)), None),
-            ("OffsetsForTimes", lambda **kw: stub.OffsetsForTimes(
-                pb.OffsetsForTimesRequest(queries=[when]), **kw), None),
-        ]  # fmt: skip
+            (
+                "ReadUnits",
+                lambda **kw: list(
+                    stub.ReadUnits(pb.ReadUnitsRequest(queues=[orders, audit]), **kw)
+                ),
+                None,
+            ),
+            (
+                "OffsetsForTimes",
+                lambda **kw: stub.OffsetsForTimes(pb.OffsetsForTimesRequest(queries=[when]), **kw),
+                None,
+            ),
+        ]
         for method, call, _ in calls:
             with pytest.raises(grpc.RpcError) as err:  # no credentials
                 call(timeout=5)
@@ -472,16 +512,17 @@ def test_the_analytics_rpcs_check_rights(make_cluster: Callable[..., LocalCluste
     creds = cluster.directory / "orders-reader.credentials"
     creds.write_text(f'access_key = "orders-reader"\nsecret_key = "{READER_SECRET}"\n')
     access = Access.load(None, str(creds))
-    store = ServerStore([s.client for s in cluster], access=access, timeout_s=10,
-                        local_reads=True)  # fmt: skip
+    store = ServerStore([s.client for s in cluster], access=access, timeout_s=10, local_reads=True)
     try:
         queues = store.queues()
         assert {q.topic for q in queues} == {"orders"}
         slices = tuple(Slice(q.topic, q.queue_id, q.min_offset, q.max_offset) for q in queues)
         span = store.unit_span(slices)
         assert span is not None
-        rows = sum(b.num_rows for b in store.read_piece(LogPiece(span[0], span[1], slices),
-                                                        ["topic", "body"]))  # fmt: skip
+        rows = sum(
+            b.num_rows
+            for b in store.read_piece(LogPiece(span[0], span[1], slices), ["topic", "body"])
+        )
         assert rows == 20 and store.last_path == "pull"
     finally:
         store.close()
@@ -494,11 +535,14 @@ def test_analytics_reads_over_tls_and_acl(make_cluster: Callable[..., LocalClust
     with cluster.client() as client:
         client.put_batch(specs(topic, 50))
     access = Access.load(str(cluster.tls_ca), str(cluster.credentials_path))
-    store = ServerStore([s.client for s in cluster], access=access, timeout_s=10,
-                        local_reads=False)  # fmt: skip
+    store = ServerStore([s.client for s in cluster], access=access, timeout_s=10, local_reads=False)
     try:
-        queues = wait_until(lambda: store.queues(topic), 20, "the messages to be dispatched",
-                            ok=lambda qs: sum(q.max_offset for q in qs) == 50)  # fmt: skip
+        queues = wait_until(
+            lambda: store.queues(topic),
+            20,
+            "the messages to be dispatched",
+            ok=lambda qs: sum(q.max_offset for q in qs) == 50,
+        )
         slices = tuple(Slice(q.topic, q.queue_id, q.min_offset, q.max_offset) for q in queues)
         span = store.unit_span(slices)
         assert span is not None
@@ -516,9 +560,11 @@ def test_pull_keeps_its_limits(cluster: LocalCluster) -> None:
     topic = fresh_topic("lim")
     with cluster.client() as client:
         acked = client.put_batch(
-            [MessageSpec(topic, bytes(100 + k), queue_id=0, tags="even" if k % 2 == 0 else "odd")
-             for k in range(40)]
-        )  # fmt: skip
+            [
+                MessageSpec(topic, bytes(100 + k), queue_id=0, tags="even" if k % 2 == 0 else "odd")
+                for k in range(40)
+            ]
+        )
     dispatched_everywhere(cluster, topic, 40)
     sizes = {r.queue_offset: r for r in acked}
     assert len(sizes) == 40

@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import Client, NodeStatus, WrongCluster
-from dledger_commitlog.log.message_route import make_msg_id
+from dledger_commitlog.log.message_layout import make_msg_id
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 from tests.conftest import (

@@ -72,8 +72,14 @@ def test_scenario_keeps_every_promise(name: str, tmp_path: Path) -> None:
         assert not report.exits, f"a node stopped on its own\n{text}"  # none may crash
     if name == "corrupt-tail":  # the damaged node may or may not have been the leader
         assert any(" flip-byte: " in f for f in report.faults), text
-    elif name not in ("partition-majority", "one-way", "slow-follower", "flapping",
-                      "replace-wiped", "partition-joiner"):  # fmt: skip
+    elif name not in (
+        "partition-majority",
+        "one-way",
+        "slow-follower",
+        "flapping",
+        "replace-wiped",
+        "partition-joiner",
+    ):
         assert report.timing["failovers"] >= 1, f"{name}: no leader fault was injected\n{text}"
         assert report.timing["failovers_unfinished"] == 0, text
     if name in MEMBER_SCENARIOS:
@@ -106,13 +112,33 @@ def _check_membership_faults(name: str, faults: list[str], removed_checked: int,
 def test_dledger_chaos_command_reports_and_writes_json(tmp_path: Path) -> None:
     seed = seed_for("leader-kill")
     out = tmp_path / "report.json"
-    cmd = [sys.executable, "-m", "dledger_commitlog", "chaos", "--scenario", "leader-kill",
-           "--duration", str(DURATION_S), "--seed", str(seed), "--out", str(out),
-           "--dir", str(tmp_path / "run")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "dledger_commitlog",
+        "chaos",
+        "--scenario",
+        "leader-kill",
+        "--duration",
+        str(DURATION_S),
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+        "--dir",
+        str(tmp_path / "run"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False)
     assert proc.returncode == 0, f"seed {seed}:\n{proc.stdout}\n{proc.stderr}"
-    for row in ("operations", "acknowledged", "lost", "duplicates", "unavailability",
-                "failover", "verdict"):  # fmt: skip
+    for row in (
+        "operations",
+        "acknowledged",
+        "lost",
+        "duplicates",
+        "unavailability",
+        "failover",
+        "verdict",
+    ):
         assert row in proc.stdout, proc.stdout
     doc = json.loads(out.read_text())
     assert doc["valid"] is True and doc["lost"] == 0 and doc["acknowledged"] > 0
@@ -130,12 +156,14 @@ def test_every_kind_of_fault_runs_and_every_scenario_within_a_week() -> None:
 
 def test_dledger_chaos_rejects_bad_input() -> None:
     base = [sys.executable, "-m", "dledger_commitlog", "chaos"]
-    bad = subprocess.run([*base, "--scenario", "no-such"], capture_output=True, text=True,
-                         check=False)  # fmt: skip
+    bad = subprocess.run(
+        [*base, "--scenario", "no-such"], capture_output=True, text=True, check=False
+    )
     assert bad.returncode == 2 and "unknown scenario 'no-such'" in bad.stderr
     assert "leader-kill" in bad.stderr  # the message names the valid choices
-    listed = subprocess.run([*base, "--scenario", "list", "--json"], capture_output=True,
-                            text=True, check=False)  # fmt: skip
+    listed = subprocess.run(
+        [*base, "--scenario", "list", "--json"], capture_output=True, text=True, check=False
+    )
     assert listed.returncode == 0 and set(json.loads(listed.stdout)) == set(SCENARIOS)
 
 

@@ -12,7 +12,7 @@ import zlib
 from chaos.checker import LeaderSeen, Replica, check, timings
 from chaos.history import FAIL, OK, UNKNOWN, History
 from chaos.workload import body_for
-from store.message import Message, encode_message, make_properties
+from store.message import StoredMessage, encode_message, make_properties
 
 SIZE = 64
 
@@ -21,8 +21,9 @@ def stored(entries: list[tuple[int, str]]) -> bytes:
     """Encoded messages (offset, uniq key), concatenated as ReadRange serves them."""
     out = b""
     for offset, key in entries:
-        m = Message("chaos", body_for(key, SIZE), make_properties(uniq_key=key),
-                    physical_offset=offset)  # fmt: skip
+        m = StoredMessage(
+            "chaos", body_for(key, SIZE), make_properties(uniq_key=key), physical_offset=offset
+        )
         out += encode_message(m)
     return out
 

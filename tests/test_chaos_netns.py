@@ -267,8 +267,12 @@ def test_a_network_never_closed_goes_at_exit() -> None:
         pytest.skip(reason)
     done = subprocess.run(
         [sys.executable, "-c", _LEFTOVER, "exit"],
-        cwd=ROOT, capture_output=True, text=True, timeout=30, check=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     run_id = done.stdout.strip()
     assert run_id, done.stderr
     assert ours(run_id) == []
@@ -568,8 +572,11 @@ def test_chaos_runner_over_namespaces_keeps_every_promise(tmp_path: Path, seed: 
     reason = available()
     if reason is not None:
         pytest.skip(reason)
-    report = run(ChaosConfig("leader-isolate", duration_s=6.0, seed=seed, directory=tmp_path,
-                             network="netns"))  # fmt: skip
+    report = run(
+        ChaosConfig(
+            "leader-isolate", duration_s=6.0, seed=seed, directory=tmp_path, network="netns"
+        )
+    )
     text = "\n".join(f"{k:20} {v}" for k, v in report.lines())
     assert report.valid, f"NETNS_SEED={seed}\n{text}"
     assert report.config["network"] == "netns" and report.timing["failovers"] >= 1, text

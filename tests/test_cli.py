@@ -107,7 +107,7 @@ class FakeClient:
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
     client = FakeClient()
     for module in (messages, admin):  # the modules whose commands open clients
-        monkeypatch.setattr(module, "make_client", lambda args, group=None: client)
+        monkeypatch.setattr(module, "make_client", lambda args, shard=None: client)
     return client
 
 
@@ -286,9 +286,11 @@ def test_serve_builds_the_config(
 
 
 def test_serve_reads_a_retired_setting_with_a_warning_that_names_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     """The gRPC stack of either port is no longer a setting: a config file or a flag
     that still names one starts the node, with one warning each that says so."""
     from dledger_commitlog.process import server
@@ -311,17 +313,29 @@ def test_serve_reads_a_retired_setting_with_a_warning_that_names_it(
 
 def test_serve_offers_every_node_setting() -> None:
     parser = cli.build_parser()
-    args = parser.parse_args(["serve", "--refuse-ratio", "0.9", "--preferred-leader", "2",
-                              "--tls-ca", "ca.pem", "--insecure"])  # fmt: skip
+    args = parser.parse_args(
+        [
+            "serve",
+            "--refuse-ratio",
+            "0.9",
+            "--preferred-leader",
+            "2",
+            "--tls-ca",
+            "ca.pem",
+            "--insecure",
+        ]
+    )
     for f in dataclasses.fields(NodeConfig):
-        if f.name not in ("peers", "cluster", "tls_ca", "routes"):  # options of their own
+        # options of their own; `shard` is a per-shard config's, set by the process
+        if f.name not in ("peers", "cluster", "tls_ca", "routes", "shard"):
             assert hasattr(args, f"cfg_{f.name}"), f.name
     assert args.cfg_refuse_ratio == 0.9 and args.cfg_preferred_leader == 2
     assert args.tls_ca == "ca.pem"
     assert args.cfg_insecure is True
     peers = [f"--peer={i}=127.0.0.1:710{i}/127.0.0.1:700{i}" for i in (1, 2, 3)]
-    args = parser.parse_args(["serve", *peers, "--node-id", "1", "--data-dir", "d",
-                              "--route", "4=127.0.0.1:7404"])  # fmt: skip
+    args = parser.parse_args(
+        ["serve", *peers, "--node-id", "1", "--data-dir", "d", "--route", "4=127.0.0.1:7404"]
+    )
     assert cli.serve_config(args).routes == (Route(4, "127.0.0.1:7404"),)
     args = parser.parse_args(["serve", "--route", "four=127.0.0.1:1"])
     with pytest.raises(ConfigError, match=r"route 'four=127\.0\.0\.1:1' is not ID=RAFT_HOST:PORT"):

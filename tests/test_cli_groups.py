@@ -47,8 +47,11 @@ def dledger(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[st
     """One `dledger` command against `cluster`, to its end."""
     return subprocess.run(
         [sys.executable, "-m", "dledger_commitlog", *args, "--servers", servers(cluster)],
-        capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+        check=False,
+    )
 
 
 def ok_json(cluster: LocalCluster, *args: str) -> Any:
@@ -70,10 +73,20 @@ class ConsumeProc:
         self.out_path, self.err_path = tmp / f"{name}.out", tmp / f"{name}.err"
         with self.out_path.open("w") as out, self.err_path.open("w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dledger_commitlog", "consume", *args, "--json",
-                 "--servers", servers(cluster)],
-                stdout=out, stderr=err, text=True,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "dledger_commitlog",
+                    "consume",
+                    *args,
+                    "--json",
+                    "--servers",
+                    servers(cluster),
+                ],
+                stdout=out,
+                stderr=err,
+                text=True,
+            )
 
     def printed(self) -> list[dict[str, Any]]:
         """The messages printed so far (complete lines only)."""
@@ -89,8 +102,9 @@ class ConsumeProc:
         try:
             code = self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"still running 30 s after SIGINT; stderr: "
-                                 f"{self.err_path.read_text()}") from None  # fmt: skip
+            raise AssertionError(
+                f"still running 30 s after SIGINT; stderr: {self.err_path.read_text()}"
+            ) from None
         assert self.err_path.read_text() == "dledger: interrupted\n", self.err_path.read_text()
         return code
 
@@ -149,16 +163,23 @@ def test_two_consumers_in_a_group_share_the_queues(
     args = ("--group", group, "--topic", topic)
     a, b = procs(cluster, "a", *args), procs(cluster, "b", *args)
     with cluster.client() as client:
-        wait_until(lambda: describe(client, group), START_S,
-                   "both consumers to join and split the queues",
-                   lambda d: settled(d, topic, 2))  # fmt: skip
+        wait_until(
+            lambda: describe(client, group),
+            START_S,
+            "both consumers to join and split the queues",
+            lambda d: settled(d, topic, 2),
+        )
         # a member must share the group's settings: this one is refused, clearly
         refused = dledger(cluster, "consume", *args, "--orderly", "--idle-exit", "1")
         assert refused.returncode == 1 and "FAILED_PRECONDITION" in refused.stderr, refused
         assert "same strategy and mode" in refused.stderr, refused.stderr
         sent = put_spread(client, topic, 40, "s")
-        wait_until(lambda: sorted(a.bodies() + b.bodies()), COMMAND_TIMEOUT_S,
-                   "the two to print every message", lambda got: got == sorted(sent))  # fmt: skip
+        wait_until(
+            lambda: sorted(a.bodies() + b.bodies()),
+            COMMAND_TIMEOUT_S,
+            "the two to print every message",
+            lambda got: got == sorted(sent),
+        )
         got_a, got_b = a.printed(), b.printed()
         assert got_a and got_b, "each prints some"
         assert not {m["body"] for m in got_a} & {m["body"] for m in got_b}, "each to one of them"
@@ -169,11 +190,19 @@ def test_two_consumers_in_a_group_share_the_queues(
 
         assert a.interrupt() == 130
         # it left the group as it stopped: its queues move without the session timeout
-        wait_until(lambda: describe(client, group), SESSION_S - 1.0,
-                   "a's queues to move to b at once", lambda d: settled(d, topic, 1))  # fmt: skip
+        wait_until(
+            lambda: describe(client, group),
+            SESSION_S - 1.0,
+            "a's queues to move to b at once",
+            lambda d: settled(d, topic, 1),
+        )
         more = put_spread(client, topic, 4, "m")
-        wait_until(b.bodies, COMMAND_TIMEOUT_S, "b to print the newer messages",
-                   lambda got: set(more) <= set(got))  # fmt: skip
+        wait_until(
+            b.bodies,
+            COMMAND_TIMEOUT_S,
+            "b to print the newer messages",
+            lambda got: set(more) <= set(got),
+        )
     assert b.interrupt() == 130
     assert sorted(a.bodies() + b.bodies()) == sorted(sent + more)
 
@@ -183,13 +212,34 @@ def test_consume_filters_with_sql_on_the_server(cluster: LocalCluster) -> None:
     with cluster.client() as client:
         for i in range(10):
             client.put(topic, f"n{i}", properties={"n": str(i), "region": "eu" if i % 2 else "us"})
-    done = dledger(cluster, "consume", "--group", unique("sqlg"), "--topic", topic, "--sql",
-                   "n >= 5 AND region = 'eu'", "--idle-exit", "5", "--json")  # fmt: skip
+    done = dledger(
+        cluster,
+        "consume",
+        "--group",
+        unique("sqlg"),
+        "--topic",
+        topic,
+        "--sql",
+        "n >= 5 AND region = 'eu'",
+        "--idle-exit",
+        "5",
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     assert sorted(m["body"] for m in json_lines(done.stdout)) == ["n5", "n7", "n9"]
     # without --json: a line per message, and the count on stderr
-    done = dledger(cluster, "consume", "--group", unique("tail"), "--topic", topic, "--max",
-                   "4", "--idle-exit", "5")  # fmt: skip
+    done = dledger(
+        cluster,
+        "consume",
+        "--group",
+        unique("tail"),
+        "--topic",
+        topic,
+        "--max",
+        "4",
+        "--idle-exit",
+        "5",
+    )
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.splitlines()) == 4 and done.stderr == "consumed 4 messages\n"
     assert all(line.startswith(f"{topic}/") for line in done.stdout.splitlines())
@@ -215,16 +265,18 @@ def test_group_list_and_describe_show_the_lag(
     group, topic = unique("lag"), unique("lagt")
     with cluster.client() as client:
         put_spread(client, topic, 6, "l")
-        done = dledger(cluster, "consume", "--group", group, "--topic", topic, "--idle-exit",
-                       "3", "--json")  # fmt: skip
+        done = dledger(
+            cluster, "consume", "--group", group, "--topic", topic, "--idle-exit", "3", "--json"
+        )
         assert done.returncode == 0 and len(json_lines(done.stdout)) == 6, done.stderr
         newer = put_spread(client, topic, 4, "n")  # one more in each queue: lag 4
 
     def listed() -> dict[str, Any]:
         return {g["group"]: g for g in ok_json(cluster, "group", "list")["groups"]}
 
-    row = wait_until(listed, 10.0, f"{group} listed with lag 4",
-                     lambda gs: gs.get(group, {}).get("lag") == 4)[group]  # fmt: skip
+    row = wait_until(
+        listed, 10.0, f"{group} listed with lag 4", lambda gs: gs.get(group, {}).get("lag") == 4
+    )[group]
     assert row["members"] == 0 and row["dead_letters"] == 0
     # the strategy is its live members' (the leader forgets a group without any soon)
     assert row["strategy"] in ("", "average")
@@ -240,15 +292,27 @@ def test_group_list_and_describe_show_the_lag(
     # with a live member: its id and its queues; it takes what the group has not
     live = procs(cluster, "live", "--group", group, "--topic", topic)
     with cluster.client() as client:
-        d = wait_until(lambda: describe(client, group), START_S, "the member to hold the queues",
-                       lambda d: settled(d, topic, 1))  # fmt: skip
+        d = wait_until(
+            lambda: describe(client, group),
+            START_S,
+            "the member to hold the queues",
+            lambda d: settled(d, topic, 1),
+        )
     text = dledger(cluster, "group", "describe", group).stdout
     member = d.members[0].member_id
     assert "members        1" in text and f"{topic}/0" in text and member in text, text
-    wait_until(live.bodies, COMMAND_TIMEOUT_S, "the member to print the newer messages",
-               lambda got: sorted(got) == sorted(newer))  # fmt: skip
-    wait_until(lambda: ok_json(cluster, "group", "describe", group), 10.0, "no lag left",
-               lambda doc: doc["summary"]["lag"] == 0)  # fmt: skip
+    wait_until(
+        live.bodies,
+        COMMAND_TIMEOUT_S,
+        "the member to print the newer messages",
+        lambda got: sorted(got) == sorted(newer),
+    )
+    wait_until(
+        lambda: ok_json(cluster, "group", "describe", group),
+        10.0,
+        "no lag left",
+        lambda doc: doc["summary"]["lag"] == 0,
+    )
     assert live.interrupt() == 130
 
     done = dledger(cluster, "group", "describe", unique("nosuch"))
@@ -267,8 +331,9 @@ def test_reset_offsets_makes_the_group_read_again(
         sent = put_spread(client, topic, 5, "r")
 
     def consume_all() -> list[str]:
-        done = dledger(cluster, "consume", "--group", group, "--topic", topic, "--idle-exit",
-                       "3", "--json")  # fmt: skip
+        done = dledger(
+            cluster, "consume", "--group", group, "--topic", topic, "--idle-exit", "3", "--json"
+        )
         assert done.returncode == 0, done.stderr
         return sorted(m["body"] for m in json_lines(done.stdout))
 
@@ -277,27 +342,54 @@ def test_reset_offsets_makes_the_group_read_again(
 
     live = procs(cluster, "live", "--group", group, "--topic", topic)
     with cluster.client() as client:
-        wait_until(lambda: describe(client, group), START_S, "the live member to hold the queues",
-                   lambda d: settled(d, topic, 1))  # fmt: skip
+        wait_until(
+            lambda: describe(client, group),
+            START_S,
+            "the live member to hold the queues",
+            lambda d: settled(d, topic, 1),
+        )
     refused = dledger(cluster, "group", "reset-offsets", group, "--topic", topic, "--to-earliest")
     assert refused.returncode == 1, refused
     assert "live member" in refused.stderr and "--force" in refused.stderr, refused.stderr
-    forced = ok_json(cluster, "group", "reset-offsets", group, "--topic", topic,
-                     "--to-earliest", "--force")  # fmt: skip
+    forced = ok_json(
+        cluster, "group", "reset-offsets", group, "--topic", topic, "--to-earliest", "--force"
+    )
     assert {o["queue_id"]: o["offset"] for o in forced["offsets"]} == {0: 0, 1: 0, 2: 0, 3: 0}
-    wait_until(live.bodies, COMMAND_TIMEOUT_S, "the live member to read them again",
-               lambda got: sorted(got) == sorted(sent))  # fmt: skip
+    wait_until(
+        live.bodies,
+        COMMAND_TIMEOUT_S,
+        "the live member to read them again",
+        lambda got: sorted(got) == sorted(sent),
+    )
     assert live.interrupt() == 130
 
     # no live members: no --force needed
-    one = ok_json(cluster, "group", "reset-offsets", group, "--topic", topic, "--to-offset", "1",
-                  "--queue", "0")  # fmt: skip
+    one = ok_json(
+        cluster,
+        "group",
+        "reset-offsets",
+        group,
+        "--topic",
+        topic,
+        "--to-offset",
+        "1",
+        "--queue",
+        "0",
+    )
     assert one["offsets"] == [{"queue_id": 0, "offset": 1}] and one["to"] == "offset"
     latest = ok_json(cluster, "group", "reset-offsets", group, "--topic", topic, "--to-latest")
     assert {o["queue_id"]: o["offset"] for o in latest["offsets"]} == {0: 2, 1: 1, 2: 1, 3: 1}
     assert consume_all() == []
-    earliest = dledger(cluster, "group", "reset-offsets", group, "--topic", topic, "--to-time",
-                       "2000-01-01T00:00:00Z")  # fmt: skip
+    earliest = dledger(
+        cluster,
+        "group",
+        "reset-offsets",
+        group,
+        "--topic",
+        topic,
+        "--to-time",
+        "2000-01-01T00:00:00Z",
+    )
     assert earliest.returncode == 0, earliest.stderr
     assert earliest.stdout.splitlines()[0].split() == ["topic", "queue", "offset"]
     assert consume_all() == sorted(sent)
@@ -322,8 +414,12 @@ def test_dlq_lists_and_resends_dead_letters(make_cluster: Callable[..., LocalClu
         sent = put_spread(client, topic, 3, "d")
         consumer = Consumer(servers(cluster), group, [topic], refuse, max_reconsume=1).start()
         try:
-            wait_until(lambda: {g.group: g.dead_letters for g in client.group_list()}, 30.0,
-                       "three dead letters", lambda d: d.get(group) == 3)  # fmt: skip
+            wait_until(
+                lambda: {g.group: g.dead_letters for g in client.group_list()},
+                30.0,
+                "three dead letters",
+                lambda d: d.get(group) == 3,
+            )
         finally:
             consumer.stop()
             consumer.join(30.0)
@@ -347,8 +443,9 @@ def test_dlq_lists_and_resends_dead_letters(make_cluster: Callable[..., LocalClu
     bad = dledger(cluster, "group", "dlq", group, "--resend", "7")
     assert bad.returncode == 1 and "no dead letter at offset 7" in bad.stderr, bad.stderr
 
-    done = dledger(cluster, "consume", "--group", group, "--topic", topic, "--idle-exit", "3",
-                   "--json")  # fmt: skip
+    done = dledger(
+        cluster, "consume", "--group", group, "--topic", topic, "--idle-exit", "3", "--json"
+    )
     assert done.returncode == 0, done.stderr
     again = json_lines(done.stdout)
     assert sorted(m["body"] for m in again) == sorted(sent)

@@ -64,16 +64,22 @@ def test_a_grpcio_client_talks_to_the_h2_port_and_back(make_cluster: Any, secure
         access = client.access
         with _channel(cluster, client, cluster.specs[leader].client) as channel:
             stub = pb_grpc.DLedgerClientStub(channel)
-            chunks = list(stub.ReadLog(pb.ReadLogRequest(from_pos=0), timeout=CALL_TIMEOUT_S,
-                                       metadata=access.metadata("ReadLog")))  # fmt: skip
+            chunks = list(
+                stub.ReadLog(
+                    pb.ReadLogRequest(from_pos=0),
+                    timeout=CALL_TIMEOUT_S,
+                    metadata=access.metadata("ReadLog"),
+                )
+            )
             log = b"".join(c.data for c in chunks)
             assert chunks[0].pos == 0 and len(log) == chunks[-1].committed_pos
             assert log.count(b"batched") == 3
             # a request that does not parse: INVALID_ARGUMENT naming the field, as on grpc.aio
             raw = channel.unary_unary("/dledger.v1.DLedgerClient/Put")
             bad = not_utf8(pb.PutRequest(message=pb.MessageData(topic="TopicZZ")), "TopicZZ")
-            code, details, _ = _status(lambda: raw(bad, timeout=CALL_TIMEOUT_S,
-                                                   metadata=access.metadata("Put")))  # fmt: skip
+            code, details, _ = _status(
+                lambda: raw(bad, timeout=CALL_TIMEOUT_S, metadata=access.metadata("Put"))
+            )
             assert code == grpc.StatusCode.INVALID_ARGUMENT
             assert "field message.topic is not valid UTF-8" in details
             # health checking, exactly as on grpc.aio
@@ -86,9 +92,13 @@ def test_a_grpcio_client_talks_to_the_h2_port_and_back(make_cluster: Any, secure
         # a refused call: the follower names the leader, in the details and the trailers
         with _channel(cluster, client, cluster.specs[follower].client) as channel:
             stub = pb_grpc.DLedgerClientStub(channel)
-            code, details, trailers = _status(lambda: stub.TransferLeadership(
-                pb.TransferLeadershipRequest(target_node_id=follower), timeout=CALL_TIMEOUT_S,
-                metadata=access.metadata("TransferLeadership")))  # fmt: skip
+            code, details, trailers = _status(
+                lambda: stub.TransferLeadership(
+                    pb.TransferLeadershipRequest(target_node_id=follower),
+                    timeout=CALL_TIMEOUT_S,
+                    metadata=access.metadata("TransferLeadership"),
+                )
+            )
             assert code == grpc.StatusCode.FAILED_PRECONDITION
             assert details == f"not the leader; the leader is at {cluster.specs[leader].client}"
             assert trailers["dledger-leader"] == cluster.specs[leader].client
@@ -119,8 +129,12 @@ def test_client_port_limits_and_graceful_shutdown(make_cluster: Any) -> None:
             seen = [answer.status for answer in _until_closed(watch)]
             assert NOT_SERVING in seen
     cluster.start(other)
-    wait_until(lambda: cluster.statuses()[other], 30.0, "the restarted node answers",
-               lambda s: isinstance(s, NodeStatus))  # fmt: skip
+    wait_until(
+        lambda: cluster.statuses()[other],
+        30.0,
+        "the restarted node answers",
+        lambda s: isinstance(s, NodeStatus),
+    )
 
 
 def _until_closed(stream: Any) -> list[Any]:

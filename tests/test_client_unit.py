@@ -33,7 +33,13 @@ from dledger_commitlog.client import (
     Unavailable,
     WrongCluster,
 )
-from dledger_commitlog.client.retry import Router
+from dledger_commitlog.client.retry import (
+    Failure,
+    ReplicaReads,
+    ReplicaRefused,
+    ReplicasExhausted,
+    Router,
+)
 from dledger_commitlog.common.protocol import PUT_FRAMES_ACCEPTED
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
@@ -418,3 +424,50 @@ def test_a_server_without_put_frames_gets_unary_puts(nodes: list[FakeNode]) -> N
         assert not c.framed  # remembered: the next put goes unary at once
         assert c.put("t", b"b").msg_id == "ID2"
     assert n1.frames == 0 and len(n1.puts) == 2
+
+
+class _Refusal(grpc.RpcError):  # type: ignore[misc]
+    """What a replica's failed call raises (the parts `Failure.of` reads)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[()]:
+        return ()
+
+
+def test_replica_reads_fail_over_stick_to_the_answer_and_stop_at_a_refusal() -> None:
+    replicas = ReplicaReads(["a:1", "b:2", "c:3"], first=1)
+    tried: list[str] = []
+
+    def down_but_c(address: str, timeout: float) -> str:
+        tried.append(address)
+        if address != "c:3":
+            raise _Refusal(grpc.StatusCode.UNAVAILABLE, "down")
+        return f"from {address}"
+
+    def retried(f: Failure) -> bool:
+        return f.code == "UNAVAILABLE"
+
+    got = replicas.call(down_but_c, "read", timeout_s=5, attempt_s=1, retried=retried)
+    assert got == "from c:3" and tried == ["b:2", "c:3"]
+    assert replicas.current == "c:3"  # the one that answered is asked first from now on
+    assert replicas.in_order() == ["c:3", "a:1", "b:2"]
+
+    def refuses(address: str, timeout: float) -> str:
+        raise _Refusal(grpc.StatusCode.PERMISSION_DENIED, "no right")
+
+    with pytest.raises(ReplicaRefused, match="read: c:3 answered PERMISSION_DENIED: no right"):
+        replicas.call(refuses, "read", timeout_s=5, attempt_s=1, retried=retried)
+
+    def always_down(address: str, timeout: float) -> str:
+        raise _Refusal(grpc.StatusCode.UNAVAILABLE, f"{address} down")
+
+    with pytest.raises(ReplicasExhausted, match=r"no server answered in 0\.3s .*a:1: UNAVAILABLE"):
+        replicas.call(always_down, "read", timeout_s=0.3, attempt_s=0.1, retried=retried)

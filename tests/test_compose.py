@@ -101,9 +101,10 @@ def test_services_and_toxiproxy() -> None:
 
 def test_node_commands_parse_and_route_raft_through_toxiproxy() -> None:
     services = compose()["services"]
-    proxies = {p["listen"].rpartition(":")[2]: p for p in json.loads(
-        (ROOT / "docker/toxiproxy.json").read_text()
-    )}  # fmt: skip
+    proxies = {
+        p["listen"].rpartition(":")[2]: p
+        for p in json.loads((ROOT / "docker/toxiproxy.json").read_text())
+    }
     assert len(proxies) == 6
     parser = cli.build_parser()
     raft_of: dict[int, str] = {}

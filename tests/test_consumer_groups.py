@@ -141,16 +141,20 @@ def test_dead_member_queues_move_within_bound_and_nothing_is_lost(
             for m in members:
                 procs.spawn(m, group, topic, "--work-ms", "20")  # some in flight at the kill
             by_member = wait_until(
-                lambda: owners(client.group_describe(group), topic), PROGRESS_S,
-                "three members to split the 8 queues", ok=split_among(set(members)),
+                lambda: owners(client.group_describe(group), topic),
+                PROGRESS_S,
+                "three members to split the 8 queues",
+                ok=split_among(set(members)),
                 interval_s=0.2,
-            )  # fmt: skip
+            )
             print(f"queues before the kill: {by_member}")
             wait_until(
-                lambda: {r["member"] for r in procs.records()}, PROGRESS_S,
-                "every member to handle messages", ok=lambda seen: seen == set(members),
+                lambda: {r["member"] for r in procs.records()},
+                PROGRESS_S,
+                "every member to handle messages",
+                ok=lambda seen: seen == set(members),
                 interval_s=0.2,
-            )  # fmt: skip
+            )
 
             victim = procs.started[0]
             killed_ns = time.monotonic_ns()  # the workers stamp this clock too
@@ -158,9 +162,11 @@ def test_dead_member_queues_move_within_bound_and_nothing_is_lost(
             victim.kill()
             live = set(members) - {victim.member}
             after = wait_until(
-                lambda: owners(client.group_describe(group), topic), 30,
-                f"the live members {sorted(live)} to own every queue", ok=split_among(live),
-            )  # fmt: skip
+                lambda: owners(client.group_describe(group), topic),
+                30,
+                f"the live members {sorted(live)} to own every queue",
+                ok=split_among(live),
+            )
             moved_s = time.monotonic() - killed_at
             print(f"the killed member's queues moved in {moved_s:.2f} s: {after}")
             assert moved_s <= REBALANCE_BOUND_S, (
@@ -178,8 +184,13 @@ def test_dead_member_queues_move_within_bound_and_nothing_is_lost(
                         first[q] = min(first.get(q, t_ns), t_ns)
                 return first
 
-            taken = wait_until(taken_over, 30, f"live members to handle queues {orphaned}",
-                               ok=lambda t: set(t) == orphaned, interval_s=0.1)  # fmt: skip
+            taken = wait_until(
+                taken_over,
+                30,
+                f"live members to handle queues {orphaned}",
+                ok=lambda t: set(t) == orphaned,
+                interval_s=0.1,
+            )
             handled_s = (max(taken.values()) - killed_ns) / 1e9
             print(f"the live members handled every moved queue {handled_s:.2f} s after the kill")
             assert handled_s <= REBALANCE_BOUND_S, (
@@ -188,17 +199,22 @@ def test_dead_member_queues_move_within_bound_and_nothing_is_lost(
             )
             # the producer goes on through and after the move
             mark = len(producer.acked)
-            wait_until(lambda: len(producer.acked), 30, "more puts after the move",
-                       ok=lambda n: n >= mark + 50)  # fmt: skip
+            wait_until(
+                lambda: len(producer.acked),
+                30,
+                "more puts after the move",
+                ok=lambda n: n >= mark + 50,
+            )
         finally:
             producer.stop()
         acked = set(producer.acked)
         print(f"{len(acked)} puts acknowledged ({producer.errors} put errors retried)")
         wait_until(
-            lambda: acked - processed_bodies(procs.records()), PROGRESS_S,
+            lambda: acked - processed_bodies(procs.records()),
+            PROGRESS_S,
             "every acknowledged put to be processed by some member",
             ok=lambda missing: not missing,
-        )  # fmt: skip
+        )
 
 
 KEYS: Final = [f"key{k}" for k in range(6)]
@@ -234,37 +250,65 @@ def test_orderly_group_keeps_each_key_in_order_across_consumer_and_leader_deaths
         for m in ["o0", "o1"]:
             procs.spawn(m, group, topic, "--orderly", "--work-ms", "5")
         wait_until(
-            lambda: owners(client.group_describe(group), topic), PROGRESS_S,
-            "two orderly members to split the queues", ok=split_among({"o0", "o1"}),
+            lambda: owners(client.group_describe(group), topic),
+            PROGRESS_S,
+            "two orderly members to split the queues",
+            ok=split_among({"o0", "o1"}),
             interval_s=0.2,
-        )  # fmt: skip
-        producer = Producer(client, topic, body_of, count=total, pause_s=0.03,
-                            sharding_key_of=key_of).start()  # fmt: skip
+        )
+        producer = Producer(
+            client, topic, body_of, count=total, pause_s=0.03, sharding_key_of=key_of
+        ).start()
 
         def handled() -> int:
             return len(processed_bodies(procs.records()) - {"warm-up"})
 
         try:
-            wait_until(handled, PROGRESS_S, "a third of the messages handled",
-                       ok=lambda n: n >= total // 3, interval_s=0.1)  # fmt: skip
+            wait_until(
+                handled,
+                PROGRESS_S,
+                "a third of the messages handled",
+                ok=lambda n: n >= total // 3,
+                interval_s=0.1,
+            )
             procs.started[0].kill()
             print(f"killed consumer o0 after {handled()} handled")
-            wait_until(handled, PROGRESS_S, "half of the messages handled",
-                       ok=lambda n: n >= total // 2, interval_s=0.1)  # fmt: skip
+            wait_until(
+                handled,
+                PROGRESS_S,
+                "half of the messages handled",
+                ok=lambda n: n >= total // 2,
+                interval_s=0.1,
+            )
             leader = cluster.leader_id()
             cluster.kill(leader)
             print(f"killed the leader n{leader} after {handled()} handled")
             new_leader = cluster.wait_for_leader(exclude=leader, timeout_s=30)
-            wait_until(handled, PROGRESS_S, "two thirds of the messages handled",
-                       ok=lambda n: n >= 2 * total // 3, interval_s=0.1)  # fmt: skip
+            wait_until(
+                handled,
+                PROGRESS_S,
+                "two thirds of the messages handled",
+                ok=lambda n: n >= 2 * total // 3,
+                interval_s=0.1,
+            )
             cluster.start(leader)
             print(f"n{new_leader} leads; restarted n{leader} after {handled()} handled")
-            wait_until(lambda: len(producer.acked), PROGRESS_S, "every put acknowledged",
-                       ok=lambda n: n == total, interval_s=0.2)  # fmt: skip
+            wait_until(
+                lambda: len(producer.acked),
+                PROGRESS_S,
+                "every put acknowledged",
+                ok=lambda n: n == total,
+                interval_s=0.2,
+            )
         finally:
             producer.stop()
-        wait_until(handled, PROGRESS_S, f"all {total} messages handled",
-                   ok=lambda n: n == total, interval_s=0.2)  # fmt: skip
+        wait_until(
+            handled,
+            PROGRESS_S,
+            f"all {total} messages handled",
+            ok=lambda n: n == total,
+            interval_s=0.2,
+        )
 
     records = [r for r in procs.records() if r["body"] != "warm-up"]
     order = first_processing_order(records)

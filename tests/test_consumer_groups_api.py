@@ -77,8 +77,18 @@ class Recorder:
             nth = self._counts[body]
         ok = not self.fail(body, nth)
         with self._lock:
-            self.calls.append(Call(body, m.reconsume_times, m.topic, m.stored_topic, started,
-                                   time.monotonic(), ok, m))  # fmt: skip
+            self.calls.append(
+                Call(
+                    body,
+                    m.reconsume_times,
+                    m.topic,
+                    m.stored_topic,
+                    started,
+                    time.monotonic(),
+                    ok,
+                    m,
+                )
+            )
         return ok
 
     def of(self, body: str) -> list[Call]:
@@ -127,12 +137,19 @@ def test_an_orderly_run_slower_than_its_ack_wait_is_neither_overlapped_nor_repea
         for i in range(count):
             client.put(topic, f"k:{i}", sharding_key="k")
         with consuming(cluster, group, [topic], handler, orderly=True, ack_wait_ms=500):
-            wait_until(handler.bodies, PROGRESS_S, f"all {count} handled",
-                       ok=lambda seen: len(seen) == count)  # fmt: skip
+            wait_until(
+                handler.bodies,
+                PROGRESS_S,
+                f"all {count} handled",
+                ok=lambda seen: len(seen) == count,
+            )
             # settled: every delivery acked, so nothing can come again
-            wait_until(lambda: client.group_describe(group).queues, PROGRESS_S,
-                       "the group's queues acked to their ends",
-                       ok=lambda qs: all(q.lag == 0 and q.in_flight == 0 for q in qs))  # fmt: skip
+            wait_until(
+                lambda: client.group_describe(group).queues,
+                PROGRESS_S,
+                "the group's queues acked to their ends",
+                ok=lambda qs: all(q.lag == 0 and q.in_flight == 0 for q in qs),
+            )
     calls = sorted(handler.calls, key=lambda c: c.started)
     assert [int(c.body.split(":")[1]) for c in calls] == list(range(count))
     for before, after in itertools.pairwise(calls):
@@ -148,14 +165,24 @@ def test_failed_message_comes_back_through_the_retry_topic_on_the_delay_levels(
     cluster = make_cluster("retries", **GROUP_CONFIG)
     group, topic = "retry-group", "retry-topic"
     handler = Recorder(fail=lambda body, nth: body == "flaky" and nth <= 2)
-    with cluster.client() as client, consuming(cluster, group, [topic], handler,
-                                               first_retry_level=1):  # fmt: skip
+    with (
+        cluster.client() as client,
+        consuming(cluster, group, [topic], handler, first_retry_level=1),
+    ):
         for body in ["before", "flaky", "after"]:
             client.put(topic, body)
-        wait_until(lambda: handler.of("flaky"), PROGRESS_S, "three calls with 'flaky'",
-                   ok=lambda calls: len(calls) >= 3)  # fmt: skip
-        wait_until(handler.bodies, PROGRESS_S, "'before' and 'after' handled",
-                   ok=lambda seen: {"before", "after"} <= seen)  # fmt: skip
+        wait_until(
+            lambda: handler.of("flaky"),
+            PROGRESS_S,
+            "three calls with 'flaky'",
+            ok=lambda calls: len(calls) >= 3,
+        )
+        wait_until(
+            handler.bodies,
+            PROGRESS_S,
+            "'before' and 'after' handled",
+            ok=lambda seen: {"before", "after"} <= seen,
+        )
     calls = handler.of("flaky")
     assert [c.reconsume_times for c in calls] == [0, 1, 2]
     assert [c.ok for c in calls] == [False, False, True]
@@ -164,8 +191,10 @@ def test_failed_message_comes_back_through_the_retry_topic_on_the_delay_levels(
     for n, (failed, again) in enumerate(itertools.pairwise(calls)):
         waited_s = again.started - failed.ended
         level_s = LEVELS_S[n]  # first_retry_level=1: level 1, then 2
-        print(f"retry {n + 1}: {waited_s * 1000:.0f} ms after the failure (level {n + 1}: "
-              f"{level_s * 1000:.0f} ms)")  # fmt: skip
+        print(
+            f"retry {n + 1}: {waited_s * 1000:.0f} ms after the failure (level {n + 1}: "
+            f"{level_s * 1000:.0f} ms)"
+        )
         assert waited_s >= level_s - MS_ROUNDING_S, (
             f"retry {n + 1} came {waited_s:.3f} s after the failure, before its delay {level_s} s"
         )
@@ -183,41 +212,58 @@ def test_always_failing_message_lands_in_the_dlq_and_a_resend_delivers_it_again(
     group, topic = "dlq-group", "dlq-topic"
     healed = threading.Event()
     handler = Recorder(fail=lambda body, nth: body == "doomed" and not healed.is_set())
-    with cluster.client() as client, consuming(cluster, group, [topic], handler,
-                                               max_reconsume=3, first_retry_level=1):  # fmt: skip
+    with (
+        cluster.client() as client,
+        consuming(cluster, group, [topic], handler, max_reconsume=3, first_retry_level=1),
+    ):
         client.put(topic, "doomed")
         client.put(topic, "fine")
         dead = wait_until(
-            lambda: client.group_dlq(group).messages, PROGRESS_S, "a dead letter",
+            lambda: client.group_dlq(group).messages,
+            PROGRESS_S,
+            "a dead letter",
             ok=lambda ms: len(ms) >= 1,
-        )  # fmt: skip
+        )
         assert [m.body for m in dead] == [b"doomed"]
         letter = dead[0]
-        print(f"dead letter at {letter.topic}/{letter.queue_id}@{letter.queue_offset}: "
-              f"{dict(letter.properties)}")  # fmt: skip
+        print(
+            f"dead letter at {letter.topic}/{letter.queue_id}@{letter.queue_offset}: "
+            f"{dict(letter.properties)}"
+        )
         assert letter.topic == f"%DLQ%{group}"
         assert letter.properties.get("RECONSUME_TIMES") == "3"
         calls = handler.of("doomed")
         assert [c.reconsume_times for c in calls] == [0, 1, 2, 3]
         assert not any(c.ok for c in calls)
-        summary = wait_until(lambda: group_summary(client, group), PROGRESS_S,
-                             "group_list to count the dead letter",
-                             ok=lambda s: s is not None and s.dead_letters >= 1)  # fmt: skip
+        summary = wait_until(
+            lambda: group_summary(client, group),
+            PROGRESS_S,
+            "group_list to count the dead letter",
+            ok=lambda s: s is not None and s.dead_letters >= 1,
+        )
         assert summary.dead_letters == 1
         # the leader's metrics say the same (gauges refreshed every second)
         leader = cluster.specs[cluster.leader_id()]
-        wait_until(lambda: group_metrics(leader.metrics, group), PROGRESS_S,
-                   "the leader's group gauges",
-                   ok=lambda g: g.get("dledger_group_dead_letters_messages") == 1.0
-                   and g.get("dledger_group_retries_messages") == 3.0
-                   and g.get("dledger_group_members") == 1.0)  # fmt: skip
+        wait_until(
+            lambda: group_metrics(leader.metrics, group),
+            PROGRESS_S,
+            "the leader's group gauges",
+            ok=lambda g: (
+                g.get("dledger_group_dead_letters_messages") == 1.0
+                and g.get("dledger_group_retries_messages") == 3.0
+                and g.get("dledger_group_members") == 1.0
+            ),
+        )
 
         healed.set()
         resent = client.group_dlq(group, resend=[letter.queue_offset])
         assert resent.resent == 1
-        again = wait_until(lambda: handler.of("doomed"), PROGRESS_S,
-                           "the resent dead letter handled",
-                           ok=lambda cs: len(cs) > len(calls))  # fmt: skip
+        again = wait_until(
+            lambda: handler.of("doomed"),
+            PROGRESS_S,
+            "the resent dead letter handled",
+            ok=lambda cs: len(cs) > len(calls),
+        )
         assert again[-1].ok
         assert again[-1].stored_topic == f"%RETRY%{group}"
         assert len(handler.of("fine")) == 1
@@ -252,22 +298,31 @@ def test_stale_owner_is_fenced_and_its_message_goes_to_the_new_owner(
     every = set(range(QUEUES))
     with cluster.client() as client:
         client.put(topic, "unacked", queue_id=0)
-        wait_until(lambda: leases_of(client, group, "A", topic), LEASES_S,
-                   "member A to hold every queue",
-                   ok=lambda ls: {x.queue_id for x in ls} == every, interval_s=0.5)  # fmt: skip
+        wait_until(
+            lambda: leases_of(client, group, "A", topic),
+            LEASES_S,
+            "member A to hold every queue",
+            ok=lambda ls: {x.queue_id for x in ls} == every,
+            interval_s=0.5,
+        )
 
         def fetch(member: str) -> tuple[Delivery, ...]:
             return client.group_fetch(group, member, 32, 500).deliveries
 
-        got = wait_until(lambda: fetch("A"), PROGRESS_S, "A to fetch the message",
-                         ok=lambda ds: len(ds) == 1)  # fmt: skip
+        got = wait_until(
+            lambda: fetch("A"), PROGRESS_S, "A to fetch the message", ok=lambda ds: len(ds) == 1
+        )
         delivery = got[0]
         assert delivery.message.body == b"unacked"
         old_epoch = delivery.epoch
         # A falls silent; B heartbeats until A's session ends and B holds A's queues
-        wait_until(lambda: leases_of(client, group, "B", topic), LEASES_S,
-                   "member B to hold every queue once A's session ended",
-                   ok=lambda ls: {x.queue_id for x in ls} == every, interval_s=0.5)  # fmt: skip
+        wait_until(
+            lambda: leases_of(client, group, "B", topic),
+            LEASES_S,
+            "member B to hold every queue once A's session ended",
+            ok=lambda ls: {x.queue_id for x in ls} == every,
+            interval_s=0.5,
+        )
         with pytest.raises(GroupRefused):
             client.group_ack(group, "A", [delivery.handle])
         refused = refused_commit(cluster, group, topic, "A", old_epoch)
@@ -278,8 +333,13 @@ def test_stale_owner_is_fenced_and_its_message_goes_to_the_new_owner(
             leases_of(client, group, "B", topic)  # B stays alive
             return fetch("B")
 
-        again = wait_until(fetch_as_b, PROGRESS_S, "B to receive the message A did not ack",
-                           ok=lambda ds: len(ds) == 1, interval_s=0.2)  # fmt: skip
+        again = wait_until(
+            fetch_as_b,
+            PROGRESS_S,
+            "B to receive the message A did not ack",
+            ok=lambda ds: len(ds) == 1,
+            interval_s=0.2,
+        )
         assert again[0].message.queue_offset == delivery.message.queue_offset
         assert again[0].message.body == b"unacked"
         assert again[0].epoch > old_epoch
@@ -294,19 +354,30 @@ def test_stale_owner_is_fenced_and_its_message_goes_to_the_new_owner(
         wait_until(split, LEASES_S, "A and B to split the queues", interval_s=0.5)
         refused = refused_commit(cluster, group, topic, "A", old_epoch)
         print(f"A's commit under its old epoch refused: {refused}")
-        queue0 = next(q for q in client.group_describe(group).queues
-                      if q.topic == topic and q.queue_id == 0)  # fmt: skip
+        queue0 = next(
+            q for q in client.group_describe(group).queues if q.topic == topic and q.queue_id == 0
+        )
         commit(cluster, group, topic, queue0.owner, queue0.epoch)
-        wait_until(lambda: client.fetch_offset(group, topic, 0).get(0), PROGRESS_S,
-                   "the owner's commit of queue 0", ok=lambda o: o == 1)  # fmt: skip
+        wait_until(
+            lambda: client.fetch_offset(group, topic, 0).get(0),
+            PROGRESS_S,
+            "the owner's commit of queue 0",
+            ok=lambda o: o == 1,
+        )
 
 
 def commit(cluster: LocalCluster, group: str, topic: str, member: str, epoch: int) -> None:
     """CommitOffset of queue 0 to offset 1 as `member` under `epoch`, at the leader (the
     client's `commit_offset` does not send a member or an epoch)."""
-    request = pb.CommitOffsetRequest(group=group, topic=topic, queue_id=0, offset=1,
-                                     cluster=cluster.cluster, member_id=member,
-                                     epoch=epoch)  # fmt: skip
+    request = pb.CommitOffsetRequest(
+        group=group,
+        topic=topic,
+        queue_id=0,
+        offset=1,
+        cluster=cluster.cluster,
+        member_id=member,
+        epoch=epoch,
+    )
     with node_stubs(cluster) as stubs:
         stubs[cluster.leader_id()].CommitOffset(request, timeout=5.0)
 
@@ -345,8 +416,12 @@ def test_sql_filter_delivers_exactly_the_matching_messages_and_bad_input_is_refu
         client.put(topic, "last", queue_id=0, properties={"a": "100", "region": "us"})
         expected.add("last")
         with consuming(cluster, group, [Subscription.sql(topic, SQL)], handler):
-            wait_until(handler.bodies, PROGRESS_S, "every matching message handled",
-                       ok=lambda seen: expected <= seen)  # fmt: skip
+            wait_until(
+                handler.bodies,
+                PROGRESS_S,
+                "every matching message handled",
+                ok=lambda seen: expected <= seen,
+            )
         assert handler.bodies() == expected, f"not matching: {handler.bodies() - expected}"
 
         bad = "a > 5 AND (region = 'eu'"
@@ -362,14 +437,19 @@ def test_sql_filter_delivers_exactly_the_matching_messages_and_bad_input_is_refu
         with pytest.raises(NotFound):
             client.group_describe("nope")
 
-        leases = wait_until(lambda: leases_of(client, "ack-group", "m", topic), LEASES_S,
-                            "a lease for the ack check", interval_s=0.5)  # fmt: skip
+        leases = wait_until(
+            lambda: leases_of(client, "ack-group", "m", topic),
+            LEASES_S,
+            "a lease for the ack check",
+            interval_s=0.5,
+        )
         lease = leases[0]
         with pytest.raises(NotFound):
             client.group_ack("ack-group", "m", [(topic, lease.queue_id, 10_000, lease.epoch)])
 
         client.group_heartbeat("strategy-group", "s1", [Subscription(topic)], strategy="average")
         with pytest.raises(GroupRefused) as conflict:
-            client.group_heartbeat("strategy-group", "s2", [Subscription(topic)],
-                                   strategy="consistent-hash")  # fmt: skip
+            client.group_heartbeat(
+                "strategy-group", "s2", [Subscription(topic)], strategy="consistent-hash"
+            )
         print(f"second strategy refused: {conflict.value}")

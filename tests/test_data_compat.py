@@ -25,9 +25,14 @@ from dledger_commitlog.cli.launcher import LocalCluster
 pytestmark = pytest.mark.slow
 FIXTURE = Path(__file__).parent / "testdata" / "compat" / "one_group_6f63912"
 # The settings the directory was written with (its layout.json holds them too).
-STORE = {"data_segment_bytes": 1 << 20, "max_message_bytes": 64 << 10,
-         "index_segment_bytes": 32 * 4096, "cq_units_per_file": 64, "index_slots": 64,
-         "index_entries": 256}  # fmt: skip
+STORE = {
+    "data_segment_bytes": 1 << 20,
+    "max_message_bytes": 64 << 10,
+    "index_segment_bytes": 32 * 4096,
+    "cq_units_per_file": 64,
+    "index_slots": 64,
+    "index_entries": 256,
+}
 
 
 def test_a_one_group_directory_of_an_earlier_release_reads_back_whole(tmp_path: Path) -> None:
@@ -55,14 +60,18 @@ def test_a_one_group_directory_of_an_earlier_release_reads_back_whole(tmp_path: 
             for m in sent:
                 got = client.get(m["msg_id"])
                 assert (got.topic, got.body, got.queue_id, got.queue_offset) == (
-                    m["topic"], m["body"].encode(), m["queue_id"], m["queue_offset"]
-                ), m  # fmt: skip
+                    m["topic"],
+                    m["body"].encode(),
+                    m["queue_id"],
+                    m["queue_offset"],
+                ), m
             for topic in ("orders", "audit"):
                 mine = [m for m in sent if m["topic"] == topic]
                 for queue in sorted({m["queue_id"] for m in mine}):
                     pulled = client.pull(topic, queue, 0, max_messages=200).messages
-                    want = sorted((m for m in mine if m["queue_id"] == queue),
-                                  key=lambda m: m["queue_offset"])  # fmt: skip
+                    want = sorted(
+                        (m for m in mine if m["queue_id"] == queue), key=lambda m: m["queue_offset"]
+                    )
                     assert [p.msg_id for p in pulled] == [m["msg_id"] for m in want]
             for m in sent:
                 if m["key"]:

@@ -44,9 +44,12 @@ from .conftest import node_stubs, wait_until
 
 pytestmark = pytest.mark.slow
 SETTINGS: dict[str, Any] = {
-    "delay_levels": "1s 2s", "check_timeout_ms": 800, "check_interval_ms": 800,
-    "max_checks": 2, "queues_per_topic": 2,
-}  # fmt: skip
+    "delay_levels": "1s 2s",
+    "check_timeout_ms": 800,
+    "check_interval_ms": 800,
+    "max_checks": 2,
+    "queues_per_topic": 2,
+}
 QUEUES = 2
 
 
@@ -77,19 +80,35 @@ def by_uniq(msgs: list[StoredMessage]) -> dict[str, list[StoredMessage]]:
 
 def test_delayed_messages_arrive_once_and_never_early(cl: LocalCluster) -> None:
     with cl.client() as c:
-        stored = c.put("later", b"one second", delay_level=1, uniq_key="L1", queue_id=1,
-                       tags="T", keys=["k1"], properties={"p": "v"})  # fmt: skip
+        stored = c.put(
+            "later",
+            b"one second",
+            delay_level=1,
+            uniq_key="L1",
+            queue_id=1,
+            tags="T",
+            keys=["k1"],
+            properties={"p": "v"},
+        )
         at = (int(time.time() * 1000) // 1000 + 2) * 1000
         c.put("later", b"at a time", deliver_at_ms=at, uniq_key="L2")
         assert everything(c, "later") == [], "nothing is visible before its time"
-        got = wait_until(lambda: by_uniq(everything(c, "later")), 15.0, "both delivered",
-                         ok=lambda d: set(d) == {"L1", "L2"})  # fmt: skip
+        got = wait_until(
+            lambda: by_uniq(everything(c, "later")),
+            15.0,
+            "both delivered",
+            ok=lambda d: set(d) == {"L1", "L2"},
+        )
         (first,) = got["L1"]
         (second,) = got["L2"]
         assert first.store_timestamp_ms >= stored.store_timestamp_ms + 1000 - 5
         assert second.store_timestamp_ms >= at - 5
-        assert (first.queue_id, first.tags, first.keys, first.body) == (1, "T", ("k1",),
-                                                                         b"one second")  # fmt: skip
+        assert (first.queue_id, first.tags, first.keys, first.body) == (
+            1,
+            "T",
+            ("k1",),
+            b"one second",
+        )
         assert first.properties == {"p": "v"}, "the schedule's properties are gone"
         # A retry of the delayed put is the same put: it is not delivered twice.
         again = c.put("later", b"one second", delay_level=1, uniq_key="L1", queue_id=1)
@@ -97,8 +116,9 @@ def test_delayed_messages_arrive_once_and_never_early(cl: LocalCluster) -> None:
         # A level delivers in the order its messages were put: once a marker put after
         # the retry is delivered, a second delivery of L1 would have come before it.
         c.put("later", b"marker", delay_level=1, uniq_key="M")
-        got = wait_until(lambda: by_uniq(everything(c, "later")), 15.0, "the marker",
-                         ok=lambda d: "M" in d)  # fmt: skip
+        got = wait_until(
+            lambda: by_uniq(everything(c, "later")), 15.0, "the marker", ok=lambda d: "M" in d
+        )
         assert {k: len(v) for k, v in got.items()} == {"L1": 1, "L2": 1, "M": 1}
 
 
@@ -168,16 +188,27 @@ def test_undecided_transactions_are_checked_back_or_rolled_back(cl: LocalCluster
         with TransactionProducer(c, "pg", check):
             a = c.put_half("pay", b"a", producer_group="pg", uniq_key="A")
             c.put_half("pay", b"b", producer_group="pg", uniq_key="B")
-            wait_until(lambda: decided(c), 15.0, "A and B decided by their checks",
-                       ok=lambda d: {"A", "B"} <= set(d))  # fmt: skip
+            wait_until(
+                lambda: decided(c),
+                15.0,
+                "A and B decided by their checks",
+                ok=lambda d: {"A", "B"} <= set(d),
+            )
         assert decided(c)["A"] == "commit" and decided(c)["B"] == "rollback"
         first = next(r for r in asked if r.transaction_id == "A")
         assert (first.message.topic, first.message.body, first.message.uniq_key) == (
-            "pay", b"a", "A")  # fmt: skip
+            "pay",
+            b"a",
+            "A",
+        )
         assert first.check_times == 1
         # No producer of its group: checked max_checks times, then rolled back.
-        wait_until(lambda: decided(c), 20.0, "C rolled back at the check limit",
-                   ok=lambda d: d.get("C") == "rollback")  # fmt: skip
+        wait_until(
+            lambda: decided(c),
+            20.0,
+            "C rolled back at the check limit",
+            ok=lambda d: d.get("C") == "rollback",
+        )
         with pytest.raises(TransactionConflict, match="already rolled back"):
             c.end_transaction(lonely, commit=True)
         assert c.end_transaction(a, commit=True).duplicate
@@ -201,8 +232,9 @@ def test_delivery_and_commits_across_a_leader_kill_are_exactly_once(
                 at = ((now + 1500 + 50 * i) // 1000 + 1) * 1000
                 c.put("chaos", b"d%d" % i, deliver_at_ms=at, uniq_key=f"D{i}")
                 due[f"D{i}"] = at
-        halves = [c.put_half("chaos", b"t%d" % i, producer_group="pg", uniq_key=f"T{i}")
-                  for i in range(n)]  # fmt: skip
+        halves = [
+            c.put_half("chaos", b"t%d" % i, producer_group="pg", uniq_key=f"T{i}") for i in range(n)
+        ]
     victim = cl.wait_for_leader()
     errors: list[BaseException] = []
     ended: list[int] = []
@@ -240,8 +272,12 @@ def test_delivery_and_commits_across_a_leader_kill_are_exactly_once(
         ender.join(timeout=10)
     cl.start(victim)
     with cl.client() as c:
-        got = wait_until(lambda: by_uniq(everything(c, "chaos")), 30.0, "every delivery",
-                         ok=lambda d: set(due) <= set(d))  # fmt: skip
+        got = wait_until(
+            lambda: by_uniq(everything(c, "chaos")),
+            30.0,
+            "every delivery",
+            ok=lambda d: set(due) <= set(d),
+        )
     committed = {f"T{k}" for k in range(n) if k % 3 != 0}
     assert set(got) == set(due) | committed, "no rolled-back or undecided message is visible"
     assert all(len(v) == 1 for v in got.values()), "each exactly once"
@@ -275,8 +311,9 @@ def test_the_cli_puts_delayed_and_ends_transactions(
     code, _, err = run("tx", "rollback", half["transaction_id"], str(half["half_offset"]))
     assert code == 1 and "already committed" in err
     with cl.client() as c:
-        got = wait_until(lambda: by_uniq(everything(c, "cli")), 10.0, "both visible",
-                         ok=lambda d: len(d) == 2)  # fmt: skip
+        got = wait_until(
+            lambda: by_uniq(everything(c, "cli")), 10.0, "both visible", ok=lambda d: len(d) == 2
+        )
     assert sorted(m.body for v in got.values() for m in v) == [b"soon", b"tx"]
 
 
@@ -288,10 +325,13 @@ def test_the_acl_guards_delayed_and_transactional_puts(
     cluster = make_cluster("dtx-acl", acl=True, start=False, **SETTINGS)
     cluster._write_layout()  # the admin account, then ours beside it
     admin = load_credentials(cluster.directory / "admin.credentials")
-    write_acl(cluster.directory / "acl.toml", [
-        Account(admin[0], admin[1], admin=True),
-        Account("app", "app-secret-0123456789", topic_perms={"pay": Perm.PUB}),
-    ])  # fmt: skip
+    write_acl(
+        cluster.directory / "acl.toml",
+        [
+            Account(admin[0], admin[1], admin=True),
+            Account("app", "app-secret-0123456789", topic_perms={"pay": Perm.PUB}),
+        ],
+    )
     cluster.up()
     leader = cluster.wait_for_leader()
     follower = next(s.client for s in cluster if s.id != leader)
@@ -315,9 +355,12 @@ def test_the_acl_guards_delayed_and_transactional_puts(
     # Nor as a check's answer: the checks stream never asked app about it (no right on
     # its topic), so app's forged COMMIT is ignored and the checks roll it back.
     Answer = pb.TransactionCheckAnswer
-    forged = [Answer(producer_group="pg"),
-              Answer(transaction_id=other.transaction_id, half_offset=other.half_offset,
-                     action=Answer.COMMIT)]  # fmt: skip
+    forged = [
+        Answer(producer_group="pg"),
+        Answer(
+            transaction_id=other.transaction_id, half_offset=other.half_offset, action=Answer.COMMIT
+        ),
+    ]
     with node_stubs(cluster) as stubs:
         call = stubs[leader].TransactionChecks(
             iter(forged), timeout=3, metadata=sign(*creds, "TransactionChecks")
@@ -325,8 +368,12 @@ def test_the_acl_guards_delayed_and_transactional_puts(
         with contextlib.suppress(grpc.RpcError):  # the stream ends with the answers
             list(call)
     with Client([s.client for s in cluster], cluster=cluster.cluster, credentials=admin) as root:
-        outcome = wait_until(lambda: decided(root).get(other.transaction_id), 20.0,
-                             "the half on 'other' decided", ok=bool)  # fmt: skip
+        outcome = wait_until(
+            lambda: decided(root).get(other.transaction_id),
+            20.0,
+            "the half on 'other' decided",
+            ok=bool,
+        )
         assert outcome == "rollback"
         assert everything(root, "other") == []
 
@@ -337,8 +384,12 @@ def test_an_async_producer_answers_checks_too(cl: LocalCluster) -> None:
 
     def both_decided() -> dict[str, str]:
         with cl.client() as c:
-            return wait_until(lambda: decided(c), 20.0, "both decided by their checks",
-                              ok=lambda d: {"AS1", "AS2"} <= set(d))  # fmt: skip
+            return wait_until(
+                lambda: decided(c),
+                20.0,
+                "both decided by their checks",
+                ok=lambda d: {"AS1", "AS2"} <= set(d),
+            )
 
     async def main() -> dict[str, str]:
         async with (

@@ -3,19 +3,18 @@ contents, group offsets, recovery reconciliation, rebuilds and `dledger verify`.
 
 Messages go through the real put path (`DLedgerCommitLog.prepare/put`) on a
 single-replica log whose "Raft" commits when the test says so, so that the
-committed position can be held behind the written end.
+committed position can be held behind the written end (`LocalLog`, in
+tests/dispatch_helpers.py). The put path itself on that log (idempotency, timeouts,
+new leaderships) is tested in tests/test_dispatch_puts.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import json
 import random
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import cast
 
 import pytest
 
@@ -28,135 +27,11 @@ from dispatch.dispatcher import (
 )
 from dledger_commitlog.cli.main import main as cli_main
 from dledger_commitlog.common.protocol import PutResult
-from dledger_commitlog.log import reads
-from dledger_commitlog.log.commitlog import DLedgerCommitLog, OutcomeUnknown, PutSpec
-from dledger_commitlog.log.entry_store import EntryStore
-from dledger_commitlog.log.verify import verify_store, write_layout
-from raft import HardState, ProposalDropped, RaftCore
-from raft.types import Entry, EntryKind
-from raftio.hard_state import RaftStateFile
-from store.entry_format import HEADER_SIZE
+from dledger_commitlog.log.commitlog import DLedgerCommitLog
+from dledger_commitlog.log.verify import verify_store
 from store.errors import InvalidMessage, OffsetOutOfRange
 from store.message import decode_message
-
-LAYOUT = {
-    "data_segment_bytes": 1 << 20,
-    "index_segment_bytes": 32 * 4096,
-    "cq_units_per_file": 50,
-    "index_slots": 64,
-    "index_entries": 150,
-}
-
-
-class _OneReplica:
-    """What the commit log asks of its Raft core, for a log of one replica in term 1:
-    a proposal is appended at once and commits on `LocalLog.commit()`."""
-
-    term = 1
-
-    def __init__(self, log: LocalLog) -> None:
-        self._log = log
-
-    def propose(self, datas: list[bytes]) -> tuple[int, int]:
-        if not datas:  # as RaftCore.propose, which drops an empty batch
-            raise ProposalDropped("empty batch")
-        store = self._log.store
-        first = store.last_index() + 1
-        entries = [Entry(first + k, 1, d, EntryKind.NORMAL) for k, d in enumerate(datas)]
-        store.append_entries(entries)
-        self._log._pending.extend(entries)
-        return first, first + len(datas) - 1
-
-
-class LocalLog:
-    """A one-replica commit log: puts are appended at once and commit on `commit()`."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-        write_layout(root, LAYOUT)
-        self.store = EntryStore(root / "commitlog", data_segment_bytes=LAYOUT["data_segment_bytes"],
-                                index_segment_bytes=LAYOUT["index_segment_bytes"])  # fmt: skip
-        self.cl = DLedgerCommitLog(self.store, store_host=("127.0.0.1", 9000), queues_per_topic=4,
-                                   max_message_bytes=1 << 16, max_pending=100_000,
-                                   idempotency_window=1000,
-                                   core=cast(RaftCore, _OneReplica(self)))  # fmt: skip
-        self.cl.start_at(self.store.last_index())
-        self.cl.become_leader(1, [])
-        self._pending: list[Entry] = []
-
-    def put(self, messages: list[dict[str, object]], commit: bool = True) -> list[PutResult]:
-        async def run() -> list[PutResult]:
-            specs = [self.cl.prepare(**m) for m in messages]  # type: ignore[arg-type]
-            task = asyncio.ensure_future(self.cl.put(specs, 5.0))
-            for _ in range(10):  # the put proposes its batch within a few loop passes
-                if len(self._pending) >= len(specs):
-                    break
-                await asyncio.sleep(0)
-            assert len(self._pending) == len(specs)
-            if not commit:
-                task.cancel()
-                return []
-            self.commit()
-            return await task
-
-        return asyncio.run(run())
-
-    def commit(self, upto: int | None = None) -> None:
-        upto = self.store.last_index() if upto is None else upto
-        now = [e for e in self._pending if e.index <= upto]
-        self._pending = [e for e in self._pending if e.index > upto]
-        self.cl.apply(now)
-        RaftStateFile(self.root / "raft.state").save(HardState(1, 1, upto))
-
-    def dispatcher(self) -> Dispatcher:
-        return Dispatcher(self.root, self.cl, units_per_file=LAYOUT["cq_units_per_file"],
-                          index_slots=LAYOUT["index_slots"],
-                          index_entries=LAYOUT["index_entries"])  # fmt: skip
-
-    def pull(
-        self,
-        d: Dispatcher,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_messages: int,
-        tags: frozenset[str] | None,
-        *,
-        end_offset: int = 0,
-    ) -> reads.Found:
-        """A Pull's answer as a node serves it: `reads.pull_scan` over views of `d`
-        and of the commit log."""
-        queue = reads.queue_view(d, topic, queue_id, LAYOUT["cq_units_per_file"])
-        return reads.pull_scan(queue, reads.log_view(self.cl), offset, max_messages, tags,
-                               max_bytes=4 << 20, end_offset=end_offset)  # fmt: skip
-
-    def close(self) -> None:
-        self.store.close()
-
-
-def messages(n: int, seed: int, topics: int = 3) -> list[dict[str, object]]:
-    rng = random.Random(seed)
-    return [
-        {
-            "topic": f"t{rng.randrange(topics)}",
-            "body": f"body-{seed}-{i}".encode() * rng.randrange(1, 20),
-            "keys": [f"k{i}", f"user{i % 7}"][: rng.randrange(0, 3)],
-            "tags": rng.choice([None, "TagA", "TagB"]),
-            "uniq_key": f"U{seed}-{i}",
-            "born_timestamp_ms": 1_700_000_000_000 + i,
-        }
-        for i in range(n)
-    ]
-
-
-def files_of(root: Path) -> dict[str, bytes]:
-    out = {}
-    for sub in ("consumequeue", "index"):
-        for p in sorted((root / sub).rglob("*")):
-            if p.is_file():
-                out[str(p.relative_to(root))] = p.read_bytes()
-    return out
+from tests.dispatch_helpers import LAYOUT, LocalLog, files_of, messages
 
 
 @pytest.fixture
@@ -239,8 +114,7 @@ class LyingLog:
 def test_the_committed_bound_is_checked_not_assumed(log: LocalLog, tmp_path: Path) -> None:
     log.put(messages(10, seed=4))
     lying: CommittedLog = LyingLog(log.cl, log.cl.committed_pos - 1)
-    d = Dispatcher(tmp_path / "other", lying, units_per_file=50, index_slots=64,
-                   index_entries=150)  # fmt: skip
+    d = Dispatcher(tmp_path / "other", lying, units_per_file=50, index_slots=64, index_entries=150)
     d.recover(log.store.end_pos)
     with pytest.raises(AssertionError, match="beyond the committed position"):
         d.catch_up()
@@ -248,11 +122,17 @@ def test_the_committed_bound_is_checked_not_assumed(log: LocalLog, tmp_path: Pat
 
 def test_group_offsets_come_from_the_system_topic(log: LocalLog) -> None:
     commits = [("g1", "orders", 0, 5), ("g1", "orders", 0, 9), ("g2", "orders", 3, 1)]
-    log.put([
-        {"topic": OFFSETS_TOPIC, "body": encode_offset_commit(*c), "uniq_key": f"o{i}",
-         "queue_id": 0}
-        for i, c in enumerate(commits)
-    ])  # fmt: skip
+    log.put(
+        [
+            {
+                "topic": OFFSETS_TOPIC,
+                "body": encode_offset_commit(*c),
+                "uniq_key": f"o{i}",
+                "queue_id": 0,
+            }
+            for i, c in enumerate(commits)
+        ]
+    )
     d = log.dispatcher()
     d.recover(log.cl.committed_pos)
     d.catch_up()
@@ -270,8 +150,18 @@ def test_tag_expressions() -> None:
 
 
 def test_pull_filters_by_tag_and_bounds_offsets(log: LocalLog) -> None:
-    log.put([{"topic": "t", "body": b"x", "uniq_key": f"u{i}", "queue_id": 1,
-              "tags": ("A", "B", None)[i % 3]} for i in range(9)])  # fmt: skip
+    log.put(
+        [
+            {
+                "topic": "t",
+                "body": b"x",
+                "uniq_key": f"u{i}",
+                "queue_id": 1,
+                "tags": ("A", "B", None)[i % 3],
+            }
+            for i in range(9)
+        ]
+    )
     d = log.dispatcher()
     d.recover(log.cl.committed_pos)
     d.catch_up()
@@ -316,10 +206,16 @@ def test_recovery_after_a_crash_equals_a_rebuild(tmp_path: Path, seed: int) -> N
         again.close(clean=True)
         live = files_of(log.root)
         rebuilt_root = tmp_path / "rebuilt"
-        shutil.copytree(log.root, rebuilt_root, ignore=shutil.ignore_patterns(
-            "consumequeue", "index", "checkpoint", "consumer_offsets.json", "abort"))  # fmt: skip
-        fresh = Dispatcher(rebuilt_root, log.cl, units_per_file=50, index_slots=64,
-                           index_entries=150)  # fmt: skip
+        shutil.copytree(
+            log.root,
+            rebuilt_root,
+            ignore=shutil.ignore_patterns(
+                "consumequeue", "index", "checkpoint", "consumer_offsets.json", "abort"
+            ),
+        )
+        fresh = Dispatcher(
+            rebuilt_root, log.cl, units_per_file=50, index_slots=64, index_entries=150
+        )
         fresh.recover(log.cl.committed_pos)
         fresh.catch_up()
         fresh.persist(fresh.snapshot())
@@ -374,168 +270,6 @@ def test_verify_passes_then_finds_damage(log: LocalLog, capsys: pytest.CaptureFi
         f.write(b"\x01")
     report = verify_store(log.root)
     assert report.problems == [f"index file {index.name} differs from a rebuild"]
-
-
-def test_a_new_leadership_assigns_queue_offsets_after_the_committed_ones(tmp_path: Path) -> None:
-    """The leader's tables load before the first put of a term takes queue offsets
-    (before, a put racing the leadership's first Ready reused offset 0). The node
-    starts a leadership right after the step or tick that begins it, before any put
-    is assigned offsets: here that is the become_leader call before the put."""
-    first = LocalLog(tmp_path / "node")
-    first.put([{"topic": "t", "body": b"x", "uniq_key": f"a{i}", "queue_id": 0} for i in range(5)])
-    first.close()
-    again = LocalLog(tmp_path / "node")  # its leader tables are empty (loaded before dispatch)
-    try:
-        d = again.dispatcher()
-        d.recover(again.cl.committed_pos)
-        d.catch_up()
-        again.cl.load_committed(again.store.last_index(), d.max_offsets())
-        again.cl.become_leader(2, [])
-        (r,) = again.put([{"topic": "t", "body": b"y", "uniq_key": "b", "queue_id": 0}])
-        assert r.queue_offset == 5
-        d.catch_up()
-        assert d.queue("t", 0) is not None and d.queue("t", 0).max_offset == 6  # type: ignore[union-attr]
-    finally:
-        again.close()
-
-
-def test_a_restart_reloads_the_idempotency_window_from_the_log_tail(tmp_path: Path) -> None:
-    first = LocalLog(tmp_path / "node")
-    sent: list[dict[str, object]] = [
-        {"topic": "t", "body": b"UNIQ_KEY\x01fake", "uniq_key": f"key-{i}",
-         "properties": {"MY_UNIQ_KEY": "no"}, "keys": ["a"], "tags": "T"}
-        for i in range(30)
-    ]  # fmt: skip
-    results = first.put(sent)
-    first.close()
-    again = LocalLog(tmp_path / "node")
-    try:
-        again.cl.load_committed(again.store.last_index(), {})
-        (dup,) = asyncio.run(
-            again.cl.put([again.cl.prepare(**sent[7])], 1.0)  # type: ignore[arg-type]
-        )
-        assert dup.duplicate and dup.commitlog_offset == results[7].commitlog_offset
-    finally:
-        again.close()
-
-
-def test_a_retry_reaching_a_new_leader_before_its_first_proposal_is_stored_once(
-    tmp_path: Path,
-) -> None:
-    """The old leader appended a put's first attempt and died; the new leader holds
-    it in its uncommitted tail. A retry must be answered by that entry, not appended
-    again (a chaos leader-kill run found the UNIQ_KEY stored twice). The node loads
-    the tail when the leadership starts (right after the step or tick that begins it),
-    before any put is assigned: here the become_leader call before the retries."""
-    log = LocalLog(tmp_path / "node")
-
-    def spec() -> PutSpec:
-        return log.cl.prepare("t", b"once", uniq_key="K")
-
-    errors: list[dict[str, object]] = []  # e.g. a batch proposed with nothing left in it
-
-    async def run() -> list[PutResult]:
-        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: errors.append(ctx))
-        first = asyncio.ensure_future(log.cl.put([spec()], 5.0))
-        for _ in range(10):
-            if log.store.last_index() == 1:
-                break
-            await asyncio.sleep(0)
-        first.cancel()  # the old leader died: its client gives up on this attempt
-        log.cl.become_leader(2, [])  # the tables of a node that has not led yet
-        tail = list(log._pending)  # the first attempt, appended and not committed
-        log.cl.become_leader(3, tail)
-        retries = [asyncio.ensure_future(log.cl.put([spec()], 5.0)) for _ in range(2)]
-        for _ in range(10):
-            await asyncio.sleep(0)
-        assert log.store.last_index() == 1, "the retry was appended again"
-        log.commit()
-        return [(await r)[0] for r in retries]
-
-    try:
-        results = asyncio.run(run())
-        assert [(r.duplicate, r.commitlog_offset) for r in results] == [(True, HEADER_SIZE)] * 2
-        assert not errors, errors
-    finally:
-        log.close()
-
-
-def test_the_same_uniq_key_twice_in_one_batch_is_stored_once(tmp_path: Path) -> None:
-    log = LocalLog(tmp_path / "node")
-
-    async def run() -> list[PutResult]:
-        puts = [log.cl.put([log.cl.prepare("t", b"x", uniq_key="K")], 5.0) for _ in range(3)]
-        tasks = [asyncio.ensure_future(p) for p in puts]
-        for _ in range(10):
-            await asyncio.sleep(0)
-        assert log.store.last_index() == 1
-        log.commit()
-        return [(await t)[0] for t in tasks]
-
-    try:
-        results = asyncio.run(run())
-        assert [r.duplicate for r in results] == [False, True, True]
-        assert len({r.commitlog_offset for r in results}) == 1
-    finally:
-        log.close()
-
-
-def test_a_put_past_its_timeout_is_unknown_and_its_entry_still_commits(tmp_path: Path) -> None:
-    """The caller stops waiting (OutcomeUnknown), the entry does not go away: a retry
-    with the same uniq_key is answered by it. A put abandoned that way and failed
-    later (a newer leader replaced its entry) leaves no unretrieved error behind."""
-    log = LocalLog(tmp_path / "node")
-    errors: list[dict[str, object]] = []
-
-    async def run() -> PutResult:
-        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: errors.append(ctx))
-        specs = [log.cl.prepare("t", b"slow", uniq_key=f"S{i}") for i in range(3)]
-        with pytest.raises(OutcomeUnknown, match="retry with the same uniq_key"):
-            await log.cl.put(specs, 0.05)
-        assert log.store.last_index() == 3  # proposed, not committed
-        log.commit(2)
-        (again,) = await log.cl.put([log.cl.prepare("t", b"slow", uniq_key="S1")], 5.0)
-        # Entry 3 replaced by a newer leader's: its abandoned future fails unheard.
-        gone = log._pending.pop()
-        log.cl.apply([Entry(gone.index, 2, gone.data, EntryKind.NORMAL)])
-        return again
-
-    try:
-        again = asyncio.run(run())
-        gc.collect()
-        assert again.duplicate and again.commitlog_offset > HEADER_SIZE
-        assert not errors, errors
-    finally:
-        log.close()
-
-
-def test_a_cancelled_put_whose_entry_is_replaced_leaves_no_unretrieved_error(
-    tmp_path: Path,
-) -> None:
-    """The caller's task is cancelled (its client went away) while the put waits; the
-    entry is later replaced by a newer leader's: its failure is heard by nobody, quietly."""
-    log = LocalLog(tmp_path / "node")
-    errors: list[dict[str, object]] = []
-
-    async def run() -> None:
-        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: errors.append(ctx))
-        task = asyncio.ensure_future(log.cl.put([log.cl.prepare("t", b"c", uniq_key="C")], 5.0))
-        for _ in range(10):
-            if log._pending:
-                break
-            await asyncio.sleep(0)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        gone = log._pending.pop()
-        log.cl.apply([Entry(gone.index, 2, gone.data, EntryKind.NORMAL)])
-
-    try:
-        asyncio.run(run())
-        gc.collect()
-        assert not errors, errors
-    finally:
-        log.close()
 
 
 def test_persist_rewrites_its_records_only_when_they_changed(log: LocalLog) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from dispatch.dispatcher import Dispatcher
 from store.index_file import IndexFile
-from tests.test_dispatch import LAYOUT, LocalLog, files_of, messages
+from tests.dispatch_helpers import LAYOUT, LocalLog, files_of, messages
 
 SECTOR = 512
 
@@ -105,11 +105,20 @@ def test_a_sealed_unflushed_index_file_after_a_power_loss_is_what_a_rebuild_give
         again.close(clean=True)
 
         rebuilt = tmp_path / "rebuilt"
-        shutil.copytree(log.root, rebuilt, ignore=shutil.ignore_patterns(
-            "consumequeue", "index", "checkpoint", "consumer_offsets.json", "abort"))  # fmt: skip
-        fresh = Dispatcher(rebuilt, log.cl, units_per_file=LAYOUT["cq_units_per_file"],
-                           index_slots=LAYOUT["index_slots"],
-                           index_entries=LAYOUT["index_entries"])  # fmt: skip
+        shutil.copytree(
+            log.root,
+            rebuilt,
+            ignore=shutil.ignore_patterns(
+                "consumequeue", "index", "checkpoint", "consumer_offsets.json", "abort"
+            ),
+        )
+        fresh = Dispatcher(
+            rebuilt,
+            log.cl,
+            units_per_file=LAYOUT["cq_units_per_file"],
+            index_slots=LAYOUT["index_slots"],
+            index_entries=LAYOUT["index_entries"],
+        )
         fresh.recover(log.cl.committed_pos)
         fresh.catch_up()
         fresh.persist(fresh.snapshot())

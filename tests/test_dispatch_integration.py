@@ -65,8 +65,9 @@ def test_pull_serves_each_queue_in_order_with_tag_filters(cluster: LocalCluster)
     with cluster.client() as client:
         sent = []
         for i in range(24):
-            r = client.put(topic, f"m{i}", tags=("TagA", "TagB", "TagC")[i % 3], queue_id=i % 2,
-                           keys=[f"k{i}"])  # fmt: skip
+            r = client.put(
+                topic, f"m{i}", tags=("TagA", "TagB", "TagC")[i % 3], queue_id=i % 2, keys=[f"k{i}"]
+            )
             sent.append(r)
         for q in (0, 1):
             got = pull_all(client, topic, q)
@@ -133,8 +134,9 @@ def test_every_replica_serves_the_same_queues(cluster: LocalCluster) -> None:
     answers = []
     with node_stubs(cluster) as stubs:
         for stub in stubs.values():
-            r = stub.Pull(pb.PullRequest(topic=topic, queue_id=0, queue_offset=0,
-                                         max_messages=100), timeout=5)  # fmt: skip
+            r = stub.Pull(
+                pb.PullRequest(topic=topic, queue_id=0, queue_offset=0, max_messages=100), timeout=5
+            )
             answers.append([(m.commitlog_offset, m.body) for m in r.messages])
             q = stub.QueryByKey(pb.QueryByKeyRequest(topic=topic, key="key3"), timeout=5)
             assert [m.body for m in q.messages] == [b"r3"]
@@ -158,11 +160,15 @@ def test_bad_reads_get_clear_errors(cluster: LocalCluster) -> None:
         cases = [
             (pb.PullRequest(topic="bad topic!", queue_id=0), grpc.StatusCode.INVALID_ARGUMENT),
             (pb.PullRequest(topic="t", queue_id=99), grpc.StatusCode.INVALID_ARGUMENT),
-            (pb.PullRequest(topic="t", queue_id=0, tag_expression="A ||"),
-             grpc.StatusCode.INVALID_ARGUMENT),
-            (pb.PullRequest(topic="never-written", queue_id=0, queue_offset=5),
-             grpc.StatusCode.OUT_OF_RANGE),
-        ]  # fmt: skip
+            (
+                pb.PullRequest(topic="t", queue_id=0, tag_expression="A ||"),
+                grpc.StatusCode.INVALID_ARGUMENT,
+            ),
+            (
+                pb.PullRequest(topic="never-written", queue_id=0, queue_offset=5),
+                grpc.StatusCode.OUT_OF_RANGE,
+            ),
+        ]
         for request, code in cases:
             with pytest.raises(grpc.RpcError) as err:
                 stub.Pull(request, timeout=5)
@@ -172,8 +178,9 @@ def test_bad_reads_get_clear_errors(cluster: LocalCluster) -> None:
             stub.QueryByKey(pb.QueryByKeyRequest(topic="t", key=""), timeout=5)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         with pytest.raises(grpc.RpcError) as err:
-            stub.Put(pb.PutRequest(message=pb.MessageData(topic="%SYS%OFFSETS", body=b"x")),
-                     timeout=5)  # fmt: skip
+            stub.Put(
+                pb.PutRequest(message=pb.MessageData(topic="%SYS%OFFSETS", body=b"x")), timeout=5
+            )
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "reserved" in (err.value.details() or "")
 
@@ -186,11 +193,28 @@ def test_consume_cli_resumes_from_the_group_offset(cluster: LocalCluster, tmp_pa
 
     def consume(n: int) -> list[str]:
         out = subprocess.run(
-            [sys.executable, "-m", "dledger_commitlog", "consume", "--servers",
-             ",".join(s.client for s in cluster), "--group", "g1", "--topic", topic,
-             "--max", str(n), "--idle-exit", "3", "--json"],
-            capture_output=True, text=True, timeout=60, check=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "dledger_commitlog",
+                "consume",
+                "--servers",
+                ",".join(s.client for s in cluster),
+                "--group",
+                "g1",
+                "--topic",
+                topic,
+                "--max",
+                str(n),
+                "--idle-exit",
+                "3",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         return [json.loads(line)["body"] for line in out.stdout.splitlines()]
 
     first = consume(4)
@@ -220,8 +244,12 @@ def test_group_offsets_survive_leader_failover(make_cluster: Callable[..., Local
         cluster.start(old)
         wait_converged(cluster, CONVERGE_S)
     with Client([cluster.specs[old].client]) as on_old:
-        wait_until(lambda: on_old.fetch_offset("billing", "orders", 0), 15,
-                   "the old leader to learn the new offset", ok=lambda o: o == {0: 9})  # fmt: skip
+        wait_until(
+            lambda: on_old.fetch_offset("billing", "orders", 0),
+            15,
+            "the old leader to learn the new offset",
+            ok=lambda o: o == {0: 9},
+        )
 
 
 def test_rebuilt_queues_and_index_are_byte_identical(
@@ -277,8 +305,12 @@ def test_kills_and_pauses_under_load_then_queues_match_a_rebuild(
     writers = Writers(cluster, "kl", threads=4, keyed=True).start()
     try:
         for _ in range(4):
-            wait_until(writers.count, 20, "writers to make progress",
-                       ok=functools.partial(operator.lt, writers.count() + 20))  # fmt: skip
+            wait_until(
+                writers.count,
+                20,
+                "writers to make progress",
+                ok=functools.partial(operator.lt, writers.count() + 20),
+            )
             victim = rng.choice([s.id for s in cluster])
             time.sleep(rng.uniform(0.0, 0.5))  # a random moment in the load, not a wait
             if rng.random() < 0.5:
@@ -337,8 +369,9 @@ def test_a_wiped_node_is_rebuilt_from_the_leader(
     wait_dispatched(cluster)
     with node_stubs(cluster) as stubs:
         assert read_all(stubs[victim.id]) == read_all(stubs[leader])
-        r = stubs[victim.id].Pull(pb.PullRequest(topic="wp", queue_id=0, max_messages=1000),
-                                  timeout=5)  # fmt: skip
+        r = stubs[victim.id].Pull(
+            pb.PullRequest(topic="wp", queue_id=0, max_messages=1000), timeout=5
+        )
         assert len(r.messages) == r.max_offset > 0
 
 

@@ -30,9 +30,9 @@ from store.errors import ConflictingWrite, CorruptEntry, OffsetOutOfRange
 from store.index_file import IndexFile
 from store.index_format import HEADER_SIZE, SLOT, build_key, index_key_hash, topic_key_hashes
 from store.index_service import IndexService
-from store.message import Message, encode_message, java_string_hash, peek_header
+from store.message import StoredMessage, encode_message, java_string_hash, peek_header
 from store.message_batch import java_hashes, peek_headers
-from tests.test_dispatch import files_of
+from tests.dispatch_helpers import files_of
 
 T0 = 1_700_000_000_000
 
@@ -62,7 +62,7 @@ def _utf16_units(s: str) -> int:
 
 def random_message(
     rng: random.Random, i: int, topics: Sequence[str] = ("t0", "t1"), wild_times: bool = True
-) -> Message:
+) -> StoredMessage:
     """Keys ASCII or not, long or short, empty words; names that collide with others."""
     props: dict[str, str] = {}
     if rng.random() < 0.85:
@@ -77,7 +77,7 @@ def random_message(
     ts = T0 + rng.randrange(10**6)
     if wild_times and rng.random() < 0.3:
         ts = rng.randrange(-(1 << 63), 1 << 63)
-    return Message(
+    return StoredMessage(
         topic=rng.choice(topics),
         body=rng.randbytes(rng.randrange(0, 40)),
         properties=props,
@@ -106,8 +106,13 @@ def batched(datas: Sequence[bytes], vector_min: int) -> list[tuple[object, ...]]
     for i in range(len(datas)):
         at = np.flatnonzero(b.key_message == i).tolist()
         hashes = [(int(b.key_hash[k]), int(b.key_units[k])) for k in at]
-        row = (b.total_size[i], b.queue_id[i], b.queue_offset[i], b.store_timestamp_ms[i],
-               b.tags_code[i])  # fmt: skip
+        row = (
+            b.total_size[i],
+            b.queue_id[i],
+            b.queue_offset[i],
+            b.store_timestamp_ms[i],
+            b.tags_code[i],
+        )
         rows.append((*(int(v) for v in row), b.topics[b.topic_index[i]], hashes))
     return rows
 
@@ -157,7 +162,7 @@ def test_peek_headers_refuses_what_peek_header_refuses(seed: int) -> None:
 
 
 def test_duplicate_property_names_are_refused_in_a_batch() -> None:
-    good = encode_message(Message("t", b"x", {"KEYS": "a", "Aa": "1", "BB": "2"}))
+    good = encode_message(StoredMessage("t", b"x", {"KEYS": "a", "Aa": "1", "BB": "2"}))
     assert batched([good] * 30, 0) == one_by_one([good] * 30)  # a hash collision, not a twin
     props = b"KEYS\x01a\x02Aa\x011\x02KEYS\x01b\x02"
     at = good.index(b"KEYS\x01a\x02")
@@ -176,8 +181,10 @@ def test_java_hashes_of_short_and_long_segments() -> None:
         lens = np.array([rng.randrange(top + 1) for _ in range(50)], np.int64)
         starts = np.array([rng.randrange(len(text) - int(n)) for n in lens], np.int64)
         got = java_hashes(arr, starts, lens).tolist()
-        want = [java_string_hash(text[s : s + n].decode()) & 0xFFFFFFFF
-                for s, n in zip(starts.tolist(), lens.tolist(), strict=True)]  # fmt: skip
+        want = [
+            java_string_hash(text[s : s + n].decode()) & 0xFFFFFFFF
+            for s, n in zip(starts.tolist(), lens.tolist(), strict=True)
+        ]
         assert got == want, f"segments up to {top} bytes"
 
 
@@ -377,7 +384,7 @@ class MemoryLog:
         self.end = 1000
         self.next_queue_offset: dict[tuple[str, int], int] = {}
 
-    def append(self, msg: Message, gap: int = 48, skip: int = 0) -> None:
+    def append(self, msg: StoredMessage, gap: int = 48, skip: int = 0) -> None:
         """Append `msg`; `skip` > 0 jumps its queue's offsets (a queue starting later)."""
         key = (msg.topic, msg.queue_id)
         q = self.next_queue_offset.get(key, 0) + skip
@@ -462,8 +469,11 @@ def test_dispatch_writes_the_files_of_per_message_dispatch(
     how = small_or_large(monkeypatch, seed)
     rng = random.Random(seed)
     log = MemoryLog()
-    geometry = {"units_per_file": rng.randrange(3, 40), "index_slots": rng.randrange(1, 50),
-                "index_entries": rng.randrange(10, 120)}  # fmt: skip
+    geometry = {
+        "units_per_file": rng.randrange(3, 40),
+        "index_slots": rng.randrange(1, 50),
+        "index_entries": rng.randrange(10, 120),
+    }
     old = PerMessageDispatcher(tmp_path / "old", log, **geometry, batch_bytes=1)
     new = Dispatcher(tmp_path / "new", log, **geometry, batch_bytes=1)
     for d in (old, new):
@@ -473,7 +483,7 @@ def test_dispatch_writes_the_files_of_per_message_dispatch(
         for i in range(rng.randrange(0, 150)):
             if rng.random() < 0.05:
                 body = encode_offset_commit(f"g{rng.randrange(3)}", "orders", 0, i + 100 * round_)
-                log.append(Message(OFFSETS_TOPIC, body, {"UNIQ_KEY": f"o{round_}-{i}"}))
+                log.append(StoredMessage(OFFSETS_TOPIC, body, {"UNIQ_KEY": f"o{round_}-{i}"}))
             else:
                 msg = random_message(rng, i, topics, wild_times=False)
                 log.append(msg, gap=rng.choice([48, 48, 96]))
@@ -496,7 +506,7 @@ def test_dispatch_writes_the_files_of_per_message_dispatch(
 def test_a_batch_is_checked_before_anything_is_written(tmp_path: Path) -> None:
     log = MemoryLog()
     for i in range(40):
-        log.append(Message("t", b"body", {"KEYS": f"k{i}", "UNIQ_KEY": f"u{i}"}))
+        log.append(StoredMessage("t", b"body", {"KEYS": f"k{i}", "UNIQ_KEY": f"u{i}"}))
     offset, data = log.messages[30]
     log.messages[30] = (offset, data[:-1] + b"\x03")  # the last separator is damaged
     d = Dispatcher(tmp_path, log, units_per_file=10, index_slots=8, index_entries=50)
@@ -513,15 +523,23 @@ def test_queues_that_start_late_or_jump(tmp_path: Path, batch_bytes: int) -> Non
     queue that has units is a gap, refused the same way, after the same units."""
     log = MemoryLog()
     for i in range(60):
-        log.append(Message("t", b"x", {"UNIQ_KEY": f"u{i}"}, queue_id=i % 3),
-                   skip=7 if i in (1, 2) else 0)  # fmt: skip
-    log.append(Message("t", b"x", {}, queue_id=0), skip=2)  # a gap in queue 0
+        log.append(
+            StoredMessage("t", b"x", {"UNIQ_KEY": f"u{i}"}, queue_id=i % 3),
+            skip=7 if i in (1, 2) else 0,
+        )
+    log.append(StoredMessage("t", b"x", {}, queue_id=0), skip=2)  # a gap in queue 0
     for _ in range(40):
-        log.append(Message("t", b"y", {}, queue_id=1))
+        log.append(StoredMessage("t", b"y", {}, queue_id=1))
     errors, queues = [], []
     for name, cls in (("old", PerMessageDispatcher), ("new", Dispatcher)):
-        d = cls(tmp_path / name, log, units_per_file=8, index_slots=8, index_entries=30,
-                batch_bytes=batch_bytes)  # fmt: skip
+        d = cls(
+            tmp_path / name,
+            log,
+            units_per_file=8,
+            index_slots=8,
+            index_entries=30,
+            batch_bytes=batch_bytes,
+        )
         d.recover(log.committed_pos)
         with pytest.raises(OffsetOutOfRange) as exc:
             d.catch_up()

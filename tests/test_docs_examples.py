@@ -87,7 +87,7 @@ def test_the_docs_hold_commands_to_run() -> None:
     assert readme[0].startswith(".venv/bin/dledger cluster up ") and len(readme) >= 15
     assert any(c.startswith(".venv/bin/dledger cluster down ") for c in readme)
     scaleout = readme_scaleout_commands()
-    assert scaleout[0].startswith(".venv/bin/dledger cluster up ") and "--groups" in scaleout[0]
+    assert scaleout[0].startswith(".venv/bin/dledger cluster up ") and "--shards" in scaleout[0]
     docs = delayed_tx_commands()
     assert any("--delay-level" in c for c in docs) and any("tx rollback" in c for c in docs)
 
@@ -234,7 +234,7 @@ class DocRun:
 
     def client(self, group: int = 1) -> Client:
         assert self.cluster_dir is not None, "a command needs a cluster before `cluster up`"
-        return LocalCluster(self.cluster_dir).client(group=group)
+        return LocalCluster(self.cluster_dir).client(shard=group)
 
     def consume(self, line: str, args: list[str]) -> None:
         """`consume` tails until interrupted: it must print every message its topic holds
@@ -331,11 +331,11 @@ def check_put(run: DocRun, args: list[str], out: str) -> None:
     assert printed["duplicate"] == "False" and int(printed["commitlog_offset"]) > 0
     run.puts.append(put)
     body = put.body.encode()
-    if "group" in printed:  # a multi-Raft cluster: the topic's route chose the group
-        with run.client(int(printed["group"])) as c:
+    if "shard" in printed:  # a cluster of several shards: the topic's route chose one
+        with run.client(int(printed["shard"])) as c:
             routes = c.route(put.topic)
-        assert int(printed["group"]) in dict(routes.route(put.topic).groups), (routes, printed)
-    with run.client(int(printed.get("group", 1))) as c:
+        assert int(printed["shard"]) in dict(routes.route(put.topic).groups), (routes, printed)
+    with run.client(int(printed.get("shard", 1))) as c:
         if not later:
             assert c.get(msg_id=printed["msg_id"]).body == body
         elif "--delay-level" not in args:  # minutes or more ahead: stored, not delivered yet
@@ -369,8 +369,11 @@ def check_status(run: DocRun, args: list[str], out: str) -> None:
 
 def check_member_list(run: DocRun, args: list[str], out: str) -> None:
     rows = table_rows(out)
-    assert [(r["member"], r["role"]) for r in rows] == [("1", "voter"), ("2", "voter"),
-                                                        ("3", "voter")], out  # fmt: skip
+    assert [(r["member"], r["role"]) for r in rows] == [
+        ("1", "voter"),
+        ("2", "voter"),
+        ("3", "voter"),
+    ], out
     assert all(int(r["match"]) >= 0 and int(r["lag"]) >= 0 for r in rows), out  # the leader knows
 
 
@@ -473,16 +476,16 @@ def check_topic_route(run: DocRun, args: list[str], out: str) -> None:
     rows = table_rows(out)
     with run.client() as c:
         routes = c.route()
-    shown = {(r["topic"], int(r["group"]), int(r["queues"])) for r in rows}
+    shown = {(r["topic"], int(r["shard"]), int(r["queues"])) for r in rows}
     assert shown and shown <= {(t, g, n) for t, r in routes.routes.items() for g, n in r.groups}
     for r in rows:  # each group's leader as the node knows it
-        assert int(r["leader"]) == routes.leaders[int(r["group"])].leader_id, (r, routes)
+        assert int(r["leader"]) == routes.leaders[int(r["shard"])].leader_id, (r, routes)
 
 
-def check_groups_status(run: DocRun, args: list[str], out: str) -> None:
+def check_shard_status(run: DocRun, args: list[str], out: str) -> None:
     table, leads = out.rstrip("\n").rsplit("\n", 1)
     rows = table_rows(table)
-    assert [r["group"] for r in rows] == ["0", "1", "2", "3"], out
+    assert [r["shard"] for r in rows] == ["0", "1", "2", "3"], out
     for r in rows:  # one leader per group, every node a member
         cells = [v for k, v in r.items() if k.startswith("node ")]
         assert len(cells) == 3 and sum(v.startswith("leader") for v in cells) == 1, out
@@ -491,8 +494,8 @@ def check_groups_status(run: DocRun, args: list[str], out: str) -> None:
     assert sum(counts) == 4, out
 
 
-def check_groups_balance(run: DocRun, args: list[str], out: str) -> None:
-    """Leaders spread: no node leads more than ceil(4 groups / 3 nodes) = 2."""
+def check_shard_balance(run: DocRun, args: list[str], out: str) -> None:
+    """Leaders spread: no node leads more than ceil(4 shards / 3 nodes) = 2."""
     leads = out.rstrip("\n").rsplit("\n", 1)[1]
     counts = [int(x.rsplit(": ", 1)[1]) for x in leads.removeprefix("leads: ").split(", ")]
     assert sum(counts) == 4 and max(counts) <= 2, out
@@ -522,8 +525,8 @@ CHECKS: dict[tuple[str, ...], Callable[[DocRun, list[str], str], None]] = {
     ("verify",): check_verify,
     ("topic", "create"): check_topic_create,
     ("topic", "route"): check_topic_route,
-    ("groups", "status"): check_groups_status,
-    ("groups", "balance"): check_groups_balance,
+    ("shard", "status"): check_shard_status,
+    ("shard", "balance"): check_shard_balance,
 }
 
 

@@ -20,14 +20,11 @@ import pytest
 from raft import Message, NotLeader
 from raft.driver import ReadyDriver
 from raft.messages import AppendEntries
-from tests.sim.driver_sim import (
-    TEAR_MODES,
-    DriverSim,
-    NetProfile,
-    SimNode,
-    tear,
-)
+from tests.sim.driver_node import SimNode
+from tests.sim.driver_sim import DriverSim
+from tests.sim.power_loss import TEAR_MODES, tear
 from tests.sim.simulation import SimFailure
+from tests.sim.streams import NetProfile
 
 STEPS = 2500
 # (seed, nodes, write buffer): both cluster sizes, with and without the write buffer.
@@ -196,8 +193,9 @@ def test_a_commit_notice_lingers_and_the_next_append_carries_it() -> None:
         send = leader.driver._send
 
         def counted(messages: Sequence[Message]) -> None:
-            notices.extend((sim.now, m.commit) for m in messages
-                           if isinstance(m, AppendEntries) and m.quiet)  # fmt: skip
+            notices.extend(
+                (sim.now, m.commit) for m in messages if isinstance(m, AppendEntries) and m.quiet
+            )
             send(messages)
 
         leader.driver._send = counted
@@ -209,8 +207,11 @@ def test_a_commit_notice_lingers_and_the_next_append_carries_it() -> None:
                 start = sim.now
                 sim.run_until(lambda: sim.now >= start + gap_ms, 100, "time")  # noqa: B023
             lives = [n.life for n in sim.nodes.values()]
-            sim.run_until(lambda: all(life is not None and life.applied >= last
-                                      for life in lives), 3000, "all applied")  # fmt: skip
+            sim.run_until(
+                lambda: all(life is not None and life.applied >= last for life in lives),
+                3000,
+                "all applied",
+            )
             return last
 
         propose_every(10, 20)

@@ -20,7 +20,7 @@ from store.entry_format import (
     encode_entry,
 )
 from store.errors import CorruptEntry
-from store.message import Message, decode_message, encode_message
+from store.message import StoredMessage, decode_message, encode_message
 
 SEG = 4096
 ISEG = 32 * 64
@@ -44,9 +44,16 @@ def fill(store: EntryStore, n: int, term: int = 1, size: int = 300) -> None:
 def test_golden_header_bytes() -> None:
     header, chain = encode_entry(0, index=1, term=2, pos=0, channel=0, body=b"hello")
     assert header.hex() == (
-        "cafebabe" "00000035" "0000000000000001" "0000000000000002" "0000000000000000"
-        "00000000" f"{chain:08x}" "3610a686" "00000005"
-    )  # fmt: skip
+        "cafebabe"
+        "00000035"
+        "0000000000000001"
+        "0000000000000002"
+        "0000000000000000"
+        "00000000"
+        f"{chain:08x}"
+        "3610a686"
+        "00000005"
+    )
     assert HEADER_SIZE == 48
 
 
@@ -153,7 +160,7 @@ def test_delete_prefix_keeps_the_term_of_the_entry_before_first(tmp_path: Path) 
 def test_message_bodies_get_their_physical_offset(tmp_path: Path) -> None:
     s = open_store(tmp_path)
     fill(s, 3)
-    raw = encode_message(Message(topic="orders", body=b"payload"))
+    raw = encode_message(StoredMessage(topic="orders", body=b"payload"))
     s.append([Entry(4, 1, raw), Entry(5, 1, raw, EntryKind.NORMAL)])
     for i in (4, 5):
         e = s.get(i)
@@ -163,7 +170,7 @@ def test_message_bodies_get_their_physical_offset(tmp_path: Path) -> None:
 
 
 def test_replicas_appending_the_same_entries_are_byte_identical(tmp_path: Path) -> None:
-    raw = encode_message(Message(topic="t", body=b"x" * 500))
+    raw = encode_message(StoredMessage(topic="t", body=b"x" * 500))
     entries = [Entry(i, 1 + i // 7, raw if i % 2 else body(i)) for i in range(1, 60)]
     a, b = open_store(tmp_path / "a"), open_store(tmp_path / "b")
     a.append(entries)
@@ -529,8 +536,10 @@ def test_what_recovery_finds_is_made_durable_before_it_counts_as_such(
 
 
 def _one_by_one(s: EntryStore, lo: int, hi: int, max_bytes: int) -> list[Entry]:
-    return [Entry(e.index, e.term, e.body, EntryKind(e.channel))
-            for e in s.stored_entries(lo, hi, max_bytes)]  # fmt: skip
+    return [
+        Entry(e.index, e.term, e.body, EntryKind(e.channel))
+        for e in s.stored_entries(lo, hi, max_bytes)
+    ]
 
 
 def test_runs_read_from_the_files_are_the_entries_one_by_one(
@@ -547,8 +556,14 @@ def test_runs_read_from_the_files_are_the_entries_one_by_one(
     s.write_checkpoint(200)
     s.close()
     r = open_store(tmp_path, committed_index=200)  # nothing in memory
-    for lo, hi, max_bytes in [(1, 201, 1 << 30), (1, 201, 5000), (3, 60, 1), (17, 40, 2500),
-                              (150, 201, 9000), (180, 200, 0)]:  # fmt: skip
+    for lo, hi, max_bytes in [
+        (1, 201, 1 << 30),
+        (1, 201, 5000),
+        (3, 60, 1),
+        (17, 40, 2500),
+        (150, 201, 9000),
+        (180, 200, 0),
+    ]:
         with monkeypatch.context() as m:  # the run's own read, not the one-by-one one
             m.setattr(r, "stored_entries", None)
             got = r.entries(lo, hi, max_bytes)

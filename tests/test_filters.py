@@ -409,9 +409,32 @@ def test_any_text_compiles_or_raises_filter_error(text: str) -> None:
 
 
 TOKENS = st.sampled_from(
-    ["a", "b", "TAGS", "=", "<>", "<", ">=", "(", ")", ",", "AND", "OR", "NOT", "IN", "IS",
-     "NULL", "BETWEEN", "LIKE", "TRUE", "1", "-2.5", "'x'", "'%'"]
-)  # fmt: skip
+    [
+        "a",
+        "b",
+        "TAGS",
+        "=",
+        "<>",
+        "<",
+        ">=",
+        "(",
+        ")",
+        ",",
+        "AND",
+        "OR",
+        "NOT",
+        "IN",
+        "IS",
+        "NULL",
+        "BETWEEN",
+        "LIKE",
+        "TRUE",
+        "1",
+        "-2.5",
+        "'x'",
+        "'%'",
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)

@@ -20,6 +20,7 @@ import pytest
 
 from dledger_commitlog.client.groups import _delivery, run_deliveries
 from dledger_commitlog.client.values import stored_message
+from dledger_commitlog.log.commitlog import Draft
 from dledger_commitlog.messaging import group_fetch
 from dledger_commitlog.messaging.group_state import GroupState, Settings
 from dledger_commitlog.messaging.groups import GroupService
@@ -77,7 +78,7 @@ _PUTS = itertools.count()
 
 
 async def put(node: RaftNode, topic: str, body: bytes, queue_id: int, **kw: Any) -> None:
-    spec = node.prepare(topic, body, uniq_key=f"u{next(_PUTS)}", queue_id=queue_id, **kw)
+    spec = node.prepare(Draft(topic, body, f"u{next(_PUTS)}", queue_id=queue_id, **kw))
     await node.put([spec], 5.0)
     await node.wait_dispatched(node.committed_pos, 5.0)
 
@@ -97,8 +98,9 @@ async def join(groups: GroupService, group: str, subs: Any = None, **settings: A
 
 
 async def fetch_all(service: ClientService, group: str, runs: bool) -> pb.GroupFetchResponse:
-    request = pb.GroupFetchRequest(group=group, member_id="m", max_messages=256, wait_ms=1000,
-                                   runs=runs)  # fmt: skip
+    request = pb.GroupFetchRequest(
+        group=group, member_id="m", max_messages=256, wait_ms=1000, runs=runs
+    )
     reply: pb.GroupFetchResponse = await service.GroupFetch(request, Context())
     return reply
 
@@ -107,8 +109,16 @@ def test_a_run_decodes_to_what_the_per_message_answer_says_field_by_field(tmp_pa
     bodies = [bytes(range(256)) * 3 + b"\x00\xff", b"", "grüße ☃".encode(), b"plain"]
 
     async def body(node: RaftNode, groups: GroupService, service: ClientService) -> None:
-        await put(node, "T", bodies[0], 0, keys=["k1", "k2"], tags="TagA", flag=7,
-                  properties={"città": "Zürich ☃", "emoji": "🎉", "n": "5"})  # fmt: skip
+        await put(
+            node,
+            "T",
+            bodies[0],
+            0,
+            keys=["k1", "k2"],
+            tags="TagA",
+            flag=7,
+            properties={"città": "Zürich ☃", "emoji": "🎉", "n": "5"},
+        )
         await put(node, "T", bodies[1], 0)
         retried = {"RECONSUME_TIMES": "3", "RETRY_TOPIC": "orig"}
         await put(node, "T", bodies[2], 1, tags="Ü", properties=retried)
@@ -119,8 +129,10 @@ def test_a_run_decodes_to_what_the_per_message_answer_says_field_by_field(tmp_pa
         legacy = await fetch_all(service, "old", runs=False)
         assert not compact.deliveries and not legacy.runs
         assert len(compact.runs) == 3  # one per queue that had messages
-        got = sorted((d for run in compact.runs for d in run_deliveries(run)),
-                     key=lambda d: d.message.commitlog_offset)  # fmt: skip
+        got = sorted(
+            (d for run in compact.runs for d in run_deliveries(run)),
+            key=lambda d: d.message.commitlog_offset,
+        )
         want = sorted(map(_delivery, legacy.deliveries), key=lambda d: d.message.commitlog_offset)
         assert [d.message.body for d in got] == bodies
         for new, old in zip(got, want, strict=True):
@@ -128,11 +140,17 @@ def test_a_run_decodes_to_what_the_per_message_answer_says_field_by_field(tmp_pa
             by_id = await service.Get(pb.GetRequest(msg_id=new.message.msg_id), Context())
             assert stored_message(by_id.message) == new.message
             assert (new.reconsume_times, new.origin_topic, new.delivery_count) == (
-                old.reconsume_times, old.origin_topic, old.delivery_count)  # fmt: skip
+                old.reconsume_times,
+                old.origin_topic,
+                old.delivery_count,
+            )
         assert (got[2].reconsume_times, got[2].origin_topic) == (3, "orig")
         assert got[0].message.properties == {"città": "Zürich ☃", "emoji": "🎉", "n": "5"}
         assert (got[0].message.keys, got[0].message.tags, got[0].message.flag) == (
-            ("k1", "k2"), "TagA", 7)  # fmt: skip
+            ("k1", "k2"),
+            "TagA",
+            7,
+        )
 
     run_node(tmp_path, body)
 
@@ -198,19 +216,21 @@ def test_filters_run_on_the_server_and_what_they_drop_counts_as_acked(tmp_path: 
     async def body(node: RaftNode, groups: GroupService, service: ClientService) -> None:
         tags = ["A", "B", "C", None, "A", "B"]
         for i, tag in enumerate(tags):
-            await put(node, "T", f"m{i}".encode(), i % 2, tags=tag,
-                      properties={"amount": str(i)})  # fmt: skip
+            await put(node, "T", f"m{i}".encode(), i % 2, tags=tag, properties={"amount": str(i)})
         subs = {"T": ("TAG", "A || C")}
         state = await join(groups, "tags", subs)
         tagged = await groups.fetch("tags", "m", 32, 1.0)
-        assert sorted(m for r in tagged.runs for m in _bodies(r.messages)) == [b"m0", b"m2",
-                                                                               b"m4"]  # fmt: skip
+        assert sorted(m for r in tagged.runs for m in _bodies(r.messages)) == [b"m0", b"m2", b"m4"]
         for r in tagged.runs:
             lease = state.leases[(r.topic, r.queue_id)]
             acked_all = [(r.topic, r.queue_id, lease.frontier, r.epoch, lease.cursor)]
             await groups.ack("tags", "m", acked_all)
         assert {(ref, x.frontier) for ref, x in state.leases.items() if ref[0] == "T"} == {
-            (("T", 0), 3), (("T", 1), 3), (("T", 2), 0), (("T", 3), 0)}  # fmt: skip
+            (("T", 0), 3),
+            (("T", 1), 3),
+            (("T", 2), 0),
+            (("T", 3), 0),
+        }
         await join(groups, "sql", {"T": ("SQL92", "amount > 2 AND (TAGS IS NULL OR TAGS <> 'B')")})
         chosen = await groups.fetch("sql", "m", 32, 1.0)
         assert sorted(m for r in chosen.runs for m in _bodies(r.messages)) == [b"m3", b"m4"]
@@ -219,8 +239,10 @@ def test_filters_run_on_the_server_and_what_they_drop_counts_as_acked(tmp_path: 
 
 
 def _bodies(messages: list[bytes]) -> list[bytes]:
-    return [run_deliveries(pb.DeliveryRun(messages=m, delivery_counts=[1]))[0].message.body
-            for m in messages]  # fmt: skip
+    return [
+        run_deliveries(pb.DeliveryRun(messages=m, delivery_counts=[1]))[0].message.body
+        for m in messages
+    ]
 
 
 def test_a_fetch_is_bounded_in_bytes_and_the_rest_follows(
@@ -241,8 +263,9 @@ def test_a_fetch_is_bounded_in_bytes_and_the_rest_follows(
                 for r in got.runs:
                     seen += _bodies(r.messages)
                     lease = state.leases[(r.topic, r.queue_id)]
-                    await groups.ack("g", "m", [(r.topic, r.queue_id, lease.frontier, r.epoch,
-                                                 lease.cursor)])  # fmt: skip
+                    await groups.ack(
+                        "g", "m", [(r.topic, r.queue_id, lease.frontier, r.epoch, lease.cursor)]
+                    )
         assert sorted(seen) == sorted(bytes([i]) * 900 for i in range(12))
 
     run_node(tmp_path, body)

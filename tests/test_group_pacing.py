@@ -11,11 +11,11 @@ import pytest
 
 from dledger_commitlog.client.pacing import MAX_FETCH, FetchSize, ack_ranges
 from dledger_commitlog.messaging.allocation import share_out
+from dledger_commitlog.messaging.group_lease import Lease
 from dledger_commitlog.messaging.group_state import (
     MAX_IN_FLIGHT_PER_QUEUE,
     Epochs,
     GroupState,
-    Lease,
     QueueSource,
     Read,
     Settings,
@@ -23,8 +23,14 @@ from dledger_commitlog.messaging.group_state import (
 
 
 def _lease_state(lease: Lease) -> tuple[object, ...]:
-    return (lease.frontier, lease.cursor, sorted(lease.acked), dict(lease.in_flight),
-            dict(lease.deliveries), dict(lease.attempts))  # fmt: skip
+    return (
+        lease.frontier,
+        lease.cursor,
+        sorted(lease.acked),
+        dict(lease.in_flight),
+        dict(lease.deliveries),
+        dict(lease.attempts),
+    )
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -57,12 +63,23 @@ def test_a_range_from_the_frontier_moves_it_at_once() -> None:
 
 
 def test_acks_go_as_ranges_of_consecutive_offsets_per_queue_and_epoch() -> None:
-    handles = [("a", 0, 5, 1), ("a", 0, 3, 1), ("a", 0, 4, 1), ("a", 0, 7, 1), ("a", 0, 4, 1),
-               ("a", 1, 5, 1), ("a", 0, 6, 2), ("b", 0, 0, 1)]  # fmt: skip
+    handles = [
+        ("a", 0, 5, 1),
+        ("a", 0, 3, 1),
+        ("a", 0, 4, 1),
+        ("a", 0, 7, 1),
+        ("a", 0, 4, 1),
+        ("a", 1, 5, 1),
+        ("a", 0, 6, 2),
+        ("b", 0, 0, 1),
+    ]
     assert ack_ranges(handles) == [
-        ("a", 0, 3, 1, 6), ("a", 0, 7, 1, 8), ("a", 0, 6, 2, 7), ("a", 1, 5, 1, 6),
+        ("a", 0, 3, 1, 6),
+        ("a", 0, 7, 1, 8),
+        ("a", 0, 6, 2, 7),
+        ("a", 1, 5, 1, 6),
         ("b", 0, 0, 1, 1),
-    ]  # fmt: skip
+    ]
     assert ack_ranges([]) == []
     rng = random.Random(7)
     many = [("t", rng.randrange(3), rng.randrange(500), 9) for _ in range(400)]
@@ -91,8 +108,7 @@ def test_share_out_is_even_fills_small_wants_and_rotates_the_remainder() -> None
     assert share_out([1, 100, 2], 32) == [1, 29, 2]
     assert share_out([0, 5, 0], 32) == [0, 5, 0]
     assert sum(share_out([1024] * 9, 32)) == 32
-    assert [share_out([5, 5, 5], 1, turn) for turn in range(3)] == [[1, 0, 0], [0, 1, 0],
-                                                                    [0, 0, 1]]  # fmt: skip
+    assert [share_out([5, 5, 5], 1, turn) for turn in range(3)] == [[1, 0, 0], [0, 1, 0], [0, 0, 1]]
     assert share_out([], 10) == [] and share_out([3, 4], 0) == [0, 0]
 
 

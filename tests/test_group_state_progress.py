@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from dledger_commitlog.messaging.group_state import Claim, Settings
-from tests.test_group_state import (
+from tests.group_state_helpers import (
     ACK_WAIT_MS,
     ALL_A,
     CONCURRENT,

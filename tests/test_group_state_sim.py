@@ -92,19 +92,27 @@ class Sim:
     # -- plumbing ----------------------------------------------------------------------
 
     def fail(self, what: str) -> AssertionError:
-        return AssertionError(f"seed {self.seed} step {self.step} (now {self.now} ms, term "
-                              f"{self.term}, {self.settings}): {what}; last steps: "
-                              + "; ".join(self.trace[-12:]))  # fmt: skip
+        return AssertionError(
+            f"seed {self.seed} step {self.step} (now {self.now} ms, term "
+            f"{self.term}, {self.settings}): {what}; last steps: " + "; ".join(self.trace[-12:])
+        )
 
     def note(self, what: str) -> None:
         self.trace.append(f"{self.now}: {what}")
 
     def _new_state(self, grace_until_ms: int) -> GroupState:
         committed = dict(self.committed)
-        source = QueueSource(lambda t: 1 if t.startswith("%") else TOPICS[t],
-                             lambda g, t, q: committed.get((t, q), 0))  # fmt: skip
-        return GroupState(GROUP, source, Epochs(self.term), session_timeout_ms=SESSION_MS,
-                          grace_until_ms=grace_until_ms)  # fmt: skip
+        source = QueueSource(
+            lambda t: 1 if t.startswith("%") else TOPICS[t],
+            lambda g, t, q: committed.get((t, q), 0),
+        )
+        return GroupState(
+            GROUP,
+            source,
+            Epochs(self.term),
+            session_timeout_ms=SESSION_MS,
+            grace_until_ms=grace_until_ms,
+        )
 
     def live(self) -> list[str]:
         return [m for m in self.subs if m not in self.silent]
@@ -114,9 +122,13 @@ class Sim:
     def heartbeat(self, m: str) -> None:
         if m not in self.state.members:
             self.forget(m)
-        claims = [Claim(t, q, v.epoch, v.next_offset, len(v.unacked),
-                        min(v.unacked, default=v.next_offset))
-                  for (t, q), v in sorted(self.views[m].items()) if v.next_offset]  # fmt: skip
+        claims = [
+            Claim(
+                t, q, v.epoch, v.next_offset, len(v.unacked), min(v.unacked, default=v.next_offset)
+            )
+            for (t, q), v in sorted(self.views[m].items())
+            if v.next_offset
+        ]
         for c in claims:  # (who, under what, below what it vouches all done)
             acked_to = c.unacked_from if c.in_flight else c.next_offset
             self.claimed[(c.topic, c.queue_id)] = (m, c.epoch, acked_to)
@@ -215,8 +227,10 @@ class Sim:
             self.drop(m, ref, offset)
             return
         if not expect_ok:
-            raise self.fail(f"{m} acked {ref}@{offset} under epoch {epoch}, which it does "
-                   f"not hold (history {self.history[ref][-4:]})")  # fmt: skip
+            raise self.fail(
+                f"{m} acked {ref}@{offset} under epoch {epoch}, which it does "
+                f"not hold (history {self.history[ref][-4:]})"
+            )
         if end > cursor:
             raise self.fail(f"ack of {ref} [{offset}, {end}) past cursor {cursor}")
         self.acked[ref].update(range(offset, end))
@@ -232,8 +246,7 @@ class Sim:
             view.unacked.pop(offset, None)
 
     def nack(self, m: str) -> None:
-        choices = sorted((ref, o, v.epoch) for ref, v in self.views[m].items()
-                         for o in v.unacked)  # fmt: skip
+        choices = sorted((ref, o, v.epoch) for ref, v in self.views[m].items() for o in v.unacked)
         if not choices:
             return
         ref, offset, epoch = self.rng.choice(choices)
@@ -380,8 +393,10 @@ class Sim:
                 raise self.fail(f"{ref} is owned by {owner}, not a member")
             if history[-1] != (lease.epoch, owner):
                 if any(e is not None and e[0] >= lease.epoch for e in history):
-                    raise self.fail(f"{ref} granted under epoch {lease.epoch}, not above the "
-                                    f"earlier {history[-4:]}")  # fmt: skip
+                    raise self.fail(
+                        f"{ref} granted under epoch {lease.epoch}, not above the "
+                        f"earlier {history[-4:]}"
+                    )
                 claim = self.claimed.get(ref)
                 if history[-1] is None and in_grace and claim is not None and claim[0] == owner:
                     history.append((claim[1], owner))  # adopted: the old epoch is good too
@@ -407,8 +422,7 @@ class Sim:
         self.frontier[ref] = frontier
         missing = [o for o in range(start, frontier) if o not in self.acked[ref]]
         if missing:
-            raise self.fail(f"{ref} frontier {frontier} passed offsets nobody acked: "
-                   f"{missing[:5]}")  # fmt: skip
+            raise self.fail(f"{ref} frontier {frontier} passed offsets nobody acked: {missing[:5]}")
         if frontier > cursor:
             raise self.fail(f"{ref} frontier {frontier} past cursor {cursor}")
 
@@ -425,11 +439,14 @@ class Sim:
         if not live:
             return
         view = self.views[before].get(ref)
-        until = max([self.lost_until.pop((before, ref), 0),
-                     *(view.unacked.values() if view else ())])  # fmt: skip
+        until = max(
+            [self.lost_until.pop((before, ref), 0), *(view.unacked.values() if view else ())]
+        )
         if until > self.now:
-            raise self.fail(f"{ref} went from {before} to {owner} while {before} "
-                   f"(live) had deliveries in hand till {until}")  # fmt: skip
+            raise self.fail(
+                f"{ref} went from {before} to {owner} while {before} "
+                f"(live) had deliveries in hand till {until}"
+            )
 
     def views_lost(self, ref: Ref, keep: str | None) -> None:
         """Members other than the owner learn they lost the queue (their next answer)."""
@@ -455,8 +472,10 @@ class Sim:
             if owned and lease is not None and lease.target is None and ref[0] != RETRY:
                 subs = state.members[lease.owner or ""].subscriptions
                 if ref[0] not in subs:
-                    raise self.fail(f"{ref} stays with {lease.owner}, which does not "
-                           "subscribe to it, and is not moving")  # fmt: skip
+                    raise self.fail(
+                        f"{ref} stays with {lease.owner}, which does not "
+                        "subscribe to it, and is not moving"
+                    )
 
     # -- the end: everything is consumed -------------------------------------------
 

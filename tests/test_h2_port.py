@@ -108,8 +108,9 @@ def _answers(stack: str) -> list[Any]:
         options = [("grpc.max_receive_message_length", 64 << 20)]
         async with grpc.aio.insecure_channel(address, options) as channel:
             stub = pb_grpc.DLedgerClientStub(channel)
-            status = await stub.Status(pb.StatusRequest(), metadata=(("who", "me"),),
-                                       timeout=CALL_TIMEOUT_S)  # fmt: skip
+            status = await stub.Status(
+                pb.StatusRequest(), metadata=(("who", "me"),), timeout=CALL_TIMEOUT_S
+            )
             seen.append((status.cluster, status.node_id > len("ipv4:")))
             transfer = stub.TransferLeadership
             refused = pb.TransferLeadershipRequest(target_node_id=2)
@@ -150,19 +151,21 @@ async def _until_failure(stream: Any, seen: list[Any]) -> AsyncIterator[Any]:
 def test_h2_port_answers_as_grpc_aio_does() -> None:
     expected = [
         ("me", True),
-        (grpc.StatusCode.FAILED_PRECONDITION, "not the leader",
-         {"dledger-leader": "elsewhere:1"}),
+        (grpc.StatusCode.FAILED_PRECONDITION, "not the leader", {"dledger-leader": "elsewhere:1"}),
         (grpc.StatusCode.UNKNOWN, "Unexpected <class 'ValueError'>: boom"),
-        (grpc.StatusCode.INVALID_ARGUMENT,
-         "Error parsing message with type 'dledger.v1.PutRequest': "
-         "field message.topic is not valid UTF-8", {}),
+        (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "Error parsing message with type 'dledger.v1.PutRequest': "
+            "field message.topic is not valid UTF-8",
+            {},
+        ),
         (grpc.StatusCode.RESOURCE_EXHAUSTED, True),
         "after",
         (grpc.StatusCode.OUT_OF_RANGE, "past the end"),
         [(0, 1 << 20), (1, 1 << 20), (2, 1 << 20)],
         "1",
         [1, 2, 3],
-    ]  # fmt: skip
+    ]
     on_grpc_aio = _answers("grpcio")
     assert on_grpc_aio == expected
     assert _answers("h2") == on_grpc_aio

@@ -17,17 +17,32 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("proto", "h2grpc", "netkit", "store", "raft", "raftio", "dispatch",
-            "dledger_commitlog", "analytics", "chaos")  # fmt: skip
+PACKAGES = (
+    "proto",
+    "h2grpc",
+    "netkit",
+    "store",
+    "raft",
+    "raftio",
+    "dispatch",
+    "dledger_commitlog",
+    "analytics",
+    "chaos",
+)
 LINT = Path(sys.executable).with_name("lint-imports")
 
 
 def _lint(where: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(where))
     return subprocess.run(
-        [str(LINT), "--no-cache"], cwd=where, env=env, capture_output=True, text=True,
-        timeout=120, check=False,
-    )  # fmt: skip
+        [str(LINT), "--no-cache"],
+        cwd=where,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def _copy(tmp_path: Path) -> Path:

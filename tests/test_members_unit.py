@@ -97,8 +97,9 @@ class FakeNode:
 
     def status(self) -> NodeState:
         role = Role.LEADER if self.is_leader() else Role.FOLLOWER
-        return NodeState(role, 1, self.group.leader, self.leader_client_address(),
-                         0, 0, 0, 0, 0, 0, 0, {})  # fmt: skip
+        return NodeState(
+            role, 1, self.group.leader, self.leader_client_address(), 0, 0, 0, 0, 0, 0, 0, {}
+        )
 
     async def _change(self, what: str, arg: Any, timeout_s: float) -> int:
         g = self.group
@@ -154,8 +155,9 @@ class Served:
             node: Any = FakeNode(self.group, i)
             no_services: Any = None  # no delayed or transactional messages here
             security = NodeSecurity(acl=self.acl)
-            service = ClientService(cfg, node, no_services, metrics=NodeMetrics(i),
-                                    security=security)  # fmt: skip
+            service = ClientService(
+                cfg, node, no_services, metrics=NodeMetrics(i), security=security
+            )
             server = h2_port.ClientServer(
                 ((pb_grpc.add_DLedgerClientServicer_to_server, service),), None
             )
@@ -180,8 +182,9 @@ class Served:
 def _group() -> FakeGroup:
     g = FakeGroup()
     for i in (1, 2, 3):
-        g.members[i] = MemberStatus(i, "voter", f"127.0.0.1:{7100 + i}", f"127.0.0.1:{7000 + i}",
-                                    10, 0)  # fmt: skip
+        g.members[i] = MemberStatus(
+            i, "voter", f"127.0.0.1:{7100 + i}", f"127.0.0.1:{7000 + i}", 10, 0
+        )
     return g
 
 
@@ -221,8 +224,7 @@ def test_member_list_is_the_leaders_view_through_a_redirect(group: FakeGroup) ->
 
 def test_a_change_reaches_the_leader_with_its_timeout(group: FakeGroup) -> None:
     with client(group, 3) as c:
-        change = c.member_add(4, "127.0.0.1:9104", "127.0.0.1:9004", learner=True,
-                              timeout_ms=3000)  # fmt: skip
+        change = c.member_add(4, "127.0.0.1:9104", "127.0.0.1:9004", learner=True, timeout_ms=3000)
         assert group.calls == [("add", Member(4, "127.0.0.1:9104", "127.0.0.1:9004", True), 3.0)]
         assert change.config_index == 101
         assert [(m.id, m.role) for m in change.members][-1] == (4, "learner")
@@ -344,8 +346,10 @@ def test_status_carries_the_members(group: FakeGroup) -> None:
         leader = c.status(group.addresses[1])
         follower = c.status(group.addresses[2])
     assert [(m.id, m.role, m.match_index, m.lag) for m in leader.members] == [
-        (1, "voter", 10, 0), (2, "voter", 10, 0), (3, "voter", 10, 0)
-    ]  # fmt: skip
+        (1, "voter", 10, 0),
+        (2, "voter", 10, 0),
+        (3, "voter", 10, 0),
+    ]
     assert {(m.match_index, m.lag) for m in follower.members} == {(-1, -1)}
 
 
@@ -354,8 +358,21 @@ def test_status_carries_the_members(group: FakeGroup) -> None:
 
 def test_member_commands_parse() -> None:
     parser = build_parser()
-    a = parser.parse_args(["member", "add", "--id", "4", "--raft", "h:1", "--client", "h:2",
-                           "--learner", "--timeout-ms", "500"])  # fmt: skip
+    a = parser.parse_args(
+        [
+            "member",
+            "add",
+            "--id",
+            "4",
+            "--raft",
+            "h:1",
+            "--client",
+            "h:2",
+            "--learner",
+            "--timeout-ms",
+            "500",
+        ]
+    )
     assert (a.id, a.raft, a.client, a.learner, a.timeout_ms) == (4, "h:1", "h:2", True, 500)
     assert parser.parse_args(["member", "promote", "4"]).id == 4
     assert parser.parse_args(["member", "remove", "5", "--json"]).json
@@ -395,8 +412,10 @@ def test_member_list_json_and_a_refusal_on_the_command_line(
     assert main(["member", "remove", "1", *servers]) == 1
     err = capsys.readouterr().err
     assert "FAILED_PRECONDITION" in err and "node 1 is the last voter" in err
-    assert main(["member", "add", "--id", "4", "--raft", "h:1", "--client", "h:2", "--json",
-                 *servers]) == 0  # fmt: skip
+    assert (
+        main(["member", "add", "--id", "4", "--raft", "h:1", "--client", "h:2", "--json", *servers])
+        == 0
+    )
     assert json.loads(capsys.readouterr().out) == {"id": 4, "role": "voter", "config_index": 101}
     assert main(["status", *servers, "--servers", ",".join(group.addresses.values())]) == 0
     out = capsys.readouterr().out
@@ -413,8 +432,11 @@ def test_a_cluster_directory_remembers_added_and_removed_nodes(tmp_path: Path) -
     members = {s.id: (s.raft, s.client) for s in layout}
     spec = layout.new_spec(members)
     assert (spec.id, spec.client, spec.raft, spec.metrics) == (
-        4, "127.0.0.1:21003", "127.0.0.1:21103", "127.0.0.1:21203"
-    )  # fmt: skip
+        4,
+        "127.0.0.1:21003",
+        "127.0.0.1:21103",
+        "127.0.0.1:21203",
+    )
     layout.add_spec(spec, members)
 
     again = ClusterLayout(tmp_path)
@@ -438,8 +460,12 @@ def test_links_to_nodes_added_later_are_written_as_routes(tmp_path: Path) -> Non
     source's config (node configs are written once); a node added later dials its
     peers through its own links and the later ids through routes."""
     layout = ClusterLayout(tmp_path, nodes=3, base_port=21500)
-    links = {(i, j): f"127.0.0.1:{22000 + 10 * i + j}"
-             for i in range(1, 6) for j in range(1, 6) if i != j}  # fmt: skip
+    links = {
+        (i, j): f"127.0.0.1:{22000 + 10 * i + j}"
+        for i in range(1, 6)
+        for j in range(1, 6)
+        if i != j
+    }
     layout.set_links(links)
     layout._write_layout()
     first = load_config(layout.specs[1].config_path)
@@ -460,19 +486,23 @@ def test_links_to_nodes_added_later_are_written_as_routes(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("routes", "error"),
     [
-        ('[[routes]]\nid = 4\nraft = "127.0.0.1:1"\n[[routes]]\nid = 4\nraft = "127.0.0.1:2"',
-         "routes: duplicate node ids"),
+        (
+            '[[routes]]\nid = 4\nraft = "127.0.0.1:1"\n[[routes]]\nid = 4\nraft = "127.0.0.1:2"',
+            "routes: duplicate node ids",
+        ),
         ('[[routes]]\nid = 2\nraft = "127.0.0.1:1"', "node 2 is a peer"),
         ('[[routes]]\nid = 0\nraft = "127.0.0.1:1"', "an integer >= 1"),
         ('[[routes]]\nid = 4\nraft = "nowhere"', "is not HOST:PORT"),
-        ('[[routes]]\nid = 4', "each route needs id and raft"),
-        ('routes = 4', "routes must be an array of tables"),
+        ("[[routes]]\nid = 4", "each route needs id and raft"),
+        ("routes = 4", "routes must be an array of tables"),
     ],
-)  # fmt: skip
+)
 def test_bad_routes_are_refused_naming_the_setting(tmp_path: Path, routes: str, error: str) -> None:
     path = tmp_path / "node.toml"
-    peers = "".join(f'[[peers]]\nid = {i}\nraft = "127.0.0.1:{7100 + i}"\n'
-                    f'client = "127.0.0.1:{7000 + i}"\n' for i in (1, 2, 3))  # fmt: skip
+    peers = "".join(
+        f'[[peers]]\nid = {i}\nraft = "127.0.0.1:{7100 + i}"\nclient = "127.0.0.1:{7000 + i}"\n'
+        for i in (1, 2, 3)
+    )
     path.write_text(f'node_id = 1\ndata_dir = "d"\n{routes}\n{peers}')
     with pytest.raises(ConfigError, match=error):
         load_config(path)
@@ -506,10 +536,11 @@ def test_a_joining_node_that_elects_itself_serves_reads(tmp_path: Path) -> None:
 
     async def wait() -> None: ...
 
-    members = NodeMembers(cfg, core, kick=lambda: None, wait_for_commit=wait,
-                          committed_index=lambda: 0)  # fmt: skip
+    members = NodeMembers(
+        cfg, core, kick=lambda: None, wait_for_commit=wait, committed_index=lambda: 0
+    )
     assert (
-        members.read_refusal == "node 4 is joining the group and has not heard from its leader yet"
+        members.read_refusal == "node 4 is joining the shard and has not heard from its leader yet"
     )
     for _ in range(100):
         if core.role is Role.LEADER:

@@ -77,8 +77,14 @@ def test_core_simulation_with_membership_changes(first: int) -> None:
         sims.append(sim)
     total = _totals(sims)
     assert total["conf_committed"] >= 60, total
-    for key in ("conf_add_learner", "conf_promote", "conf_remove", "conf_refused", "retired",
-                "learnt_removal"):  # fmt: skip
+    for key in (
+        "conf_add_learner",
+        "conf_promote",
+        "conf_remove",
+        "conf_refused",
+        "retired",
+        "learnt_removal",
+    ):
         assert total[key] > 0, (key, total)
 
 
@@ -420,9 +426,15 @@ def test_the_hard_state_before_a_restore_never_commits_the_old_log() -> None:
         old = node.storage.all_entries()[: commit - node.storage.first_index() + 1]
         assert commit == before and old[-1] == committed[commit - 1], (commit, before, old[-1])
 
-    driver = ReadyDriver(c.core(1), _Storage(node.storage), _StateFile(node.hard_state),
-                         send=lambda ms: None, apply=lambda es: None,
-                         save_hard_state=save, restore=restore)  # fmt: skip
+    driver = ReadyDriver(
+        c.core(1),
+        _Storage(node.storage),
+        _StateFile(node.hard_state),
+        send=lambda ms: None,
+        apply=lambda es: None,
+        save_hard_state=save,
+        restore=restore,
+    )
     asyncio.run(driver.handle(rd))
 
 

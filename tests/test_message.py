@@ -19,7 +19,7 @@ from store.message import (
     PHYSICAL_OFFSET_POS,
     QUEUE_OFFSET_POS,
     STORE_TIMESTAMP_POS,
-    Message,
+    StoredMessage,
     decode_message,
     encode_message,
     encoded_size,
@@ -31,7 +31,7 @@ from store.message import (
     validate_message,
 )
 
-GOLDEN_MESSAGE = Message(
+GOLDEN_MESSAGE = StoredMessage(
     topic="T",
     body=b"hi",
     properties={"TAGS": "a"},
@@ -71,8 +71,8 @@ GOLDEN_HEX = " ".join(
 )
 
 
-def sample(**changes: object) -> Message:
-    base = Message(
+def sample(**changes: object) -> StoredMessage:
+    base = StoredMessage(
         topic="TopicTest",
         body=b"x" * 100,
         properties=make_properties(tags="TagA", keys=["k1", "k2"], uniq_key="U1"),
@@ -111,9 +111,9 @@ def test_round_trip_and_helpers() -> None:
     assert back.tags == "TagA"
     assert back.uniq_key == "U1"
     assert back.tags_code == 2598919
-    assert Message("t", b"").keys == []
-    assert Message("t", b"").tags is None
-    assert Message("t", b"", {"KEYS": " a  b "}).keys == ["a", "b"]
+    assert StoredMessage("t", b"").keys == []
+    assert StoredMessage("t", b"").tags is None
+    assert StoredMessage("t", b"", {"KEYS": " a  b "}).keys == ["a", "b"]
 
 
 def test_positions_can_be_patched_in_place() -> None:
@@ -166,7 +166,7 @@ def test_java_hash_code() -> None:
         (sample(body="text"), "bytes"),
     ],
 )
-def test_invalid_messages(msg: Message, reason: str) -> None:
+def test_invalid_messages(msg: StoredMessage, reason: str) -> None:
     with pytest.raises(InvalidMessage, match=reason):
         validate_message(msg)
     with pytest.raises(InvalidMessage):
@@ -229,7 +229,7 @@ _prop_text = st.text(st.characters(blacklist_characters="\x01\x02", codec="utf-8
 _host = st.tuples(st.ip_addresses(v=4).map(str), _i32)
 
 messages = st.builds(
-    Message,
+    StoredMessage,
     topic=st.text("abcXYZ019_%|-", min_size=1, max_size=127),
     body=st.binary(max_size=300),
     properties=st.dictionaries(_prop_text.filter(bool), _prop_text, max_size=5),
@@ -248,7 +248,7 @@ messages = st.builds(
 
 
 @given(messages)
-def test_round_trip_property(msg: Message) -> None:
+def test_round_trip_property(msg: StoredMessage) -> None:
     raw = encode_message(msg)
     assert len(raw) == encoded_size(msg)
     assert decode_message(raw) == msg
@@ -269,7 +269,7 @@ def test_random_bytes_only_raise_corrupt_entry(raw: bytes, offset: int) -> None:
 
 @settings(max_examples=300)
 @given(messages, st.data())
-def test_mutations_are_caught_or_canonical(msg: Message, data: st.DataObject) -> None:
+def test_mutations_are_caught_or_canonical(msg: StoredMessage, data: st.DataObject) -> None:
     raw = bytearray(encode_message(msg))
     for _ in range(data.draw(st.integers(1, 4))):
         raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))

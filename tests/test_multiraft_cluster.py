@@ -14,7 +14,7 @@ group, all on 127.0.0.1.
 - The CLI: `topic create/route/delete`, `groups status/balance --json`.
 - Consumers: `dledger consume` (a `RoutedConsumer`) joins the consumer group in
   every data group and reads the topic from all of them, `--max` counting them all
-  (never handed more), `--raft-group` one group alone; `AsyncRoutedClient.consumers`
+  (never handed more), `--shard` one group alone; `AsyncRoutedClient.consumers`
   run together with one member id.
 - Metrics of a multi-group node carry a `group` label, one series per group.
 """
@@ -33,7 +33,7 @@ from typing import Any
 import grpc
 import pytest
 
-from dledger_commitlog.cli.cluster_layout import groups_config
+from dledger_commitlog.cli.cluster_layout import shards_config
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import (
     AsyncRoutedClient,
@@ -58,7 +58,7 @@ COMMAND_TIMEOUT_S = 60.0
 
 @pytest.fixture(scope="module")
 def multi_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    config = {**SHARED_CONFIG, **groups_config(GROUPS)}
+    config = {**SHARED_CONFIG, **shards_config(GROUPS)}
     with LocalCluster(tmp_path_factory.mktemp("multi"), extra_config=config) as cluster:
         cluster.up()
         group_leaders(cluster, range(GROUPS + 1))
@@ -99,7 +99,7 @@ def test_routed_puts_land_in_the_topics_groups_and_read_back(cluster: LocalClust
         for spec in cluster:
             for r in everything[:: len(everything) // 4]:
                 g = group_of_msg_id(r.msg_id)
-                with Client([spec.client], group=g, timeout_s=10.0) as one:
+                with Client([spec.client], shard=g, timeout_s=10.0) as one:
                     got = wait_until(
                         lambda one=one, msg_id=r.msg_id: one.get(msg_id),  # type: ignore[misc]
                         10.0,
@@ -107,7 +107,7 @@ def test_routed_puts_land_in_the_topics_groups_and_read_back(cluster: LocalClust
                     )
                     assert got.queue_offset == r.queue_offset
         # Group 1 holds none of the topic's messages: its queues stay empty.
-        with Client(servers(cluster), group=1) as g1:
+        with Client(servers(cluster), shard=1) as g1:
             assert all(q.max_offset == 0 for q in g1.queue_offsets("orders"))
 
 
@@ -133,7 +133,7 @@ def test_a_route_update_is_seen_after_a_refresh_and_refuses_stale_queues(
         seen(rc, "moves", ((2, 1), (3, 1)))
         # Group 3 no longer has queue 2 of `moves`: a direct put there is refused, naming
         # the route (every node's copy of group 0 holds the change once it is applied).
-        with Client(servers(cluster), group=3, max_retries=0) as g3:
+        with Client(servers(cluster), shard=3, max_retries=0) as g3:
 
             def attempt() -> str:
                 try:
@@ -142,8 +142,12 @@ def test_a_route_update_is_seen_after_a_refresh_and_refuses_stale_queues(
                     return str(exc)
                 return "accepted"
 
-            why = wait_until(attempt, 10.0, "group 3 to refuse queue 2 of moves",
-                             ok=lambda why: why != "accepted")  # fmt: skip
+            why = wait_until(
+                attempt,
+                10.0,
+                "group 3 to refuse queue 2 of moves",
+                ok=lambda why: why != "accepted",
+            )
             assert "outside [0, 1)" in why and "moves" in why, why
         # The routed client with the old route lands in the new one after one refresh.
         for i in range(6):
@@ -163,10 +167,13 @@ def test_route_is_answered_by_every_node_and_topic_update_redirects(
         version = rc.routes().version
     for spec in cluster:
         with Client([spec.client], max_retries=0) as one:
-            routes = wait_until(lambda: one.route("everywhere"), 10.0,
-                                f"node {spec.id} to hold route version {version}",
-                                ok=lambda r: r.version >= version)  # fmt: skip
-        assert routes.data_groups == GROUPS
+            routes = wait_until(
+                lambda: one.route("everywhere"),
+                10.0,
+                f"node {spec.id} to hold route version {version}",
+                ok=lambda r: r.version >= version,
+            )
+        assert routes.shard_count == GROUPS
         assert routes.route("everywhere").groups == ((1, 1), (3, 4))
         assert sorted(routes.leaders) == list(range(GROUPS + 1))
     leader0 = leader_of(group_statuses(cluster, 0))
@@ -174,15 +181,18 @@ def test_route_is_answered_by_every_node_and_topic_update_redirects(
     follower = next(s for s in cluster if s.id != leader0)
     with grpc.insecure_channel(follower.client) as channel:
         stub = pb_grpc.DLedgerClientStub(channel)
-        request = pb.TopicUpdateRequest(topic="elsewhere", op=pb.TopicUpdateRequest.CREATE,
-                                        groups=[pb.GroupQueues(group=2, queues=1)])  # fmt: skip
+        request = pb.TopicUpdateRequest(
+            topic="elsewhere",
+            op=pb.TopicUpdateRequest.CREATE,
+            groups=[pb.GroupQueues(group=2, queues=1)],
+        )
         with pytest.raises(grpc.RpcError) as err:
             stub.TopicUpdate(request, metadata=group_metadata(0), timeout=5.0)
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         trailing = dict(err.value.trailing_metadata() or ())
         assert trailing.get("dledger-leader") == cluster.specs[leader0].client, trailing
     # A client that knows only the follower follows the redirect.
-    with Client([follower.client], group=0) as via_follower:
+    with Client([follower.client], shard=0) as via_follower:
         made = via_follower.topic_update("create", "elsewhere", {2: 1})
         assert made is not None and made.groups == ((2, 1),)
 
@@ -190,25 +200,38 @@ def test_route_is_answered_by_every_node_and_topic_update_redirects(
 def dledger(cluster: LocalCluster, *args: str) -> Any:
     """`dledger ARGS --json` as a user runs it; its JSON document (it must succeed)."""
     done = subprocess.run(
-        [sys.executable, "-m", "dledger_commitlog", *args, "--servers",
-         ",".join(servers(cluster)), "--json"],
-        capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "dledger_commitlog",
+            *args,
+            "--servers",
+            ",".join(servers(cluster)),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+        check=False,
+    )
     assert done.returncode == 0, (args, done.returncode, done.stdout, done.stderr)
     return json.loads(done.stdout)
 
 
-def test_cli_topic_and_groups_commands(cluster: LocalCluster) -> None:
+def test_cli_topic_and_shard_commands(cluster: LocalCluster) -> None:
     made = dledger(cluster, "topic", "create", "clitopic", "--queues", "2:1,3:2")
-    assert made == {"topic": "clitopic", "configured": True,
-                    "groups": [{"group": 2, "queues": 1}, {"group": 3, "queues": 2}]}  # fmt: skip
+    assert made == {
+        "topic": "clitopic",
+        "configured": True,
+        "shards": [{"shard": 2, "queues": 1}, {"shard": 3, "queues": 2}],
+    }
     shown = dledger(cluster, "topic", "route", "clitopic")
-    assert shown["data_groups"] == GROUPS
+    assert shown["shard_count"] == GROUPS
     assert made in shown["routes"]
     assert set(shown["leaders"]) == {str(g) for g in range(GROUPS + 1)}
-    status = dledger(cluster, "groups", "status")
-    assert set(status["groups"]) == {str(g) for g in range(GROUPS + 1)}
-    for g, nodes in status["groups"].items():
+    status = dledger(cluster, "shard", "status")
+    assert set(status["shards"]) == {str(g) for g in range(GROUPS + 1)}
+    for g, nodes in status["shards"].items():
         roles = sorted(n["role"] for n in nodes.values())
         assert roles == ["follower", "follower", "leader"], (g, nodes)
     assert sum(status["leads"].values()) == GROUPS + 1
@@ -222,10 +245,21 @@ def test_cli_topic_and_groups_commands(cluster: LocalCluster) -> None:
 def consume(cluster: LocalCluster, *args: str) -> list[dict[str, Any]]:
     """`dledger consume ARGS --json` as a user runs it (it must succeed): the messages."""
     done = subprocess.run(
-        [sys.executable, "-m", "dledger_commitlog", "consume", *args, "--servers",
-         ",".join(servers(cluster)), "--json"],
-        capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "dledger_commitlog",
+            "consume",
+            *args,
+            "--servers",
+            ",".join(servers(cluster)),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+        check=False,
+    )
     assert done.returncode == 0, (args, done.returncode, done.stdout, done.stderr)
     return [json.loads(line) for line in done.stdout.splitlines()]
 
@@ -258,9 +292,8 @@ def test_cli_consume_reads_every_group_and_max_counts_them_all(cluster: LocalClu
     # gets exactly the rest.
     rest = consume(cluster, "--group", "five", "--topic", "feed", "--idle-exit", "3")
     assert sorted(m["msg_id"] for m in rest) == sorted(every - {m["msg_id"] for m in five})
-    # --raft-group: that group's queues alone.
-    two = consume(cluster, "--group", "two", "--topic", "feed", "--idle-exit", "3",
-                  "--raft-group", "2")  # fmt: skip
+    # --shard: that group's queues alone.
+    two = consume(cluster, "--group", "two", "--topic", "feed", "--idle-exit", "3", "--shard", "2")
     assert {m["msg_id"] for m in two} == by_group[2]
     # A group's offsets live in each Raft group: "all" consumed (and acked) everything.
     again = consume(cluster, "--group", "all", "--topic", "feed", "--idle-exit", "2")

@@ -31,7 +31,7 @@ import grpc
 import pytest
 
 from chaos.disk import flip_byte
-from dledger_commitlog.cli.cluster_layout import groups_config
+from dledger_commitlog.cli.cluster_layout import shards_config
 from dledger_commitlog.cli.launcher import LocalCluster, converged
 from dledger_commitlog.client import Client, NodeStatus
 from dledger_commitlog.common.protocol import group_metadata
@@ -59,23 +59,29 @@ COMMAND_TIMEOUT_S = 60.0
 
 
 def multi(make_cluster: Callable[..., LocalCluster], name: str) -> LocalCluster:
-    cluster = make_cluster(name, **groups_config(GROUPS))
+    cluster = make_cluster(name, **shards_config(GROUPS))
     group_leaders(cluster, range(GROUPS + 1))
     return cluster
 
 
 def wait_group_converged(cluster: LocalCluster, group: int) -> None:
-    wait_until(lambda: group_statuses(cluster, group), CONVERGE_S,
-               f"group {group}'s replicas to commit the same log",
-               ok=converged)  # fmt: skip
+    wait_until(
+        lambda: group_statuses(cluster, group),
+        CONVERGE_S,
+        f"group {group}'s replicas to commit the same log",
+        ok=converged,
+    )
 
 
 def acked_progress(acked: dict[int, Acked], more: int) -> None:
     """Every writer has `more` acknowledged puts beyond what it has now."""
     marks = {g: len(a.puts) for g, a in acked.items()}
-    wait_until(lambda: {g: len(a.puts) - marks[g] for g, a in acked.items()}, 60.0,
-               f"every group to acknowledge {more} more puts",
-               ok=lambda d: min(d.values()) >= more)  # fmt: skip
+    wait_until(
+        lambda: {g: len(a.puts) - marks[g] for g, a in acked.items()},
+        60.0,
+        f"every group to acknowledge {more} more puts",
+        ok=lambda d: min(d.values()) >= more,
+    )
 
 
 def pull_all(client: Client, topic: str, queue: int) -> dict[str, bytes]:
@@ -95,7 +101,7 @@ def check_no_loss(cluster: LocalCluster, acked: dict[int, Acked]) -> None:
     for g, a in acked.items():
         wait_group_converged(cluster, g)
         for spec in cluster:
-            with Client([spec.client], group=g, timeout_s=10.0) as one:
+            with Client([spec.client], shard=g, timeout_s=10.0) as one:
                 queues = {q: pull_all(one, a.topic, q) for q in (0, 1)}
                 for msg_id, body, queue in a.puts:
                     assert group_of_msg_id(msg_id) == g
@@ -136,9 +142,12 @@ def test_leader_kills_in_two_groups_at_once_lose_no_acknowledged_put(
             kill_two_leaders(cluster, victim, pair)
             acked_progress(acked, 20)  # every group, the two that lost their leader too
             cluster.start(victim)
-            wait_until(lambda v=victim: cluster.statuses()[v], 30.0,  # type: ignore[misc]
-                       f"node {victim} to answer again",
-                       ok=lambda s: isinstance(s, NodeStatus))  # fmt: skip
+            wait_until(
+                lambda v=victim: cluster.statuses()[v],  # type: ignore[misc]
+                30.0,
+                f"node {victim} to answer again",
+                ok=lambda s: isinstance(s, NodeStatus),
+            )
             acked_progress(acked, 20)
     for g, a in acked.items():
         print(f"group {g}: {len(a.puts)} acknowledged puts, {len(a.errors)} failed attempts")
@@ -146,14 +155,14 @@ def test_leader_kills_in_two_groups_at_once_lose_no_acknowledged_put(
     check_no_loss(cluster, acked)
 
 
-def corrupt(group_dir: Path, how: str) -> str:
+def corrupt(shard_dir: Path, how: str) -> str:
     """Damage a stopped node's group directory so that recovery refuses it; what the
     refusal names."""
     if how == "segment":  # the checkpointed (last) entry: recovery's anchor
-        flip_byte(group_dir, random.Random(7), last_entries=1, above_checkpoint=False)
+        flip_byte(shard_dir, random.Random(7), last_entries=1, above_checkpoint=False)
         return "corrupt entry at"
-    layout = read_layout(group_dir)
-    write_layout(group_dir, {**layout, "data_segment_bytes": 2 * layout["data_segment_bytes"]})
+    layout = read_layout(shard_dir)
+    write_layout(shard_dir, {**layout, "data_segment_bytes": 2 * layout["data_segment_bytes"]})
     return "data_segment_bytes"
 
 
@@ -165,7 +174,7 @@ def test_a_corrupt_group_on_one_node_stops_alone(
     bad_group, victim = 2, 2
     before: dict[int, list[str]] = {}
     for g in DATA_GROUPS:
-        with Client(servers(cluster), group=g) as client:
+        with Client(servers(cluster), shard=g) as client:
             before[g] = [client.put("t", b"before-%d" % i).msg_id for i in range(5)]
     for g in DATA_GROUPS:
         wait_group_converged(cluster, g)
@@ -181,12 +190,15 @@ def test_a_corrupt_group_on_one_node_stops_alone(
     # The victim's other groups serve through it: puts (forwarded to their leaders
     # when it follows) and reads of what was there before and after.
     for g in (1, 3):
-        with Client([address], group=g, timeout_s=15.0) as through:
+        with Client([address], shard=g, timeout_s=15.0) as through:
             after = through.put("t", b"after-%d" % g)
             assert group_of_msg_id(after.msg_id) == g
             for msg_id in [*before[g], after.msg_id]:
-                got = wait_until(lambda m=msg_id: through.get(m), 15.0,  # type: ignore[misc]
-                                 f"node {victim} to serve {msg_id} of group {g}")  # fmt: skip
+                got = wait_until(
+                    lambda m=msg_id: through.get(m),  # type: ignore[misc]
+                    15.0,
+                    f"node {victim} to serve {msg_id} of group {g}",
+                )
                 assert got.msg_id == msg_id
     # The corrupt group answers UNAVAILABLE there, naming why.
     with grpc.insecure_channel(address) as channel:
@@ -201,11 +213,11 @@ def test_a_corrupt_group_on_one_node_stops_alone(
                 getattr(stub, method)(request, metadata=group_metadata(bad_group), timeout=5.0)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value
             why = err.value.details() or ""
-            assert f"group {bad_group} is stopped on node {victim}" in why, why
+            assert f"shard {bad_group} is stopped on node {victim}" in why, why
             assert named in why, why
     # The cluster's group 2 keeps serving through the other two nodes.
     others = [cluster.specs[i].client for i in rest]
-    with Client(others, group=bad_group, timeout_s=15.0) as g2:
+    with Client(others, shard=bad_group, timeout_s=15.0) as g2:
         new = [g2.put("t", b"still-%d" % i) for i in range(5)]
         for msg_id in [*before[bad_group], *(r.msg_id for r in new)]:
             assert group_of_msg_id(g2.get(msg_id).msg_id) == bad_group
@@ -214,9 +226,13 @@ def test_a_corrupt_group_on_one_node_stops_alone(
 
 
 def dledger(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "dledger_commitlog", *args],
-                          capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
-                          check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "dledger_commitlog", *args],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+        check=False,
+    )
     assert done.returncode == 0, (args, done.returncode, done.stdout, done.stderr)
     return done.stdout
 
@@ -236,7 +252,7 @@ def test_a_single_group_cluster_grows_groups_keeping_its_data(
         dledger("cluster", "up", "--dir", str(directory), "--groups", str(GROUPS), *sets)
         leaders = group_leaders(cluster, range(GROUPS + 1))
         assert sorted(leaders) == [0, 1, 2, 3]
-        with Client(servers(cluster), group=1) as g1:
+        with Client(servers(cluster), shard=1) as g1:
             for i, r in enumerate(put):
                 got = g1.get(r.msg_id)
                 assert got.body == b"kept-%d" % i and got.queue_offset == r.queue_offset
@@ -245,12 +261,16 @@ def test_a_single_group_cluster_grows_groups_keeping_its_data(
             statuses = group_statuses(cluster, g)
             assert all(isinstance(s, NodeStatus) for s in statuses.values()), statuses
         for g in (2, 3):
-            with Client(servers(cluster), group=g) as client:
+            with Client(servers(cluster), shard=g) as client:
                 r = client.put("kept", b"new")
                 assert group_of_msg_id(r.msg_id) == g
                 assert client.get(r.msg_id).body == b"new"
         status = dledger("groups", "status", "--cluster", str(directory / "cluster.json"))
         assert "leads:" in status
     finally:
-        subprocess.run([sys.executable, "-m", "dledger_commitlog", "cluster", "down", "--dir",
-                        str(directory)], capture_output=True, timeout=60, check=False)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "dledger_commitlog", "cluster", "down", "--dir", str(directory)],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )

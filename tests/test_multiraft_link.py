@@ -50,8 +50,7 @@ def test_three_groups_share_one_stream_each_message_reaching_its_group_in_order(
     got, deliver_of = delivered_by_group(groups)
 
     async def main() -> CountingGate:
-        gate = CountingGate(CLUSTER, lambda m: None, me=2, members=(1, 2, 3),
-                            groups=deliver_of)  # fmt: skip
+        gate = CountingGate(CLUSTER, lambda m: None, me=2, members=(1, 2, 3), groups=deliver_of)
         async with peer_server(gate) as port:
             pool = LinkPool(open_link)
             links = {g: pool.open(g, CLUSTER, 2, f"127.0.0.1:{port}", me=1) for g in groups}
@@ -78,8 +77,7 @@ def test_what_the_groups_send_in_one_loop_iteration_leaves_as_one_batch() -> Non
     got, deliver_of = delivered_by_group(groups)
 
     async def main() -> CountingGate:
-        gate = CountingGate(CLUSTER, lambda m: None, me=2, members=(1, 2),
-                            groups=deliver_of)  # fmt: skip
+        gate = CountingGate(CLUSTER, lambda m: None, me=2, members=(1, 2), groups=deliver_of)
         async with peer_server(gate) as port:
             pool = LinkPool(open_link)
             links = {g: pool.open(g, CLUSTER, 2, f"127.0.0.1:{port}", me=1) for g in groups}
@@ -87,8 +85,11 @@ def test_what_the_groups_send_in_one_loop_iteration_leaves_as_one_batch() -> Non
             for tick in range(1, 21):
                 for g in groups:  # one tick of every group, no await between them
                     links[g].send([to_wire(Heartbeat(1, 2, tick, 0, b""))])
-                await until(lambda t=tick: all(len(got[g]) == t for g in groups), 10,  # type: ignore[misc]
-                            f"tick {tick} delivered")  # fmt: skip
+                await until(
+                    lambda t=tick: all(len(got[g]) == t for g in groups),  # type: ignore[misc]
+                    10,
+                    f"tick {tick} delivered",
+                )
             for g in groups:
                 await links[g].close()
         return gate

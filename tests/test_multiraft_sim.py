@@ -108,8 +108,10 @@ def test_a_partitioned_node_stalls_no_group_with_a_quorum_elsewhere(seed: int) -
         changes = [(t, who) for t, who in sim.views[g].changes if t > start]
         elected = [t for t, who in changes if who not in (None, gone)]
         if not elected or elected[0] - start > ELECT_MS:
-            raise sim.failure(f"group {g} (led by the cut node {gone}) had no new leader "
-                              f"within {ELECT_MS} ms: {changes}")  # fmt: skip
+            raise sim.failure(
+                f"group {g} (led by the cut node {gone}) had no new leader "
+                f"within {ELECT_MS} ms: {changes}"
+            )
         no_commit_gap(sim, g, elected[0] + ELECT_MS, sim.now, GAP_MS * 3)
     converge_after_heal(sim)
 

@@ -1,7 +1,7 @@
 """Multi-Raft units (issue 24), no processes: the pure parts a multi-group node and
 its clients are built of.
 
-- `node.config`: `[multiraft]` parsing and refusals, `group_dir`, `group_config`,
+- `node.config`: `[shards]` parsing and refusals, `shard_dir`, `shard_config`,
   and preferred leaders that spread (no node prefers more than ceil(groups/nodes)).
 - `messaging.routes.RouteTable`: the rules of create/update/delete, the default
   route, a record's load (property tests: a checked change loads back as made).
@@ -39,16 +39,16 @@ from dledger_commitlog.common.routes import (
     group_of_msg_id,
     preferred_leader,
 )
-from dledger_commitlog.log.message_route import group_port, make_msg_id, offset_of_msg_id
+from dledger_commitlog.log.message_layout import group_port, make_msg_id, offset_of_msg_id
 from dledger_commitlog.messaging.routes import ROUTES_TOPIC, RouteError, RouteTable
 from dledger_commitlog.node.config import (
     ConfigError,
     NodeConfig,
     Peer,
-    group_config,
-    group_dir,
     load_config,
     preferred_leader_of,
+    shard_config,
+    shard_dir,
 )
 from proto import dledger_pb2 as pb
 from raft.messages import Heartbeat, Message, RequestVote
@@ -70,61 +70,73 @@ def node_config(tmp: Path, **kw: Any) -> NodeConfig:
 # --- node/config.py ---
 
 
-def write_toml(tmp: Path, multiraft: str) -> Path:
+def write_toml(tmp: Path, body: str, section: str = "shards") -> Path:
     peers = "".join(
         f'[[peers]]\nid = {p.id}\nraft = "{p.raft}"\nclient = "{p.client}"\n' for p in PEERS3
     )
     path = tmp / "node.toml"
-    path.write_text(f'node_id = 1\ndata_dir = "{tmp}/d"\n{peers}\n[multiraft]\n{multiraft}\n')
+    path.write_text(f'node_id = 1\ndata_dir = "{tmp}/d"\n{peers}\n[{section}]\n{body}\n')
     return path
 
 
-def test_multiraft_section_parses(tmp_path: Path) -> None:
-    cfg = load_config(write_toml(tmp_path, "groups = 3\nhost = [0, 1, 2, 3]"))
-    assert cfg.data_groups == 3
-    assert cfg.host_groups == (0, 1, 2, 3)
-    assert cfg.group == 1
+def test_shards_section_parses(tmp_path: Path) -> None:
+    cfg = load_config(write_toml(tmp_path, "count = 3\nhost = [0, 1, 2, 3]"))
+    assert cfg.shard_count == 3
+    assert cfg.host_shards == (0, 1, 2, 3)
+    assert cfg.shard == 1
     plain = load_config(write_toml(tmp_path, ""))
-    assert (plain.data_groups, plain.host_groups) == (1, (1,))
+    assert (plain.shard_count, plain.host_shards) == (1, (1,))
+
+
+def test_the_old_multiraft_keys_are_read_with_a_warning_naming_the_new(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = load_config(write_toml(tmp_path, "groups = 3\nhost = [0, 1, 2, 3]", "multiraft"))
+    assert (cfg.shard_count, cfg.host_shards) == (3, (0, 1, 2, 3))
+    warned = [r.getMessage() for r in caplog.records]
+    assert any("multiraft.groups is now shards.count" in w for w in warned), warned
+    assert any("multiraft.host is now shards.host" in w for w in warned), warned
+    with pytest.raises(ConfigError, match=r"unknown setting multiraft\.colour"):
+        load_config(write_toml(tmp_path, "colour = 3", "multiraft"))
 
 
 @pytest.mark.parametrize(
     ("section", "says"),
     [
-        ("groups = 3\nhost = []", "non-empty list"),
-        ('groups = 3\nhost = "1"', "non-empty list"),
-        ("groups = 3\nhost = [true]", "non-empty list"),
-        ('groups = 3\nhost = ["1"]', "non-empty list"),
-        ("groups = 3\nhost = [1, 1]", "distinct groups in 0..3"),
-        ("groups = 3\nhost = [4]", "distinct groups in 0..3"),
-        ("groups = 3\nhost = [-1, 1]", "distinct groups in 0..3"),
-        ("groups = 1\nhost = [0, 1]", "group 0 (topic routes) exists only"),
-        ("groups = 0\nhost = [1]", "multiraft.groups must be in 1..1000"),
-        ("groups = 1001\nhost = [1]", "multiraft.groups must be in 1..1000"),
-        ('groups = "3"', "multiraft.groups must be"),
-        ("groups = 3\nhost = [2, 4]", "distinct groups in 0..3"),
-        ("colour = 3", "unknown setting multiraft.colour"),
+        ("count = 3\nhost = []", "non-empty list"),
+        ('count = 3\nhost = "1"', "non-empty list"),
+        ("count = 3\nhost = [true]", "non-empty list"),
+        ('count = 3\nhost = ["1"]', "non-empty list"),
+        ("count = 3\nhost = [1, 1]", "distinct shards in 0..3"),
+        ("count = 3\nhost = [4]", "distinct shards in 0..3"),
+        ("count = 3\nhost = [-1, 1]", "distinct shards in 0..3"),
+        ("count = 1\nhost = [0, 1]", "shard 0 (topic routes) exists only"),
+        ("count = 0\nhost = [1]", "shards.count must be in 1..1000"),
+        ("count = 1001\nhost = [1]", "shards.count must be in 1..1000"),
+        ('count = "3"', "shards.count must be"),
+        ("count = 3\nhost = [2, 4]", "distinct shards in 0..3"),
+        ("colour = 3", "unknown setting shards.colour"),
     ],
 )
-def test_multiraft_section_refusals_say_why(tmp_path: Path, section: str, says: str) -> None:
+def test_shards_section_refusals_say_why(tmp_path: Path, section: str, says: str) -> None:
     with pytest.raises(ConfigError, match=says.replace("(", r"\(").replace(")", r"\)")):
         load_config(write_toml(tmp_path, section))
 
 
-def test_group_dirs_keep_group_one_where_a_single_group_node_had_it(tmp_path: Path) -> None:
-    assert group_dir(str(tmp_path), 1) == str(tmp_path)
-    assert group_dir(str(tmp_path), 0) == str(tmp_path / "groups" / "0")
-    assert group_dir(str(tmp_path), 17) == str(tmp_path / "groups" / "17")
-    cfg = node_config(tmp_path, data_groups=3, host_groups=(0, 1, 2, 3))
-    dirs = {group_config(cfg, g).data_dir for g in (0, 1, 2, 3)}
+def test_shard_dirs_keep_shard_one_in_the_data_directory_itself(tmp_path: Path) -> None:
+    assert shard_dir(str(tmp_path), 1) == str(tmp_path)
+    assert shard_dir(str(tmp_path), 0) == str(tmp_path / "groups" / "0")
+    assert shard_dir(str(tmp_path), 17) == str(tmp_path / "groups" / "17")
+    cfg = node_config(tmp_path, shard_count=3, host_shards=(0, 1, 2, 3))
+    dirs = {shard_config(cfg, g).data_dir for g in (0, 1, 2, 3)}
     assert len(dirs) == 4
     for g in (0, 1, 2, 3):
-        one = group_config(cfg, g)
-        assert one.group == g
-        assert one.data_dir == group_dir(str(tmp_path), g)
+        one = shard_config(cfg, g)
+        assert one.shard == g
+        assert one.data_dir == shard_dir(str(tmp_path), g)
         assert one.preferred_leader == preferred_leader(g, [1, 2, 3])
-    with pytest.raises(ConfigError, match="group 4 is not among"):
-        group_config(node_config(tmp_path, data_groups=4, host_groups=(1, 2, 3)), 4)
+    with pytest.raises(ConfigError, match="shard 4 is not among"):
+        shard_config(node_config(tmp_path, shard_count=4, host_shards=(1, 2, 3)), 4)
 
 
 def test_a_single_group_node_keeps_its_configured_preferred_leader(tmp_path: Path) -> None:
@@ -149,7 +161,7 @@ def test_preferred_leaders_spread(groups: int, ids: list[int]) -> None:
 
 
 def test_route_table_rules() -> None:
-    t = RouteTable(data_groups=3, queues_per_topic=4)
+    t = RouteTable(shard_count=3, queues_per_topic=4)
     assert t.route("t") == TopicRoute("t", ((1, 4), (2, 4), (3, 4)))
     made = t.check("create", "t", [(2, 2), (3, 4)])
     assert made == TopicRoute("t", ((2, 2), (3, 4)), configured=True)
@@ -181,7 +193,7 @@ def test_route_table_rules() -> None:
 
 
 def test_a_record_that_is_no_table_leaves_what_it_can() -> None:
-    t = RouteTable(data_groups=2, queues_per_topic=2)
+    t = RouteTable(shard_count=2, queues_per_topic=2)
     t.load({"routes": {"a": [[1, 2]], "b": [["x", 1]], "c": 7, "d": [[2, 1]]}}, version=5)
     assert sorted(t.configured) == ["a", "d"]
     t.load({"nothing": 1}, version=6)  # no table: keeps the last one
@@ -201,7 +213,7 @@ def test_route_changes_fold_like_a_model(ops: list[tuple[str, str, list[tuple[in
     """Each change is accepted exactly when a model says so; the table a record holds
     loads back into the routes the changes made; every group named is a data group
     holding 1..queues_per_topic queues."""
-    t = RouteTable(data_groups=4, queues_per_topic=4)
+    t = RouteTable(shard_count=4, queues_per_topic=4)
     model: dict[str, tuple[tuple[int, int], ...]] = {}
     for version, (op, topic, groups) in enumerate(ops, 1):
         valid = (
@@ -342,8 +354,13 @@ def test_link_pool_shares_one_link_per_peer_and_address() -> None:
 def test_gate_delivers_each_message_to_its_group_and_drops_an_unknown_group() -> None:
     got: dict[int, list[Message]] = {0: [], 1: [], 2: []}
     fallback: list[Message] = []
-    gate = PeerGate("c", fallback.append, me=2, members=(1, 2, 3),
-                    groups=lambda g: got[g].append if g in got else None)  # fmt: skip
+    gate = PeerGate(
+        "c",
+        fallback.append,
+        me=2,
+        members=(1, 2, 3),
+        groups=lambda g: got[g].append if g in got else None,
+    )
     sent: list[tuple[int | None, Message]] = []
     for k in range(12):
         group = (None, 0, 2, 7)[k % 4]  # None: absent on the wire (group 1); 7: not hosted

@@ -3,8 +3,9 @@ node only through `RaftNode`'s public methods (its facade), never through its pa
 
 The import contracts (`lint-imports`, pyproject.toml) keep the layers apart; this
 test checks what they cannot see: every attribute read of the node in `service/`
-and `messaging/` names a method or property the facade defines, not a part
-(`commitlog`, `core`, `dispatcher`, `store`) to reach through. A recovered node's
+and `messaging/` names a method or property the facade defines, or the one part it
+hands readers (`committed`, the committed reads), never another part (`commitlog`,
+`core`, `dispatcher`, `store`) to reach through. A recovered node's
 status is read back through the facade as the Status RPC reads it.
 """
 
@@ -48,7 +49,7 @@ def _node_reads(path: Path) -> list[tuple[int, str]]:
 
 def test_the_service_and_messaging_use_only_the_facade() -> None:
     facade = _facade()
-    assert {"put", "prepare", "read_index", "status", "queue_view"} <= facade
+    assert {"put", "prepare", "read_index", "status", "committed"} <= facade
     assert not {"commitlog", "core", "dispatcher", "store"} & facade
     modules = sorted((_PACKAGE / "service").glob("*.py")) + sorted(
         (_PACKAGE / "messaging").glob("*.py")
@@ -73,11 +74,20 @@ def test_every_facade_method_is_documented() -> None:
 
 def test_status_reads_a_recovered_node_through_the_facade(tmp_path: Path) -> None:
     cfg = NodeConfig(
-        node_id=1, data_dir=str(tmp_path / "n1"), flush_mode="sync", cluster="c1",
-        peers=(Peer(1, "127.0.0.1:1", "127.0.0.1:2"),), tick_ms=10, election_ticks=3,
-        heartbeat_ticks=1, data_segment_bytes=8 << 20, index_segment_bytes=32 * 4096,
-        cq_units_per_file=64, index_slots=64, index_entries=256,
-    )  # fmt: skip
+        node_id=1,
+        data_dir=str(tmp_path / "n1"),
+        flush_mode="sync",
+        cluster="c1",
+        peers=(Peer(1, "127.0.0.1:1", "127.0.0.1:2"),),
+        tick_ms=10,
+        election_ticks=3,
+        heartbeat_ticks=1,
+        data_segment_bytes=8 << 20,
+        index_segment_bytes=32 * 4096,
+        cq_units_per_file=64,
+        index_slots=64,
+        index_entries=256,
+    )
     node = RaftNode(cfg)
     try:
         status = status_pb(node.status(), cfg)

@@ -12,6 +12,7 @@ from typing import TypeVar
 import pytest
 
 from dledger_commitlog.cli.cluster_layout import free_ports
+from dledger_commitlog.log.commitlog import Draft
 from dledger_commitlog.node.config import NodeConfig, Peer, Route
 from dledger_commitlog.node.node import RaftNode
 from raft import NotLeader
@@ -49,15 +50,25 @@ class Group:
         self, i: int, peers: list[int], join: bool = False, routes: tuple[Route, ...] = ()
     ) -> RaftNode:
         cfg = NodeConfig(
-            node_id=i, data_dir=str(self.root / f"n{i}"), insecure=True, join=join, routes=routes,
-            peers=tuple(self.peer(p) for p in sorted({*peers, i})), tick_ms=20,
-            election_ticks=10, heartbeat_ticks=1, data_segment_bytes=8 << 20,
-            index_segment_bytes=32 * 4096, cq_units_per_file=64, index_slots=64,
+            node_id=i,
+            data_dir=str(self.root / f"n{i}"),
+            insecure=True,
+            join=join,
+            routes=routes,
+            peers=tuple(self.peer(p) for p in sorted({*peers, i})),
+            tick_ms=20,
+            election_ticks=10,
+            heartbeat_ticks=1,
+            data_segment_bytes=8 << 20,
+            index_segment_bytes=32 * 4096,
+            cq_units_per_file=64,
+            index_slots=64,
             index_entries=256,
-        )  # fmt: skip
+        )
         node = RaftNode(cfg)
-        server = open_peer_server(PeerGate(
-            cfg.cluster, node.deliver, me=i, members=node.member_ids))  # fmt: skip
+        server = open_peer_server(
+            PeerGate(cfg.cluster, node.deliver, me=i, members=node.member_ids)
+        )
         server.bind(cfg.raft_address)
         await server.start()
         await node.start()
@@ -74,8 +85,9 @@ class Group:
 
     async def leader(self, among: set[int] | None = None, timeout_s: float = 10.0) -> RaftNode:
         async def found() -> RaftNode | None:
-            leaders = [n for i, n in self.nodes.items()
-                       if n.is_leader() and (among is None or i in among)]  # fmt: skip
+            leaders = [
+                n for i, n in self.nodes.items() if n.is_leader() and (among is None or i in among)
+            ]
             return leaders[0] if len(leaders) == 1 else None
 
         return await until(found, timeout_s, "a leader")
@@ -95,7 +107,7 @@ class Group:
         for _ in range(100):
             leader = await self.leader()
             try:
-                await leader.put([leader.prepare(TOPIC, body, uniq_key=body.hex())], 5.0)
+                await leader.put([leader.prepare(Draft(TOPIC, body, body.hex()))], 5.0)
                 return
             except NotLeader:
                 await asyncio.sleep(0.05)
@@ -114,9 +126,9 @@ async def until(probe: Callable[[], Awaitable[T | None]], timeout_s: float, what
 
 def bodies(node: RaftNode) -> list[bytes]:
     out: list[bytes] = []
-    for _, qid, lo, hi in node.queue_offsets(TOPIC):
-        for u in node.queue_units(TOPIC, qid, lo, hi - lo):
-            out.append(node.get_by_offset(u.commitlog_offset)[0].body)
+    for _, qid, lo, hi in node.committed.queue_offsets(TOPIC):
+        for u in node.committed.queue_units(TOPIC, qid, lo, hi - lo):
+            out.append(node.committed.get_by_offset(u.commitlog_offset)[0].body)
     return sorted(out)
 
 
@@ -135,8 +147,11 @@ async def caught_up(g: Group, i: int) -> None:
     async def same() -> bool:
         leader = await g.leader()
         n = g.nodes[i]
-        return (n.commitlog.committed_index == leader.commitlog.committed_index
-                and n.dispatched_pos == n.committed_pos and n.read_refusal is None)  # fmt: skip
+        return (
+            n.commitlog.committed_index == leader.commitlog.committed_index
+            and n.dispatched_pos == n.committed_pos
+            and n.read_refusal is None
+        )
 
     await until(same, 20.0, f"node {i} caught up")
 

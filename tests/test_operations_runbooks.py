@@ -84,8 +84,15 @@ def test_the_doc_holds_the_runbooks_this_test_follows() -> None:
 
 def run_dledger(args: list[str], cwd: Path, line: str) -> str:
     """Run `dledger ARGS` as its own process; what it printed (it must exit 0)."""
-    done = subprocess.run([*dledger_argv(), *args], check=False, cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)  # fmt: skip
+    done = subprocess.run(
+        [*dledger_argv(), *args],
+        check=False,
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+    )
     assert done.returncode == 0, f"{line}\nexit {done.returncode}\n{done.stdout}{done.stderr}"
     return done.stdout
 
@@ -185,8 +192,14 @@ class Runbook:
             config.write_text(self.fill(replica_toml()))
         argv = [*dledger_argv(), *args]
         with (config.parent / "serve.log").open("ab") as log:
-            proc = subprocess.Popen(argv, cwd=config.parent, env=_env(), stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                argv,
+                cwd=config.parent,
+                env=_env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.background.append(proc)
 
     def saw(self, args: list[str], out: str) -> None:
@@ -265,11 +278,15 @@ def test_a_secured_local_cluster_grows_and_restarts_with_its_new_nodes(tmp_path:
     try:
         dledger("cluster", "up", "--dir", directory, "--tls", "--acl")
         added = json.loads(dledger("cluster", "add-node", "--dir", directory, "--json"))
-        learner = json.loads(dledger("cluster", "add-node", "--dir", directory, "--learner",
-                                     "--json"))  # fmt: skip
+        learner = json.loads(
+            dledger("cluster", "add-node", "--dir", directory, "--learner", "--json")
+        )
         assert (added["id"], added["role"], learner["id"], learner["role"]) == (
-            4, "voter", 5, "learner"
-        )  # fmt: skip
+            4,
+            "voter",
+            5,
+            "learner",
+        )
         assert (tmp_path / "c1" / "pki" / "node-5.pem").exists()
         dledger("cluster", "down", "--dir", directory)
         assert dledger("cluster", "up", "--dir", directory).startswith(

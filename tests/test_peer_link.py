@@ -110,11 +110,13 @@ def test_messages_arrive_whole_and_in_order(tls: bool, tmp_path: Path) -> None:
 
     async def main() -> None:
         mine = security(tmp_path, 2, tls=tls)
-        gate = PeerGate(CLUSTER, got.append, me=2, members=(1, 2, 3), security=mine,
-                        on_reject=rejects.append)  # fmt: skip
+        gate = PeerGate(
+            CLUSTER, got.append, me=2, members=(1, 2, 3), security=mine, on_reject=rejects.append
+        )
         async with peer_server(gate) as port:
-            link = open_link(CLUSTER, 2, f"127.0.0.1:{port}", me=1,
-                             security=security(tmp_path, 1, tls=tls))  # fmt: skip
+            link = open_link(
+                CLUSTER, 2, f"127.0.0.1:{port}", me=1, security=security(tmp_path, 1, tls=tls)
+            )
             async with started(link):
                 for i in range(0, len(sent), 100):  # as Readies would, a few at a time
                     link.send([to_wire(m) for m in sent[i : i + 100]])
@@ -144,12 +146,22 @@ REFUSED = {
     "bad message": (1, 1, b"\x0a\x01c\x12\x02\x08\x63", "INVALID_ARGUMENT", "malformed"),
     "wrong cluster": (1, 1, batch("other", [Heartbeat(1, 2, 3, 0)]), "FAILED_PRECONDITION", None),
     "no token": (1, None, batch(CLUSTER, [Heartbeat(1, 2, 3, 0)]), "UNAUTHENTICATED", "token"),
-    "not a member": (9, 9, batch(CLUSTER, [Heartbeat(9, 2, 3, 0)]), "PERMISSION_DENIED",
-                     "membership"),
+    "not a member": (
+        9,
+        9,
+        batch(CLUSTER, [Heartbeat(9, 2, 3, 0)]),
+        "PERMISSION_DENIED",
+        "membership",
+    ),
     "posing": (1, 1, batch(CLUSTER, [Heartbeat(3, 2, 3, 0)]), "PERMISSION_DENIED", "membership"),
-    "out of bounds": (1, 1, batch(CLUSTER, [Heartbeat(1, 2, (1 << 62) + 1, 0)]),
-                      "INVALID_ARGUMENT", "invalid"),
-}  # fmt: skip
+    "out of bounds": (
+        1,
+        1,
+        batch(CLUSTER, [Heartbeat(1, 2, (1 << 62) + 1, 0)]),
+        "INVALID_ARGUMENT",
+        "invalid",
+    ),
+}
 
 
 def checked_deliver(got: list[Message]) -> Callable[[Message], None]:
@@ -174,8 +186,14 @@ def test_a_bad_stream_is_refused_as_grpc_would(case: str) -> None:
     rejects: list[str] = []
 
     async def main() -> grpc.StatusCode:
-        gate = PeerGate(CLUSTER, checked_deliver(got), me=2, members=(1, 2, 3),
-                        security=PeerSecurity(peers=auth), on_reject=rejects.append)  # fmt: skip
+        gate = PeerGate(
+            CLUSTER,
+            checked_deliver(got),
+            me=2,
+            members=(1, 2, 3),
+            security=PeerSecurity(peers=auth),
+            on_reject=rejects.append,
+        )
         async with (
             peer_server(gate) as port,
             grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
@@ -310,11 +328,17 @@ def test_a_link_refused_until_it_is_a_member_loses_nothing_sent_after() -> None:
     members = {1, 2}  # node 4 is not a member of node 2's group yet
 
     async def main() -> None:
-        gate = PeerGate(CLUSTER, checked_deliver(got), me=2, members=lambda: members,
-                        security=PeerSecurity(peers=auth))  # fmt: skip
+        gate = PeerGate(
+            CLUSTER,
+            checked_deliver(got),
+            me=2,
+            members=lambda: members,
+            security=PeerSecurity(peers=auth),
+        )
         async with peer_server(gate) as port:
-            link = open_link(CLUSTER, 2, f"127.0.0.1:{port}", me=4,
-                             security=PeerSecurity(peers=auth))  # fmt: skip
+            link = open_link(
+                CLUSTER, 2, f"127.0.0.1:{port}", me=4, security=PeerSecurity(peers=auth)
+            )
             async with started(link):
                 await asyncio.sleep(0.3)  # refused a few times meanwhile
                 assert not got
@@ -349,11 +373,21 @@ def test_what_a_refused_stream_never_read_goes_on_the_next() -> None:
         return {1, 2}
 
     async def main() -> None:
-        gate = PeerGate(CLUSTER, checked_deliver(got), me=2, members=members,
-                        security=PeerSecurity(peers=PeerAuth(CLUSTER, b"s" * 32)))  # fmt: skip
+        gate = PeerGate(
+            CLUSTER,
+            checked_deliver(got),
+            me=2,
+            members=members,
+            security=PeerSecurity(peers=PeerAuth(CLUSTER, b"s" * 32)),
+        )
         async with peer_server(gate) as port:
-            link = open_link(CLUSTER, 2, f"127.0.0.1:{port}", me=4,
-                             security=PeerSecurity(peers=PeerAuth(CLUSTER, b"s" * 32)))  # fmt: skip
+            link = open_link(
+                CLUSTER,
+                2,
+                f"127.0.0.1:{port}",
+                me=4,
+                security=PeerSecurity(peers=PeerAuth(CLUSTER, b"s" * 32)),
+            )
             link_box.append(link)
             async with started(link):
                 await until(lambda: len(got) == len(sent), 3.0, "every message delivered")

@@ -29,8 +29,9 @@ pytestmark = pytest.mark.slow
 OK = 0
 
 
-def frames(stub: object, *batches: list[pb.MessageData], cluster: str = "",
-           metadata: object = None) -> list[pb.PutFrameResult]:  # fmt: skip
+def frames(
+    stub: object, *batches: list[pb.MessageData], cluster: str = "", metadata: object = None
+) -> list[pb.PutFrameResult]:
     """Send each batch as one frame on one stream; the answers, by frame."""
     requests = [pb.PutFrame(seq=i + 1, messages=b, cluster=cluster) for i, b in enumerate(batches)]
     answers = list(stub.PutFrames(iter(requests), timeout=10.0, metadata=metadata))  # type: ignore[attr-defined]
@@ -68,8 +69,9 @@ def test_each_message_of_a_frame_succeeds_or_fails_on_its_own(cluster: LocalClus
         assert redirect.outcomes[0].code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
         assert redirect.leader == cluster.specs[leader].client
         for node, stub in stubs.items():  # followers hear the commit within a tick
-            served = wait_until(partial(_served, stub, b.commitlog_offset), 5.0,
-                                f"node {node} to serve the put")  # fmt: skip
+            served = wait_until(
+                partial(_served, stub, b.commitlog_offset), 5.0, f"node {node} to serve the put"
+            )
             assert served is not None and served.body == b"b"
 
 
@@ -85,8 +87,9 @@ def _served(stub: Any, offset: int) -> pb.StoredMessage | None:
 def test_many_frames_in_flight_on_one_stream(cluster: LocalCluster) -> None:
     leader = cluster.wait_for_leader()
     with node_stubs(cluster) as stubs:
-        batches = [[msg("frames", b"%d-%d" % (f, i), f"M-{f}-{i}") for i in range(8)]
-                   for f in range(50)]  # fmt: skip
+        batches = [
+            [msg("frames", b"%d-%d" % (f, i), f"M-{f}-{i}") for i in range(8)] for f in range(50)
+        ]
         answers = frames(stubs[leader], *batches)
     assert [a.seq for a in answers] == list(range(1, 51))
     offsets = [o.result.commitlog_offset for a in answers for o in a.outcomes]
@@ -162,9 +165,13 @@ def test_frames_check_each_messages_rights(make_cluster: Callable[..., LocalClus
     cluster._write_layout()
     admin = load_credentials(cluster.directory / "admin.credentials")
     secret = "app-secret-0123456789"
-    write_acl(cluster.directory / "acl.toml", [
-        Account(*admin, admin=True), Account("app", secret, topic_perms={"orders": Perm.PUB}),
-    ])  # fmt: skip
+    write_acl(
+        cluster.directory / "acl.toml",
+        [
+            Account(*admin, admin=True),
+            Account("app", secret, topic_perms={"orders": Perm.PUB}),
+        ],
+    )
     cluster.up()
     leader = cluster.wait_for_leader()
     with node_stubs(cluster) as stubs:

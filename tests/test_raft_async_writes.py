@@ -15,8 +15,14 @@ from raft.messages import AppendEntries, AppendResponse, Heartbeat, VoteResponse
 from tests.sim.harness import entries
 
 
-def _core(node: int = 1, peers: tuple[int, ...] = (1,), *, log_terms: tuple[int, ...] = (),
-          term: int = 0, commit: int = 0) -> tuple[RaftCore, MemoryStorage]:  # fmt: skip
+def _core(
+    node: int = 1,
+    peers: tuple[int, ...] = (1,),
+    *,
+    log_terms: tuple[int, ...] = (),
+    term: int = 0,
+    commit: int = 0,
+) -> tuple[RaftCore, MemoryStorage]:
     storage = MemoryStorage(entries(*log_terms))
     cfg = Config(id=node, peers=peers, async_storage_writes=True)
     core = RaftCore(cfg, storage, HardState(term, None, commit), rng=random.Random(7))
@@ -119,5 +125,7 @@ def test_a_reject_never_coalesces() -> None:
     core.step(AppendEntries(1, 2, 1, 1, 1, tuple(entries(1, start=2)), 0))
     msgs = core.ready().messages
     assert [(m.index, m.reject) for m in msgs if isinstance(m, AppendResponse)] == [
-        (1, False), (5, True), (2, False)
-    ]  # fmt: skip
+        (1, False),
+        (5, True),
+        (2, False),
+    ]

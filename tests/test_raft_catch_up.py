@@ -53,17 +53,32 @@ def _committed_three_with_node_2_away(c: Cluster) -> None:
 
 def test_the_gate_is_off_when_nothing_is_missing() -> None:
     log = entries(1, 1, 1)
-    core = RaftCore(Config(1, (1, 2, 3)), MemoryStorage(log), HardState(1, None, 3),
-                    rng=random.Random(0), catch_up_to=3)  # fmt: skip
+    core = RaftCore(
+        Config(1, (1, 2, 3)),
+        MemoryStorage(log),
+        HardState(1, None, 3),
+        rng=random.Random(0),
+        catch_up_to=3,
+    )
     assert core.catch_up_to == 0
-    lone = RaftCore(Config(1, (1,)), MemoryStorage(log[:1]), HardState(1, None, 1),
-                    rng=random.Random(0), catch_up_to=3)  # fmt: skip
+    lone = RaftCore(
+        Config(1, (1,)),
+        MemoryStorage(log[:1]),
+        HardState(1, None, 1),
+        rng=random.Random(0),
+        catch_up_to=3,
+    )
     assert lone.catch_up_to == 0, "a lone voter has nobody to catch up from"
 
 
 def test_a_gated_node_neither_campaigns_nor_votes() -> None:
-    core = RaftCore(Config(3, (1, 2, 3)), MemoryStorage(entries(1)), HardState(1, None, 1),
-                    rng=random.Random(0), catch_up_to=5)  # fmt: skip
+    core = RaftCore(
+        Config(3, (1, 2, 3)),
+        MemoryStorage(entries(1)),
+        HardState(1, None, 1),
+        rng=random.Random(0),
+        catch_up_to=5,
+    )
     assert core.catch_up_to == 5
     for _ in range(100):
         core.tick()

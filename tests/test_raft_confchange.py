@@ -14,8 +14,9 @@ from raft.tracker import TrackerConfig
 
 
 def conf(*voters: int, learners: tuple[int, ...] = ()) -> Membership:
-    return Membership.of([*(Member(i) for i in voters),
-                          *(Member(i, learner=True) for i in learners)])  # fmt: skip
+    return Membership.of(
+        [*(Member(i) for i in voters), *(Member(i, learner=True) for i in learners)]
+    )
 
 
 def ask(current: Membership, change: ConfChange, **over: Any) -> Membership:

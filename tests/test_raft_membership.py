@@ -77,11 +77,18 @@ def test_membership_codec_round_trips_and_refuses_anything_else() -> None:
     m = Membership.of([Member(2, "a:1", "b:2"), Member(1), Member(3, learner=True)])
     assert m.ids == (1, 2, 3) and m.voters == (1, 2) and m.learners == (3,)
     assert Membership.decode(m.encode()) == m
-    for bad in (b"", b"[]", b'{"members": []}', b'{"members": [[1, "", ""]]}',
-                b'{"members": [[1, "", "", true]]}', b'{"members": [[0, "", "", false]]}',
-                b'{"members": [[1, "", "", false], [1, "", "", false]]}',
-                b'{"members": [["1", "", "", false]]}', b'{"members": [], "x": 1}',
-                b"\xff" * 10):  # fmt: skip
+    for bad in (
+        b"",
+        b"[]",
+        b'{"members": []}',
+        b'{"members": [[1, "", ""]]}',
+        b'{"members": [[1, "", "", true]]}',
+        b'{"members": [[0, "", "", false]]}',
+        b'{"members": [[1, "", "", false], [1, "", "", false]]}',
+        b'{"members": [["1", "", "", false]]}',
+        b'{"members": [], "x": 1}',
+        b"\xff" * 10,
+    ):
         with pytest.raises(ValueError):
             Membership.decode(bad)
 
@@ -176,8 +183,11 @@ def test_one_change_at_a_time_and_bad_changes_change_nothing() -> None:
     with pytest.raises(MembershipError, match="not committed yet"):
         core.propose_conf_change(remove(3))
     c.stabilize()
-    for bad, why in ((add(2), "already a voter"), (promote(9), "not a member"),
-                     (remove(9), "not a member")):  # fmt: skip
+    for bad, why in (
+        (add(2), "already a voter"),
+        (promote(9), "not a member"),
+        (remove(9), "not a member"),
+    ):
         with pytest.raises(MembershipError, match=why):
             core.propose_conf_change(bad)
     assert core.last_index == last + 1  # only the one good change was appended
@@ -268,8 +278,9 @@ def test_membership_survives_a_restart_through_the_hard_state_and_the_log() -> N
         c.restart(i)
         assert c.core(i).membership.voters == (1, 3, 4)
     # From the log alone (a hard state of before the changes): replayed.
-    core = RaftCore(c.config(3), c.nodes[3].storage, HardState(c.nodes[3].hard_state.term),
-                    rng=c.rng)  # fmt: skip
+    core = RaftCore(
+        c.config(3), c.nodes[3].storage, HardState(c.nodes[3].hard_state.term), rng=c.rng
+    )
     assert core.membership.voters == (1, 3, 4)
 
 
@@ -340,10 +351,16 @@ def test_a_follower_far_behind_catches_up_at_the_throttled_rate_and_commits_neve
         c.tick_all(1)
         assert c.core(1).commit_index == c.core(1).last_index
         committed = c.core(1).commit_index
-        per_tick.append(sum(
-            len(e.data) for m in c.sent[first:] if isinstance(m, AppendEntries) and m.dst == 3
-            and m.prev_index + len(m.entries) <= committed - 1 for e in m.entries
-        ))  # fmt: skip
+        per_tick.append(
+            sum(
+                len(e.data)
+                for m in c.sent[first:]
+                if isinstance(m, AppendEntries)
+                and m.dst == 3
+                and m.prev_index + len(m.entries) <= committed - 1
+                for e in m.entries
+            )
+        )
         if c.core(3).last_index == c.core(1).last_index:
             break
     assert c.core(3).last_index == c.core(1).last_index  # it did catch up

@@ -10,8 +10,9 @@ from raft.tracker import ProgressTracker, TrackerConfig
 
 
 def conf(*voters: int, learners: tuple[int, ...] = ()) -> Membership:
-    return Membership.of([*(Member(i) for i in voters),
-                          *(Member(i, learner=True) for i in learners)])  # fmt: skip
+    return Membership.of(
+        [*(Member(i) for i in voters), *(Member(i, learner=True) for i in learners)]
+    )
 
 
 def tracker(me: int, membership: Membership) -> ProgressTracker:
@@ -64,8 +65,9 @@ def test_start_leading_tracks_peers_in_id_order() -> None:
     assert trk.progress[2] is me
     assert trk.replicas == (1, 3, 7)
     assert all(pr.next == 5 and pr.match == 0 for pr in trk.progress.values())
-    assert all(pr.state is ProgressState.PROBE and not pr.recent_active
-               for pr in trk.progress.values())  # fmt: skip
+    assert all(
+        pr.state is ProgressState.PROBE and not pr.recent_active for pr in trk.progress.values()
+    )
     assert trk.progress[1].inflights.max_msgs == 4
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from dledger_commitlog.common.protocol import PutResult
-from dledger_commitlog.log.commitlog import Overloaded
+from dledger_commitlog.log.commitlog import Draft, Overloaded
 from dledger_commitlog.messaging.schedule import (
     PROPERTY_DELAY,
     PROPERTY_REAL_TOPIC,
@@ -43,7 +43,7 @@ from dledger_commitlog.messaging.transactions import (
 from dledger_commitlog.node.config import NodeConfig, parse_levels
 from dledger_commitlog.node.node import RaftNode
 from store.errors import InvalidMessage
-from store.message import Message
+from store.message import StoredMessage
 from tests.lone_node import lone_config, lone_leader
 
 HOUR_MS = 3_600_000
@@ -51,8 +51,9 @@ LEVELS = "1h 2h"
 
 
 def _config(root: Path) -> NodeConfig:
-    return lone_config(root, delay_levels=LEVELS, check_timeout_ms=10 * HOUR_MS,
-                       check_interval_ms=HOUR_MS)  # fmt: skip
+    return lone_config(
+        root, delay_levels=LEVELS, check_timeout_ms=10 * HOUR_MS, check_interval_ms=HOUR_MS
+    )
 
 
 def run_node(tmp_path: Path, body: Callable[[RaftNode, LeaderServices], Awaitable[None]]) -> None:
@@ -72,24 +73,39 @@ class Clock:
 
 
 async def put(node: RaftNode, topic: str, body: bytes, uniq: str, **kw: Any) -> PutResult:
-    spec = node.prepare(topic, body, uniq_key=uniq, **kw)
+    spec = node.prepare(Draft(topic, body, uniq, **kw))
     (result,) = await node.put([spec], 5.0)
     await node.wait_dispatched(node.committed_pos, 5.0)
     return result
 
 
-async def put_delayed(node: RaftNode, topic: str, body: bytes, uniq: str, *,
-                      level: int = 0, at_ms: int = 0) -> PutResult:  # fmt: skip
-    placed = schedule(topic, None, uniq, delay_level=level, deliver_at_ms=at_ms,
-                      levels=parse_levels(LEVELS), max_timer_delay_s=3 * 24 * 3600,
-                      now_ms=int(time.time() * 1000))  # fmt: skip
+async def put_delayed(
+    node: RaftNode, topic: str, body: bytes, uniq: str, *, level: int = 0, at_ms: int = 0
+) -> PutResult:
+    placed = schedule(
+        topic,
+        None,
+        uniq,
+        delay_level=level,
+        deliver_at_ms=at_ms,
+        levels=parse_levels(LEVELS),
+        max_timer_delay_s=3 * 24 * 3600,
+        now_ms=int(time.time() * 1000),
+    )
     props = scheduled_properties({"k": "v"}, placed)
-    return await put(node, SCHEDULE_TOPIC, body, placed.uniq_key, queue_id=placed.queue_id,
-                     properties=props, tags="T")  # fmt: skip
+    return await put(
+        node,
+        SCHEDULE_TOPIC,
+        body,
+        placed.uniq_key,
+        queue_id=placed.queue_id,
+        properties=props,
+        tags="T",
+    )
 
 
-def messages(node: RaftNode, topic: str) -> list[Message]:
-    out: list[Message] = []
+def messages(node: RaftNode, topic: str) -> list[StoredMessage]:
+    out: list[StoredMessage] = []
     system_log = SystemLog(node)
     for q in range(node.cfg.queues_per_topic):
         for unit in system_log.units(topic, q, 0, 1000):
@@ -186,9 +202,16 @@ def test_deliver_at_times_are_honoured_out_of_store_order(tmp_path: Path) -> Non
 )
 def test_bad_delays_are_refused_with_the_reason(level: int, at: int, why: str) -> None:
     with pytest.raises(InvalidMessage, match=re.escape(why)):
-        schedule("t", None, "U", delay_level=level, deliver_at_ms=at,
-                 levels=parse_levels(LEVELS), max_timer_delay_s=3 * 24 * 3600,
-                 now_ms=10_000)  # fmt: skip
+        schedule(
+            "t",
+            None,
+            "U",
+            delay_level=level,
+            deliver_at_ms=at,
+            levels=parse_levels(LEVELS),
+            max_timer_delay_s=3 * 24 * 3600,
+            now_ms=10_000,
+        )
 
 
 def test_levels_parse_and_refuse_nonsense() -> None:
@@ -203,8 +226,7 @@ def test_levels_parse_and_refuse_nonsense() -> None:
 
 async def put_half(node: RaftNode, topic: str, body: bytes, tx: str) -> PutResult:
     props = half_properties({"k": "v"}, topic, None, "pg")
-    return await put(node, HALF_TOPIC, body, HALF_KEY_PREFIX + tx, queue_id=0,
-                     properties=props)  # fmt: skip
+    return await put(node, HALF_TOPIC, body, HALF_KEY_PREFIX + tx, queue_id=0, properties=props)
 
 
 def test_a_committed_half_becomes_visible_exactly_once(tmp_path: Path) -> None:
@@ -252,8 +274,14 @@ def test_undecided_halves_are_checked_back_then_rolled_back(tmp_path: Path) -> N
         clock = Clock()
         registry = CheckRegistry()
         asked = registry.open("pg")
-        svc = TransactionService(services.system_log, registry, check_timeout_ms=1000,
-                                 check_interval_ms=1000, max_checks=2, clock_ms=clock)  # fmt: skip
+        svc = TransactionService(
+            services.system_log,
+            registry,
+            check_timeout_ms=1000,
+            check_interval_ms=1000,
+            max_checks=2,
+            clock_ms=clock,
+        )
         half = await put_half(node, "pay", b"?", "T3")
         decided = await put_half(node, "pay", b"ok", "T4")
         await svc.end("T4", decided.commitlog_offset, commit=True)
@@ -263,16 +291,24 @@ def test_undecided_halves_are_checked_back_then_rolled_back(tmp_path: Path) -> N
         assert await svc.pass_once() == 1
         first = asked.get_nowait()
         assert (first.transaction_id, first.half_offset, first.topic, first.check_times) == (
-            "T3", half.commitlog_offset, "pay", 1)  # fmt: skip
+            "T3",
+            half.commitlog_offset,
+            "pay",
+            1,
+        )
         assert await svc.pass_once() == 0, "the next check waits an interval"
         clock.now += 1000
         assert await svc.pass_once() == 1 and asked.get_nowait().check_times == 2
         # A new leader (a fresh service) knows the count: the checks are in the log.
         await settled(node)
         fresh = TransactionService(
-            services.system_log, registry, check_timeout_ms=1000, check_interval_ms=1000,
-            max_checks=2, clock_ms=clock,
-        )  # fmt: skip
+            services.system_log,
+            registry,
+            check_timeout_ms=1000,
+            check_interval_ms=1000,
+            max_checks=2,
+            clock_ms=clock,
+        )
         clock.now += 1000
         assert await fresh.pass_once() == 1, "the limit: rolled back"
         assert asked.empty()
@@ -289,8 +325,14 @@ def test_undecided_halves_are_checked_back_then_rolled_back(tmp_path: Path) -> N
 def test_a_commit_whose_op_message_was_lost_is_repaired_not_rolled_back(tmp_path: Path) -> None:
     async def body(node: RaftNode, services: LeaderServices) -> None:
         clock = Clock()
-        svc = TransactionService(services.system_log, CheckRegistry(), check_timeout_ms=0,
-                                 check_interval_ms=0, max_checks=0, clock_ms=clock)  # fmt: skip
+        svc = TransactionService(
+            services.system_log,
+            CheckRegistry(),
+            check_timeout_ms=0,
+            check_interval_ms=0,
+            max_checks=0,
+            clock_ms=clock,
+        )
         half = await put_half(node, "pay", b"real", "T5")
         await put(node, "pay", b"real", "T5")  # the commit's first put; its op was lost
         assert await svc.pass_once() == 1
@@ -345,10 +387,18 @@ def test_a_service_with_nothing_to_do_waits_for_a_commit_not_the_poll() -> None:
             passes.append(time.monotonic())
             ran.set()
 
-        task = asyncio.ensure_future(run_passes(
-            "test", 1, pass_once, asyncio.Event(), 0.01, lambda: None,
-            busy=lambda: work, quiet=committed.wait,
-        ))  # fmt: skip
+        task = asyncio.ensure_future(
+            run_passes(
+                "test",
+                1,
+                pass_once,
+                asyncio.Event(),
+                0.01,
+                lambda: None,
+                busy=lambda: work,
+                quiet=committed.wait,
+            )
+        )
         try:
             await asyncio.sleep(0.3)  # 30 polls' worth
             idle_passes = len(passes)
@@ -383,8 +433,14 @@ def test_the_services_are_busy_only_while_something_waits_for_them(tmp_path: Pat
         tx = services.transactions
         await tx.pass_once()
         assert not tx.busy()
-        await put(node, HALF_TOPIC, b"half", HALF_KEY_PREFIX + "t9", queue_id=0,
-                  properties=half_properties({}, "orders", None, "pg"))  # fmt: skip
+        await put(
+            node,
+            HALF_TOPIC,
+            b"half",
+            HALF_KEY_PREFIX + "t9",
+            queue_id=0,
+            properties=half_properties({}, "orders", None, "pg"),
+        )
         assert tx.busy(), "an undecided half waits"
 
     run_node(tmp_path, body)

@@ -176,8 +176,15 @@ def test_a_heartbeat_with_the_largest_term_is_refused_and_never_persisted(
         # An append whose entry holds no message never reaches the log.
         st = cluster.statuses()[spec.id]
         assert not isinstance(st, StatusError)
-        junk = AppendEntries(src, spec.id, st.term, st.last_index, st.term,
-                             (Entry(st.last_index + 1, st.term, b"\0" * 64),), 0)  # fmt: skip
+        junk = AppendEntries(
+            src,
+            spec.id,
+            st.term,
+            st.last_index,
+            st.term,
+            (Entry(st.last_index + 1, st.term, b"\0" * 64),),
+            0,
+        )
         meta = member_token(cluster, src, spec.id)
         assert raft_call(spec.raft, [junk], metadata=meta) == grpc.StatusCode.INVALID_ARGUMENT
         # A member cannot speak for another one on its stream.
@@ -219,17 +226,26 @@ def _acl_cluster(make_cluster: Callable[..., LocalCluster], **kw: Any) -> LocalC
         [
             Account(admin[0], admin[1], admin=True),
             Account("app", APP_SECRET, topic_perms={"orders": Perm.PUB}),
-            Account("reader", READER_SECRET, default_topic_perm=Perm.SUB,
-                    group_perms={"other": Perm.DENY}),
+            Account(
+                "reader",
+                READER_SECRET,
+                default_topic_perm=Perm.SUB,
+                group_perms={"other": Perm.DENY},
+            ),
             Account("orders-reader", READER_SECRET, topic_perms={"orders": Perm.SUB}),
         ],
-    )  # fmt: skip
+    )
     return cluster.up()
 
 
 def _client(cluster: LocalCluster, creds: tuple[str, str] | None, **kw: Any) -> Client:
-    return Client([s.client for s in cluster], cluster=cluster.cluster, credentials=creds,
-                  tls_ca=str(cluster.tls_ca) if cluster.tls_ca else None, **kw)  # fmt: skip
+    return Client(
+        [s.client for s in cluster],
+        cluster=cluster.cluster,
+        credentials=creds,
+        tls_ca=str(cluster.tls_ca) if cluster.tls_ca else None,
+        **kw,
+    )
 
 
 def test_acl_authenticates_every_call_and_checks_rights(
@@ -310,8 +326,11 @@ def test_acl_authenticates_every_call_and_checks_rights(
             ("CleanNow", leader_stub.CleanNow, pb.CleanNowRequest(), "forward:PutBatch:app"),
             ("PutBatch", leader_stub.PutBatch, batch, "forward:PutBatch:app"),
         ):
-            fake = [*sign("app", APP_SECRET, method), ("dledger-forwarded", str(spec.id)),
-                    ("dledger-on-behalf-of", "admin")]  # fmt: skip
+            fake = [
+                *sign("app", APP_SECRET, method),
+                ("dledger-forwarded", str(spec.id)),
+                ("dledger-on-behalf-of", "admin"),
+            ]
             if token_scope is not None:
                 fake.append((NODE_AUTH, auth.token(spec.id, new_leader, token_scope)))
             with pytest.raises(grpc.RpcError) as err:
@@ -321,8 +340,19 @@ def test_acl_authenticates_every_call_and_checks_rights(
     creds = tmp_path / "app.credentials"
     creds.write_text(f'access_key = "app"\nsecret_key = "{APP_SECRET}"\n')
     capsys.readouterr()
-    code = cli.main(["put", "--cluster", str(cluster.cluster_file), "--credentials", str(creds),
-                     "--topic", "audit", "--body", "x"])  # fmt: skip
+    code = cli.main(
+        [
+            "put",
+            "--cluster",
+            str(cluster.cluster_file),
+            "--credentials",
+            str(creds),
+            "--topic",
+            "audit",
+            "--body",
+            "x",
+        ]
+    )
     err_text = capsys.readouterr().err
     assert code == 1
     assert err_text.count("\n") == 1 and "PERMISSION_DENIED" in err_text, err_text
@@ -388,8 +418,21 @@ def test_cli_cluster_up_with_tls_and_acl(
 ) -> None:
     d = tmp_path / "c"
     try:
-        assert cli.main(["cluster", "up", "--dir", str(d), "--tls", "--acl",
-                         "--set", "data_segment_bytes=8388608"]) == 0  # fmt: skip
+        assert (
+            cli.main(
+                [
+                    "cluster",
+                    "up",
+                    "--dir",
+                    str(d),
+                    "--tls",
+                    "--acl",
+                    "--set",
+                    "data_segment_bytes=8388608",
+                ]
+            )
+            == 0
+        )
         cf = str(d / "cluster.json")
         assert cli.main(["put", "--cluster", cf, "--topic", "t", "--body", "hi", "--json"]) == 0
         assert cli.main(["status", "--cluster", cf, "--json"]) == 0

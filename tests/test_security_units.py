@@ -137,11 +137,18 @@ def test_peer_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_acl_file_signatures_and_rights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "acl.toml"
-    write_acl(path, [
-        Account("admin", "a" * 16, admin=True),
-        Account("app", "b" * 16, default_topic_perm=Perm.SUB,
-                topic_perms={"orders": Perm.PUB | Perm.SUB, "secret": Perm.DENY}),
-    ])  # fmt: skip
+    write_acl(
+        path,
+        [
+            Account("admin", "a" * 16, admin=True),
+            Account(
+                "app",
+                "b" * 16,
+                default_topic_perm=Perm.SUB,
+                topic_perms={"orders": Perm.PUB | Perm.SUB, "secret": Perm.DENY},
+            ),
+        ],
+    )
     assert path.stat().st_mode & 0o777 == 0o600
     acl = Acl.load(path)
     app = acl.authenticate(sign("app", "b" * 16, "Put"), "Put")
@@ -163,8 +170,14 @@ def test_acl_file_signatures_and_rights(tmp_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(AuthError, match="wrong secret"):  # a Put's signature is for Put only
         acl.authenticate(sign("app", "b" * 16, "Put"), "CleanNow")
     with pytest.raises(AuthError, match="wrong secret"):  # not ASCII: refused, not a crash
-        acl.authenticate((("dledger-access-key", "app"), ("dledger-timestamp", "1"),
-                          ("dledger-signature", "\u00e9" * 64)), "Put")  # fmt: skip
+        acl.authenticate(
+            (
+                ("dledger-access-key", "app"),
+                ("dledger-timestamp", "1"),
+                ("dledger-signature", "\u00e9" * 64),
+            ),
+            "Put",
+        )
     stale = sign("app", "b" * 16, "Put")
     later = time.time() + 400
     monkeypatch.setattr(time, "time", lambda: later)
@@ -178,17 +191,27 @@ def test_acl_file_signatures_and_rights(tmp_path: Path, monkeypatch: pytest.Monk
         ("", "at least one"),
         ("[[accounts]]\naccess_key = 'a'\nsecret_key = 'short'\n", "at least 16"),
         ("[[accounts]]\naccess_key = 'a:b'\nsecret_key = '0123456789abcdef'\n", "without ':'"),
-        ("[[accounts]]\naccess_key = 'a'\nsecret_key = '0123456789abcdef'\nadmin = 1\n",
-         "true or false"),
-        ("[[accounts]]\naccess_key = 'a'\nsecret_key = '0123456789abcdef'\n"
-         "default_topic_perm = 'WRITE'\n", "not DENY, PUB, SUB"),
-        ("[[accounts]]\naccess_key = 'a'\nsecret_key = '0123456789abcdef'\nroles = []\n",
-         "unknown settings"),
-        ("[[accounts]]\naccess_key = 'a'\nsecret_key = '0123456789abcdef'\n"
-         "[[accounts]]\naccess_key = 'a'\nsecret_key = '0123456789abcdef'\n", "twice"),
+        (
+            "[[accounts]]\naccess_key = 'a'\nsecret_key = '0123456789abcdef'\nadmin = 1\n",
+            "true or false",
+        ),
+        (
+            "[[accounts]]\naccess_key = 'a'\nsecret_key = '0123456789abcdef'\n"
+            "default_topic_perm = 'WRITE'\n",
+            "not DENY, PUB, SUB",
+        ),
+        (
+            "[[accounts]]\naccess_key = 'a'\nsecret_key = '0123456789abcdef'\nroles = []\n",
+            "unknown settings",
+        ),
+        (
+            "[[accounts]]\naccess_key = 'a'\nsecret_key = '0123456789abcdef'\n"
+            "[[accounts]]\naccess_key = 'a'\nsecret_key = '0123456789abcdef'\n",
+            "twice",
+        ),
         ("not toml [", "acl.toml"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_acl_file_is_one_clear_error(tmp_path: Path, text: str, why: str) -> None:
     path = tmp_path / "acl.toml"
     path.write_text(text)
@@ -225,8 +248,16 @@ def test_a_port_reachable_from_other_machines_needs_tls_and_acl_or_insecure() ->
     with pytest.raises(ConfigError, match="--insecure"):
         check_exposure(config(listen_raft="0.0.0.0:7101", peer_secret_file="s"))
     check_exposure(config(host="10.0.0.1", insecure=True))
-    check_exposure(config(host="10.0.0.1", tls_ca="a", tls_cert="b", tls_key="c",
-                          acl_file="acl", peer_secret_file="s"))  # fmt: skip
+    check_exposure(
+        config(
+            host="10.0.0.1",
+            tls_ca="a",
+            tls_cert="b",
+            tls_key="c",
+            acl_file="acl",
+            peer_secret_file="s",
+        )
+    )
 
 
 def test_node_security_loads_and_names_what_is_wrong(tmp_path: Path) -> None:
@@ -234,8 +265,11 @@ def test_node_security_loads_and_names_what_is_wrong(tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     write_secret(secret)
     assert secret.stat().st_mode & 0o777 == 0o600
-    tls = {"tls_ca": str(pki.ca), "tls_cert": str(pki.node_cert(1)),
-           "tls_key": str(pki.node_key(1))}  # fmt: skip
+    tls = {
+        "tls_ca": str(pki.ca),
+        "tls_cert": str(pki.node_cert(1)),
+        "tls_key": str(pki.node_key(1)),
+    }
     sec = NodeSecurity.load(config(peer_secret_file=str(secret), **tls))
     assert sec.tls is not None and sec.peers is not None and sec.acl is None
     assert sec.peer_mode == "mTLS + shared secret"

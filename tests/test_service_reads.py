@@ -110,8 +110,12 @@ def test_read_range_serves_the_committed_log_in_any_limits(cluster: LocalCluster
     sizes = [rng.choice((10, 300, 5000, 20_000, 60_000)) for _ in range(300)]
     with cluster.client() as client:
         for lo in range(0, len(sizes), 50):
-            client.put_batch([MessageSpec(topic, bytes([k % 256]) * sizes[k], keys=[f"k{k}"])
-                              for k in range(lo, lo + 50)])  # fmt: skip
+            client.put_batch(
+                [
+                    MessageSpec(topic, bytes([k % 256]) * sizes[k], keys=[f"k{k}"])
+                    for k in range(lo, lo + 50)
+                ]
+            )
     dispatched_everywhere(cluster, topic, len(sizes))
     with node_stubs(cluster) as stubs:
         for node, stub in stubs.items():
@@ -122,16 +126,24 @@ def test_read_range_serves_the_committed_log_in_any_limits(cluster: LocalCluster
             starts += [e.pos + HEADER_SIZE for e in after_filler[:2]]
             starts += [f + HEADER_SIZE for f in list(log.fillers)[:2]]
             starts += [e.pos + HEADER_SIZE for e in rng.sample(log.entries, 4)]
-            starts += [log.entries[-1].pos + HEADER_SIZE, log.committed + HEADER_SIZE,
-                       log.committed + 4096]  # fmt: skip
+            starts += [
+                log.entries[-1].pos + HEADER_SIZE,
+                log.committed + HEADER_SIZE,
+                log.committed + 4096,
+            ]
             for from_offset in starts:
                 for max_messages in (0, 1, 2, 7, 300):
                     for max_bytes in (0, 1, 100, 30_000, 200_000, 1 << 30):
                         want = expected_range(log, from_offset, max_messages, max_bytes)
                         assert want is not None
-                        got = stub.ReadRange(pb.ReadRangeRequest(
-                            from_offset=from_offset, max_messages=max_messages,
-                            max_bytes=max_bytes), timeout=10)  # fmt: skip
+                        got = stub.ReadRange(
+                            pb.ReadRangeRequest(
+                                from_offset=from_offset,
+                                max_messages=max_messages,
+                                max_bytes=max_bytes,
+                            ),
+                            timeout=10,
+                        )
                         where = (node, from_offset, max_messages, max_bytes)
                         assert (got.messages, got.next_offset) == want, where
                         assert got.committed_offset == log.committed, where
@@ -182,8 +194,9 @@ def test_a_damaged_entry_is_never_served_by_read_range_or_query(
         before = stub.ReadRange(up_to_it, timeout=10)
         assert before.next_offset == hit.commitlog_offset
         assert before.messages == healthy.ReadRange(up_to_it, timeout=10).messages
-        newest = stub.QueryByKey(pb.QueryByKeyRequest(topic=topic, key="same", max_messages=9),
-                                 timeout=10)  # fmt: skip
+        newest = stub.QueryByKey(
+            pb.QueryByKeyRequest(topic=topic, key="same", max_messages=9), timeout=10
+        )
         assert [m.commitlog_offset for m in newest.messages] == [
             r.commitlog_offset for r in reversed(acked[31:])
         ]

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from dledger_commitlog.log.entry_store import EntryStore
-from dledger_commitlog.log.message_route import make_msg_id, offset_of_msg_id
+from dledger_commitlog.log.message_layout import make_msg_id, offset_of_msg_id
 from dledger_commitlog.node.config import (
     SMALL_SEGMENTS,
     ConfigError,
-    group_config,
     load_config,
     parse_peer,
     segment_bytes_for,
+    shard_config,
 )
 from proto import dledger_pb2 as pb
 from raft.messages import (
@@ -143,11 +143,15 @@ def test_config_errors_say_what_is_wrong(tmp_path: Path, text: str, error: str) 
     ("toml", "error"),
     [
         # A data segment must hold the largest message the node accepts.
-        ("[store]\ndata_segment_bytes = 4194304",
-         "store.data_segment_bytes 4194304 cannot hold the largest message: "
-         "store.max_message_bytes 4194304 needs at least 4227345"),
-        ("[store]\nmax_message_bytes = 1024\ndata_segment_bytes = 34064",
-         "store.data_segment_bytes 34064 cannot hold .* needs at least 34065"),
+        (
+            "[store]\ndata_segment_bytes = 4194304",
+            "store.data_segment_bytes 4194304 cannot hold the largest message: "
+            "store.max_message_bytes 4194304 needs at least 4227345",
+        ),
+        (
+            "[store]\nmax_message_bytes = 1024\ndata_segment_bytes = 34064",
+            "store.data_segment_bytes 34064 cannot hold .* needs at least 34065",
+        ),
         ("[store]\nindex_segment_bytes = 33", "index_segment_bytes 33 must be a multiple of 32"),
         ("[store]\nmax_message_bytes = 67108864", r"max_message_bytes must be in 1024\.\.33554432"),
         ("[store]\nmax_message_bytes = 100", r"max_message_bytes must be in 1024\.\.33554432"),
@@ -159,9 +163,9 @@ def test_config_errors_say_what_is_wrong(tmp_path: Path, text: str, error: str) 
         ("[retention]\ndelete_when_hour = 24", r"delete_when_hour must be in 0\.\.23, not 24"),
         ('[raft]\ntick_ms = "50"', "raft.tick_ms must be an integer, not '50'"),
         ("[store]\nqueues_per_topic = true", "queues_per_topic must be an integer, not True"),
-        ("[retention]\nrefuse_ratio = \"high\"", "retention.refuse_ratio must be a number"),
+        ('[retention]\nrefuse_ratio = "high"', "retention.refuse_ratio must be a number"),
     ],
-)  # fmt: skip
+)
 def test_unusable_settings_are_refused_naming_the_setting(
     tmp_path: Path, toml: str, error: str
 ) -> None:
@@ -180,12 +184,12 @@ def test_a_process_may_host_only_a_group_other_than_1(tmp_path: Path) -> None:
     group 2 alone is a valid config, its group's data under data_dir/groups/2."""
     path = tmp_path / "n1.toml"
     head = 'node_id = 1\ndata_dir = "d"\npeers = [{id = 1, raft = "h:1", client = "h:2"}]\n'
-    path.write_text(f"{head}[multiraft]\ngroups = 3\nhost = [2]\n")
+    path.write_text(f"{head}[shards]\ncount = 3\nhost = [2]\n")
     cfg = load_config(path)
-    assert cfg.host_groups == (2,)
-    assert group_config(cfg, 2).data_dir == str(Path("d") / "groups" / "2")
-    path.write_text(f"{head}[multiraft]\ngroups = 3\nhost = [2, 4]\n")
-    with pytest.raises(ConfigError, match=r"multiraft.host \[2, 4\]: distinct groups in 0..3"):
+    assert cfg.host_shards == (2,)
+    assert shard_config(cfg, 2).data_dir == str(Path("d") / "groups" / "2")
+    path.write_text(f"{head}[shards]\ncount = 3\nhost = [2, 4]\n")
+    with pytest.raises(ConfigError, match=r"shards.host \[2, 4\]: distinct shards in 0..3"):
         load_config(path)
 
 
@@ -197,11 +201,27 @@ def test_the_smallest_segment_the_config_allows_holds_the_largest_message(
     and refuses one byte more."""
     peers = (parse_peer("1=h:1/h:2"),)
     need = segment_bytes_for(1024)
-    cfg = load_config(None, {"node_id": 1, "data_dir": "d", "peers": peers,
-                             "max_message_bytes": 1024, "data_segment_bytes": need})  # fmt: skip
+    cfg = load_config(
+        None,
+        {
+            "node_id": 1,
+            "data_dir": "d",
+            "peers": peers,
+            "max_message_bytes": 1024,
+            "data_segment_bytes": need,
+        },
+    )
     with pytest.raises(ConfigError, match=f"needs at least {need}$"):  # 1023 bytes: below 1024
-        load_config(None, {"node_id": 1, "data_dir": "d", "peers": peers,
-                           "max_message_bytes": 1024, "data_segment_bytes": need - 1})  # fmt: skip
+        load_config(
+            None,
+            {
+                "node_id": 1,
+                "data_dir": "d",
+                "peers": peers,
+                "max_message_bytes": 1024,
+                "data_segment_bytes": need - 1,
+            },
+        )
     largest = bytes(max_encoded_size(cfg.max_message_bytes))
     store = EntryStore(tmp_path / "log", data_segment_bytes=need, index_segment_bytes=32 * 64)
     try:
@@ -220,8 +240,10 @@ def test_a_segment_too_small_names_the_message_size_it_could_hold() -> None:
     old_demo = {"data_segment_bytes": 4 << 20}  # what make run used before
     with pytest.raises(ConfigError, match=r"or store.max_message_bytes of at most 4161263$"):
         load_config(None, {"node_id": 1, "data_dir": "d", "peers": peers, **old_demo})
-    fits = load_config(None, {"node_id": 1, "data_dir": "d", "peers": peers, **old_demo,
-                              "max_message_bytes": 4161263})  # fmt: skip
+    fits = load_config(
+        None,
+        {"node_id": 1, "data_dir": "d", "peers": peers, **old_demo, "max_message_bytes": 4161263},
+    )
     assert segment_bytes_for(fits.max_message_bytes) == 4 << 20
 
 
@@ -239,8 +261,10 @@ def test_a_stream_batch_stays_below_the_grpc_message_limit() -> None:
     """Appends of large entries queued behind a slow stream go in several RaftBatches
     (16 MiB at most each, one message at least), never one past gRPC's 64 MiB."""
     link = PeerLink("c", 2, "127.0.0.1:1")  # never started: only its queue is used
-    big = [to_wire(AppendEntries(1, 2, 3, i, 3, (Entry(i + 1, 3, bytes(7 << 20)),), 0))
-           for i in range(5)]  # fmt: skip
+    big = [
+        to_wire(AppendEntries(1, 2, 3, i, 3, (Entry(i + 1, 3, bytes(7 << 20)),), 0))
+        for i in range(5)
+    ]
     assert all(size >= 7 << 20 for _, size in big)
     huge = to_wire(AppendEntries(1, 2, 3, 5, 3, (Entry(6, 3, bytes(20 << 20)),), 0))
     tiny = [to_wire(Heartbeat(src=1, dst=2, term=3, commit=0)) for _ in range(300)]
@@ -260,10 +284,18 @@ def test_a_forward_to_a_node_no_longer_leading_is_a_retry_not_a_wrong_cluster() 
 
     from dledger_commitlog.service.base import forward_failure
 
-    moved = AioRpcError(grpc.StatusCode.FAILED_PRECONDITION, Metadata(), Metadata(),
-                        details="not the leader; the leader is at 127.0.0.1:7002")  # fmt: skip
+    moved = AioRpcError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        Metadata(),
+        Metadata(),
+        details="not the leader; the leader is at 127.0.0.1:7002",
+    )
     code, why = forward_failure(moved, "127.0.0.1:7001")
     assert code is grpc.StatusCode.UNAVAILABLE and why.startswith("(forwarded to 127.0.0.1:7001)")
-    wrong = AioRpcError(grpc.StatusCode.FAILED_PRECONDITION, Metadata(), Metadata(),
-                        details="wrong cluster: this node serves 'a', not 'b'")  # fmt: skip
+    wrong = AioRpcError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        Metadata(),
+        Metadata(),
+        details="wrong cluster: this node serves 'a', not 'b'",
+    )
     assert forward_failure(wrong, "x")[0] is grpc.StatusCode.FAILED_PRECONDITION

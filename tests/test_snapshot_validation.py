@@ -78,8 +78,9 @@ def test_a_follower_behind_the_retained_log_is_restored_with_queues_and_offsets(
     the group offsets and the next queue offsets the leader's extra carried."""
     # One append in flight per follower: the appends queued for the stopped follower
     # cannot cover the gap, which only a snapshot then closes.
-    cluster = make_cluster("lagging", data_segment_bytes=128 * 1024, max_message_bytes=16 * 1024,
-                           max_inflight_msgs=1)  # fmt: skip
+    cluster = make_cluster(
+        "lagging", data_segment_bytes=128 * 1024, max_message_bytes=16 * 1024, max_inflight_msgs=1
+    )
     leader = cluster.wait_for_leader(timeout_s=10.0)
     lagging = next(s.id for s in cluster if s.id != leader)
     body = b"x" * 4000
@@ -145,8 +146,9 @@ def test_a_genuine_snapshot_passes_and_restores_a_fresh_store(tmp_path: Path) ->
     check_peer_message(snap, me=2, peers={1, 2, 3}, term=2, max_entry_bytes=1 << 20)
     check_snapshot(snap)
     assert decode_extra(snap.data[BASE_SIZE:]) == SnapshotExtra(QUEUE_NEXT, OFFSETS)
-    follower = EntryStore(tmp_path / "follower", data_segment_bytes=SEG,
-                          index_segment_bytes=32 * 64)  # fmt: skip
+    follower = EntryStore(
+        tmp_path / "follower", data_segment_bytes=SEG, index_segment_bytes=32 * 64
+    )
     follower.restore(snap.index, snap.log_term, snap.data)
     assert (follower.first_index(), follower.last_index()) == (snap.index + 1, snap.index)
     following = leader.stored_entries(snap.index + 1, leader.last_index() + 1, 1 << 20)
@@ -184,11 +186,17 @@ BAD: dict[str, tuple[Callable[[Snapshot], Snapshot], str]] = {
     "another index": (lambda s: replace(s, index=s.index + 1), r"describes \d+/1"),
     "another term": (lambda s: replace(s, log_term=2), r"\(term 2\) describes \d+/1"),
     "a position below the entries before": (
-        lambda s: _with_base(s, s.index, s.log_term, s.index * 48 - 1), "ends at position"),
+        lambda s: _with_base(s, s.index, s.log_term, s.index * 48 - 1),
+        "ends at position",
+    ),
     "a negative position": (
-        lambda s: _with_base(s, s.index, s.log_term, -1), "ends at position -1"),
+        lambda s: _with_base(s, s.index, s.log_term, -1),
+        "ends at position -1",
+    ),
     "a position past the bound": (
-        lambda s: _with_base(s, s.index, s.log_term, 1 << 62), "ends at position"),
+        lambda s: _with_base(s, s.index, s.log_term, 1 << 62),
+        "ends at position",
+    ),
     "commit below the index": (lambda s: replace(s, commit=s.index - 1), "commit .* below"),
     "no JSON": (lambda s: _with_extra(s, b"{not json"), "extra is no JSON"),
     "no extra": (lambda s: _with_extra(s, b""), "extra is no JSON"),
@@ -211,16 +219,23 @@ BAD: dict[str, tuple[Callable[[Snapshot], Snapshot], str]] = {
     "a bool count": (lambda s: _with_extra(s, _items([["orders", 0, True]])), "offset not in"),
     "a count past i64": (lambda s: _with_extra(s, _items([["orders", 0, 1 << 63]])), "offset"),
     "a queue twice": (
-        lambda s: _with_extra(s, _items([["orders", 0, 5], ["orders", 0, 6]])), "twice"),
+        lambda s: _with_extra(s, _items([["orders", 0, 5], ["orders", 0, 6]])),
+        "twice",
+    ),
     "a group no string": (
-        lambda s: _with_extra(s, _items(offsets=[[None, "orders", 0, 1]])), "group must be"),
+        lambda s: _with_extra(s, _items(offsets=[[None, "orders", 0, 1]])),
+        "group must be",
+    ),
     "a negative group offset": (
-        lambda s: _with_extra(s, _items(offsets=[["g", "orders", 0, -5]])), "offset not in"),
+        lambda s: _with_extra(s, _items(offsets=[["g", "orders", 0, -5]])),
+        "offset not in",
+    ),
     "a group offset twice": (
-        lambda s: _with_extra(s, _items(offsets=[["g", "t", 0, 1], ["g", "t", 0, 2]])), "twice"),
-    "an extra too large": (
-        lambda s: _with_extra(s, b" " * (MAX_EXTRA_BYTES + 1)), "over"),
-}  # fmt: skip
+        lambda s: _with_extra(s, _items(offsets=[["g", "t", 0, 1], ["g", "t", 0, 2]])),
+        "twice",
+    ),
+    "an extra too large": (lambda s: _with_extra(s, b" " * (MAX_EXTRA_BYTES + 1)), "over"),
+}
 
 
 @pytest.mark.parametrize("case", list(BAD))
@@ -247,8 +262,11 @@ def test_restore_keeps_the_rules_of_the_base_and_touches_nothing_when_they_fail(
     leader.close()
     store = EntryStore(tmp_path / "f", data_segment_bytes=SEG, index_segment_bytes=32 * 64)
     store.append([Entry(i, 1, b"mine") for i in range(1, 4)])
-    for index, data in [(snap.index + 1, snap.data), (snap.index, snap.data[:27]),
-                        (snap.index, pack_base((snap.index, 1, 5, 0)))]:  # fmt: skip
+    for index, data in [
+        (snap.index + 1, snap.data),
+        (snap.index, snap.data[:27]),
+        (snap.index, pack_base((snap.index, 1, 5, 0))),
+    ]:
         with pytest.raises(ValueError, match="snapshot"):
             store.restore(index, snap.log_term, data)
     assert (store.first_index(), store.last_index(), store.get(3).body) == (1, 3, b"mine")

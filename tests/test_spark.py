@@ -167,15 +167,24 @@ def test_timestamps_stand_for_offsets(spark: SparkSession, node: SyntheticNode) 
     assert got == sorted(key(r) for r in want)
     # A starting timestamp after every message: an error (as Kafka), or the end.
     late = str(BASE_MS + 10**9)
-    assert source(spark, node, startingTimestamp=late,
-                  startingOffsetsByTimestampStrategy="latest").count() == 0  # fmt: skip
+    assert (
+        source(
+            spark, node, startingTimestamp=late, startingOffsetsByTimestampStrategy="latest"
+        ).count()
+        == 0
+    )
     # A stream starts there too.
     query = (
-        spark.readStream.format("dledger").option("path", str(node.root))
-        .option("startingTimestamp", str(start)).load().select("msg_id")
-        .writeStream.format("memory").queryName("from_timestamp")
-        .trigger(availableNow=True).start()
-    )  # fmt: skip
+        spark.readStream.format("dledger")
+        .option("path", str(node.root))
+        .option("startingTimestamp", str(start))
+        .load()
+        .select("msg_id")
+        .writeStream.format("memory")
+        .queryName("from_timestamp")
+        .trigger(availableNow=True)
+        .start()
+    )
     try:
         assert query.awaitTermination(120) and query.exception() is None
     finally:

@@ -26,7 +26,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import ClientError, MessageSpec, NodeStatus
-from store.message import Message
+from store.message import StoredMessage
 from tests.conftest import leader_cut_off, wait_until
 from tests.test_analytics_codec import expected_row
 from tests.test_analytics_offline import key, plain
@@ -60,7 +60,7 @@ def specs(topic: str, count: int, start: int = 0) -> list[MessageSpec]:
 def scanned_rows(cluster: LocalCluster, topics: set[str]) -> list[dict[str, Any]]:
     """The committed messages of `topics` by a client scan (ReadRange + the canonical codec)."""
     with cluster.client() as client:
-        msgs: list[Message] = [m for m in client_scan(client) if m.topic in topics]
+        msgs: list[StoredMessage] = [m for m in client_scan(client) if m.topic in topics]
     return [expected_row(m) for m in msgs]
 
 
@@ -228,8 +228,12 @@ def test_filters_and_timestamps_over_the_servers(
     topic, other = fresh_topic("flt"), fresh_topic("flt")
     with cluster.client() as client:
         first = client.put_batch(specs(topic, 80) + specs(other, 40))
-        wait_until(time.time, 5, "the clock to move on",
-                   ok=lambda t: t * 1000 > first[-1].store_timestamp_ms + 5)  # fmt: skip
+        wait_until(
+            time.time,
+            5,
+            "the clock to move on",
+            ok=lambda t: t * 1000 > first[-1].store_timestamp_ms + 5,
+        )
         later = client.put_batch(specs(topic, 60, start=80))
     dispatched_everywhere(cluster, topic, 140)
     dispatched_everywhere(cluster, other, 40)
@@ -242,9 +246,14 @@ def test_filters_and_timestamps_over_the_servers(
         got = df.where(f"topic = '{topic}' AND store_timestamp >= '{iso}'").select("msg_id")
         assert {r["msg_id"] for r in got.collect()} == {r.msg_id for r in later}, local
         # `other` has nothing that late: its end (not an error, with strategy latest).
-        stamped = read(spark, servers, f"{topic},{other}", startingTimestamp=str(since),
-                       startingOffsetsByTimestampStrategy="latest",
-                       localReads=local).select("msg_id")  # fmt: skip
+        stamped = read(
+            spark,
+            servers,
+            f"{topic},{other}",
+            startingTimestamp=str(since),
+            startingOffsetsByTimestampStrategy="latest",
+            localReads=local,
+        ).select("msg_id")
         assert {r["msg_id"] for r in stamped.collect()} == {r.msg_id for r in later}, local
 
 
@@ -294,8 +303,9 @@ def test_a_stream_is_exactly_once_across_a_leader_kill_and_a_driver_kill(
     args = [sys.executable, str(script), servers, topic, str(sink), str(checkpoint)]
     driver_log = tmp_path / "driver.log"
     with driver_log.open("wb") as out:
-        driver = subprocess.Popen(args, start_new_session=True, stdout=out,
-                                  stderr=subprocess.STDOUT)  # fmt: skip
+        driver = subprocess.Popen(
+            args, start_new_session=True, stdout=out, stderr=subprocess.STDOUT
+        )
     t = threading.Thread(target=writer)
     commits = checkpoint / "commits"
 
@@ -329,12 +339,19 @@ def test_a_stream_is_exactly_once_across_a_leader_kill_and_a_driver_kill(
     assert {r.msg_id for r in acked} <= set(committed)
     dispatched_everywhere(cluster, topic, len(committed))
     resumed = (
-        spark.readStream.format("dledger").option("servers", servers).option("topics", topic)
-        .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "300").load()
+        spark.readStream.format("dledger")
+        .option("servers", servers)
+        .option("topics", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", "300")
+        .load()
         .select("msg_id", "queue_id", "queue_offset")
-        .writeStream.format("parquet").option("path", str(sink))
-        .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
-    )  # fmt: skip
+        .writeStream.format("parquet")
+        .option("path", str(sink))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
     try:
         assert resumed.awaitTermination(180)
         assert resumed.exception() is None

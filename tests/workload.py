@@ -18,17 +18,17 @@ from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import ClientError, PutResult
 from proto import dledger_pb2 as pb
 from store.entry_format import HEADER_SIZE
-from store.message import Message, decode_message
+from store.message import StoredMessage, decode_message
 
 
-def split_messages(buf: bytes) -> list[Message]:
+def split_messages(buf: bytes) -> list[StoredMessage]:
     """ReadRange's concatenated encoded messages, decoded one by one (totalSize first)."""
     return [decode_message(one) for _, one in split_raw(buf)]
 
 
-def read_all(stub: Any, from_offset: int = 0) -> dict[int, Message]:
+def read_all(stub: Any, from_offset: int = 0) -> dict[int, StoredMessage]:
     """Every committed message a node holds from `from_offset` on, by commit-log offset."""
-    out: dict[int, Message] = {}
+    out: dict[int, StoredMessage] = {}
     offset = from_offset
     while True:
         resp = stub.ReadRange(pb.ReadRangeRequest(from_offset=offset), timeout=5.0)
@@ -89,8 +89,9 @@ class Writers:
                 body = body_for(f"{self.topic}/w{writer}/{i}", self.body_bytes)
                 try:
                     if self.keyed:
-                        result = client.put(self.topic, body, keys=[f"w{writer}-{i}"],
-                                            tags=f"T{i % 3}")  # fmt: skip
+                        result = client.put(
+                            self.topic, body, keys=[f"w{writer}-{i}"], tags=f"T{i % 3}"
+                        )
                     else:
                         result = client.put(self.topic, body)
                 except ClientError as exc:  # failover: outcome unknown or unavailable
@@ -116,7 +117,7 @@ class Writers:
         return list(self.acked)
 
 
-def check_acked(acked: list[Acked], messages: dict[int, Message], where: str) -> None:
+def check_acked(acked: list[Acked], messages: dict[int, StoredMessage], where: str) -> None:
     """Every acknowledged put lies at the offset it was acknowledged with, with its body."""
     offsets = [a.result.commitlog_offset for a in acked]
     assert len(set(offsets)) == len(offsets), "two acknowledged puts share an offset"

@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dledger_commitlog.cli.cluster_layout import groups_config, saved_extra_config
+from dledger_commitlog.cli.cluster_layout import saved_extra_config, shards_config
 from dledger_commitlog.cli.commands import (
     FIELD_TYPES,
+    RenamedOption,
     UsageError,
     cluster_dir,
     command,
@@ -106,8 +107,11 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-@command("verify", "check a stopped node's store offline (CRCs, index, queues vs a rebuild)",
-         _verify_args)  # fmt: skip
+@command(
+    "verify",
+    "check a stopped node's store offline (CRCs, index, queues vs a rebuild)",
+    _verify_args,
+)
 def _verify(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir)
     if not data_dir.is_dir():
@@ -127,8 +131,11 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _clean_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--force", action="store_true",
-                   help="delete old-enough-or-not segments that are safe to delete")  # fmt: skip
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="delete old-enough-or-not segments that are safe to delete",
+    )
 
 
 @command("admin clean-now", "run commit-log retention now on every node", _clean_args)
@@ -138,13 +145,28 @@ def _clean_now(args: argparse.Namespace) -> int:
         for server in client.servers:
             try:
                 r = client.clean_now(server, force=args.force)
-                rows.append({"server": server, "deleted_segments": r.deleted_segments,
-                             "min_offset": r.min_offset, "reason": r.reason})  # fmt: skip
+                rows.append(
+                    {
+                        "server": server,
+                        "deleted_segments": r.deleted_segments,
+                        "min_offset": r.min_offset,
+                        "reason": r.reason,
+                    }
+                )
             except ClientError as exc:
                 rows.append({"server": server, "error": exc.message})
-    text = table(("server", "deleted", "min offset", "note"),
-                 [(r["server"], r.get("deleted_segments"), r.get("min_offset"),
-                   r.get("reason") or r.get("error")) for r in rows])  # fmt: skip
+    text = table(
+        ("server", "deleted", "min offset", "note"),
+        [
+            (
+                r["server"],
+                r.get("deleted_segments"),
+                r.get("min_offset"),
+                r.get("reason") or r.get("error"),
+            )
+            for r in rows
+        ],
+    )
     emit(args, {"nodes": rows}, text)
     return 0 if all("error" not in r for r in rows) else 1
 
@@ -152,18 +174,37 @@ def _clean_now(args: argparse.Namespace) -> int:
 def _cluster_up_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", metavar="D", help="cluster directory (holds cluster.json)")
     p.add_argument("--nodes", type=int, default=3, choices=(1, 3, 5))
-    p.add_argument("--groups", type=int, metavar="N",
-                   help="Raft groups of data, every node process hosting all of them, plus the "
-                        "route group 0 (docs/scaling.md; default 1: one group, no group 0; "
-                        "a single-group directory opens as group 1)")  # fmt: skip
+    p.add_argument(
+        "--shards",
+        type=int,
+        metavar="N",
+        help="data shards (each one Raft group), every node process hosting all of them, "
+        "plus the route shard 0 (docs/scaling.md; default 1: one shard, no shard 0)",
+    )
+    p.add_argument(
+        "--groups",
+        type=int,
+        dest="shards",
+        action=RenamedOption,
+        new="--shards",
+        help=argparse.SUPPRESS,
+    )
     p.add_argument("--base-port", type=int, metavar="P", help="default: free ports")
     p.add_argument("--flush-mode", choices=("sync", "async"))
     p.add_argument("--set", action="append", type=key_value, default=[], metavar="FIELD=V")
     p.add_argument("--wait", type=float, default=30.0, metavar="S", help="for a leader")
-    p.add_argument("--tls", action="store_true", default=None,
-                   help="TLS on every port with a development CA made in D/pki")  # fmt: skip
-    p.add_argument("--acl", action="store_true", default=None,
-                   help="clients sign calls; an admin account in D/admin.credentials")  # fmt: skip
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        default=None,
+        help="TLS on every port with a development CA made in D/pki",
+    )
+    p.add_argument(
+        "--acl",
+        action="store_true",
+        default=None,
+        help="clients sign calls; an admin account in D/admin.credentials",
+    )
 
 
 def _dir_args(p: argparse.ArgumentParser) -> None:
@@ -188,14 +229,15 @@ def _extra_config(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
 def _cluster_up(args: argparse.Namespace) -> int:
     try:
         extra = _extra_config(args.set)
-        if args.groups is not None:
+        if args.shards is not None:
             saved = saved_extra_config(cluster_dir(args))
-            had = int(saved.get("data_groups", 1))
-            if args.groups < had:
-                raise UsageError(f"--groups {args.groups}: the cluster has {had} groups, "
-                                 "and their data stays theirs (groups are added, "
-                                 "not removed)")  # fmt: skip
-            extra = {**saved, **extra, **groups_config(args.groups)}
+            had = int(saved.get("shard_count", 1))
+            if args.shards < had:
+                raise UsageError(
+                    f"--shards {args.shards}: the cluster has {had} shards, "
+                    "and their data stays theirs (shards are added, not removed)"
+                )
+            extra = {**saved, **extra, **shards_config(args.shards)}
         cluster = LocalCluster(
             cluster_dir(args),
             nodes=args.nodes,

@@ -157,9 +157,15 @@ def make_dev_pki(
     for node_id in ids:
         key = ec.generate_private_key(ec.SECP256R1())
         cert = _leaf_certificate(
-            node_common_name(node_id), key, ca_cert, ca_key, now, not_after,
-            server_and_client, san,
-        )  # fmt: skip
+            node_common_name(node_id),
+            key,
+            ca_cert,
+            ca_key,
+            now,
+            not_after,
+            server_and_client,
+            san,
+        )
         write_atomically(pki.node_key(node_id), _key_pem(key), mode=0o600)
         write_atomically(pki.node_cert(node_id), _cert_pem(cert))
     for name in names:
@@ -439,7 +445,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _key_usage(*, signs_certificates: bool) -> x509.KeyUsage:
     """Digital signatures (TLS with ECDSA keys), and certificate and CRL signing for a CA."""
     return x509.KeyUsage(
-        digital_signature=True, content_commitment=False, key_encipherment=False,
-        data_encipherment=False, key_agreement=False, key_cert_sign=signs_certificates,
-        crl_sign=signs_certificates, encipher_only=False, decipher_only=False,
-    )  # fmt: skip
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=signs_certificates,
+        crl_sign=signs_certificates,
+        encipher_only=False,
+        decipher_only=False,
+    )

@@ -32,7 +32,7 @@ import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from dledger_commitlog.node.acl import Account, write_acl
 from dledger_commitlog.node.config import (
@@ -43,6 +43,7 @@ from dledger_commitlog.node.config import (
     Peer,
     Route,
     load_config,
+    renamed_fields,
 )
 from dledger_commitlog.node.security import write_secret
 from store.fileio import write_atomically
@@ -172,24 +173,28 @@ def _toml_value(value: object) -> str:
     return json.dumps(str(value))  # a JSON string is a valid TOML basic string
 
 
+class LayoutOptions(TypedDict, total=False):
+    """What shapes a local cluster besides its directory (`ClusterLayout`, where each
+    is described; `LocalCluster` passes them on as they are)."""
+
+    nodes: int
+    base_port: int | None
+    flush_mode: str | None
+    extra_config: dict[str, Any] | None
+    cluster: str
+    links: Mapping[tuple[int, int], str] | None
+    hosts: Mapping[int, str] | None
+    tls: bool | None
+    acl: bool | None
+
+
 class ClusterLayout:
     """The files of a local cluster rooted at `directory` (see the module doc)."""
 
-    def __init__(
-        self,
-        directory: str | Path,
-        nodes: int = 3,
-        base_port: int | None = None,
-        flush_mode: str | None = None,
-        extra_config: dict[str, Any] | None = None,
-        cluster: str = "dledger",
-        *,
-        links: Mapping[tuple[int, int], str] | None = None,
-        hosts: Mapping[int, str] | None = None,
-        tls: bool | None = None,
-        acl: bool | None = None,
-    ) -> None:
-        """`links[(i, j)]` is the address node i dials for node j's Raft port (a fault
+    def __init__(self, directory: str | Path, **options: Unpack[LayoutOptions]) -> None:
+        """`nodes` (3), `base_port` (None: free ports), `flush_mode`, `extra_config`
+        (NodeConfig settings of every node), `cluster` (its name, "dledger").
+        `links[(i, j)]` is the address node i dials for node j's Raft port (a fault
         proxy, say; default: j's own address); j may be a node not made yet (one
         added later), and i too: node i's config names it as a route. `hosts[i]` is
         the IP node i listens on (default 127.0.0.1).
@@ -199,6 +204,10 @@ class ClusterLayout:
         `D/pki/` (TLS on both ports, mTLS between peers). `acl`: `D/acl.toml` with one
         admin account whose keys are in `D/admin.credentials` (clients of this object
         and the CLI's `--cluster D/cluster.json` use them). None: as saved, else off."""
+        nodes, base_port = options.get("nodes", 3), options.get("base_port")
+        flush_mode, extra_config = options.get("flush_mode"), options.get("extra_config")
+        cluster, links = options.get("cluster", "dledger"), options.get("links")
+        hosts, tls, acl = options.get("hosts"), options.get("tls"), options.get("acl")
         self.directory = Path(directory).resolve()
         self.cluster_file = self.directory / "cluster.json"
         self._pids: dict[int, int] = {}  # from cluster.json: processes another process started
@@ -207,7 +216,9 @@ class ClusterLayout:
         if saved is not None:
             self.cluster = str(saved.get("cluster", cluster))
             self.flush_mode = flush_mode or str(saved.get("flush_mode", "sync"))
-            self.extra_config = dict(extra_config or saved.get("extra_config") or {})
+            self.extra_config = renamed_fields(
+                dict(extra_config or saved.get("extra_config") or {})
+            )
             every = {n["id"]: self._spec(n) for n in saved["nodes"]}
             gone = {n["id"] for n in saved["nodes"] if n.get("removed")}
             self.specs = {i: spec for i, spec in every.items() if i not in gone}
@@ -228,8 +239,8 @@ class ClusterLayout:
             self.base_port = base_port
             self.links = {}
             self.tls, self.acl = bool(tls), bool(acl)
-        if isinstance(self.extra_config.get("host_groups"), list):  # as cluster.json keeps it
-            self.extra_config["host_groups"] = tuple(self.extra_config["host_groups"])
+        if isinstance(self.extra_config.get("host_shards"), list):  # as cluster.json keeps it
+            self.extra_config["host_shards"] = tuple(self.extra_config["host_shards"])
         bad = _PER_NODE & set(self.extra_config)
         if bad:
             raise ValueError(f"extra_config cannot set per-node settings: {sorted(bad)}")
@@ -273,8 +284,16 @@ class ClusterLayout:
     def _spec(self, n: dict[str, Any]) -> NodeSpec:
         home = self.directory / f"n{n['id']}"
         peers = tuple(int(i) for i in n.get("peers", ()))
-        return NodeSpec(n["id"], n["client"], n["raft"], n.get("metrics", ""), n["data_dir"], home,
-                        bool(n.get("join")), peers)  # fmt: skip
+        return NodeSpec(
+            n["id"],
+            n["client"],
+            n["raft"],
+            n.get("metrics", ""),
+            n["data_dir"],
+            home,
+            bool(n.get("join")),
+            peers,
+        )
 
     def _allocate(
         self, nodes: int, base_port: int | None, hosts: Mapping[int, str]
@@ -307,14 +326,19 @@ class ClusterLayout:
             values["join"] = True
         values["peer_secret_file"] = str(self.secret_path)
         if self.tls:
-            values.update(tls_ca=str(self.pki_dir / "ca.pem"),
-                          tls_cert=str(self.pki_dir / f"node-{node_id}.pem"),
-                          tls_key=str(self.pki_dir / f"node-{node_id}.key"))  # fmt: skip
+            values.update(
+                tls_ca=str(self.pki_dir / "ca.pem"),
+                tls_cert=str(self.pki_dir / f"node-{node_id}.pem"),
+                tls_key=str(self.pki_dir / f"node-{node_id}.key"),
+            )
         if self.acl:
             values["acl_file"] = str(self.directory / "acl.toml")
         values.update(self.extra_config)
-        routes = tuple(Route(dst, addr) for (src, dst), addr in sorted(self.links.items())
-                       if src == node_id and dst not in ids)  # fmt: skip
+        routes = tuple(
+            Route(dst, addr)
+            for (src, dst), addr in sorted(self.links.items())
+            if src == node_id and dst not in ids
+        )
         values.update(node_id=node_id, data_dir=spec.data_dir, peers=peers, routes=routes)
         values["listen_metrics"] = spec.metrics
         return NodeConfig(**values)
@@ -389,8 +413,9 @@ class ClusterLayout:
         if self.tls and not (self.pki_dir / "ca.pem").exists():
             from dledger_commitlog.cli.certs import make_dev_pki
 
-            hosts = sorted({a.rpartition(":")[0] for s in self.specs.values()
-                            for a in (s.client, s.raft)})  # fmt: skip
+            hosts = sorted(
+                {a.rpartition(":")[0] for s in self.specs.values() for a in (s.client, s.raft)}
+            )
             make_dev_pki(self.pki_dir, list(self.specs), hosts)
         creds = self.credentials_path
         if creds is not None and not creds.exists():
@@ -447,9 +472,9 @@ class ClusterLayout:
         return iter(self.specs.values())
 
     @property
-    def data_groups(self) -> int:
-        """The cluster's data groups (1: a single-group cluster; docs/scaling.md)."""
-        return int(self.extra_config.get("data_groups", 1))
+    def shard_count(self) -> int:
+        """The cluster's data shards (docs/scaling.md)."""
+        return int(self.extra_config.get("shard_count", 1))
 
 
 def saved_extra_config(directory: Path) -> dict[str, Any]:
@@ -460,17 +485,17 @@ def saved_extra_config(directory: Path) -> dict[str, Any]:
         return {}
     except (OSError, ValueError) as exc:
         raise ClusterError(f"{directory / 'cluster.json'}: unreadable ({exc})") from exc
-    return dict(doc.get("extra_config") or {})
+    return renamed_fields(dict(doc.get("extra_config") or {}))
 
 
-def groups_config(groups: int) -> dict[str, Any]:
-    """The settings of a cluster of `groups` data groups whose every node process hosts
-    every group (and group 0, the routes, when there are several); {} for one."""
-    if groups < 1:
-        raise ValueError(f"a cluster has at least 1 data group, not {groups}")
-    if groups == 1:
+def shards_config(shards: int) -> dict[str, Any]:
+    """The settings of a cluster of `shards` data shards whose every node process hosts
+    every shard (and shard 0, the routes, when there are several); {} for one."""
+    if shards < 1:
+        raise ValueError(f"a cluster has at least 1 data shard, not {shards}")
+    if shards == 1:
         return {}
-    return {"data_groups": groups, "host_groups": tuple(range(groups + 1))}
+    return {"shard_count": shards, "host_shards": tuple(range(shards + 1))}
 
 
 def _link_key(text: str) -> tuple[int, int]:

@@ -62,6 +62,45 @@ def command(name: str, help: str, configure: Configure | None = None) -> Callabl
     return register
 
 
+def renamed_command(old: str, new: str) -> None:
+    """Keep the subcommand `old` for one more release: it runs `new`, after a warning on
+    stderr naming it (hidden from the help)."""
+    cmd = _REGISTRY[tuple(new.split())]
+
+    def run(args: argparse.Namespace) -> int:
+        print(
+            f"dledger: `{old}` is now `{new}` (the old name works for one more release)",
+            file=sys.stderr,
+        )
+        return cmd.run(args)
+
+    _REGISTRY[tuple(old.split())] = Command(
+        tuple(old.split()), argparse.SUPPRESS, cmd.configure, run
+    )
+
+
+class RenamedOption(argparse.Action):
+    """An option kept for one more release under its old name: stores into the new
+    option's `dest`, after a warning on stderr naming the new one."""
+
+    def __init__(self, *args: Any, new: str, **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(*args, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(
+            f"dledger: {option_string} is now {self.new} (the old name works for one more release)",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
+
+
 def load_plugins() -> None:
     """Import every module the `dledger.commands` entry points name (registering their
     subcommands). A plugin that fails to load is one line on stderr; the rest work."""
@@ -69,15 +108,17 @@ def load_plugins() -> None:
         try:
             ep.load()
         except Exception as exc:  # a broken plugin must not take `dledger put` down
-            print(f"dledger: the {ep.name} commands are unavailable ({ep.value}: {exc})",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"dledger: the {ep.name} commands are unavailable ({ep.value}: {exc})",
+                file=sys.stderr,
+            )
 
 
-def make_client(args: argparse.Namespace, group: int | None = None) -> Client:
+def make_client(args: argparse.Namespace, shard: int | None = None) -> Client:
     """The client the connection options (or DLEDGER_SERVERS / DLEDGER_CLUSTER) name,
-    of Raft group `group` (default: --raft-group, else 1)."""
+    of shard `shard` (default: --shard, else 1)."""
     kw: dict[str, Any] = {"timeout_s": args.timeout, "cluster": args.cluster_name}
-    kw["group"] = group if group is not None else getattr(args, "raft_group", None) or 1
+    kw["shard"] = shard if shard is not None else getattr(args, "shard", None) or 1
     servers = args.servers or os.environ.get("DLEDGER_SERVERS")
     cluster_file = args.cluster or os.environ.get("DLEDGER_CLUSTER")
     try:
@@ -145,7 +186,7 @@ def _bool(text: str) -> bool:
 
 
 def _int_list(text: str) -> tuple[int, ...]:
-    """ "0,1,2" -> (0, 1, 2) (`--host-groups`, `--set host_groups=...`)."""
+    """ "0,1,2" -> (0, 1, 2) (`--host-groups`, `--set host_shards=...`)."""
     try:
         return tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
@@ -197,8 +238,7 @@ def member_json(m: MemberInfo) -> dict[str, Any]:
 
 def members_table(members: Sequence[MemberInfo]) -> str:
     """Voters and learners, each one's match index and lag (-: not known here)."""
-    rows = [(m.id, m.role, m.raft, m.client, _known(m.match_index), _known(m.lag))
-            for m in members]  # fmt: skip
+    rows = [(m.id, m.role, m.raft, m.client, _known(m.match_index), _known(m.lag)) for m in members]
     return table(("member", "role", "raft", "client", "match", "lag"), rows)
 
 

@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
 from dledger_commitlog.cli.cluster_layout import ClusterError as ClusterError
-from dledger_commitlog.cli.cluster_layout import ClusterLayout
+from dledger_commitlog.cli.cluster_layout import ClusterLayout, LayoutOptions
 from dledger_commitlog.cli.cluster_layout import NodeSpec as NodeSpec
 from dledger_commitlog.cli.cluster_layout import free_ports as free_ports
 from dledger_commitlog.cli.cluster_layout import node_toml as node_toml
@@ -50,29 +50,20 @@ class LocalCluster(ClusterLayout):
     def __init__(
         self,
         directory: str | Path,
-        nodes: int = 3,
-        base_port: int | None = None,
-        flush_mode: str | None = None,
-        extra_config: dict[str, Any] | None = None,
-        cluster: str = "dledger",
         *,
-        links: Mapping[tuple[int, int], str] | None = None,
-        hosts: Mapping[int, str] | None = None,
         command_prefix: Callable[[int], list[str]] | None = None,
         env: Mapping[str, str] | None = None,
-        tls: bool | None = None,
-        acl: bool | None = None,
+        **layout: Unpack[LayoutOptions],
     ) -> None:
-        """The layout's arguments (`ClusterLayout`), and: `command_prefix(i)` is put
-        before node i's command line (`ip netns exec NS`, say); `env` is added to the
-        nodes' environment."""
+        """The layout (`ClusterLayout`), and: `command_prefix(i)` is put before node i's
+        command line (`ip netns exec NS`, say); `env` is added to the nodes'
+        environment."""
         self.command_prefix = command_prefix
         self.env = dict(env or {})
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._client: Client | None = None
         self._atexit = False
-        super().__init__(directory, nodes, base_port, flush_mode, extra_config, cluster,
-                         links=links, hosts=hosts, tls=tls, acl=acl)  # fmt: skip
+        super().__init__(directory, **layout)
 
     # ------------------------------------------------------------ processes
 
@@ -129,9 +120,14 @@ class LocalCluster(ClusterLayout):
             )
             log.flush()
             proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=spec.home, env=env,
-            )  # fmt: skip
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=spec.home,
+                env=env,
+            )
         self._procs[node_id] = proc
         self._pids.pop(node_id, None)
         if not self._atexit:
@@ -203,8 +199,10 @@ class LocalCluster(ClusterLayout):
         running = [i for i in self.specs if self.is_running(i)]
         for i in running:
             if load_config(self.specs[i].config_path) != self.configs[i]:
-                raise ClusterError(f"node {i} runs (pid {self.pid(i)}) with other settings "
-                                   "than these: `down` it first")  # fmt: skip
+                raise ClusterError(
+                    f"node {i} runs (pid {self.pid(i)}) with other settings "
+                    "than these: `down` it first"
+                )
         self._write_layout()
         started: list[int] = []
         try:

@@ -27,7 +27,14 @@ from dledger_commitlog.cli import groups as groups  # registers the consumer-gro
 from dledger_commitlog.cli import members as members  # registers the membership commands
 from dledger_commitlog.cli import messages as messages  # registers the message commands
 from dledger_commitlog.cli import scaleout as scaleout  # registers the topic and groups commands
-from dledger_commitlog.cli.commands import _REGISTRY, FIELD_TYPES, UsageError, command, load_plugins
+from dledger_commitlog.cli.commands import (
+    _REGISTRY,
+    FIELD_TYPES,
+    RenamedOption,
+    UsageError,
+    command,
+    load_plugins,
+)
 from dledger_commitlog.cli.launcher import ClusterError
 from dledger_commitlog.client import ClientError
 from dledger_commitlog.node.config import (
@@ -51,25 +58,49 @@ def build_parser() -> argparse.ArgumentParser:
     conn.add_argument("--cluster-name", metavar="NAME", help="refuse servers of other clusters")
     conn.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per command")
     conn.add_argument("--tls-ca", metavar="PEM", help="speak TLS; trust servers this CA signed")
-    conn.add_argument("--credentials", metavar="FILE",
-                      help="access_key and secret_key (TOML) to sign calls with")  # fmt: skip
+    conn.add_argument(
+        "--credentials", metavar="FILE", help="access_key and secret_key (TOML) to sign calls with"
+    )
     conn.add_argument("--json", action="store_true", help="print one JSON document")
-    conn.add_argument("--raft-group", type=int, metavar="N",
-                      help="the Raft group of a multi-Raft cluster to speak to (default 1; "
-                           "docs/scaling.md)")  # fmt: skip
+    conn.add_argument(
+        "--shard",
+        type=int,
+        metavar="N",
+        help="the shard (Raft group) of the cluster to speak to (default 1; docs/scaling.md)",
+    )
+    conn.add_argument(
+        "--raft-group",
+        type=int,
+        dest="shard",
+        action=RenamedOption,
+        new="--shard",
+        help=argparse.SUPPRESS,
+    )
     parser = argparse.ArgumentParser(prog="dledger", description="dledger-py commit log")
     groups: dict[tuple[str, ...], Any] = {(): parser.add_subparsers(dest="command", metavar="CMD")}
     for path, cmd in sorted(_REGISTRY.items()):
         for depth in range(1, len(path)):
             prefix = path[:depth]
             if prefix not in groups:
+                hidden = all(
+                    c.help == argparse.SUPPRESS for p, c in _REGISTRY.items() if p[:depth] == prefix
+                )
                 group = groups[prefix[:-1]].add_parser(prefix[-1], help=f"{prefix[-1]} commands")
+                if hidden:
+                    _hide(groups[prefix[:-1]], prefix[-1])
                 groups[prefix] = group.add_subparsers(dest="_".join(prefix), metavar="CMD")
                 groups[prefix].required = True
         sub = groups[path[:-1]].add_parser(path[-1], help=cmd.help, parents=[common])
+        if cmd.help == argparse.SUPPRESS:
+            _hide(groups[path[:-1]], path[-1])
         cmd.configure(sub)
         sub.set_defaults(run=cmd.run)
     return parser
+
+
+def _hide(subparsers: Any, name: str) -> None:
+    """Leave subcommand `name` out of the help (an old name kept for one more release)."""
+    subparsers._choices_actions = [a for a in subparsers._choices_actions if a.dest != name]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -108,11 +139,15 @@ def _fail(message: str, code: int) -> int:
 def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="node TOML file (see config.py)")
     p.add_argument("--peer", action="append", metavar="ID=RAFT/CLIENT", help="repeatable")
-    p.add_argument("--route", action="append", metavar="ID=RAFT",
-                   help="how to reach node ID should it join (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--route",
+        action="append",
+        metavar="ID=RAFT",
+        help="how to reach node ID should it join (repeatable)",
+    )
     for f in dataclasses.fields(NodeConfig):
-        # --peer; --cluster-name; --tls-ca; --route
-        if f.name in ("peers", "cluster", "tls_ca", "routes"):
+        # --peer; --cluster-name; --tls-ca; --route; a per-shard config's own shard
+        if f.name in ("peers", "cluster", "tls_ca", "routes", "shard"):
             continue
         opt = "--" + f.name.replace("_", "-")
         if str(f.type) == "bool":

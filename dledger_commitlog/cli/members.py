@@ -6,7 +6,7 @@ a follower redirects); the runbooks that use them are docs/operations.md. The
 them:
 
 A node of a multi-Raft cluster (docs/scaling.md) hosts every group, so these
-add it to, or remove it from, each group in turn (`common.routes.raft_groups`).
+add it to, or remove it from, each group in turn (`common.routes.shards`).
 
 - `cluster add-node --dir D` picks the next id and ports of D's scheme, records
   the node in D (configured to join, with the current members as its peers; with
@@ -41,7 +41,7 @@ from dledger_commitlog.cli.commands import (
 )
 from dledger_commitlog.cli.launcher import ClusterError, LocalCluster, NodeSpec
 from dledger_commitlog.client import ChangeRefused, Client, ClientError, MemberChange
-from dledger_commitlog.common.routes import raft_groups
+from dledger_commitlog.common.routes import shard_ids
 
 _POLL_S = 0.2
 
@@ -51,8 +51,13 @@ def _change_line(what: str, change: MemberChange) -> str:
 
 
 def _timeout_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--timeout-ms", type=positive, default=10_000, metavar="MS",
-                   help="for the change to commit (default 10000)")  # fmt: skip
+    p.add_argument(
+        "--timeout-ms",
+        type=positive,
+        default=10_000,
+        metavar="MS",
+        help="for the change to commit (default 10000)",
+    )
 
 
 @command("member list", "the group's voters and learners, each one's match index and lag")
@@ -67,16 +72,18 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--id", type=positive, required=True, metavar="N", help="the new node's id")
     p.add_argument("--raft", required=True, metavar="HOST:PORT", help="its Raft address")
     p.add_argument("--client", required=True, metavar="HOST:PORT", help="its client address")
-    p.add_argument("--learner", action="store_true",
-                   help="receives the log, does not vote (promote it later)")  # fmt: skip
+    p.add_argument(
+        "--learner", action="store_true", help="receives the log, does not vote (promote it later)"
+    )
     _timeout_arg(p)
 
 
 @command("member add", "add a node to the group (start it with raft.join = true)", _add_args)
 def _member_add(args: argparse.Namespace) -> int:
     with make_client(args) as client:
-        change = client.member_add(args.id, args.raft, args.client, learner=args.learner,
-                                   timeout_ms=args.timeout_ms)  # fmt: skip
+        change = client.member_add(
+            args.id, args.raft, args.client, learner=args.learner, timeout_ms=args.timeout_ms
+        )
     role = "learner" if args.learner else "voter"
     doc = {"id": args.id, "role": role, "config_index": change.config_index}
     emit(args, doc, _change_line(f"added node {args.id} as a {role}", change))
@@ -119,12 +126,20 @@ def _local(args: argparse.Namespace) -> LocalCluster:
 def _add_node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", metavar="D", help="cluster directory (holds cluster.json)")
     p.add_argument("--learner", action="store_true", help="leave it a learner (a read replica)")
-    p.add_argument("--catch-up-timeout", type=float, default=120.0, metavar="S",
-                   help="for it to start, catch up and be promoted (default 120)")  # fmt: skip
+    p.add_argument(
+        "--catch-up-timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="for it to start, catch up and be promoted (default 120)",
+    )
 
 
-@command("cluster add-node", "start one more node of a local cluster and add it to the group",
-         _add_node_args)  # fmt: skip
+@command(
+    "cluster add-node",
+    "start one more node of a local cluster and add it to the group",
+    _add_node_args,
+)
 def _add_node(args: argparse.Namespace) -> int:
     cluster = _local(args)
     deadline = time.monotonic() + args.catch_up_timeout
@@ -135,8 +150,8 @@ def _add_node(args: argparse.Namespace) -> int:
         try:
             cluster.start(spec.id)
             _wait_serving(cluster, client, spec, deadline)
-            for group in raft_groups(cluster.data_groups):  # multi-Raft: the node joins every group
-                with cluster.client(timeout_s=args.timeout, group=group) as each:
+            for group in shard_ids(cluster.shard_count):  # multi-Raft: the node joins every group
+                with cluster.client(timeout_s=args.timeout, shard=group) as each:
                     add = partial(each.member_add, spec.id, spec.raft, spec.client, learner=True)
                     _until_accepted(add, deadline)
         except BaseException:
@@ -146,8 +161,8 @@ def _add_node(args: argparse.Namespace) -> int:
         cluster.detach()  # added: it runs beyond this command, whatever comes next
         role = "learner"
         if not args.learner:
-            for group in raft_groups(cluster.data_groups):
-                with cluster.client(timeout_s=args.timeout, group=group) as each:
+            for group in shard_ids(cluster.shard_count):
+                with cluster.client(timeout_s=args.timeout, shard=group) as each:
                     _promote_when_caught_up(each, spec.id, deadline)
             role = "voter"
     doc: dict[str, Any] = {"id": spec.id, "raft": spec.raft, "client": spec.client, "role": role}
@@ -161,8 +176,9 @@ def _wait_serving(cluster: LocalCluster, client: Client, spec: NodeSpec, deadlin
         code = cluster.exit_code(spec.id)
         if code is not None:
             tail = cluster.log_tail(spec.id, 20)
-            raise ClusterError(f"node {spec.id} exited with {code} during start-up; "
-                               f"{spec.log_path} ends:\n{tail}")  # fmt: skip
+            raise ClusterError(
+                f"node {spec.id} exited with {code} during start-up; {spec.log_path} ends:\n{tail}"
+            )
         try:
             client.status(spec.client, timeout_s=1.0)
             return
@@ -202,19 +218,21 @@ def _remove_node_args(p: argparse.ArgumentParser) -> None:
     _timeout_arg(p)
 
 
-@command("cluster remove-node", "remove a node of a local cluster from the group and stop it",
-         _remove_node_args)  # fmt: skip
+@command(
+    "cluster remove-node",
+    "remove a node of a local cluster from the group and stop it",
+    _remove_node_args,
+)
 def _remove_node(args: argparse.Namespace) -> int:
     cluster = _local(args)
     if args.id not in cluster.specs:
         gone = "was removed already" if args.id in cluster.retired else "is not in this cluster"
         raise UsageError(f"node {args.id} {gone}")
     deadline = time.monotonic() + args.timeout
-    for group in raft_groups(cluster.data_groups):  # multi-Raft: the node leaves every group
-        with cluster.client(timeout_s=args.timeout, group=group) as client:
+    for group in shard_ids(cluster.shard_count):  # multi-Raft: the node leaves every group
+        with cluster.client(timeout_s=args.timeout, shard=group) as client:
             if args.id in {m.id for m in client.member_list()}:
-                _until_accepted(partial(client.member_remove, args.id, args.timeout_ms),
-                                deadline)  # fmt: skip
+                _until_accepted(partial(client.member_remove, args.id, args.timeout_ms), deadline)
     cluster.stop(args.id)
     cluster.retire(args.id)
     emit(args, {"id": args.id, "removed": True}, f"removed node {args.id} and stopped it")

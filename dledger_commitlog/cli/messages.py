@@ -71,11 +71,19 @@ def _put_args(p: argparse.ArgumentParser) -> None:
         metavar="L",
         help="deliver after the cluster's delay level L (1: 1s by default)",
     )
-    later.add_argument("--deliver-in", type=_duration_ms, metavar="DURATION", dest="deliver_in_ms",
-                       help="deliver DURATION from now: 90s, 10m, 2h")  # fmt: skip
-    later.add_argument("--deliver-at", type=epoch_ms, metavar="TIME",
-                       help="deliver at TIME: ISO 8601 with a zone (YYYY-MM-DDTHH:MM:SSZ) or "
-                       "ms since the epoch")  # fmt: skip
+    later.add_argument(
+        "--deliver-in",
+        type=_duration_ms,
+        metavar="DURATION",
+        dest="deliver_in_ms",
+        help="deliver DURATION from now: 90s, 10m, 2h",
+    )
+    later.add_argument(
+        "--deliver-at",
+        type=epoch_ms,
+        metavar="TIME",
+        help="deliver at TIME: ISO 8601 with a zone (YYYY-MM-DDTHH:MM:SSZ) or ms since the epoch",
+    )
 
 
 def _duration_ms(text: str) -> int:
@@ -128,14 +136,14 @@ def _result_doc(r: PutResult) -> dict[str, Any]:
 
 def _put_target(args: argparse.Namespace) -> tuple[int | None, int | None]:
     """(Raft group, queue id there) of a put: on a multi-Raft cluster without
-    --raft-group, the topic's route decides (docs/scaling.md): --queue numbers the
+    --shard, the topic's route decides (docs/scaling.md): --queue numbers the
     topic's queues across its groups, else one is drawn at random; (None, --queue)
-    on a single-group cluster or with --raft-group."""
-    if args.raft_group is not None:
+    on a single-group cluster or with --shard."""
+    if args.shard is not None:
         return None, args.queue
     with make_client(args) as client:
         routes = client.route(args.topic)
-    if routes.data_groups == 1:
+    if routes.shard_count == 1:
         return None, args.queue
     route = routes.route(args.topic)
     queue = args.queue if args.queue is not None else random.randrange(route.total_queues)
@@ -145,15 +153,16 @@ def _put_target(args: argparse.Namespace) -> tuple[int | None, int | None]:
         raise UsageError(f"--queue: {exc}") from None
 
 
-@command("put", "put one message (--delay-level/--deliver-in/--deliver-at: delivered later)",
-         _put_args)  # fmt: skip
+@command(
+    "put", "put one message (--delay-level/--deliver-in/--deliver-at: delivered later)", _put_args
+)
 def _put(args: argparse.Namespace) -> int:
     body = _body_of(args)
     deliver_at_ms = args.deliver_at or 0
     if args.deliver_in_ms is not None:
         deliver_at_ms = time.time_ns() // 1_000_000 + args.deliver_in_ms
     group, queue = _put_target(args)
-    with make_client(args, group=group) as client:
+    with make_client(args, shard=group) as client:
         r = client.put(
             args.topic,
             body,
@@ -167,7 +176,7 @@ def _put(args: argparse.Namespace) -> int:
         )
     doc = _result_doc(r)
     if group is not None:
-        doc["group"] = group
+        doc["shard"] = group
     emit(args, doc, table(tuple(doc), [tuple(doc.values())]))
     return 0
 
@@ -177,17 +186,25 @@ def _put_half_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group", required=True, metavar="G", help="the producer group")
 
 
-@command("tx put-half", "store a transactional message (invisible until committed)",
-         _put_half_args)  # fmt: skip
+@command("tx put-half", "store a transactional message (invisible until committed)", _put_half_args)
 def _tx_put_half(args: argparse.Namespace) -> int:
     body = _body_of(args)
     with make_client(args) as client:
         half = client.put_half(
-            args.topic, body, producer_group=args.group, keys=args.key, tags=args.tag,
-            properties=dict(args.property), uniq_key=args.uniq_key, queue_id=args.queue,
-        )  # fmt: skip
-    doc = {"transaction_id": half.transaction_id, "half_offset": half.half_offset,
-           "duplicate": half.result.duplicate}  # fmt: skip
+            args.topic,
+            body,
+            producer_group=args.group,
+            keys=args.key,
+            tags=args.tag,
+            properties=dict(args.property),
+            uniq_key=args.uniq_key,
+            queue_id=args.queue,
+        )
+    doc = {
+        "transaction_id": half.transaction_id,
+        "half_offset": half.half_offset,
+        "duplicate": half.result.duplicate,
+    }
     emit(args, doc, table(tuple(doc), [tuple(doc.values())]))
     return 0
 
@@ -200,9 +217,11 @@ def _tx_end_args(p: argparse.ArgumentParser) -> None:
 def _tx_end(args: argparse.Namespace, commit: bool) -> int:
     with make_client(args) as client:
         done = client.end_transaction(args.transaction_id, args.half_offset, commit=commit)
-    doc: dict[str, Any] = {"transaction_id": args.transaction_id,
-                           "outcome": "committed" if done.committed else "rolled back",
-                           "duplicate": done.duplicate}  # fmt: skip
+    doc: dict[str, Any] = {
+        "transaction_id": args.transaction_id,
+        "outcome": "committed" if done.committed else "rolled back",
+        "duplicate": done.duplicate,
+    }
     if done.result is not None:
         doc |= {"msg_id": done.result.msg_id, "commitlog_offset": done.result.commitlog_offset}
     emit(args, doc, table(tuple(doc), [tuple(doc.values())]))
@@ -228,11 +247,11 @@ def _get_args(p: argparse.ArgumentParser) -> None:
 
 @command("get", "one message by id or commit-log offset", _get_args)
 def _get(args: argparse.Namespace) -> int:
-    group = None  # a message id names its group (an offset is --raft-group's)
-    if args.msg_id is not None and args.raft_group is None:
+    group = None  # a message id names its group (an offset is --shard's)
+    if args.msg_id is not None and args.shard is None:
         with contextlib.suppress(ValueError):  # no id: the server says why, as ever
             group = group_of_msg_id(args.msg_id)
-    with make_client(args, group=group) as client:
+    with make_client(args, shard=group) as client:
         m = client.get(msg_id=args.msg_id, offset=args.offset, linearizable=args.linearizable)
     doc = message_json(m)
     text = "\n".join(f"{k:<18} {cell(v)}" for k, v in doc.items())
@@ -287,29 +306,60 @@ def _consume_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topic", required=True)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--tag-expr", default="*", metavar="E", help="'*' or 'TagA || TagB'")
-    which.add_argument("--sql", metavar="EXPR",
-                       help="SQL92 filter on properties: \"region = 'eu' AND a > 5\"")  # fmt: skip
-    p.add_argument("--max", type=non_negative, default=0, metavar="N",
-                   help="stop after N messages (0: no limit)")  # fmt: skip
-    p.add_argument("--idle-exit", type=float, default=0.0, metavar="S",
-                   help="stop after S seconds without a new message (0: never)")  # fmt: skip
+    which.add_argument(
+        "--sql", metavar="EXPR", help="SQL92 filter on properties: \"region = 'eu' AND a > 5\""
+    )
+    p.add_argument(
+        "--max",
+        type=non_negative,
+        default=0,
+        metavar="N",
+        help="stop after N messages (0: no limit)",
+    )
+    p.add_argument(
+        "--idle-exit",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="stop after S seconds without a new message (0: never)",
+    )
     p.add_argument("--batch", type=positive, default=32, metavar="B", help="messages per fetch")
-    p.add_argument("--orderly", action="store_true",
-                   help="one at a time per queue, in order; a retry waits in place")  # fmt: skip
-    p.add_argument("--strategy", choices=("average", "consistent-hash"), default="average",
-                   help="how the group divides its queues among its members")  # fmt: skip
-    p.add_argument("--max-reconsume", type=positive, default=16, metavar="N",
-                   help="retries before a message is a dead letter (default 16)")  # fmt: skip
-    p.add_argument("--ack-wait-ms", type=positive, default=30_000, metavar="MS",
-                   help="a message not acked in MS is delivered again (default 30000)")  # fmt: skip
+    p.add_argument(
+        "--orderly",
+        action="store_true",
+        help="one at a time per queue, in order; a retry waits in place",
+    )
+    p.add_argument(
+        "--strategy",
+        choices=("average", "consistent-hash"),
+        default="average",
+        help="how the group divides its queues among its members",
+    )
+    p.add_argument(
+        "--max-reconsume",
+        type=positive,
+        default=16,
+        metavar="N",
+        help="retries before a message is a dead letter (default 16)",
+    )
+    p.add_argument(
+        "--ack-wait-ms",
+        type=positive,
+        default=30_000,
+        metavar="MS",
+        help="a message not acked in MS is delivered again (default 30000)",
+    )
 
 
-@command("consume", "consume a topic as a member of a group (its members share the queues)",
-         _consume_args)  # fmt: skip
+@command(
+    "consume",
+    "consume a topic as a member of a group (its members share the queues)",
+    _consume_args,
+)
 def _consume(args: argparse.Namespace) -> int:
     """Join the group, print what its coordinator hands this member, ack it; leave at the end.
     On a multi-Raft cluster it joins the group in every data group (one member per
-    group, `RoutedConsumer`; --max counts them all), or in --raft-group's alone.
+    group, `RoutedConsumer`; --max counts them all), or in --shard's alone.
 
     Ctrl-C (SIGINT) stops it between calls, never inside one: the handler only asks
     the consumer to stop, and it ends after the call in flight (a long poll waits at
@@ -317,17 +367,28 @@ def _consume(args: argparse.Namespace) -> int:
     its queues move to the other members at once. A KeyboardInterrupt raised inside
     a blocking gRPC call could leave the call's cleanup waiting forever (seen: a
     consume still running 30 s after SIGINT)."""
-    subscription = (Subscription.sql(args.topic, args.sql) if args.sql is not None
-                    else Subscription(args.topic, args.tag_expr))  # fmt: skip
+    subscription = (
+        Subscription.sql(args.topic, args.sql)
+        if args.sql is not None
+        else Subscription(args.topic, args.tag_expr)
+    )
     printer = _Printer(args.json)
     servers, connection = _connection(args)
-    if args.raft_group is not None:
-        connection["raft_groups"] = [args.raft_group]
+    if args.shard is not None:
+        connection["shards"] = [args.shard]
     consumer = RoutedConsumer(
-        servers, args.group, [subscription], printer, orderly=args.orderly,
-        strategy=args.strategy, max_reconsume=args.max_reconsume, ack_wait_ms=args.ack_wait_ms,
-        batch=args.batch, concurrency=1, **connection,
-    )  # fmt: skip
+        servers,
+        args.group,
+        [subscription],
+        printer,
+        orderly=args.orderly,
+        strategy=args.strategy,
+        max_reconsume=args.max_reconsume,
+        ack_wait_ms=args.ack_wait_ms,
+        batch=args.batch,
+        concurrency=1,
+        **connection,
+    )
     printer.on_broken = consumer.stop
     interrupted = threading.Event()
 
@@ -401,5 +462,7 @@ def consumed_line(m: ConsumedMessage, as_json: bool) -> str:
     s = m.message
     retried = m.stored_topic != m.topic
     retry = f"  origin={m.topic} reconsumed={m.reconsume_times}" if retried else ""
-    return (f"{m.stored_topic}/{m.queue_id}@{m.queue_offset}  {m.msg_id}  tags={s.tags or '-'}  "
-            f"keys={','.join(s.keys) or '-'}{retry}  {preview(m.body)}")  # fmt: skip
+    return (
+        f"{m.stored_topic}/{m.queue_id}@{m.queue_offset}  {m.msg_id}  tags={s.tags or '-'}  "
+        f"keys={','.join(s.keys) or '-'}{retry}  {preview(m.body)}"
+    )

@@ -1,16 +1,17 @@
-"""Multi-Raft commands (docs/scaling.md): topic routes and the leaders of the groups.
+"""Shard commands (docs/scaling.md; a shard is one Raft group): topic routes and the
+leaders of the shards.
 
 - `topic route [TOPIC]`: the configured routes (or one topic's, configured or
   default), each group's queues of it and the group's leader.
 - `topic create|update TOPIC --queues G:N[,G:N...]`, `topic delete TOPIC`: a route
   change through group 0 (the admin right with an ACL).
-- `groups status`: group x node, each one's role, term and lag behind its leader.
-- `groups balance [--dry-run]`: move leaders by transfer so that each group is led
+- `shard status`: shard x node, each one's role, term and lag behind its leader.
+- `shard balance [--dry-run]`: move leaders by transfer so that each shard is led
   by its preferred node when that one is up (`common.routes.preferred_leader`),
   else by the live voter leading the fewest groups, so that no node leads more
   than ceil(groups / nodes); prints each move, and the leaders after.
 
-Each speaks to the cluster through per-group clients (`Client(group=g)`): the
+Each speaks to the cluster through per-group clients (`Client(shard=g)`): the
 route calls through any node, the status of each group from each node.
 """
 
@@ -21,9 +22,16 @@ import math
 from collections import Counter
 from typing import Any
 
-from dledger_commitlog.cli.commands import UsageError, command, emit, make_client, table
+from dledger_commitlog.cli.commands import (
+    UsageError,
+    command,
+    emit,
+    make_client,
+    renamed_command,
+    table,
+)
 from dledger_commitlog.client import ClientError, NodeStatus, TopicRoute
-from dledger_commitlog.common.routes import preferred_leader, raft_groups
+from dledger_commitlog.common.routes import preferred_leader, shard_ids
 
 
 def _queues(text: str) -> dict[int, int]:
@@ -39,17 +47,25 @@ def _queues(text: str) -> dict[int, int]:
 
 def _topic_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("topic")
-    p.add_argument("--queues", type=_queues, required=True, metavar="G:N,...",
-                   help="the topic's queues per group, e.g. 1:4,2:4")  # fmt: skip
+    p.add_argument(
+        "--queues",
+        type=_queues,
+        required=True,
+        metavar="G:N,...",
+        help="the topic's queues per shard, e.g. 1:4,2:4",
+    )
 
 
 def _route_json(route: TopicRoute) -> dict[str, Any]:
-    return {"topic": route.topic, "configured": route.configured,
-            "groups": [{"group": g, "queues": n} for g, n in route.groups]}  # fmt: skip
+    return {
+        "topic": route.topic,
+        "configured": route.configured,
+        "shards": [{"shard": g, "queues": n} for g, n in route.groups],
+    }
 
 
 def _change(args: argparse.Namespace, op: str, groups: dict[int, int] | None) -> int:
-    with make_client(args, group=0) as client:
+    with make_client(args, shard=0) as client:
         try:
             route = client.topic_update(op, args.topic, groups)
         except ClientError as exc:
@@ -57,7 +73,7 @@ def _change(args: argparse.Namespace, op: str, groups: dict[int, int] | None) ->
     if route is None:
         emit(args, {"deleted": args.topic}, f"deleted the route of {args.topic}")
     else:
-        spread = ", ".join(f"group {g}: {n} queues" for g, n in route.groups)
+        spread = ", ".join(f"shard {g}: {n} queues" for g, n in route.groups)
         emit(args, _route_json(route), f"{op}d {args.topic}: {spread}")
     return 0
 
@@ -96,12 +112,20 @@ def _topic_route(args: argparse.Namespace) -> int:
             leader = routes.leaders.get(g)
             who = leader.leader_id if leader is not None else None
             rows.append((r.topic, g, n, who or "-", "configured" if r.configured else "default"))
-    doc = {"data_groups": routes.data_groups, "version": routes.version,
-           "routes": [_route_json(r) for r in shown],
-           "leaders": {str(g): x.leader_id for g, x in routes.leaders.items()}}  # fmt: skip
-    text = table(("topic", "group", "queues", "leader", "route"), rows) if rows else (
-        f"no configured routes: every topic has {routes.queues_per_topic} queues in each of "
-        f"groups 1..{routes.data_groups}")  # fmt: skip
+    doc = {
+        "shard_count": routes.shard_count,
+        "version": routes.version,
+        "routes": [_route_json(r) for r in shown],
+        "leaders": {str(g): x.leader_id for g, x in routes.leaders.items()},
+    }
+    text = (
+        table(("topic", "shard", "queues", "leader", "route"), rows)
+        if rows
+        else (
+            f"no configured routes: every topic has {routes.queues_per_topic} queues in each of "
+            f"shards 1..{routes.shard_count}"
+        )
+    )
     emit(args, doc, text)
     return 0
 
@@ -111,10 +135,10 @@ def _statuses(args: argparse.Namespace) -> tuple[list[int], dict[int, dict[int, 
     with make_client(args) as client:
         routes = client.route()
     members = {n for x in routes.leaders.values() for n in x.members}
-    groups = raft_groups(routes.data_groups)
+    groups = shard_ids(routes.shard_count)
     out: dict[int, dict[int, Any]] = {}
     for g in groups:
-        with make_client(args, group=g) as client:
+        with make_client(args, shard=g) as client:
             by_node: dict[int, Any] = {}
             for i, st in enumerate(client.status_all(timeout_s=2.0)):
                 key = st.node_id if isinstance(st, NodeStatus) else -(i + 1)
@@ -127,12 +151,14 @@ def _statuses(args: argparse.Namespace) -> tuple[list[int], dict[int, dict[int, 
 def _leaders(statuses: dict[int, dict[int, Any]]) -> dict[int, int | None]:
     out: dict[int, int | None] = {}
     for g, nodes in statuses.items():
-        out[g] = next((n for n, st in nodes.items()
-                       if isinstance(st, NodeStatus) and st.role == "leader"), None)  # fmt: skip
+        out[g] = next(
+            (n for n, st in nodes.items() if isinstance(st, NodeStatus) and st.role == "leader"),
+            None,
+        )
     return out
 
 
-@command("groups status", "Raft groups x nodes: roles, terms and lag")
+@command("shard status", "shards x nodes: roles, terms and lag")
 def _groups_status(args: argparse.Namespace) -> int:
     groups, statuses, nodes = _statuses(args)
     rows: list[tuple[Any, ...]] = []
@@ -149,13 +175,17 @@ def _groups_status(args: argparse.Namespace) -> int:
                 continue
             lag = top - st.last_index
             cells.append(f"{st.role} t{st.term}" + (f" lag {lag}" if lag else ""))
-            doc[str(g)][str(n)] = {"role": st.role, "term": st.term, "lag": lag,
-                                   "last_index": st.last_index}  # fmt: skip
+            doc[str(g)][str(n)] = {
+                "role": st.role,
+                "term": st.term,
+                "lag": lag,
+                "last_index": st.last_index,
+            }
         rows.append((g, *cells))
     led = Counter(n for n in _leaders(statuses).values() if n is not None)
-    text = table(("group", *(f"node {n}" for n in nodes)), rows)
+    text = table(("shard", *(f"node {n}" for n in nodes)), rows)
     text += "\nleads: " + ", ".join(f"node {n}: {led.get(n, 0)}" for n in nodes)
-    emit(args, {"groups": doc, "leads": {str(n): led.get(n, 0) for n in nodes}}, text)
+    emit(args, {"shards": doc, "leads": {str(n): led.get(n, 0) for n in nodes}}, text)
     return 0
 
 
@@ -192,32 +222,45 @@ def plan_moves(
             load[here] -= 1
             load[to] += 1
             target[g] = to
-    return [(g, now, target[g]) for g, now in sorted(leaders.items())
-            if now is not None and target[g] != now]  # fmt: skip
+    return [
+        (g, now, target[g])
+        for g, now in sorted(leaders.items())
+        if now is not None and target[g] != now
+    ]
 
 
-@command("groups balance", "spread the groups' leaders over the nodes", _balance_args)
+@command("shard balance", "spread the shards' leaders over the nodes", _balance_args)
 def _groups_balance(args: argparse.Namespace) -> int:
     groups, statuses, nodes = _statuses(args)
-    candidates = {g: [n for n, st in statuses[g].items() if isinstance(st, NodeStatus)]
-                  for g in groups}  # fmt: skip
+    candidates = {
+        g: [n for n, st in statuses[g].items() if isinstance(st, NodeStatus)] for g in groups
+    }
     moves = plan_moves(_leaders(statuses), candidates, nodes)
     lines, done = [], []
     for g, src, dst in moves:
         if args.dry_run:
-            lines.append(f"group {g}: would move the leader from node {src} to node {dst}")
+            lines.append(f"shard {g}: would move the leader from node {src} to node {dst}")
             continue
-        with make_client(args, group=g) as client:
+        with make_client(args, shard=g) as client:
             try:
                 now = client.transfer_leadership(dst)
             except ClientError as exc:
-                lines.append(f"group {g}: moving the leader to node {dst} failed: {exc}")
+                lines.append(f"shard {g}: moving the leader to node {dst} failed: {exc}")
                 continue
-        done.append({"group": g, "from": src, "to": now})
-        lines.append(f"group {g}: leader moved from node {src} to node {now}")
+        done.append({"shard": g, "from": src, "to": now})
+        lines.append(f"shard {g}: leader moved from node {src} to node {now}")
     led = Counter(n for n in _leaders(_statuses(args)[1]).values() if n is not None)
     lines.append("leads: " + ", ".join(f"node {n}: {led.get(n, 0)}" for n in nodes))
-    emit(args, {"moves": done if not args.dry_run else [list(m) for m in moves],
-                "leads": {str(n): led.get(n, 0) for n in nodes}},
-         "\n".join(lines) if moves else "balanced: no move needed\n" + lines[-1])  # fmt: skip
+    emit(
+        args,
+        {
+            "moves": done if not args.dry_run else [list(m) for m in moves],
+            "leads": {str(n): led.get(n, 0) for n in nodes},
+        },
+        "\n".join(lines) if moves else "balanced: no move needed\n" + lines[-1],
+    )
     return 0
+
+
+renamed_command("groups status", "shard status")
+renamed_command("groups balance", "shard balance")

@@ -103,8 +103,9 @@ def load_credentials(path: str | Path) -> tuple[str, str]:
         doc = tomllib.loads(Path(path).read_text())
         return str(doc["access_key"]), str(doc["secret_key"])
     except (OSError, ValueError, KeyError) as exc:
-        raise ValueError(f"{path}: not a credentials file with access_key and secret_key "
-                         f"({exc})") from None  # fmt: skip
+        raise ValueError(
+            f"{path}: not a credentials file with access_key and secret_key ({exc})"
+        ) from None
 
 
 class Channels(Generic[C]):

@@ -1,11 +1,13 @@
 """What a client can do, written once for `Client` and `AsyncClient`.
 
 Owns `ClientBase` (a client's settings, its `Router`, its PutFrames pipes) and
-every operation of the API as an `@operation`: a method that builds the call's
-`Op`; each client runs that Op with its own `_run`, so on a `Client` the method
-returns the result and on an `AsyncClient` a coroutine of it. What the clients
-cannot share (sleeping, making a call, asking every server's Status, closing)
-is theirs, in `blocking.py` and `aio.py`.
+the operations of the API as `@operation`s (`operation.py`): methods that build the
+call's `Op`; each client runs that Op with its own `_run`, so on a `Client` the
+method returns the result and on an `AsyncClient` a coroutine of it. The Raft
+group's administration calls (leadership, membership) are `ClientBase`'s base
+`MemberOps`, in `member_ops.py`; the consumer-group calls are `groups.GroupOps`.
+What the clients cannot share (sleeping, making a call, asking every server's
+Status, closing) is theirs, in `blocking.py` and `aio.py`.
 
 Invariants: every message gets its uniq_key before the first attempt; a request
 is built once per call, so its retries send the same bytes; a framed put's pipe
@@ -15,15 +17,14 @@ lives in the event loop its client runs them in, and only there is it touched.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import random
 import ssl
 import time
-import types
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
+from typing import Any, Self
 
 from dledger_commitlog.client.access import (
     CHANNEL_OPTIONS,
@@ -32,19 +33,14 @@ from dledger_commitlog.client.access import (
     cluster_security,
     load_credentials,
 )
-from dledger_commitlog.client.errors import (
-    ChangeRefused,
-    GroupRefused,
-    InvalidArgument,
-    WrongCluster,
-)
+from dledger_commitlog.client.errors import GroupRefused, InvalidArgument, WrongCluster
+from dledger_commitlog.client.member_ops import MemberOps
+from dledger_commitlog.client.operation import operation
 from dledger_commitlog.client.put_pipe import PipeFailure, PutPipe
 from dledger_commitlog.client.retry import NO_ANSWER, Attempt, Failure, Op, Router
 from dledger_commitlog.client.values import (
     CleanResult,
     HalfResult,
-    MemberChange,
-    MemberInfo,
     MessageSpec,
     NodeStatus,
     PullResult,
@@ -55,8 +51,6 @@ from dledger_commitlog.client.values import (
     StoredMessage,
     TopicRoute,
     TransactionEnd,
-    member_change,
-    member_infos,
     node_status,
     put_result,
     routes,
@@ -64,39 +58,6 @@ from dledger_commitlog.client.values import (
     topic_route,
 )
 from proto import dledger_pb2 as pb
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-class operation(Generic[P, R]):
-    """A client method written once: the decorated function builds the call's `Op`,
-    and the client it is called on runs it (`Client`: the result; `AsyncClient`: a
-    coroutine of it). help() shows the builder's docstring and its signature, with
-    the result the caller gets for the Op it builds."""
-
-    def __init__(self, build: Callable[Concatenate[Any, P], Op[R]]) -> None:
-        self._build = build
-        self.__name__ = build.__name__
-        self.__qualname__ = build.__qualname__
-        self.__doc__ = build.__doc__
-        signature = inspect.signature(build)
-        result = str(signature.return_annotation).removeprefix("Op[").removesuffix("]")
-        self.__signature__ = signature.replace(return_annotation=result)
-
-    @overload
-    def __get__(self, client: None, owner: type[Any]) -> Self: ...
-    @overload
-    def __get__(self, client: BlockingClientBase, owner: type[Any]) -> Callable[P, R]: ...
-    @overload
-    def __get__(
-        self, client: AsyncClientBase, owner: type[Any]
-    ) -> Callable[P, Coroutine[Any, Any, R]]: ...
-    def __get__(self, client: Any, owner: type[Any]) -> Any:
-        return self if client is None else types.MethodType(self, client)
-
-    def __call__(self, client: Any, *args: Any, **kwargs: Any) -> Any:
-        return client._run(self._build(client, *args, **kwargs))
 
 
 def cluster_file_args(path: str | Path, kwargs: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
@@ -132,7 +93,7 @@ def chunks(items: Iterable[MessageSpec], size: int) -> Iterator[list[MessageSpec
         yield chunk
 
 
-class ClientBase:
+class ClientBase(MemberOps):
     """Settings, routing and the operations both clients share."""
 
     def __init__(
@@ -149,8 +110,9 @@ class ClientBase:
         tls_ca: str | bytes | None = None,
         credentials: tuple[str, str] | None = None,
         framed: bool = True,
-        group: int = 1,
+        shard: int = 1,
         linger_ms: float = 1.0,
+        group: int | None = None,
     ) -> None:
         """`tls_ca`: the CA (PEM path or bytes) that signed the servers' certificates:
         the client then speaks TLS. `credentials`: (access key, secret key) to sign
@@ -158,14 +120,15 @@ class ClientBase:
         one PutFrames stream per server, concurrent ones coalesced into frames (False:
         one unary Put each, as servers before PutFrames need). `linger_ms`: while earlier
         frames are unanswered, a framed put waits this long for others to share its frame
-        (Kafka's linger.ms; a lone sequential put never waits; 0: never). `group`: the
-        Raft group of a multi-Raft cluster every call is for (docs/scaling.md;
-        `routing.RoutedClient` sends each call to its topic's groups)."""
+        (Kafka's linger.ms; a lone sequential put never waits; 0: never). `shard`: the
+        shard (Raft group) every call is for (docs/scaling.md; `routing.RoutedClient`
+        sends each call to its topic's shards); `group` is its old name."""
         if isinstance(servers, str):
             servers = servers.split(",")
         if timeout_s <= 0 or max_retries < 0 or backoff_base_s < 0 or not linger_ms >= 0:
-            raise ValueError("need timeout_s > 0, max_retries >= 0, backoff_base_s >= 0 and "
-                             "linger_ms >= 0")  # fmt: skip
+            raise ValueError(
+                "need timeout_s > 0, max_retries >= 0, backoff_base_s >= 0 and linger_ms >= 0"
+            )
         self.linger_s = linger_ms / 1000
         self._router = Router(servers, framed)
         self.cluster = cluster or ""
@@ -178,10 +141,18 @@ class ClientBase:
         if isinstance(tls_ca, str):
             tls_ca = Path(tls_ca).read_bytes()
         self.access = Access(tls_ca, credentials)
-        if isinstance(group, bool) or not isinstance(group, int) or group < 0:
-            raise ValueError(f"group must be a group id (an integer >= 0), not {group!r}")
-        self.group = group
-        self._metadata = self.access.group_metadata(group)
+        if group is not None:
+            warnings.warn(
+                "Client(group=...) is now Client(shard=...) (the old name works "
+                "for one more release)",
+                FutureWarning,
+                stacklevel=2,
+            )
+            shard = group
+        if isinstance(shard, bool) or not isinstance(shard, int) or shard < 0:
+            raise ValueError(f"shard must be a shard id (an integer >= 0), not {shard!r}")
+        self.shard = shard
+        self._metadata = self.access.group_metadata(shard)
         # asyncio channels: the pipes' (and AsyncClient's calls'), opened in their loop
         self._aio = Channels(lambda address: self.access.aio_channel(address, CHANNEL_OPTIONS))
         self._pipes: dict[str, PutPipe] = {}
@@ -219,9 +190,12 @@ class ClientBase:
             if self._pipe_ssl is None and self.access.tls_ca is not None:
                 self._pipe_ssl = self.access.ssl_context()
             pipe = self._pipes[address] = PutPipe(
-                address, ssl_context=self._pipe_ssl, cluster=self.cluster,
-                metadata=lambda: self._metadata("PutFrames"), linger_s=self.linger_s,
-            )  # fmt: skip
+                address,
+                ssl_context=self._pipe_ssl,
+                cluster=self.cluster,
+                metadata=lambda: self._metadata("PutFrames"),
+                linger_s=self.linger_s,
+            )
         try:
             async with asyncio.timeout(attempt.timeout_s):
                 result = await pipe.put(attempt.op.request.message)
@@ -268,13 +242,29 @@ class ClientBase:
         later (docs/delayed-and-transactional.md) and the result is the stored copy's.
         `sharding_key`: the server picks the key's queue, the same for every message of
         the key, so an orderly consumer sees them in order (docs/consumer-groups.md)."""
-        spec = MessageSpec(topic, body, keys, tags, properties, uniq_key, queue_id,
-                           delay_level=delay_level, deliver_at_ms=deliver_at_ms,
-                           sharding_key=sharding_key)  # fmt: skip
+        spec = MessageSpec(
+            topic,
+            body,
+            keys,
+            tags,
+            properties,
+            uniq_key,
+            queue_id,
+            delay_level=delay_level,
+            deliver_at_ms=deliver_at_ms,
+            sharding_key=sharding_key,
+        )
         msg = spec.to_pb(_now_ms())
         request = pb.PutRequest(message=msg, cluster=self.cluster)
-        return Op("put", "Put", request, lambda r: put_result(r.result), True, (msg.uniq_key,),
-                  framed=True)  # fmt: skip
+        return Op(
+            "put",
+            "Put",
+            request,
+            lambda r: put_result(r.result),
+            True,
+            (msg.uniq_key,),
+            framed=True,
+        )
 
     @operation
     def put_half(
@@ -293,8 +283,9 @@ class ClientBase:
         `end_transaction(..., commit=True)`; `uniq_key` is the transaction id."""
         spec = MessageSpec(topic, body, keys, tags, properties, uniq_key, queue_id)
         msg = spec.to_pb(_now_ms())
-        request = pb.PutHalfRequest(message=msg, producer_group=producer_group,
-                                    cluster=self.cluster)  # fmt: skip
+        request = pb.PutHalfRequest(
+            message=msg, producer_group=producer_group, cluster=self.cluster
+        )
 
         def convert(r: pb.PutHalfResponse) -> HalfResult:
             return HalfResult(r.transaction_id, r.result.commitlog_offset, put_result(r.result))
@@ -314,8 +305,9 @@ class ClientBase:
             raise InvalidArgument("give the half offset with a transaction id")
         else:
             tx, offset = half, half_offset
-        request = pb.EndTransactionRequest(transaction_id=tx, half_offset=offset, commit=commit,
-                                           cluster=self.cluster)  # fmt: skip
+        request = pb.EndTransactionRequest(
+            transaction_id=tx, half_offset=offset, commit=commit, cluster=self.cluster
+        )
 
         def convert(r: pb.EndTransactionResponse) -> TransactionEnd:
             result = put_result(r.result) if r.HasField("result") else None
@@ -331,8 +323,14 @@ class ClientBase:
         msgs = [s.to_pb(now) for s in messages]
         request = pb.PutBatchRequest(messages=msgs, cluster=self.cluster)
         keys = tuple(m.uniq_key for m in msgs)
-        return Op("put_batch", "PutBatch", request, lambda r: [put_result(x) for x in r.results],
-                  True, keys)  # fmt: skip
+        return Op(
+            "put_batch",
+            "PutBatch",
+            request,
+            lambda r: [put_result(x) for x in r.results],
+            True,
+            keys,
+        )
 
     @operation
     def get(
@@ -387,16 +385,27 @@ class ClientBase:
 
     @operation
     def commit_offset(
-        self, group: str, topic: str, queue_id: int, offset: int, *, member_id: str = "",
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        member_id: str = "",
         epoch: int = 0,
-    ) -> Op[None]:  # fmt: skip
+    ) -> Op[None]:
         """Record `offset` (the next to consume) for `group` through the Raft log. A group
         with live members (docs/consumer-groups.md) takes it only from the queue's owner:
         `member_id` and its lease `epoch` (GroupRefused otherwise)."""
         request = pb.CommitOffsetRequest(
-            group=group, topic=topic, queue_id=queue_id, offset=offset, cluster=self.cluster,
-            member_id=member_id, epoch=epoch,
-        )  # fmt: skip
+            group=group,
+            topic=topic,
+            queue_id=queue_id,
+            offset=offset,
+            cluster=self.cluster,
+            member_id=member_id,
+            epoch=epoch,
+        )
         # Setting an offset twice is harmless: a retry after an unknown outcome is safe.
         return Op("commit_offset", "CommitOffset", request, lambda r: None, refusal=GroupRefused)
 
@@ -408,8 +417,12 @@ class ClientBase:
         request = pb.FetchOffsetRequest(
             group=group, topic=topic, queue_id=queue_id, linearizable=linearizable
         )
-        return Op("fetch_offset", "FetchOffset", request,
-                  lambda r: {o.queue_id: o.offset for o in r.offsets})  # fmt: skip
+        return Op(
+            "fetch_offset",
+            "FetchOffset",
+            request,
+            lambda r: {o.queue_id: o.offset for o in r.offsets},
+        )
 
     @operation
     def query(
@@ -436,52 +449,6 @@ class ClientBase:
         return Op("read_range", "ReadRange", request, convert)
 
     @operation
-    def transfer_leadership(self, target_node_id: int, timeout_ms: int = 5000) -> Op[int]:
-        """Ask the leader to hand over to `target_node_id`; returns the new leader's id."""
-        request = pb.TransferLeadershipRequest(target_node_id=target_node_id,
-                                               timeout_ms=timeout_ms)  # fmt: skip
-        return Op("transfer_leadership", "TransferLeadership", request, lambda r: int(r.leader_id),
-                  floor_s=1 + timeout_ms / 1000, forgets_leader=True)  # fmt: skip
-
-    @operation
-    def member_list(self) -> Op[list[MemberInfo]]:
-        """The group's members as the leader sees them (voters, learners, match and lag)."""
-        return Op("member_list", "MemberList", pb.MemberListRequest(),
-                  lambda r: list(member_infos(r.members)))  # fmt: skip
-
-    @operation
-    def member_add(
-        self, node_id: int, raft: str, client: str, learner: bool = False,
-        timeout_ms: int = 10_000,
-    ) -> Op[MemberChange]:  # fmt: skip
-        """Add node `node_id` (its Raft and client HOST:PORT), as a learner if `learner`:
-        it receives the log and does not vote until promoted. ChangeRefused: refused as
-        things stand (the id exists, a change is pending); OutcomeUnknown: not committed
-        within `timeout_ms`, it may still be (see `member_list`)."""
-        request = pb.MemberAddRequest(id=node_id, raft=raft, client=client, learner=learner,
-                                      timeout_ms=timeout_ms)  # fmt: skip
-        return self._change("member_add", "MemberAdd", request, timeout_ms)
-
-    @operation
-    def member_promote(self, node_id: int, timeout_ms: int = 10_000) -> Op[MemberChange]:
-        """Make learner `node_id` a voter (ChangeRefused while it is too far behind)."""
-        request = pb.MemberPromoteRequest(id=node_id, timeout_ms=timeout_ms)
-        return self._change("member_promote", "MemberPromote", request, timeout_ms)
-
-    @operation
-    def member_remove(self, node_id: int, timeout_ms: int = 10_000) -> Op[MemberChange]:
-        """Remove node `node_id` from the group (ChangeRefused for the last voter)."""
-        request = pb.MemberRemoveRequest(id=node_id, timeout_ms=timeout_ms)
-        return self._change("member_remove", "MemberRemove", request, timeout_ms)
-
-    def _change(self, name: str, method: str, request: Any, timeout_ms: int) -> Op[MemberChange]:
-        """A membership change's Op: the leader's answer is awaited past its own timeout,
-        a refusal is ChangeRefused, and a timeout is never repeated (OutcomeUnknown)."""
-        return Op(name, method, request, member_change, write=True, floor_s=1 + timeout_ms / 1000,
-                  timeout_s=max(self.timeout_s, 2 + timeout_ms / 1000), refusal=ChangeRefused,
-                  unknown_on_timeout=True)  # fmt: skip
-
-    @operation
     def clean_now(
         self, server: str, force: bool = False, timeout_s: float = 30.0
     ) -> Op[CleanResult]:
@@ -506,14 +473,19 @@ class ClientBase:
     ) -> Op[TopicRoute | None]:
         """Create, update or delete (`op`) `topic`'s route through group 0: `groups` maps
         each group to the topic's queues there. The route made (None: deleted)."""
-        ops = {"create": pb.TopicUpdateRequest.CREATE, "update": pb.TopicUpdateRequest.UPDATE,
-               "delete": pb.TopicUpdateRequest.DELETE}  # fmt: skip
+        ops = {
+            "create": pb.TopicUpdateRequest.CREATE,
+            "update": pb.TopicUpdateRequest.UPDATE,
+            "delete": pb.TopicUpdateRequest.DELETE,
+        }
         if op not in ops:
             raise InvalidArgument(f"op must be one of {', '.join(ops)}, not {op!r}")
         request = pb.TopicUpdateRequest(
-            cluster=self.cluster, topic=topic, op=ops[op],
+            cluster=self.cluster,
+            topic=topic,
+            op=ops[op],
             groups=[pb.GroupQueues(group=g, queues=n) for g, n in (groups or {}).items()],
-        )  # fmt: skip
+        )
 
         def convert(r: pb.TopicUpdateResponse) -> TopicRoute | None:
             return topic_route(r.route) if r.HasField("route") else None
@@ -524,8 +496,14 @@ class ClientBase:
     def status(self, server: str | None = None, timeout_s: float | None = None) -> Op[NodeStatus]:
         """Status of one server (default: the leader, else the first server); one attempt."""
         address = server or self._router.leader or self._router.servers[0]
-        return Op("status", "Status", pb.StatusRequest(), lambda r: self._accept(address, r),
-                  pinned=address, timeout_s=timeout_s or 2.0)  # fmt: skip
+        return Op(
+            "status",
+            "Status",
+            pb.StatusRequest(),
+            lambda r: self._accept(address, r),
+            pinned=address,
+            timeout_s=timeout_s or 2.0,
+        )
 
 
 class BlockingClientBase(ClientBase):

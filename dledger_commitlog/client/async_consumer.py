@@ -99,8 +99,9 @@ async def run_together(
     if not consumers:
         return 0
     quota = Quota(max_messages)
-    runs = [asyncio.create_task(c.run(max_messages=quota, idle_exit_s=idle_exit_s))
-            for c in consumers]  # fmt: skip
+    runs = [
+        asyncio.create_task(c.run(max_messages=quota, idle_exit_s=idle_exit_s)) for c in consumers
+    ]
     try:
         await asyncio.wait(runs, return_when=asyncio.FIRST_EXCEPTION)
     finally:
@@ -138,9 +139,9 @@ class AsyncConsumer:
         **client_kwargs: Any,
     ) -> None:
         self._own_client = not isinstance(client, AsyncClient)
-        self.client = client if isinstance(client, AsyncClient) else AsyncClient(
-            client, **client_kwargs
-        )  # fmt: skip
+        self.client = (
+            client if isinstance(client, AsyncClient) else AsyncClient(client, **client_kwargs)
+        )
         self.group = group
         self.subscriptions = subscriptions_of(topics)
         self.handler = handler
@@ -239,8 +240,9 @@ class AsyncConsumer:
                         await self._room.wait()
                 continue
             try:
-                fetched = await self.client.group_fetch(self.group, self.member_id, room,
-                                                        _FETCH_WAIT_MS)  # fmt: skip
+                fetched = await self.client.group_fetch(
+                    self.group, self.member_id, room, _FETCH_WAIT_MS
+                )
             except GroupRefused as exc:
                 log.info("consumer %s: %s", self.member_id, exc.message)
                 await self._heartbeat_soon()
@@ -312,8 +314,9 @@ class AsyncConsumer:
         redelivers them). What this member handled already (delivered again because
         its run outlived the ack wait) is acked again, not handled twice."""
         ordered = sorted(run, key=lambda d: d.message.queue_offset)
-        track = self._tracks.setdefault((run[0].message.topic, run[0].message.queue_id),
-                                        _Track(run[0].epoch))  # fmt: skip
+        track = self._tracks.setdefault(
+            (run[0].message.topic, run[0].message.queue_id), _Track(run[0].epoch)
+        )
         async with track.turn:
             first = ordered[0].message.queue_offset
             track.done = {o for o in track.done if o >= first}
@@ -358,8 +361,13 @@ class AsyncConsumer:
         try:
             outcome = await self._call(ConsumedMessage(d))
         except Exception:
-            log.exception("consumer %s: the handler failed on %s/%d@%d", self.member_id,
-                          d.message.topic, d.message.queue_id, d.message.queue_offset)  # fmt: skip
+            log.exception(
+                "consumer %s: the handler failed on %s/%d@%d",
+                self.member_id,
+                d.message.topic,
+                d.message.queue_id,
+                d.message.queue_offset,
+            )
             outcome = False
         self.processed += 1
         self._quota.handled += 1
@@ -379,8 +387,9 @@ class AsyncConsumer:
         except ClientError as exc:
             # Still unacked (and claimed so after a failover): delivered again after the
             # ack wait, never taken for done.
-            log.warning("consumer %s: nack failed (%s): redelivered after the ack wait",
-                        self.member_id, exc)  # fmt: skip
+            log.warning(
+                "consumer %s: nack failed (%s): redelivered after the ack wait", self.member_id, exc
+            )
             return False
         # A retry copy or a dead letter is made (done here); retried in place (orderly),
         # it comes again.
@@ -411,11 +420,15 @@ class AsyncConsumer:
         try:
             await self.client.group_ack(self.group, self.member_id, ack_ranges(handles))
         except (GroupRefused, NotFound) as exc:
-            log.info("consumer %s: acks refused (%s): those messages go to the queue's "
-                     "owner again", self.member_id, exc.message)  # fmt: skip
+            log.info(
+                "consumer %s: acks refused (%s): those messages go to the queue's owner again",
+                self.member_id,
+                exc.message,
+            )
         except ClientError as exc:
-            log.warning("consumer %s: acks failed (%s): redelivered after the ack wait",
-                        self.member_id, exc)  # fmt: skip
+            log.warning(
+                "consumer %s: acks failed (%s): redelivered after the ack wait", self.member_id, exc
+            )
         for topic, queue_id, offset, _epoch in handles:
             track = self._tracks.get((topic, queue_id))
             if track is not None:
@@ -458,11 +471,17 @@ class AsyncConsumer:
         ]
         started = time.monotonic()
         ms = await self.client.group_heartbeat(
-            self.group, self.member_id, self.subscriptions, strategy=self.strategy,
-            orderly=self.orderly, max_reconsume=self.max_reconsume,
-            ack_wait_ms=self.ack_wait_ms, first_retry_level=self.first_retry_level,
-            held=held, client_name=f"{socket.gethostname()}:{os.getpid()}",
-        )  # fmt: skip
+            self.group,
+            self.member_id,
+            self.subscriptions,
+            strategy=self.strategy,
+            orderly=self.orderly,
+            max_reconsume=self.max_reconsume,
+            ack_wait_ms=self.ack_wait_ms,
+            first_retry_level=self.first_retry_level,
+            held=held,
+            client_name=f"{socket.gethostname()}:{os.getpid()}",
+        )
         self._last_heartbeat = started
         self._session_s = ms.session_timeout_ms / 1000
         self._interval_s = ms.heartbeat_interval_ms / 1000

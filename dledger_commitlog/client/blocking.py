@@ -45,8 +45,9 @@ class _LoopThread:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="dledger-puts",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="dledger-puts", daemon=True
+        )
         self._thread.start()
 
     @classmethod

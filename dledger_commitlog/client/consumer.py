@@ -70,8 +70,9 @@ class Consumer:
                 if self._stop_asked:
                     for consumer in self._consumers:
                         consumer.stop()
-                return await run_together(self._consumers, max_messages=max_messages,
-                                          idle_exit_s=idle_exit_s)  # fmt: skip
+                return await run_together(
+                    self._consumers, max_messages=max_messages, idle_exit_s=idle_exit_s
+                )
             finally:
                 self.processed = sum(c.processed for c in self._consumers)
                 await self._close()

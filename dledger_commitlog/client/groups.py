@@ -2,7 +2,7 @@
 
 Owns `GroupOps` (a mixin of `Client` and `AsyncClient`: heartbeat, fetch, ack,
 nack, leave, and the operators' list, describe, reset-offsets and dead-letter
-calls, each an `api.operation`), `Subscription`, and the values: `Delivery`
+calls, each an `operation.operation`), `Subscription`, and the values: `Delivery`
 (decoded from a fetch's compact answer, `run_deliveries`), `QueueLease`,
 `GroupSummary`, `GroupDescription`, and what a consumer's handler sees and answers
 (`ConsumedMessage`, `Retry`). `consumer.AsyncConsumer` and `consumer.Consumer`
@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from dledger_commitlog.client.api import operation
 from dledger_commitlog.client.errors import GroupRefused
+from dledger_commitlog.client.operation import operation
 from dledger_commitlog.client.retry import Op
 from dledger_commitlog.client.values import StoredMessage, stored_message, stored_message_of
 from dledger_commitlog.common.protocol import origin_topic, reconsume_times
@@ -193,13 +193,15 @@ def _leases(items: Sequence[pb.QueueLease]) -> tuple[QueueLease, ...]:
 
 
 def _summary(s: pb.GroupSummary) -> GroupSummary:
-    return GroupSummary(s.group, s.members, s.lag, s.retries, s.dead_letters, s.strategy,
-                        s.orderly, s.generation)  # fmt: skip
+    return GroupSummary(
+        s.group, s.members, s.lag, s.retries, s.dead_letters, s.strategy, s.orderly, s.generation
+    )
 
 
 def _delivery(d: pb.Delivery) -> Delivery:
-    return Delivery(stored_message(d.message), d.epoch, d.reconsume_times, d.origin_topic,
-                    d.delivery_count)  # fmt: skip
+    return Delivery(
+        stored_message(d.message), d.epoch, d.reconsume_times, d.origin_topic, d.delivery_count
+    )
 
 
 def run_deliveries(run: pb.DeliveryRun) -> list[Delivery]:
@@ -218,8 +220,9 @@ def run_deliveries(run: pb.DeliveryRun) -> list[Delivery]:
 
 def _handle(h: tuple[str, int, int, int] | tuple[str, int, int, int, int]) -> pb.MessageHandle:
     end = h[4] if len(h) == 5 else 0
-    return pb.MessageHandle(topic=h[0], queue_id=h[1], queue_offset=h[2], epoch=h[3],
-                            end_offset=end)  # fmt: skip
+    return pb.MessageHandle(
+        topic=h[0], queue_id=h[1], queue_offset=h[2], epoch=h[3], end_offset=end
+    )
 
 
 class GroupOps:
@@ -242,15 +245,22 @@ class GroupOps:
     ) -> Op[Membership]:
         """Join or stay in `group`: the member's queues now."""
         request = pb.GroupHeartbeatRequest(
-            group=group, member_id=member_id, subscriptions=[s.to_pb() for s in subscriptions],
-            strategy=strategy, orderly=orderly, max_reconsume=max_reconsume,
-            ack_wait_ms=ack_wait_ms, first_retry_level=first_retry_level, held=list(held),
+            group=group,
+            member_id=member_id,
+            subscriptions=[s.to_pb() for s in subscriptions],
+            strategy=strategy,
+            orderly=orderly,
+            max_reconsume=max_reconsume,
+            ack_wait_ms=ack_wait_ms,
+            first_retry_level=first_retry_level,
+            held=list(held),
             client=client_name,
-        )  # fmt: skip
+        )
 
         def convert(r: pb.GroupHeartbeatResponse) -> Membership:
-            return Membership(_leases(r.queues), r.session_timeout_ms, r.heartbeat_interval_ms,
-                              r.generation)  # fmt: skip
+            return Membership(
+                _leases(r.queues), r.session_timeout_ms, r.heartbeat_interval_ms, r.generation
+            )
 
         return Op("group_heartbeat", "GroupHeartbeat", request, convert, refusal=GroupRefused)
 
@@ -259,8 +269,9 @@ class GroupOps:
         self, group: str, member_id: str, max_messages: int = 32, wait_ms: int = 1000
     ) -> Op[Fetched]:
         """Messages of the member's queues (long polling up to `wait_ms`)."""
-        request = pb.GroupFetchRequest(group=group, member_id=member_id, runs=True,
-                                       max_messages=max_messages, wait_ms=wait_ms)  # fmt: skip
+        request = pb.GroupFetchRequest(
+            group=group, member_id=member_id, runs=True, max_messages=max_messages, wait_ms=wait_ms
+        )
 
         def convert(r: pb.GroupFetchResponse) -> Fetched:
             out = [_delivery(d) for d in r.deliveries]  # a server without runs answers so
@@ -268,8 +279,14 @@ class GroupOps:
                 out += run_deliveries(run)
             return Fetched(tuple(out), _leases(r.queues), r.generation)
 
-        return Op("group_fetch", "GroupFetch", request, convert, floor_s=1 + wait_ms / 1000,
-                  refusal=GroupRefused)  # fmt: skip
+        return Op(
+            "group_fetch",
+            "GroupFetch",
+            request,
+            convert,
+            floor_s=1 + wait_ms / 1000,
+            refusal=GroupRefused,
+        )
 
     @operation
     def group_ack(
@@ -280,8 +297,9 @@ class GroupOps:
     ) -> Op[int]:
         """Ack deliveries by handle (topic, queue, offset, epoch[, end: a range]): how
         many were news."""
-        request = pb.GroupAckRequest(group=group, member_id=member_id,
-                                     handles=[_handle(h) for h in handles])  # fmt: skip
+        request = pb.GroupAckRequest(
+            group=group, member_id=member_id, handles=[_handle(h) for h in handles]
+        )
         return Op("group_ack", "GroupAck", request, lambda r: r.acked, refusal=GroupRefused)
 
     @operation
@@ -294,13 +312,18 @@ class GroupOps:
     ) -> Op[tuple[str, int, int]]:
         """Retry a delivery later: (outcome "retry", "in-place" or "dead-letter",
         reconsume times, delay in ms)."""
-        request = pb.GroupNackRequest(group=group, member_id=member_id, handle=_handle(handle),
-                                      delay_level=delay_level)  # fmt: skip
+        request = pb.GroupNackRequest(
+            group=group, member_id=member_id, handle=_handle(handle), delay_level=delay_level
+        )
         # Not retried blindly after an unknown outcome: the retry copy's UNIQ_KEY names
         # the stored message, so a second nack of it is a duplicate the log drops.
-        return Op("group_nack", "GroupNack", request,
-                  lambda r: (r.outcome, r.reconsume_times, r.delay_ms),
-                  refusal=GroupRefused)  # fmt: skip
+        return Op(
+            "group_nack",
+            "GroupNack",
+            request,
+            lambda r: (r.outcome, r.reconsume_times, r.delay_ms),
+            refusal=GroupRefused,
+        )
 
     @operation
     def group_leave(self, group: str, member_id: str) -> Op[None]:
@@ -311,8 +334,12 @@ class GroupOps:
     @operation
     def group_list(self) -> Op[list[GroupSummary]]:
         """Every group with offsets or live members, with its lag, retries, dead letters."""
-        return Op("group_list", "GroupList", pb.GroupListRequest(),
-                  lambda r: [_summary(s) for s in r.groups])  # fmt: skip
+        return Op(
+            "group_list",
+            "GroupList",
+            pb.GroupListRequest(),
+            lambda r: [_summary(s) for s in r.groups],
+        )
 
     @operation
     def group_describe(self, group: str) -> Op[GroupDescription]:
@@ -321,42 +348,76 @@ class GroupOps:
         def convert(r: pb.GroupDescribeResponse) -> GroupDescription:
             return GroupDescription(
                 _summary(r.summary),
-                tuple(GroupMember(m.member_id, m.client, m.last_seen_ms_ago, _leases(m.queues))
-                      for m in r.members),
-                tuple(GroupQueue(q.topic, q.queue_id, q.committed, q.max_offset, q.lag, q.owner,
-                                 q.epoch, q.in_flight, q.revoking) for q in r.queues),
+                tuple(
+                    GroupMember(m.member_id, m.client, m.last_seen_ms_ago, _leases(m.queues))
+                    for m in r.members
+                ),
+                tuple(
+                    GroupQueue(
+                        q.topic,
+                        q.queue_id,
+                        q.committed,
+                        q.max_offset,
+                        q.lag,
+                        q.owner,
+                        q.epoch,
+                        q.in_flight,
+                        q.revoking,
+                    )
+                    for q in r.queues
+                ),
                 tuple(Subscription(s.topic, s.expression, s.filter_kind) for s in r.subscriptions),
-            )  # fmt: skip
+            )
 
-        return Op("group_describe", "GroupDescribe", pb.GroupDescribeRequest(group=group),
-                  convert)  # fmt: skip
+        return Op("group_describe", "GroupDescribe", pb.GroupDescribeRequest(group=group), convert)
 
     @operation
     def group_reset_offsets(
-        self, group: str, topic: str, to: str, value: int = 0, *, queue_id: int = -1,
+        self,
+        group: str,
+        topic: str,
+        to: str,
+        value: int = 0,
+        *,
+        queue_id: int = -1,
         force: bool = False,
-    ) -> Op[dict[int, int]]:  # fmt: skip
+    ) -> Op[dict[int, int]]:
         """Move the group's offsets of `topic` to "earliest", "latest", "offset" (`value`)
         or "time" (`value`: ms since the epoch): queue -> its new offset."""
-        request = pb.GroupResetOffsetsRequest(group=group, topic=topic, queue_id=queue_id,
-                                              to=to, value=value, force=force)  # fmt: skip
-        return Op("group_reset_offsets", "GroupResetOffsets", request,
-                  lambda r: {o.queue_id: o.offset for o in r.offsets},
-                  refusal=GroupRefused)  # fmt: skip
+        request = pb.GroupResetOffsetsRequest(
+            group=group, topic=topic, queue_id=queue_id, to=to, value=value, force=force
+        )
+        return Op(
+            "group_reset_offsets",
+            "GroupResetOffsets",
+            request,
+            lambda r: {o.queue_id: o.offset for o in r.offsets},
+            refusal=GroupRefused,
+        )
 
     @operation
     def group_dlq(
-        self, group: str, from_offset: int = 0, max_messages: int = 32, *,
-        resend: Sequence[int] = (), resend_all: bool = False,
-    ) -> Op[DeadLetters]:  # fmt: skip
+        self,
+        group: str,
+        from_offset: int = 0,
+        max_messages: int = 32,
+        *,
+        resend: Sequence[int] = (),
+        resend_all: bool = False,
+    ) -> Op[DeadLetters]:
         """The group's dead letters from `from_offset`; `resend` (DLQ offsets) or
         `resend_all` (those read) puts them again, to the group's retry topic."""
-        request = pb.GroupDlqRequest(group=group, from_offset=from_offset,
-                                     max_messages=max_messages, resend_offsets=list(resend),
-                                     resend_all=resend_all)  # fmt: skip
+        request = pb.GroupDlqRequest(
+            group=group,
+            from_offset=from_offset,
+            max_messages=max_messages,
+            resend_offsets=list(resend),
+            resend_all=resend_all,
+        )
 
         def convert(r: pb.GroupDlqResponse) -> DeadLetters:
-            return DeadLetters(tuple(stored_message(m) for m in r.messages), r.resent,
-                               r.next_offset, r.max_offset)  # fmt: skip
+            return DeadLetters(
+                tuple(stored_message(m) for m in r.messages), r.resent, r.next_offset, r.max_offset
+            )
 
         return Op("group_dlq", "GroupDlq", request, convert, write=bool(resend or resend_all))

@@ -124,17 +124,25 @@ class PutPipe:
         without PutFrames), every put fails with the status the server gave."""
         try:
             conn = self._conn = await h2grpc.connect(
-                self._host, self._port, ssl_context=self._ssl,
-                server_hostname=self._host if self._ssl else None, timeout_s=CONNECT_TIMEOUT_S,
-            )  # fmt: skip
+                self._host,
+                self._port,
+                ssl_context=self._ssl,
+                server_hostname=self._host if self._ssl else None,
+                timeout_s=CONNECT_TIMEOUT_S,
+            )
         except (OSError, TimeoutError, h2grpc.ConnectionLost) as exc:  # nothing was sent
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            self._fail(PipeFailure("UNAVAILABLE", f"failed to connect to {self._host}:"
-                                   f"{self._port}: {why or 'timed out'}"))  # fmt: skip
+            self._fail(
+                PipeFailure(
+                    "UNAVAILABLE",
+                    f"failed to connect to {self._host}:{self._port}: {why or 'timed out'}",
+                )
+            )
             return
         try:
-            meta = [(k, v.decode() if isinstance(v, bytes) else v)
-                    for k, v in self._metadata() or ()]  # fmt: skip
+            meta = [
+                (k, v.decode() if isinstance(v, bytes) else v) for k, v in self._metadata() or ()
+            ]
             stream = conn.open(_PATH, meta)
             stream.on_message = self._on_reply
             stream.on_event = self._on_event

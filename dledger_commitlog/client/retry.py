@@ -8,7 +8,10 @@ how long to back off, when to give up), `Failure` (one failed attempt, read off 
 gRPC error or a framed put's outcome) and `Run`, which drives an Op without doing
 any I/O: it says what to do next (`Attempt` a call, `Pause`, `Discover` the
 leader) and is told what came of it. `Client` and `AsyncClient` only perform those
-steps, blocking or awaiting.
+steps, blocking or awaiting. Reads that any replica may answer (the analytics
+source's) run under `ReplicaReads`: the next replica after a refusal worth
+another, sticking to the one that answered; `Backoff` is the jittered exponential
+pause both policies take.
 
 Invariants: a put's uniq_key is fixed before its first attempt, so every retry
 carries the same one and is idempotent; no call outlives its deadline;
@@ -118,8 +121,11 @@ class Failure:
             return errors.InvalidArgument(why, code=self.code, address=address)
         retried = errors.Unavailable if self.code in _RETRIED else errors.ClientError
         kind = _NOT_RETRIED.get(self.code, _AUTH.get(self.code, retried))
-        if (refusal is not None and self.code == "FAILED_PRECONDITION"
-                and not self.details.startswith("wrong cluster")):  # fmt: skip
+        if (
+            refusal is not None
+            and self.code == "FAILED_PRECONDITION"
+            and not self.details.startswith("wrong cluster")
+        ):
             kind = refusal
         return kind(self.details or self.code, code=self.code, address=address)
 
@@ -137,6 +143,96 @@ class Failure:
     def never_sent(self) -> bool:
         text = self.details.lower()
         return self.code == "UNAVAILABLE" and any(s in text for s in _CONNECT_FAILURES)
+
+
+class Backoff:
+    """Pauses between attempts: each between half and all of a cap that doubles from
+    `base_s` up to `max_s` (jittered, so that clients do not retry in step)."""
+
+    __slots__ = ("_base_s", "_count", "_max_s", "_rng")
+
+    def __init__(self, base_s: float, max_s: float, rng: random.Random) -> None:
+        self._base_s, self._max_s, self._rng = base_s, max_s, rng
+        self._count = 0
+
+    def next(self) -> float:
+        cap = min(self._max_s, self._base_s * 2.0 ** min(self._count, 30))
+        self._count += 1
+        return cap / 2 + self._rng.uniform(0, cap / 2)
+
+
+class ReplicaRefused(Exception):
+    """A replica refused a read in a way no other replica would answer otherwise."""
+
+    def __init__(self, what: str, address: str, failure: Failure) -> None:
+        self.address, self.failure = address, failure
+        super().__init__(
+            f"{what}: {address} answered {failure.code}: {failure.details or failure.code}"
+        )
+
+
+class ReplicasExhausted(Exception):
+    """No replica answered a read before its deadline (the message names what each said)."""
+
+
+class ReplicaReads:
+    """The retry policy of reads any replica may answer: each attempt on the next
+    replica, starting from the one that answered last (it stays first until one fails
+    over), a round of them and then a back-off, until the read's deadline. A failure
+    `retried` does not accept ends the read at once (`ReplicaRefused`)."""
+
+    def __init__(self, servers: Sequence[str], first: int = 0) -> None:
+        self.servers = list(servers)
+        self._first = first % len(self.servers)
+        self._rng = random.Random()
+
+    @property
+    def current(self) -> str:
+        """The replica tried first: the last that answered, unless failed over since."""
+        return self.servers[self._first]
+
+    def in_order(self) -> list[str]:
+        """Every replica, the current one first."""
+        n = len(self.servers)
+        return [self.servers[(self._first + k) % n] for k in range(n)]
+
+    def fail_over(self) -> None:
+        """Try the next replica first from now on."""
+        self._first = (self._first + 1) % len(self.servers)
+
+    def call(
+        self,
+        attempt: Callable[[str, float], R],
+        what: str,
+        *,
+        timeout_s: float,
+        attempt_s: float,
+        retried: Callable[[Failure], bool],
+    ) -> R:
+        """`attempt(address, timeout)` on one replica after another (see the class)."""
+        deadline = time.monotonic() + timeout_s
+        said: dict[str, str] = {}
+        pauses = Backoff(0.1, 2.0, self._rng)
+        while True:
+            for k, address in enumerate(self.in_order()):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    answer = attempt(address, min(attempt_s, remaining))
+                except grpc.RpcError as exc:
+                    failure = Failure.of(exc)
+                    if not retried(failure):
+                        raise ReplicaRefused(what, address, failure) from None
+                    said[address] = f"{failure.code}: {failure.details or failure.code}"
+                    continue
+                self._first = (self._first + k) % len(self.servers)  # stick to what works
+                return answer
+            pause = pauses.next()
+            if time.monotonic() + pause >= deadline:
+                tried = "; ".join(f"{a}: {e}" for a, e in said.items()) or "no attempt"
+                raise ReplicasExhausted(f"{what}: no server answered in {timeout_s:g}s ({tried})")
+            time.sleep(pause)
 
 
 class Router:
@@ -209,7 +305,7 @@ class Attempts:
         self.maybe_applied = False
         self.last: tuple[str, Failure] | None = None
         self.last_answer: tuple[str, Failure] | None = None  # the last a server said
-        self._backoffs = 0
+        self._pauses = Backoff(policy.backoff_base_s, policy.backoff_max_s, policy.rng)
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -261,9 +357,7 @@ class Attempts:
         return delay
 
     def _backoff(self) -> float:
-        cap = min(self.backoff_max_s, self.backoff_base_s * 2.0 ** min(self._backoffs, 30))
-        self._backoffs += 1
-        return cap / 2 + self.rng.uniform(0, cap / 2)
+        return self._pauses.next()
 
     def give_up(self) -> errors.ClientError:
         op = self.op
@@ -275,8 +369,10 @@ class Attempts:
         if not failure.answered and self.last_answer is not None:
             # Time ran out in the last attempt: what the servers last said says more.
             said_by, said = self.last_answer
-            why = (f"{what}; last answer from {said_by}: {said.code}: {said.details} (the "
-                   "last attempt got no answer in time)")  # fmt: skip
+            why = (
+                f"{what}; last answer from {said_by}: {said.code}: {said.details} (the "
+                "last attempt got no answer in time)"
+            )
         if op.write and self.maybe_applied:
             keys = op.uniq_keys
             return errors.OutcomeUnknown(why, code=failure.code, address=address, uniq_keys=keys)

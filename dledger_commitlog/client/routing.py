@@ -10,7 +10,7 @@ A topic's queues lie in one or more Raft groups (docs/scaling.md); the route (to
 every node (`Route`). `RoutedClient` (blocking) and `AsyncRoutedClient` fetch a
 topic's route once and cache it, number the topic's queues across its groups (the
 topic's queue k is the k-th of the route's concatenation, `TopicRoute.locate`), and
-send each call through one per-group client (`Client(group=g)`: it finds and
+send each call through one per-group client (`Client(shard=g)`: it finds and
 follows that group's leader itself). A put goes to the next queue in turn, or to
 the queue of its sharding key (crc32 over all the topic's queues: one key, one
 queue of one group, in order), or to the queue it names; so does a transactional
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, Self, TypeVar
@@ -63,6 +64,14 @@ def _group_of(msg_id: str) -> int:
         raise InvalidArgument(str(exc)) from None
 
 
+def _renamed(old: str, new: str) -> None:
+    warnings.warn(
+        f"{old}= is now {new}= (the old name works for one more release)",
+        FutureWarning,
+        stacklevel=3,
+    )
+
+
 _ROUTE_CHANGED = "outside"  # InvalidArgument "queue id N outside [0, M)": the route moved
 
 
@@ -72,18 +81,28 @@ class _Routing(Generic[C]):
     _kind: type[C]
 
     def __init__(
-        self, servers: Any, *, route_ttl_s: float = 30.0,
-        group_servers: Mapping[int, Any] | None = None, **kwargs: Any,
-    ) -> None:  # fmt: skip
-        """`servers` and `kwargs` as `Client` takes them (every group's client gets them);
+        self,
+        servers: Any,
+        *,
+        route_ttl_s: float = 30.0,
+        shard_servers: Mapping[int, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """`servers` and `kwargs` as `Client` takes them (every shard's client gets them);
         `route_ttl_s`: how long a topic's route is used before it is asked for again;
-        `group_servers`: the servers of each group where not every node process hosts
-        every group (one process per group, docs/scaling.md: routes are asked of
-        group 0's), `servers` for the groups it does not name."""
+        `shard_servers`: the servers of each shard where not every node process hosts
+        every shard (one process per shard, docs/scaling.md: routes are asked of
+        shard 0's), `servers` for the shards it does not name (`group_servers`: its
+        old name)."""
         kwargs.pop("group", None)
+        kwargs.pop("shard", None)
+        old = kwargs.pop("group_servers", None)
+        if old is not None:
+            _renamed("group_servers", "shard_servers")
+            shard_servers = old
         self.route_ttl_s = route_ttl_s
         self._servers = servers
-        self._group_servers = dict(group_servers or {})
+        self._group_servers = dict(shard_servers or {})
         self._kwargs = kwargs
         self._clients: dict[int, C] = {}
         self._routes: dict[str, tuple[TopicRoute, float]] = {}  # topic -> (route, expiry)
@@ -100,7 +119,7 @@ class _Routing(Generic[C]):
         found = self._clients.get(group)
         if found is None:
             servers = self._group_servers.get(group, self._servers)
-            found = self._clients[group] = self._kind(servers, group=group, **self._kwargs)
+            found = self._clients[group] = self._kind(servers, shard=group, **self._kwargs)
         return found
 
     def _choose(self, route: TopicRoute, queue: int | None, sharding_key: str) -> tuple[int, int]:
@@ -108,8 +127,9 @@ class _Routing(Generic[C]):
         total = route.total_queues
         if queue is not None:
             if not 0 <= queue < total:
-                raise InvalidArgument(f"queue {queue} outside the {total} queues of "
-                                      f"{route.topic!r}")  # fmt: skip
+                raise InvalidArgument(
+                    f"queue {queue} outside the {total} queues of {route.topic!r}"
+                )
             return route.locate(queue)
         if sharding_key:
             return route.locate(route.queue_of_key(sharding_key))
@@ -157,9 +177,14 @@ class RoutedClient(_Routing[Client]):
         return self.client(0).route(topic)
 
     def put(
-        self, topic: str, body: bytes | str, *, queue: int | None = None,
-        sharding_key: str = "", **kwargs: Any,
-    ) -> PutResult:  # fmt: skip
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        queue: int | None = None,
+        sharding_key: str = "",
+        **kwargs: Any,
+    ) -> PutResult:
         """Put to the group of the chosen queue (`Client.put`'s other arguments);
         `queue`: the topic's queue number across its groups. The result's queue_id
         is the queue id within the group its msg_id names."""
@@ -223,9 +248,14 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
         return await self.client(0).route(topic)
 
     async def put(
-        self, topic: str, body: bytes | str, *, queue: int | None = None,
-        sharding_key: str = "", **kwargs: Any,
-    ) -> PutResult:  # fmt: skip
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        queue: int | None = None,
+        sharding_key: str = "",
+        **kwargs: Any,
+    ) -> PutResult:
         for attempt in range(2):
             group, queue_id = self._choose(await self.route(topic), queue, sharding_key)
             try:
@@ -249,18 +279,26 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
         return await self.client(group).end_transaction(half, commit=commit)
 
     async def consumers(
-        self, group: str, topics: Any, handler: Any, *,
-        raft_groups: Sequence[int] | None = None, **kwargs: Any,
-    ) -> list[AsyncConsumer]:  # fmt: skip
+        self,
+        group: str,
+        topics: Any,
+        handler: Any,
+        *,
+        shards: Sequence[int] | None = None,
+        **kwargs: Any,
+    ) -> list[AsyncConsumer]:
         """One `AsyncConsumer` of consumer group `group` per data group of the cluster
         (a consumer group lives in each Raft group, as a topic's queues do), or per
-        group of `raft_groups`, all with one member id: run them with
+        group of `shards`, all with one member id: run them with
         `async_consumer.run_together`."""
-        if raft_groups is None:
-            raft_groups = range(1, (await self.routes()).data_groups + 1)
+        old = kwargs.pop("raft_groups", None)
+        if old is not None:
+            _renamed("raft_groups", "shards")
+            shards = old
+        if shards is None:
+            shards = range(1, (await self.routes()).shard_count + 1)
         kwargs["member_id"] = kwargs.get("member_id") or new_member_id()
-        return [AsyncConsumer(self.client(g), group, topics, handler, **kwargs)
-                for g in raft_groups]  # fmt: skip
+        return [AsyncConsumer(self.client(g), group, topics, handler, **kwargs) for g in shards]
 
     async def topic_update(
         self, op: str, topic: str, groups: Mapping[int, int] | None = None
@@ -283,23 +321,28 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
 
 class RoutedConsumer(Consumer):
     """A blocking consumer of every data group of the cluster (one `AsyncConsumer` per
-    group, run together), or of the groups `raft_groups` names: `Consumer`'s
-    arguments, plus `AsyncRoutedClient`'s `group_servers` and `route_ttl_s`. It asks
-    a node for the routes first (without `raft_groups`): a single-group cluster
+    group, run together), or of the groups `shards` names: `Consumer`'s
+    arguments, plus `AsyncRoutedClient`'s `shard_servers` and `route_ttl_s`. It asks
+    a node for the routes first (without `shards`): a single-group cluster
     answers one group, and a process that does not host group 0 refuses, naming
-    why (give `group_servers`, or `raft_groups`)."""
+    why (give `shard_servers`, or `shards`)."""
 
     _routed: AsyncRoutedClient | None = None
 
     async def _open(self) -> list[AsyncConsumer]:
         servers, group, topics, handler = self._args
-        raft_groups = self._kwargs.get("raft_groups")
+        shards = self._kwargs.get("shards")
+        if "raft_groups" in self._kwargs:
+            _renamed("raft_groups", "shards")
+            shards = self._kwargs["raft_groups"]
         options = {k: v for k, v in self._kwargs.items() if k in CONSUMER_OPTIONS}
-        connection = {k: v for k, v in self._kwargs.items()
-                      if k not in CONSUMER_OPTIONS and k != "raft_groups"}  # fmt: skip
+        connection = {
+            k: v
+            for k, v in self._kwargs.items()
+            if k not in CONSUMER_OPTIONS and k not in ("shards", "raft_groups")
+        }
         self._routed = AsyncRoutedClient(servers, **connection)
-        return await self._routed.consumers(group, topics, handler, raft_groups=raft_groups,
-                                            **options)  # fmt: skip
+        return await self._routed.consumers(group, topics, handler, shards=shards, **options)
 
     async def _close(self) -> None:
         if self._routed is not None:

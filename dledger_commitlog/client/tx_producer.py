@@ -45,8 +45,9 @@ class TransactionCheck:
 
 
 def _check_of(msg: pb.TransactionCheck) -> TransactionCheck:
-    return TransactionCheck(msg.transaction_id, msg.half_offset, msg.check_times,
-                            stored_message(msg.message))  # fmt: skip
+    return TransactionCheck(
+        msg.transaction_id, msg.half_offset, msg.check_times, stored_message(msg.message)
+    )
 
 
 def _answer(check: TransactionCheck, decision: bool | None) -> pb.TransactionCheckAnswer:
@@ -88,8 +89,9 @@ class TransactionProducer(_Producer[Client, Callable[[TransactionCheck], bool | 
 
     def start(self) -> TransactionProducer:
         for address in self.client.servers:
-            t = threading.Thread(target=self._serve, args=(address,), daemon=True,
-                                 name=f"tx-checks-{address}")  # fmt: skip
+            t = threading.Thread(
+                target=self._serve, args=(address,), daemon=True, name=f"tx-checks-{address}"
+            )
             t.start()
             self._threads.append(t)
         return self
@@ -166,8 +168,9 @@ class AsyncTransactionProducer(
 
     async def start(self) -> AsyncTransactionProducer:
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._serve(a), name=f"tx-checks-{a}")
-                       for a in self.client.servers]  # fmt: skip
+        self._tasks = [
+            loop.create_task(self._serve(a), name=f"tx-checks-{a}") for a in self.client.servers
+        ]
         return self
 
     async def _serve(self, address: str) -> None:

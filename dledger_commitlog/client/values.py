@@ -238,10 +238,22 @@ def stored_message_of(raw: bytes, at: int, parts: StoredParts) -> StoredMessage:
     tags = props.pop(PROPERTY_TAGS, "")
     uniq_key = props.pop(PROPERTY_UNIQ_KEY, "")
     return StoredMessage(
-        topic, fields[3], fields[5], fields[6], message_id(raw, at), body,
-        tuple(split_keys(keys)), tags, props, fields[8], fields[11], len(body), fields[0],
-        uniq_key, fields[4],
-    )  # fmt: skip
+        topic,
+        fields[3],
+        fields[5],
+        fields[6],
+        message_id(raw, at),
+        body,
+        tuple(split_keys(keys)),
+        tags,
+        props,
+        fields[8],
+        fields[11],
+        len(body),
+        fields[0],
+        uniq_key,
+        fields[4],
+    )
 
 
 def stored_message(msg: pb.StoredMessage) -> StoredMessage:
@@ -253,8 +265,10 @@ def stored_message(msg: pb.StoredMessage) -> StoredMessage:
 
 def node_status(address: str, msg: pb.StatusResponse) -> NodeStatus:
     peers = tuple(cast(PeerStatus, _convert(PeerStatus, p)) for p in msg.peers)
-    return cast(NodeStatus, _convert(NodeStatus, msg, address=address, peers=peers,
-                                     members=member_infos(msg.members)))  # fmt: skip
+    return cast(
+        NodeStatus,
+        _convert(NodeStatus, msg, address=address, peers=peers, members=member_infos(msg.members)),
+    )
 
 
 def member_infos(members: Sequence[pb.Member]) -> tuple[MemberInfo, ...]:
@@ -282,7 +296,7 @@ class Routes:
     by name is here even with the default route), the leaders the answering process
     knows, and the table's version."""
 
-    data_groups: int
+    shard_count: int
     queues_per_topic: int
     routes: Mapping[str, TopicRoute]
     leaders: Mapping[int, GroupLeader]
@@ -291,7 +305,7 @@ class Routes:
     def route(self, topic: str) -> TopicRoute:
         """`topic`'s route: the configured one, or every data group's default queues."""
         found = self.routes.get(topic)
-        return found or default_route(topic, self.data_groups, self.queues_per_topic)
+        return found or default_route(topic, self.shard_count, self.queues_per_topic)
 
 
 def topic_route(msg: pb.TopicRoute) -> TopicRoute:

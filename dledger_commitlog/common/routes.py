@@ -2,7 +2,7 @@
 
 Owns `TopicRoute` (which groups hold a topic's queues, and how the topic's queue k
 maps to a (group, queue id) pair) and the group that a message id names
-(`group_of_msg_id`; the id's layout is `log.message_route`'s). The node keeps the
+(`group_of_msg_id`; the id's layout is `log.message_layout`'s). The node keeps the
 table in group 0 (`messaging.routes`); the clients cache it (`client.routing`).
 docs/scaling.md describes the model.
 """
@@ -38,8 +38,7 @@ class TopicRoute:
                 if left < count:
                     return group, left
                 left -= count
-        raise IndexError(f"queue {queue} outside the {self.total_queues} queues of "
-                         f"{self.topic!r}")  # fmt: skip
+        raise IndexError(f"queue {queue} outside the {self.total_queues} queues of {self.topic!r}")
 
     def queue_of_key(self, key: str) -> int:
         """The topic's queue a sharding key maps to (crc32, as a node maps it in one
@@ -47,16 +46,16 @@ class TopicRoute:
         return zlib.crc32(key.encode()) % self.total_queues
 
 
-def default_route(topic: str, data_groups: int, queues_per_topic: int) -> TopicRoute:
+def default_route(topic: str, shard_count: int, queues_per_topic: int) -> TopicRoute:
     """The route of a topic nobody configured: every data group, `queues_per_topic`
     queues each."""
-    return TopicRoute(topic, tuple((g, queues_per_topic) for g in range(1, data_groups + 1)))
+    return TopicRoute(topic, tuple((g, queues_per_topic) for g in range(1, shard_count + 1)))
 
 
-def raft_groups(data_groups: int) -> list[int]:
-    """Every Raft group of a cluster of `data_groups` data groups: [1] for one, else
-    group 0 (the routes) and 1..data_groups."""
-    return [1] if data_groups == 1 else list(range(data_groups + 1))
+def shard_ids(shard_count: int) -> list[int]:
+    """Every Raft group of a cluster of `shard_count` data groups: [1] for one, else
+    group 0 (the routes) and 1..shard_count."""
+    return [1] if shard_count == 1 else list(range(shard_count + 1))
 
 
 def preferred_leader(group: int, node_ids: Sequence[int]) -> int:

@@ -5,7 +5,7 @@ queue assignment at proposal time, batching of concurrent puts into one
 proposal, idempotency by UNIQ_KEY, and the tables these need (queue ends, recent
 UNIQ_KEYs), kept as committed entries are applied. It is a `CommittedView`
 (committed_view.py), which owns the committed position and the reads bounded by
-it; message_route.py reads and writes the fields the put path needs.
+it; message_layout.py reads and writes the fields the put path needs.
 
 Invariants:
 - Queue offsets are a function of log order: the leader assigns them from a
@@ -26,16 +26,16 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dledger_commitlog.common.protocol import PutResult
 from dledger_commitlog.log.committed_view import REPAIR, CommittedView
 from dledger_commitlog.log.entry_store import EntryStore
-from dledger_commitlog.log.message_route import (
-    Route,
+from dledger_commitlog.log.message_layout import (
+    Placement,
     msg_id_of,
-    route_of,
+    placement_of,
     stamp,
     store_host_bytes,
     uniq_of,
@@ -59,6 +59,22 @@ _ONE_BY_ONE = 64  # entries read singly after a batch read met a damaged one
 _NAMED_BAD = 3  # damaged entries named in the start-up warning
 _SYSTEM_PREFIX = "%SYS%"
 _SYSTEM_QUEUES = 65  # config.MAX_DELAY_LEVELS, plus the deliver-at queue
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """A message to put, as its producer gave it: what `prepare` checks and encodes."""
+
+    topic: str
+    body: bytes
+    uniq_key: str  # required: clients generate one per message (idempotent retries)
+    keys: Sequence[str] = ()
+    tags: str | None = None
+    properties: Mapping[str, str] | None = None
+    queue_id: int | None = None
+    born_timestamp_ms: int = 0
+    flag: int = 0
+    born_host: tuple[str, int] = ("127.0.0.1", 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +121,7 @@ class DLedgerCommitLog(CommittedView):
         self._waiters: dict[int, list[Waiter]] = {}
         # index -> (term, route) of the entries this node proposed, until applied: apply
         # need not read back what the leader stamped (an entry of another term is read)
-        self._proposed: dict[int, tuple[int, Route]] = {}
+        self._proposed: dict[int, tuple[int, Placement]] = {}
         self._pending = 0
         self._queued: list[tuple[PutSpec, Submission, int]] = []
         self._flush_scheduled = False
@@ -161,9 +177,13 @@ class DLedgerCommitLog(CommittedView):
             "commit log %s: %d damaged committed %s below the entry checkpoint (%s%s). "
             "Serving the rest: a read of a damaged entry fails, it is never served, and its "
             "UNIQ_KEY is not in the idempotency window. The other replicas hold the data: %s",
-            self.store.directory, len(bad), "entry" if len(bad) == 1 else "entries", named,
-            more, REPAIR,
-        )  # fmt: skip
+            self.store.directory,
+            len(bad),
+            "entry" if len(bad) == 1 else "entries",
+            named,
+            more,
+            REPAIR,
+        )
 
     def restart_at(self, index: int, queue_next: dict[tuple[str, int], int]) -> None:
         """The log was restored from a leader's snapshot after entry `index`.
@@ -184,32 +204,28 @@ class DLedgerCommitLog(CommittedView):
 
     # -- put path --------------------------------------------------------------------
 
-    def prepare(
-        self,
-        topic: str,
-        body: bytes,
-        *,
-        keys: Sequence[str] = (),
-        tags: str | None = None,
-        properties: dict[str, str] | None = None,
-        uniq_key: str = "",
-        queue_id: int | None = None,
-        born_timestamp_ms: int = 0,
-        flag: int = 0,
-        born_host: tuple[str, int] = ("127.0.0.1", 0),
-    ) -> PutSpec:
-        """Validate and encode; raises InvalidMessage with the reason."""
+    def prepare(self, d: Draft) -> PutSpec:
+        """`d` checked and encoded; raises InvalidMessage with the reason."""
         # System topics (the schedule's queue per delay level) have queues of their own.
-        limit = _SYSTEM_QUEUES if topic.startswith(_SYSTEM_PREFIX) else self._queues
-        if queue_id is not None and not 0 <= queue_id < limit:
-            raise InvalidMessage(f"queue id {queue_id} outside [0, {limit})")
-        if not uniq_key:
+        limit = _SYSTEM_QUEUES if d.topic.startswith(_SYSTEM_PREFIX) else self._queues
+        if d.queue_id is not None and not 0 <= d.queue_id < limit:
+            raise InvalidMessage(f"queue id {d.queue_id} outside [0, {limit})")
+        if not d.uniq_key:
             raise InvalidMessage("uniq_key is required (clients generate one per message)")
-        props = make_properties(keys=keys, tags=tags or None, uniq_key=uniq_key, extra=properties)
-        encoded = encode_fields(topic, body, props, max_body_bytes=self._max_body, flag=flag,
-                                born_timestamp_ms=born_timestamp_ms, born_host=born_host,
-                                store_host=self._store_host)  # fmt: skip
-        return PutSpec(topic, encoded, uniq_key, queue_id)
+        props = make_properties(
+            keys=d.keys, tags=d.tags or None, uniq_key=d.uniq_key, extra=d.properties
+        )
+        encoded = encode_fields(
+            d.topic,
+            d.body,
+            props,
+            max_body_bytes=self._max_body,
+            flag=d.flag,
+            born_timestamp_ms=d.born_timestamp_ms,
+            born_host=d.born_host,
+            store_host=self._store_host,
+        )
+        return PutSpec(d.topic, encoded, d.uniq_key, d.queue_id)
 
     async def put(self, specs: Sequence[PutSpec], timeout_s: float) -> list[PutResult]:
         """Propose `specs` (batched with concurrent puts) and wait for their commit."""
@@ -246,7 +262,7 @@ class DLedgerCommitLog(CommittedView):
             return False
         if index <= self.committed_index:
             entry = self.store.get(index)
-            sub.set(slot, self._result(index, entry.body, route_of(entry.body), True))
+            sub.set(slot, self._result(index, entry.body, placement_of(entry.body), True))
         else:
             term = self.store.term(index) if index <= self.store.last_index() else 0
             self._waiters.setdefault(index, []).append(Waiter(term, sub, slot, True))
@@ -308,7 +324,7 @@ class DLedgerCommitLog(CommittedView):
         self._on_proposed(len(datas))
         # In the log now: advance the assignment table.
         self._assign_next.update(assigned)
-        routes = self._proposed
+        placed = self._proposed
         for k, (spec, sub, slot) in enumerate(queued):
             index = first + k
             self._tail_uniq[spec.uniq_key] = index
@@ -316,7 +332,7 @@ class DLedgerCommitLog(CommittedView):
             waiters.append(Waiter(term, sub, slot))
             waiters.extend(Waiter(term, s, n, True) for s, n in again[spec.uniq_key])
             topic, qid = keys[k]
-            routes[index] = (term, Route(topic, qid, offsets[k], now_ms, spec.uniq_key))
+            placed[index] = (term, Placement(topic, qid, offsets[k], now_ms, spec.uniq_key))
 
     def become_leader(self, term: int, tail: Sequence[Entry]) -> None:
         """Start assigning: the committed tables plus the uncommitted `tail` of our log."""
@@ -327,7 +343,7 @@ class DLedgerCommitLog(CommittedView):
         for e in tail:
             if e.kind != EntryKind.NORMAL or not e.data:
                 continue
-            hdr = route_of(e.data)
+            hdr = placement_of(e.data)
             key = (hdr.topic, hdr.queue_id)
             self._assign_next[key] = max(self._assign_next.get(key, 0), hdr.queue_offset + 1)
             if hdr.uniq_key:
@@ -348,8 +364,8 @@ class DLedgerCommitLog(CommittedView):
                     self._resolve(e, hdr, ws)
         self._set_committed(entries[-1].index)
 
-    def _apply_to_tables(self, entries: Sequence[Entry]) -> list[Route | None]:
-        headers: list[Route | None] = []
+    def _apply_to_tables(self, entries: Sequence[Entry]) -> list[Placement | None]:
+        headers: list[Placement | None] = []
         recent, queue_next, tail = self._recent, self._queue_next, self._tail_uniq
         proposed = self._proposed
         for e in entries:
@@ -358,7 +374,7 @@ class DLedgerCommitLog(CommittedView):
                 headers.append(None)
                 continue
             # What this leader stamped, if the entry is the one it proposed (same term).
-            hdr = known[1] if known is not None and known[0] == e.term else route_of(e.data)
+            hdr = known[1] if known is not None and known[0] == e.term else placement_of(e.data)
             headers.append(hdr)
             key = (hdr.topic, hdr.queue_id)
             queue_next[key] = max(queue_next.get(key, 0), hdr.queue_offset + 1)
@@ -369,7 +385,7 @@ class DLedgerCommitLog(CommittedView):
             recent.popitem(last=False)
         return headers
 
-    def _resolve(self, e: Entry, hdr: Route | None, ws: list[Waiter]) -> None:
+    def _resolve(self, e: Entry, hdr: Placement | None, ws: list[Waiter]) -> None:
         for w in ws:
             sub = w.submission
             if sub.done.done():
@@ -379,7 +395,13 @@ class DLedgerCommitLog(CommittedView):
             else:
                 sub.fail(PutFailed(f"entry {e.index} was replaced by a newer leader's; retry"))
 
-    def _result(self, index: int, data: bytes, hdr: Route, duplicate: bool) -> PutResult:
+    def _result(self, index: int, data: bytes, hdr: Placement, duplicate: bool) -> PutResult:
         offset = self.store.pos_of(index) + HEADER_SIZE
-        return PutResult(msg_id_of(data, offset), offset, hdr.queue_id,
-                         hdr.queue_offset, hdr.store_timestamp_ms, duplicate)  # fmt: skip
+        return PutResult(
+            msg_id_of(data, offset),
+            offset,
+            hdr.queue_id,
+            hdr.queue_offset,
+            hdr.store_timestamp_ms,
+            duplicate,
+        )

@@ -27,7 +27,7 @@ from dledger_commitlog.log.entry_store import EntryStore
 from raft.types import EntryKind
 from store.entry_format import HEADER_SIZE
 from store.errors import CorruptEntry, OffsetOutOfRange
-from store.message import Message, decode_message
+from store.message import StoredMessage, decode_message
 
 _DISPATCH_BATCH = 4096  # entries per read_committed call
 REPAIR = "restore this node's data from a replica (docs/disk-faults.md)"
@@ -72,15 +72,20 @@ class CommittedView:
 
     # -- reads ------------------------------------------------------------------------
 
-    def get_by_offset(self, commitlog_offset: int) -> tuple[Message, int]:
+    def get_by_offset(self, commitlog_offset: int) -> tuple[StoredMessage, int]:
         """The committed message at a commit-log offset, and its encoded size."""
         pos = commitlog_offset - HEADER_SIZE
         if commitlog_offset < self.store.data_queue.min_offset + HEADER_SIZE:
-            raise OffsetOutOfRange(commitlog_offset, self.min_offset, self.committed_pos,
-                                   "commit-log offset")  # fmt: skip
+            raise OffsetOutOfRange(
+                commitlog_offset, self.min_offset, self.committed_pos, "commit-log offset"
+            )
         if pos >= self.committed_pos:
-            raise OffsetOutOfRange(commitlog_offset, self.min_offset, self.committed_pos,
-                                   "commit-log offset (not committed)")  # fmt: skip
+            raise OffsetOutOfRange(
+                commitlog_offset,
+                self.min_offset,
+                self.committed_pos,
+                "commit-log offset (not committed)",
+            )
         try:
             entry = self.store.get_by_pos(pos)
         except IndexError:
@@ -145,8 +150,11 @@ class CommittedView:
             cached = store.cached_entries(index, hi, max_bytes)
             if cached is not None:  # what this process appended: no read, no decode
                 entries, positions = cached
-                out = [(p + HEADER_SIZE, e.data) for e, p in zip(entries, positions, strict=True)
-                       if e.kind == EntryKind.NORMAL and e.data]  # fmt: skip
+                out = [
+                    (p + HEADER_SIZE, e.data)
+                    for e, p in zip(entries, positions, strict=True)
+                    if e.kind == EntryKind.NORMAL and e.data
+                ]
                 nxt = positions[-1] + HEADER_SIZE + len(entries[-1].data)
                 self._read_cursor = (nxt, entries[-1].index + 1)
                 return out, nxt, committed
@@ -168,12 +176,20 @@ class CommittedView:
         byte flipped below the entry checkpoint is not found at start.
         """
         if commitlog_offset + max(size, 1) > self.committed_pos:
-            raise OffsetOutOfRange(commitlog_offset, self.min_offset, self.committed_pos,
-                                   "commit-log offset (not committed)")  # fmt: skip
+            raise OffsetOutOfRange(
+                commitlog_offset,
+                self.min_offset,
+                self.committed_pos,
+                "commit-log offset (not committed)",
+            )
         body = self.store.body_at(commitlog_offset - HEADER_SIZE, size)
         if not size:
             return body
         if size > len(body):
-            raise CorruptEntry(None, commitlog_offset, f"{size} bytes asked of a message of "
-                               f"{len(body)} at commit-log offset {commitlog_offset}")  # fmt: skip
+            raise CorruptEntry(
+                None,
+                commitlog_offset,
+                f"{size} bytes asked of a message of "
+                f"{len(body)} at commit-log offset {commitlog_offset}",
+            )
         return body if size == len(body) else body[:size]

@@ -76,8 +76,10 @@ def snapshot_base(index: int, term: int, data: bytes) -> Record:
     if (b_index, b_term) != (index, term):
         raise ValueError(f"snapshot of entry {index} (term {term}) describes {b_index}/{b_term}")
     if not 0 <= index * HEADER_SIZE <= pos < MAX_POS:
-        raise ValueError(f"snapshot of entry {index} ends at position {pos}, not in "
-                         f"[{max(0, index) * HEADER_SIZE}, {MAX_POS})")  # fmt: skip
+        raise ValueError(
+            f"snapshot of entry {index} ends at position {pos}, not in "
+            f"[{max(0, index) * HEADER_SIZE}, {MAX_POS})"
+        )
     return b_index, b_term, pos, chain
 
 

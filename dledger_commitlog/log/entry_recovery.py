@@ -145,9 +145,13 @@ class _Scan:
                 if self._index_holds(prev[0], anchor):
                     self._scan_from_anchor(anchor, must_be_valid)
                     return
-                log.warning("entry index %s does not hold entries %d..%d below the checkpointed "
-                            "entry: rebuilding it from the data", self._index.directory,
-                            prev[0], anchor.index - 1)  # fmt: skip
+                log.warning(
+                    "entry index %s does not hold entries %d..%d below the checkpointed "
+                    "entry: rebuilding it from the data",
+                    self._index.directory,
+                    prev[0],
+                    anchor.index - 1,
+                )
         rebuild = _IndexRebuild(self._index, prev[0], quiet=not data.segments())
         have = self._index.read_unchecked(prev[0] * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE)
         rebuild.feed(have if start_slot_ok(self._base, have) else start_slot(self._base))
@@ -169,10 +173,13 @@ class _Scan:
             # Retention deleted the file holding the base's end (and the filler after it).
             start = end - end % seg + seg
             if data.min_offset != start:
-                raise CorruptEntry(self._where(data.min_offset), data.min_offset,
-                                   f"the data files start at {data.min_offset}, but the log "
-                                   f"restarts at {end} (entries.base): restore this node's "
-                                   "data from a replica")  # fmt: skip
+                raise CorruptEntry(
+                    self._where(data.min_offset),
+                    data.min_offset,
+                    f"the data files start at {data.min_offset}, but the log "
+                    f"restarts at {end} (entries.base): restore this node's "
+                    "data from a replica",
+                )
             end = start
         return (index, term, chain), end
 
@@ -186,9 +193,11 @@ class _Scan:
         anchor = self._scan_one(pos, prev_chain)
         if anchor is None or (anchor.index, anchor.term, anchor.chain_crc) != (index, term, chain):
             raise CorruptEntry(
-                self._where(pos), pos, f"checkpointed entry {index} is not there "
-                "(entries.checkpoint): restore this node's data from a replica"
-            )  # fmt: skip
+                self._where(pos),
+                pos,
+                f"checkpointed entry {index} is not there "
+                "(entries.checkpoint): restore this node's data from a replica",
+            )
         return anchor
 
     def _index_holds(self, prev_index: int, anchor: StoredEntry) -> bool:
@@ -230,8 +239,9 @@ class _Scan:
 
     def _scan_from_anchor(self, anchor: StoredEntry, must_be_valid: int) -> None:
         rebuild = _IndexRebuild(self._index, anchor.index)
-        rebuild.feed(INDEX_UNIT.pack(ENTRY_MAGIC, anchor.pos, anchor.size, anchor.index,
-                                     anchor.term))  # fmt: skip
+        rebuild.feed(
+            INDEX_UNIT.pack(ENTRY_MAGIC, anchor.pos, anchor.size, anchor.index, anchor.term)
+        )
         prev = (anchor.index, anchor.term, anchor.chain_crc)
         self._scan_from(prev, anchor.pos + anchor.size, must_be_valid, rebuild)
 
@@ -245,8 +255,7 @@ class _Scan:
         if not HEADER_SIZE <= size <= self._data.segment_size - pos % self._data.segment_size:
             return None
         try:
-            return decode_entry(self._data.read_unchecked(pos, size), 0, pos,
-                                prev_chain=prev_chain)  # fmt: skip
+            return decode_entry(self._data.read_unchecked(pos, size), 0, pos, prev_chain=prev_chain)
         except CorruptEntry:
             return None
 
@@ -264,8 +273,9 @@ class _Scan:
         units = bytearray()
         bad: str | None = None
         while pos < data_end and bad is None:
-            buf = data.read_unchecked(pos, min(data_end, pos - pos % seg_size + seg_size,
-                                               pos + _SCAN_CHUNK) - pos)  # fmt: skip
+            buf = data.read_unchecked(
+                pos, min(data_end, pos - pos % seg_size + seg_size, pos + _SCAN_CHUNK) - pos
+            )
             off = 0
             while off + FILLER_MIN <= len(buf):
                 magic, size = FILLER.unpack_from(buf, off)
@@ -288,8 +298,7 @@ class _Scan:
                         continue
                     break
                 try:
-                    entry = decode_entry(buf, off, pos + off, where=self._where,
-                                         prev_chain=p_chain)  # fmt: skip
+                    entry = decode_entry(buf, off, pos + off, where=self._where, prev_chain=p_chain)
                 except CorruptEntry as exc:
                     bad = exc.reason
                     break
@@ -307,21 +316,28 @@ class _Scan:
         if p_index < must_be_valid:
             why = bad if bad not in (None, "end") else "the log ends early"
             raise CorruptEntry(
-                self._where(pos), pos,
+                self._where(pos),
+                pos,
                 f"{why} at entry {p_index + 1}; entries up to {must_be_valid} are below the "
                 "entry checkpoint (entries.checkpoint) and cannot be cut: restore this node's "
                 "data from a replica",
-            )  # fmt: skip
+            )
         if bad not in (None, "end"):
             self._note_cut(pos, p_index + 1, bad or "", self._committed)
         elif p_index < self._committed:
-            log.warning("entry log %s ends at entry %d (position %d), short of the committed "
-                        "index %d: the missing entries must come back from the leader",
-                        self.directory, p_index, pos, self._committed)  # fmt: skip
+            log.warning(
+                "entry log %s ends at entry %d (position %d), short of the committed "
+                "index %d: the missing entries must come back from the leader",
+                self.directory,
+                p_index,
+                pos,
+                self._committed,
+            )
         data.truncate(pos)
         rebuild.finish()
-        self._result = Recovered(self._first_index, (p_index, p_term, p_chain), must_be_valid,
-                                 self._tail_cut)  # fmt: skip
+        self._result = Recovered(
+            self._first_index, (p_index, p_term, p_chain), must_be_valid, self._tail_cut
+        )
 
     def _note_cut(self, pos: int, index: int, reason: str, committed: int) -> None:
         """Record (and log) a tail cut at `pos`, where entry `index` should have been."""
@@ -330,10 +346,17 @@ class _Scan:
         lost = max(committed, seen)
         log.warning(
             "entry log %s: corrupt or torn entry %d at position %d of %s (%s): cutting the "
-            "log there%s", self.directory, index, pos, self._where(pos), reason,
+            "log there%s",
+            self.directory,
+            index,
+            pos,
+            self._where(pos),
+            reason,
             f"; entries {index}..{lost} that may be committed are missing until the leader "
-            "replicates them again" if lost >= index else "",
-        )  # fmt: skip
+            "replicates them again"
+            if lost >= index
+            else "",
+        )
 
     def _skim_past(self, pos: int) -> int:
         """The last index of intact entries right after the bad entry at `pos` (0: none)."""
@@ -374,8 +397,9 @@ class _IndexRebuild:
         )
         if not self._agrees:
             if not quiet:
-                log.warning("entry index %s does not reach entry %d: rebuilding it",
-                            index.directory, first)  # fmt: skip
+                log.warning(
+                    "entry index %s does not reach entry %d: rebuilding it", index.directory, first
+                )
             index.reset(self._at)
 
     def feed(self, units: bytes) -> None:
@@ -393,8 +417,11 @@ class _IndexRebuild:
             self._at += k
             units = units[k:]
             self._agrees = False
-            log.warning("entry index %s disagrees with the data from entry %d: rebuilding it",
-                        idx.directory, self._at // unit)  # fmt: skip
+            log.warning(
+                "entry index %s disagrees with the data from entry %d: rebuilding it",
+                idx.directory,
+                self._at // unit,
+            )
             idx.truncate(self._at)
         idx.append_across(units)
         self._at += len(units)

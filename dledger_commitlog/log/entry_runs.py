@@ -54,9 +54,14 @@ def decode_run(
     out: list[Entry] = []
     crc32, kinds = zlib.crc32, KINDS
     for index, term, channel, body_crc, at, size in zip(
-        heads["index"].tolist(), heads["term"].tolist(), heads["channel"].tolist(),
-        heads["body_crc"].tolist(), offsets.tolist(), sizes.tolist(), strict=True,
-    ):  # fmt: skip
+        heads["index"].tolist(),
+        heads["term"].tolist(),
+        heads["channel"].tolist(),
+        heads["body_crc"].tolist(),
+        offsets.tolist(),
+        sizes.tolist(),
+        strict=True,
+    ):
         body = buf[at + HEADER_SIZE : at + size]
         kind = kinds.get(channel)
         if kind is None or crc32(body) != body_crc:

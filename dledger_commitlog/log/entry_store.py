@@ -42,12 +42,11 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
-import zlib
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from dledger_commitlog.log.entry_append import encode_entries
 from dledger_commitlog.log.entry_cache import EntryCache
 from dledger_commitlog.log.entry_records import (
     BASE_FILE,
@@ -65,7 +64,6 @@ from dledger_commitlog.log.entry_runs import RUN_MIN, decode_run
 from raft.errors import Compacted, Unavailable
 from raft.types import KINDS, Entry, EntryKind
 from store.entry_format import (
-    CHAIN_FIELDS,
     ENTRY_MAGIC,
     FILLER,
     FILLER_MAGIC,
@@ -80,14 +78,11 @@ from store.entry_format import (
 from store.errors import CorruptEntry
 from store.fileio import fsync_dir
 from store.mapped_file import MappedFileQueue
-from store.message import MESSAGE_MAGIC_CODE, PHYSICAL_OFFSET_POS
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DATA_SEGMENT_BYTES = 1 << 30
 DEFAULT_INDEX_SEGMENT_BYTES = INDEX_UNIT_SIZE * (1 << 20)
-_MSG_MAGIC = struct.pack(">i", MESSAGE_MAGIC_CODE)
-_PHY = struct.Struct(">q")
 _INDEX_BUFFER_BYTES = 1 << 20
 
 
@@ -138,8 +133,14 @@ class EntryStore:
         # Called after every successful fsync of the data files with the flushed position
         # (tests trace it to simulate a power loss); runs on the flushing thread.
         self.on_data_flushed: Callable[[int], None] | None = None
-        found = recover_log(self.directory, self._data, self._index, self._base,
-                            read_record(self._checkpoint_path), committed_index)  # fmt: skip
+        found = recover_log(
+            self.directory,
+            self._data,
+            self._index,
+            self._base,
+            read_record(self._checkpoint_path),
+            committed_index,
+        )
         # The tail: (last index, its term, its chainCrc); first index.
         self._first_index = found.first_index
         self._last_index, self._last_term, self._last_chain = found.last
@@ -180,10 +181,14 @@ class EntryStore:
                     return run
         kinds = KINDS
         return [
-            Entry(e.index, e.term, e.body, kinds[e.channel] if e.channel in kinds else
-                  EntryKind(e.channel))
+            Entry(
+                e.index,
+                e.term,
+                e.body,
+                kinds[e.channel] if e.channel in kinds else EntryKind(e.channel),
+            )
             for e in self.stored_entries(lo, hi, max_bytes)
-        ]  # fmt: skip
+        ]
 
     def append(self, entries: Sequence[Entry]) -> None:
         self.append_entries(entries)
@@ -199,57 +204,20 @@ class EntryStore:
             self.truncate_suffix(first)
         if first != self._last_index + 1:
             raise ValueError(f"append at {first} leaves a gap after {self._last_index}")
-        data, seg_size = self._data, self._data.segment_size
-        pos = data.write_position
-        left = data.space_left_in_segment()
-        buf = bytearray()
-        units = bytearray()
-        chain, prev_index, term = self._last_chain, self._last_index, self._last_term
-        positions: list[int] = []
-        cached: list[Entry] = []
-        cached_size = 0
-        patch = self._patch
-        normal = EntryKind.NORMAL
-        crc32, chain_pack, head_pack = zlib.crc32, CHAIN_FIELDS.pack, HEADER.pack
-        unit_pack, phy_pack = INDEX_UNIT.pack, _PHY.pack
-        for e in entries:
-            index, eterm, body, kind = e.index, e.term, e.data, e.kind
-            stored = e
-            if index != prev_index + 1 or eterm < term:
-                raise ValueError(f"entry {index} (term {eterm}) does not follow {prev_index}")
-            blen = len(body)
-            size = HEADER_SIZE + blen
-            if size + FILLER_MIN > left:
-                if size + FILLER_MIN > seg_size:
-                    raise ValueError(f"entry of {size} bytes exceeds the segment size {seg_size}")
-                buf += FILLER.pack(FILLER_MAGIC, left)
-                buf += bytes(left - FILLER_MIN)
-                pos += left
-                left = seg_size
-            if patch and kind == normal and body.startswith(_MSG_MAGIC, 4):
-                body = b"".join((body[:PHYSICAL_OFFSET_POS], phy_pack(pos + HEADER_SIZE),
-                                 body[PHYSICAL_OFFSET_POS + 8 :]))  # fmt: skip
-                stored = Entry(index, eterm, body, kind)
-            # entry_format.encode_entry, inlined: this loop is the append hot path (the
-            # one decoder, decode_entry, verifies these bytes on every read and recovery).
-            body_crc = crc32(body)
-            chain = crc32(
-                chain_pack(ENTRY_MAGIC, size, index, eterm, pos, kind, body_crc, blen), chain
-            )
-            buf += head_pack(ENTRY_MAGIC, size, index, eterm, pos, kind, chain, body_crc, blen)
-            buf += body
-            units += unit_pack(ENTRY_MAGIC, pos, size, index, eterm)
-            cached.append(stored)
-            cached_size += blen
-            positions.append(pos)
-            pos += size
-            left -= size
-            prev_index, term = index, eterm
-        self._data.append_across(buf)
-        self._index.append_across(units)
-        self._last_index, self._last_term, self._last_chain = prev_index, term, chain
-        self._cache.append(cached, cached_size, positions)
-        return positions
+        data = self._data
+        run = encode_entries(
+            entries,
+            pos=data.write_position,
+            left=data.space_left_in_segment(),
+            segment_size=data.segment_size,
+            tail=(self._last_index, self._last_term, self._last_chain),
+            patch=self._patch,
+        )
+        data.append_across(run.data)
+        self._index.append_across(run.units)
+        self._last_index, self._last_term, self._last_chain = run.last
+        self._cache.append(run.stored, run.body_bytes, run.positions)
+        return run.positions
 
     def truncate_suffix(self, index: int) -> None:
         """Remove entries `index..last_index` (Raft conflict resolution)."""
@@ -258,8 +226,9 @@ class EntryStore:
         if index <= self._first_index - 1 or index < 1:
             raise ValueError(f"cannot truncate at {index}: first index is {self._first_index}")
         if index <= self._checkpoint_index:
-            raise ValueError(f"cannot truncate at {index}: entries up to "
-                             f"{self._checkpoint_index} are committed")  # fmt: skip
+            raise ValueError(
+                f"cannot truncate at {index}: entries up to {self._checkpoint_index} are committed"
+            )
         _, pos, _, _ = self._slot(index)
         self._data.truncate(pos)
         self._index.truncate(index * INDEX_UNIT_SIZE)
@@ -287,15 +256,20 @@ class EntryStore:
         if record is not None and record[0] > index:
             if index >= self._first_index:
                 entry = self.get(index)
-                write_record(self._checkpoint_path,
-                             (entry.index, entry.term, entry.pos, entry.chain_crc))  # fmt: skip
+                write_record(
+                    self._checkpoint_path, (entry.index, entry.term, entry.pos, entry.chain_crc)
+                )
             else:
                 self._checkpoint_path.unlink(missing_ok=True)
                 fsync_dir(self.directory)
         self._checkpoint_index = min(self._checkpoint_index, index)
         if index < self._last_index:
-            log.warning("entry log %s: rolling back entries %d..%d (the cluster lost them)",
-                        self.directory, index + 1, self._last_index)  # fmt: skip
+            log.warning(
+                "entry log %s: rolling back entries %d..%d (the cluster lost them)",
+                self.directory,
+                index + 1,
+                self._last_index,
+            )
             self.truncate_suffix(index + 1)
         self._index.flush()
         self.flush()
@@ -351,8 +325,9 @@ class EntryStore:
         self._first_index, self._last_index = index + 1, index
         self._last_term, self._last_chain = term, chain
         self._checkpoint_index = index
-        log.info("entry log %s restarts after entry %d (term %d) at %d", self.directory,
-                 index, term, pos)  # fmt: skip
+        log.info(
+            "entry log %s restarts after entry %d (term %d) at %d", self.directory, index, term, pos
+        )
 
     def _set_base(self, base: Record) -> None:
         write_record(self._base_path, base)
@@ -556,8 +531,11 @@ class EntryStore:
         raw = self._index.read(index * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE)
         magic, pos, size, idx, term = INDEX_UNIT.unpack(raw)
         if index and (magic != ENTRY_MAGIC or idx != index):
-            raise CorruptEntry(str(self._index.directory), index * INDEX_UNIT_SIZE,
-                               f"bad index unit for entry {index}")  # fmt: skip
+            raise CorruptEntry(
+                str(self._index.directory),
+                index * INDEX_UNIT_SIZE,
+                f"bad index unit for entry {index}",
+            )
         return magic, pos, size, term
 
     def _decode_at(self, pos: int, size: int) -> StoredEntry:

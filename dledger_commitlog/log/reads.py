@@ -324,8 +324,11 @@ def _check_entries(
                 raise InvalidMessage(f"no entry starts at commit-log position {at}")
             raise CorruptEntry(view.where(at), at, fault)
         if at + size > view.committed:
-            raise CorruptEntry(view.where(at), at, f"entry of {size} bytes reaches past "
-                               f"the committed position {view.committed}")  # fmt: skip
+            raise CorruptEntry(
+                view.where(at),
+                at,
+                f"entry of {size} bytes reaches past the committed position {view.committed}",
+            )
         if off + size > len(buf):
             buf += read_log(view, files, pos + len(buf), at + size)
         fault = body_fault(memoryview(buf)[off + HEADER_SIZE : off + size], body_crc, index)
@@ -348,8 +351,10 @@ def read_units(q: QueueView, files: Files, start: int, end: int) -> bytes:
     while at < stop:
         file_start = at - at % q.file_bytes
         if file_start not in q.files:
-            raise _Deleted(f"consume queue {q.topic}/{q.queue_id}: the file holding offset "
-                           f"{at // UNIT_SIZE} is gone (retention)")  # fmt: skip
+            raise _Deleted(
+                f"consume queue {q.topic}/{q.queue_id}: the file holding offset "
+                f"{at // UNIT_SIZE} is gone (retention)"
+            )
         n = min(stop, file_start + q.file_bytes) - at
         path = os.path.join(q.directory, segment_name(file_start))
         parts.append(files.pread(path, at - file_start, n, f"consume queue {q.topic}"))
@@ -446,8 +451,9 @@ def pull_scan(
             raise OffsetOutOfRange(offset, 0, 0, "offset of an empty queue")
         return Found([], [], 0)
     if offset < q.min_offset or offset > q.max_offset:
-        raise OffsetOutOfRange(offset, q.min_offset, q.max_offset,
-                               f"queue offset in {q.topic}/{q.queue_id}")  # fmt: skip
+        raise OffsetOutOfRange(
+            offset, q.min_offset, q.max_offset, f"queue offset in {q.topic}/{q.queue_id}"
+        )
     hi = q.max_offset if end_offset <= 0 else min(q.max_offset, end_offset)
     hi = min(hi, offset + max_scan)
     if hi <= offset or max_messages <= 0:
@@ -466,8 +472,9 @@ def pull_scan(
             chosen, nxt = _by_tags(view, files, offset, units, tags, max_messages, max_bytes)
         offsets, sizes = offsets[chosen], sizes[chosen]
         if len(offsets) and int((offsets + sizes).max()) > view.committed:
-            raise AssertionError(f"a queue unit of {q.topic}/{q.queue_id} points beyond "
-                                 f"committed {view.committed}")  # fmt: skip
+            raise AssertionError(
+                f"a queue unit of {q.topic}/{q.queue_id} points beyond committed {view.committed}"
+            )
         return Found(sizes.tolist(), read_messages(view, files, offsets, sizes), nxt)
 
 
@@ -517,8 +524,9 @@ def read_messages(
     starts = offsets - HEADER_SIZE
     ends = offsets + sizes
     if int(starts.min()) < view.min_pos:
-        raise OffsetOutOfRange(int(offsets.min()), view.min_pos + HEADER_SIZE,
-                               view.committed, "commit-log offset")  # fmt: skip
+        raise OffsetOutOfRange(
+            int(offsets.min()), view.min_pos + HEADER_SIZE, view.committed, "commit-log offset"
+        )
     if len(offsets) <= READ_EACH_MAX:
         each = zip(starts.tolist(), sizes.tolist(), strict=True)
         return [_read_one(view, files, at, n) for at, n in each]
@@ -530,8 +538,9 @@ def read_messages(
         index = int(group[a])
         if index >= 0:
             if index >= len(view.segments):
-                raise OffsetOutOfRange(int(starts[a]), view.min_pos, view.committed,
-                                       "commit-log position")  # fmt: skip
+                raise OffsetOutOfRange(
+                    int(starts[a]), view.min_pos, view.committed, "commit-log position"
+                )
             base, path = view.segments[index]
             data: bytes | mmap.mmap = files.map(path, "commit log")
         else:
@@ -543,12 +552,20 @@ def read_messages(
         if bad.any():
             i = int(np.argmax(bad))
             at = int(starts[a + i])
-            raise CorruptEntry(view.where(at), at, f"no entry of {int(sizes[a + i])} bytes "
-                               "starts here, though a consume-queue unit points at it")  # fmt: skip
+            raise CorruptEntry(
+                view.where(at),
+                at,
+                f"no entry of {int(sizes[a + i])} bytes "
+                "starts here, though a consume-queue unit points at it",
+            )
         for o, n, want, index, at in zip(
-            (rel + HEADER_SIZE).tolist(), sizes[a:b].tolist(), head["body_crc"].tolist(),
-            head["index"].tolist(), starts[a:b].tolist(), strict=True,
-        ):  # fmt: skip
+            (rel + HEADER_SIZE).tolist(),
+            sizes[a:b].tolist(),
+            head["body_crc"].tolist(),
+            head["index"].tolist(),
+            starts[a:b].tolist(),
+            strict=True,
+        ):
             body = data[o : o + n]
             fault = body_fault(body, want, index)
             if fault is not None:
@@ -562,8 +579,11 @@ def _read_one(view: LogView, files: Files, at: int, size: int) -> bytes:
     entry = read_log(view, files, at, at + HEADER_SIZE + size)
     magic, length, index, _term, pos, _kind, _chain, body_crc, body_len = HEADER.unpack_from(entry)
     if header_fault(magic, length, pos, body_len, at) is not None or body_len != size:
-        raise CorruptEntry(view.where(at), at, f"no entry of {size} bytes starts here, "
-                           "though a consume-queue unit points at it")  # fmt: skip
+        raise CorruptEntry(
+            view.where(at),
+            at,
+            f"no entry of {size} bytes starts here, though a consume-queue unit points at it",
+        )
     body = entry[HEADER_SIZE:]
     fault = body_fault(body, body_crc, index)
     if fault is not None:

@@ -98,7 +98,11 @@ class Retention:
         self._store.delete_prefix(first_kept)
         self._dispatcher.delete_below(self._commitlog.min_offset)
         outcome = CleanOutcome(len(starts), self._commitlog.min_offset, reason)
-        log.info("retention (%s): deleted %d commit-log segments; the log now starts at %d",
-                 reason, outcome.deleted_segments, outcome.min_offset)  # fmt: skip
+        log.info(
+            "retention (%s): deleted %d commit-log segments; the log now starts at %d",
+            reason,
+            outcome.deleted_segments,
+            outcome.min_offset,
+        )
         self.check_disk()
         return outcome

@@ -74,8 +74,11 @@ def decode_extra(raw: bytes) -> SnapshotExtra:
     offsets: dict[GroupKey, int] = {}
     for item in _items(doc["offsets"], "offsets", 4):
         group, topic, queue_id, off = item
-        group_key = (_name(item, group, "group", names), _name(item, topic, "topic", names),
-                     _queue_id(item, queue_id))  # fmt: skip
+        group_key = (
+            _name(item, group, "group", names),
+            _name(item, topic, "topic", names),
+            _queue_id(item, queue_id),
+        )
         _add_new(offsets, group_key, _offset(item, off), item)
     return SnapshotExtra(queue_next, offsets)
 

@@ -78,8 +78,12 @@ class Submission:
             fail(self.done, exc)
 
     def _late(self, timeout_s: float) -> None:
-        self.fail(OutcomeUnknown(f"not committed within {timeout_s:.1f}s; it may still be: "
-                                 "retry with the same uniq_key"))  # fmt: skip
+        self.fail(
+            OutcomeUnknown(
+                f"not committed within {timeout_s:.1f}s; it may still be: "
+                "retry with the same uniq_key"
+            )
+        )
 
     def _settled(self, _done: asyncio.Future[list[PutResult]]) -> None:
         self._timer.cancel()

@@ -172,8 +172,9 @@ def _verify_log(
             batch = store.stored_entries(index, last + 1, 8 << 20)
             for e in batch:
                 if prev_chain is not None:
-                    want = chain_crc(prev_chain, e.size, e.index, e.term, e.pos, e.channel,
-                                     e.body_crc)  # fmt: skip
+                    want = chain_crc(
+                        prev_chain, e.size, e.index, e.term, e.pos, e.channel, e.body_crc
+                    )
                     if want != e.chain_crc:
                         report.problems.append(f"entry {e.index} at {e.pos}: chainCrc mismatch")
                 prev_chain = e.chain_crc
@@ -232,13 +233,15 @@ def _compare_queue(
         # Read the live queue from a copy: opening a queue recovers (may write) its files.
         src = root / "consumequeue" / key[0] / str(key[1])
         shutil.copytree(src, Path(tmp) / "consumequeue" / key[0] / str(key[1]))
-        live = ConsumeQueue(tmp, key[0], key[1], units_per_file=layout["cq_units_per_file"],
-                            preallocate=False)  # fmt: skip
+        live = ConsumeQueue(
+            tmp, key[0], key[1], units_per_file=layout["cq_units_per_file"], preallocate=False
+        )
         try:
             name = f"{key[0]}/{key[1]}"
             if live.max_offset != want.max_offset:
-                return [f"queue {name}: max offset {live.max_offset}, a rebuild has "
-                        f"{want.max_offset}"]  # fmt: skip
+                return [
+                    f"queue {name}: max offset {live.max_offset}, a rebuild has {want.max_offset}"
+                ]
             lo = max(live.min_offset, want.min_offset)
             step = 65536
             for q in range(lo, want.max_offset, step):

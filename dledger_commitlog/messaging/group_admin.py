@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
+from dledger_commitlog.messaging.group_lease import Lease
 from dledger_commitlog.messaging.group_state import (
-    Lease,
     StaleLease,
     UnknownMessage,
     dlq_topic,
@@ -24,7 +24,7 @@ from dledger_commitlog.messaging.group_state import (
 )
 from dledger_commitlog.messaging.groups import PROPERTY_DLQ_REASON, GroupService, carried
 from store.errors import InvalidMessage
-from store.message import Message, check_name
+from store.message import StoredMessage, check_name
 
 _PUT_TIMEOUT_S = 10.0
 _MAX_READ = 256
@@ -39,7 +39,7 @@ class GroupAdmin:
 
     async def dlq(
         self, group: str, from_offset: int, max_messages: int, resend: Sequence[int] | None
-    ) -> tuple[list[tuple[Message, int]], int, int, int]:
+    ) -> tuple[list[tuple[StoredMessage, int]], int, int, int]:
         """Read the dead-letter queue (messages, next offset, end) and resend some to the
         group's retry topic (`resend`: their DLQ offsets; empty: all read). A resend is
         idempotent: its UNIQ_KEY names the dead letter, and one already in the retry
@@ -58,8 +58,9 @@ class GroupAdmin:
             for offset in sorted(wanted):
                 units = self._log.units(topic, 0, offset, 1) if low <= offset < high else []
                 if not units:
-                    raise UnknownMessage(f"no dead letter at offset {offset} of {topic} "
-                                         f"(it holds [{low}, {high}))")  # fmt: skip
+                    raise UnknownMessage(
+                        f"no dead letter at offset {offset} of {topic} (it holds [{low}, {high}))"
+                    )
                 msg = self._log.message(units[0])
                 uniq = f"resend:{group}:{units[0].commitlog_offset}"
                 if self._log.find(retry_topic(group), uniq) is not None:
@@ -80,8 +81,10 @@ class GroupAdmin:
         states = await self._groups.states()
         state = states.get(group)
         if state is not None and state.members and not force:
-            raise StaleLease(f"group {group!r} has {len(state.members)} live member(s): stop "
-                             "them first, or force it (their deliveries start over)")  # fmt: skip
+            raise StaleLease(
+                f"group {group!r} has {len(state.members)} live member(s): stop "
+                "them first, or force it (their deliveries start over)"
+            )
         targets = []
         for q in queue_ids:
             low, high = self._log.queue_bounds(topic, q)
@@ -91,8 +94,9 @@ class GroupAdmin:
                 offset = high
             elif to == "offset":
                 if not low <= value <= high:
-                    raise InvalidMessage(f"offset {value} is outside queue {topic}/{q}'s "
-                                         f"[{low}, {high}]")  # fmt: skip
+                    raise InvalidMessage(
+                        f"offset {value} is outside queue {topic}/{q}'s [{low}, {high}]"
+                    )
                 offset = value
             elif to == "time":
                 offset = self._log.offset_for_time(topic, q, value)

@@ -34,13 +34,12 @@ from dataclasses import dataclass, field
 
 from dledger_commitlog.log import reads
 from dledger_commitlog.messaging.filters import MessageFilter
+from dledger_commitlog.messaging.group_lease import Lease, QueueRef
 from dledger_commitlog.messaging.group_reads import Batch, QueueRead, read_batches
 from dledger_commitlog.messaging.group_state import (
     MAX_IN_FLIGHT_PER_QUEUE,
     RETRY_PREFIX,
     GroupState,
-    Lease,
-    QueueRef,
     Read,
 )
 from dledger_commitlog.messaging.system_log import SystemLog
@@ -183,15 +182,17 @@ class Fetcher:
             if lease is None or lease.cursor != cursor:
                 continue  # reset meanwhile: the next plan reads from where it is now
             offsets, messages = _still_due(lease, cursor, planned_ms, batch)
-            counts = state.record(member_id, read, offsets, [*lost, *batch.skipped],
-                                  batch.next_offset, now)  # fmt: skip
+            counts = state.record(
+                member_id, read, offsets, [*lost, *batch.skipped], batch.next_offset, now
+            )
             if counts is None:
                 continue
             moved = moved or bool(lost or batch.skipped) or lease.cursor != cursor
             if offsets:
                 retries = [lease.attempts.get(o, -1) for o in offsets] if lease.attempts else []
-                out.append(Delivered(read.topic, read.queue_id, read.epoch, messages, counts,
-                                     retries))  # fmt: skip
+                out.append(
+                    Delivered(read.topic, read.queue_id, read.epoch, messages, counts, retries)
+                )
         return out, moved
 
     def _job(
@@ -252,8 +253,11 @@ def _still_due(
     offsets, messages = batch.offsets, batch.messages
     if not offsets or offsets[0] >= cursor:
         return offsets, messages
-    keep = [i for i, o in enumerate(offsets)
-            if o >= cursor or lease.in_flight.get(o, planned_ms + 1) <= planned_ms]  # fmt: skip
+    keep = [
+        i
+        for i, o in enumerate(offsets)
+        if o >= cursor or lease.in_flight.get(o, planned_ms + 1) <= planned_ms
+    ]
     if len(keep) == len(offsets):
         return offsets, messages
     return [offsets[i] for i in keep], [messages[i] for i in keep]

@@ -30,7 +30,13 @@ from dispatch.dispatcher import parse_tag_expression
 from dledger_commitlog.log import reads, run_reads
 from dledger_commitlog.messaging.filters import MessageFilter
 from dledger_commitlog.messaging.group_state import Read
-from store.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, Message, decode_message, tags_hash_code
+from store.message import (
+    PROPERTY_KEYS,
+    PROPERTY_UNIQ_KEY,
+    StoredMessage,
+    decode_message,
+    tags_hash_code,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +119,7 @@ def _spans(offsets: Sequence[int]) -> Iterator[tuple[int, int]]:
         yield members[0], members[-1] + 1
 
 
-def filter_properties(msg: Message) -> dict[str, str]:
+def filter_properties(msg: StoredMessage) -> dict[str, str]:
     """The properties a SQL92 filter sees: the user's, KEYS and TAGS (the expression's
     `TAGS` is the tag itself), not UNIQ_KEY."""
     props = dict(msg.properties)

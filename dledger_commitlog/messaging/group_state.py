@@ -4,7 +4,8 @@ Owns `GroupState`, one consumer group in the leader's memory, and the rules of
 clustering consumption (RocketMQ's rebalance, Kafka's and JetStream's words for
 the same things). Pure: no I/O and no clock; every call is given `now_ms`, and what
 it needs of the log (a queue's committed offset, how many queues a topic has) comes
-through `QueueSource`. `messaging.groups.GroupService` does the I/O around it.
+through `QueueSource`. `messaging.groups.GroupService` does the I/O around it. One
+queue's lease and the bookkeeping of its deliveries are a `group_lease.Lease`.
 
 - Members heartbeat; one silent for `session_timeout_ms` is gone. The live
   members' queues are allocated by the group's strategy (`allocation.allocate`):
@@ -41,14 +42,12 @@ the count of in-place retries of orderly mode.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from itertools import repeat
+from dataclasses import dataclass
 
 from dledger_commitlog.messaging.allocation import STRATEGIES, allocate, share_out
+from dledger_commitlog.messaging.group_lease import Lease, QueueRef
 
-QueueRef = tuple[str, int]
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 DEFAULT_MAX_RECONSUME = 16
@@ -109,102 +108,6 @@ class Member:
     client: str
     subscriptions: dict[str, tuple[str, str]]  # topic -> (filter kind, expression)
     last_seen_ms: int
-
-
-@dataclass(slots=True)
-class Lease:
-    """One queue of the group: who holds it and where its deliveries stand."""
-
-    topic: str
-    queue_id: int
-    frontier: int  # lowest offset not acked
-    cursor: int  # next offset never delivered
-    flushed: int  # the frontier last committed through the log
-    owner: str | None = None
-    epoch: int = 0
-    tenure_epoch: int = 0  # the owner's acks are good under this epoch and `epoch`
-    claimed: bool = False  # adopted from a claim in the grace period (a newer claim wins)
-    target: str | None = None  # revoking: the member it goes to next (NOBODY: none)
-    in_flight: dict[int, int] = field(default_factory=dict)  # offset -> ack deadline (ms)
-    deliveries: dict[int, int] = field(default_factory=dict)  # offset -> times delivered
-    acked: set[int] = field(default_factory=set)  # acked offsets above the frontier
-    attempts: dict[int, int] = field(default_factory=dict)  # orderly: in-place retries
-    suspended_until_ms: int = 0
-
-    @property
-    def ref(self) -> QueueRef:
-        return (self.topic, self.queue_id)
-
-    def in_flight_count(self) -> int:
-        return len(self.in_flight)
-
-    def _advance(self) -> None:
-        while self.frontier in self.acked:
-            self.acked.discard(self.frontier)
-            self.deliveries.pop(self.frontier, None)
-            self.attempts.pop(self.frontier, None)
-            self.frontier += 1
-        self.cursor = max(self.cursor, self.frontier)
-
-    def mark_acked(self, offset: int) -> bool:
-        """Record `offset` done; whether it was news."""
-        self.in_flight.pop(offset, None)  # even if acked before: it is not in flight now
-        if offset < self.frontier or offset in self.acked:
-            return False
-        self.acked.add(offset)
-        self._advance()
-        return True
-
-    def mark_range(self, start: int, end: int) -> int:
-        """`mark_acked` of each offset of [start, end); how many were news. A range from
-        at most the frontier, with nothing acked above it, moves the frontier at once."""
-        if self.acked or not start <= self.frontier < end:
-            return sum(map(self.mark_acked, range(start, end)))
-        deque(map(self.in_flight.pop, range(start, end), repeat(None)), 0)
-        for table in (self.deliveries, self.attempts):
-            if table:
-                deque(map(table.pop, range(self.frontier, end), repeat(None)), 0)
-        news = end - self.frontier
-        self.frontier = end
-        self.cursor = max(self.cursor, end)
-        return news
-
-    def readable(self, limit: int) -> int:
-        """How many of `limit` offsets from the cursor a read may take: up to the first
-        one acked already (a rewound queue delivers again only what is not acked)."""
-        above = [o for o in self.acked if o >= self.cursor]
-        return min(limit, min(above) - self.cursor) if above else limit
-
-    def skip_acked(self) -> None:
-        """Move the cursor past offsets acked already (after a read up to them)."""
-        while self.cursor in self.acked:
-            self.cursor += 1
-
-    def rewind(self) -> None:
-        """Forget every delivery: the next owner gets what is not acked again."""
-        self.in_flight.clear()
-        self.cursor = self.frontier
-        self.suspended_until_ms = 0
-
-    def skip_below(self, offset: int) -> None:
-        """Retention removed the queue below `offset`: nothing there is delivered again."""
-        if offset > self.frontier:
-            for gone in [o for o in self.in_flight if o < offset]:
-                del self.in_flight[gone]
-            self.acked = {o for o in self.acked if o >= offset}
-            self.deliveries = {o: n for o, n in self.deliveries.items() if o >= offset}
-            self.attempts = {o: n for o, n in self.attempts.items() if o >= offset}
-            self.frontier = offset
-            self._advance()
-
-    def reset(self, offset: int) -> None:
-        """An operator moved the group's offset here (reset-offsets)."""
-        self.frontier = self.cursor = self.flushed = offset
-        self.in_flight.clear()
-        self.deliveries.clear()
-        self.acked.clear()
-        self.attempts.clear()
-        self.suspended_until_ms = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,12 +183,14 @@ class GroupState:
     ) -> list[Lease]:
         """Register or refresh a member; its leases now (GroupConflict, ValueError)."""
         if settings.strategy not in STRATEGIES:
-            raise GroupConflict(f"unknown allocation strategy {settings.strategy!r}: "
-                                f"one of {', '.join(STRATEGIES)}")  # fmt: skip
+            raise GroupConflict(
+                f"unknown allocation strategy {settings.strategy!r}: one of {', '.join(STRATEGIES)}"
+            )
         others = [m for m in self.members if m != member_id]
         if others and (settings.strategy, settings.orderly) != (
-            self.settings.strategy, self.settings.orderly
-        ):  # fmt: skip
+            self.settings.strategy,
+            self.settings.orderly,
+        ):
             mode = "orderly" if self.settings.orderly else "concurrent"
             raise GroupConflict(
                 f"group {self.group!r} runs in {mode} mode with strategy "
@@ -313,8 +218,9 @@ class GroupState:
         self.tick(now_ms)
 
     def leases_of(self, member_id: str) -> list[Lease]:
-        return sorted((x for x in self.leases.values() if x.owner == member_id),
-                      key=lambda x: x.ref)  # fmt: skip
+        return sorted(
+            (x for x in self.leases.values() if x.owner == member_id), key=lambda x: x.ref
+        )
 
     def _release(self, member_id: str) -> None:
         for lease in self.leases.values():
@@ -329,9 +235,11 @@ class GroupState:
         if now_ms >= self.grace_until_ms or claim.epoch > self._epochs.floor:
             return  # claims are for the grace period after an election, of older epochs
         lease = self.leases.get(ref)
-        if lease is not None and lease.owner is not None and not (
-            lease.claimed and claim.epoch > lease.tenure_epoch
-        ):  # fmt: skip
+        if (
+            lease is not None
+            and lease.owner is not None
+            and not (lease.claimed and claim.epoch > lease.tenure_epoch)
+        ):
             return  # settled here: the heartbeat's answer tells the member
         lease = self._lease(ref)
         lease.owner = member_id
@@ -379,8 +287,9 @@ class GroupState:
     def tick(self, now_ms: int) -> bool:
         """Expire silent members and move leases towards the plan; whether anything moved."""
         moved = False
-        for member_id in [m for m, x in self.members.items()
-                          if now_ms - x.last_seen_ms > self.session_timeout_ms]:  # fmt: skip
+        for member_id in [
+            m for m, x in self.members.items() if now_ms - x.last_seen_ms > self.session_timeout_ms
+        ]:
             del self.members[member_id]
             self._release(member_id)
             self._replan()
@@ -428,24 +337,33 @@ class GroupState:
     def check_lease(self, member_id: str, topic: str, queue_id: int, epoch: int) -> Lease:
         """The lease `member_id` holds on the queue under `epoch`, or StaleLease."""
         if member_id not in self.members:
-            raise StaleLease(f"{member_id!r} is not a live member of group {self.group!r} "
-                             "(session expired or never joined): heartbeat again")  # fmt: skip
+            raise StaleLease(
+                f"{member_id!r} is not a live member of group {self.group!r} "
+                "(session expired or never joined): heartbeat again"
+            )
         lease = self.leases.get((topic, queue_id))
         # the epoch of its grant, or the one it claimed and this leader's on adopting it
-        if lease is None or lease.owner != member_id or epoch not in (
-            lease.tenure_epoch, lease.epoch
-        ):  # fmt: skip
+        if (
+            lease is None
+            or lease.owner != member_id
+            or epoch not in (lease.tenure_epoch, lease.epoch)
+        ):
             holder = "nobody" if lease is None or lease.owner is None else repr(lease.owner)
             now = 0 if lease is None else lease.epoch
-            raise StaleLease(f"stale lease: queue {topic}/{queue_id} of group {self.group!r} "
-                             f"is held by {holder} under epoch {now}, not by {member_id!r} "
-                             f"under epoch {epoch}")  # fmt: skip
+            raise StaleLease(
+                f"stale lease: queue {topic}/{queue_id} of group {self.group!r} "
+                f"is held by {holder} under epoch {now}, not by {member_id!r} "
+                f"under epoch {epoch}"
+            )
         return lease
 
     def plan_fetch(
-        self, member_id: str, max_messages: int, now_ms: int,
+        self,
+        member_id: str,
+        max_messages: int,
+        now_ms: int,
         ends: Callable[[str, int], int] | None = None,
-    ) -> list[Read]:  # fmt: skip
+    ) -> list[Read]:
         """What to read for a member's fetch (StaleLease if it is not a member): at most
         `max_messages`, shared out (`allocation.share_out`) among its queues that want
         some: redeliveries due, and what lies past the cursor (up to the queue's
@@ -453,8 +371,10 @@ class GroupState:
         take). A queue that wants nothing is not read."""
         member = self.members.get(member_id)
         if member is None:
-            raise StaleLease(f"{member_id!r} is not a live member of group {self.group!r} "
-                             "(session expired or never joined): heartbeat again")  # fmt: skip
+            raise StaleLease(
+                f"{member_id!r} is not a live member of group {self.group!r} "
+                "(session expired or never joined): heartbeat again"
+            )
         member.last_seen_ms = now_ms
         if now_ms < self.grace_until_ms:
             return []  # claims still come in: the newest of a queue's wins, then it serves
@@ -471,8 +391,13 @@ class GroupState:
             elif lease.in_flight:
                 limit = self.settings.max_reconsume  # past it: `poisoned`, dead-lettered
                 counts = lease.deliveries
-                due = tuple(sorted(o for o, d in lease.in_flight.items()
-                                   if d <= now_ms and counts.get(o, 0) <= limit))  # fmt: skip
+                due = tuple(
+                    sorted(
+                        o
+                        for o, d in lease.in_flight.items()
+                        if d <= now_ms and counts.get(o, 0) <= limit
+                    )
+                )
             room = MAX_IN_FLIGHT_PER_QUEUE - len(lease.in_flight)
             if ends is not None:
                 room = min(room, ends(lease.topic, lease.queue_id) - lease.cursor)
@@ -517,9 +442,16 @@ class GroupState:
         return counts
 
     def ack(
-        self, member_id: str, topic: str, queue_id: int, epoch: int, start: int, end: int,
-        queue_end: int | Callable[[], int], now_ms: int | None = None,
-    ) -> int:  # fmt: skip
+        self,
+        member_id: str,
+        topic: str,
+        queue_id: int,
+        epoch: int,
+        start: int,
+        end: int,
+        queue_end: int | Callable[[], int],
+        now_ms: int | None = None,
+    ) -> int:
         """Ack [start, end) of a queue (end <= start: just `start`); newly acked count.
         StaleLease, or UnknownMessage for an offset never delivered to the group. In
         orderly mode an ack (at `now_ms`) is the run's progress: the ack wait of what
@@ -550,9 +482,12 @@ class GroupState:
         if self.settings.orderly:
             return []
         limit = self.settings.max_reconsume
-        return [(lease, o) for lease in self.leases.values()
-                for o, d in lease.in_flight.items()
-                if d <= now_ms and lease.deliveries.get(o, 0) > limit]  # fmt: skip
+        return [
+            (lease, o)
+            for lease in self.leases.values()
+            for o, d in lease.in_flight.items()
+            if d <= now_ms and lease.deliveries.get(o, 0) > limit
+        ]
 
     def delivered(self, lease: Lease, offset: int) -> None:
         """UnknownMessage unless `offset` is in flight or acked-pending on `lease`."""
@@ -562,8 +497,10 @@ class GroupState:
                 f"group {self.group!r} (open: [{lease.frontier}, {lease.cursor}))"
             )
         if offset in lease.acked:
-            raise UnknownMessage(f"{lease.topic}/{lease.queue_id} offset {offset} is acked "
-                                 "already: it cannot be nacked")  # fmt: skip
+            raise UnknownMessage(
+                f"{lease.topic}/{lease.queue_id} offset {offset} is acked "
+                "already: it cannot be nacked"
+            )
 
     def retry_in_place(self, lease: Lease, offset: int, delay_ms: int, now_ms: int) -> int:
         """Orderly nack: the queue pauses, then delivers `offset` and what follows again.
@@ -579,8 +516,11 @@ class GroupState:
 
     def unflushed(self) -> list[tuple[str, int, int]]:
         """(topic, queue, frontier) of leases whose frontier is not committed yet."""
-        return [(x.topic, x.queue_id, x.frontier) for x in self.leases.values()
-                if x.frontier > x.flushed]  # fmt: skip
+        return [
+            (x.topic, x.queue_id, x.frontier)
+            for x in self.leases.values()
+            if x.frontier > x.flushed
+        ]
 
     def flushed(self, topic: str, queue_id: int, offset: int) -> None:
         lease = self.leases.get((topic, queue_id))

@@ -34,6 +34,7 @@ from dledger_commitlog.common.protocol import reconsume_times
 from dledger_commitlog.log.commitlog import PutSpec
 from dledger_commitlog.messaging.filters import MessageFilter, compile_filter
 from dledger_commitlog.messaging.group_fetch import Fetched, Fetcher
+from dledger_commitlog.messaging.group_lease import Lease
 from dledger_commitlog.messaging.group_state import (
     DLQ_PREFIX,
     MAX_IN_FLIGHT_PER_QUEUE,
@@ -42,7 +43,6 @@ from dledger_commitlog.messaging.group_state import (
     Epochs,
     GroupError,
     GroupState,
-    Lease,
     QueueSource,
     Settings,
     StaleLease,
@@ -54,7 +54,7 @@ from dledger_commitlog.messaging.schedule import SCHEDULE_TOPIC, schedule, sched
 from dledger_commitlog.messaging.system_log import SystemLog
 from raft import NotLeader
 from store.errors import InvalidMessage
-from store.message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Message, check_name
+from store.message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, StoredMessage, check_name
 
 log = logging.getLogger(__name__)
 
@@ -154,13 +154,17 @@ class GroupService:
         state = states.get(group)
         if state is None:
             if not create:
-                raise StaleLease(f"group {group!r} has no live members on this leader: "
-                                 "heartbeat (again) to join it")  # fmt: skip
+                raise StaleLease(
+                    f"group {group!r} has no live members on this leader: "
+                    "heartbeat (again) to join it"
+                )
             state = states[group] = GroupState(
-                group, self._source, self._epochs,
+                group,
+                self._source,
+                self._epochs,
                 session_timeout_ms=self.session_timeout_ms,
                 grace_until_ms=self._led_since_ms() + self.session_timeout_ms,
-            )  # fmt: skip
+            )
         return state
 
     def _led_since_ms(self) -> int:
@@ -212,8 +216,9 @@ class GroupService:
         if not 1 <= settings.max_reconsume <= 1000:
             raise InvalidMessage(f"max_reconsume {settings.max_reconsume} outside [1, 1000]")
         if not 1 <= settings.first_retry_level <= len(self._levels):
-            raise InvalidMessage(f"first_retry_level {settings.first_retry_level} outside "
-                                 f"[1, {len(self._levels)}]")  # fmt: skip
+            raise InvalidMessage(
+                f"first_retry_level {settings.first_retry_level} outside [1, {len(self._levels)}]"
+            )
         if settings.ack_wait_ms < 100:
             raise InvalidMessage(f"ack_wait_ms {settings.ack_wait_ms} is under 100 ms")
         state = await self._group(group, create=True)
@@ -245,14 +250,19 @@ class GroupService:
     # -- fetch -----------------------------------------------------------------------
 
     async def fetch(
-        self, group: str, member_id: str, max_messages: int, wait_s: float,
+        self,
+        group: str,
+        member_id: str,
+        max_messages: int,
+        wait_s: float,
         pool: Executor | None = None,
-    ) -> Fetched:  # fmt: skip
+    ) -> Fetched:
         """Messages of the member's queues (waiting up to `wait_s` for some), its leases
         and the group's generation (`group_fetch`); the reads run in `pool` (None: here).
         StaleLease if it is not a live member."""
-        return await self._fetcher.fetch(lambda: self._group(group), member_id, max_messages,
-                                         wait_s, pool)  # fmt: skip
+        return await self._fetcher.fetch(
+            lambda: self._group(group), member_id, max_messages, wait_s, pool
+        )
 
     def poke(self, group: str) -> None:
         """The fetches of `group` that wait plan again (its leases changed)."""
@@ -328,19 +338,31 @@ class GroupService:
         return NackOutcome("retry", times, self._levels[level - 1])
 
     def _retry_spec(
-        self, group: str, msg: Message, commitlog_offset: int, times: int, level: int
+        self, group: str, msg: StoredMessage, commitlog_offset: int, times: int, level: int
     ) -> PutSpec:
         """A put of `msg` to the group's retry topic, through the schedule on `level`."""
         props = carried(msg, times)
         uniq = f"retry:{group}:{commitlog_offset}"
-        placed = schedule(retry_topic(group), 0, uniq, delay_level=level, deliver_at_ms=0,
-                          levels=self._levels, max_timer_delay_s=self._max_timer_delay_s,
-                          now_ms=int(time.time() * 1000))  # fmt: skip
-        return self.prepare_copy(msg, placed.uniq_key, SCHEDULE_TOPIC, placed.queue_id,
-                             scheduled_properties(props, placed))  # fmt: skip
+        placed = schedule(
+            retry_topic(group),
+            0,
+            uniq,
+            delay_level=level,
+            deliver_at_ms=0,
+            levels=self._levels,
+            max_timer_delay_s=self._max_timer_delay_s,
+            now_ms=int(time.time() * 1000),
+        )
+        return self.prepare_copy(
+            msg,
+            placed.uniq_key,
+            SCHEDULE_TOPIC,
+            placed.queue_id,
+            scheduled_properties(props, placed),
+        )
 
     async def _dead_letter(
-        self, group: str, msg: Message, commitlog_offset: int, times: int, reason: str
+        self, group: str, msg: StoredMessage, commitlog_offset: int, times: int, reason: str
     ) -> None:
         props = carried(msg, times)
         props[PROPERTY_DLQ_REASON] = reason
@@ -349,15 +371,21 @@ class GroupService:
         await self._log.put([spec], _PUT_TIMEOUT_S)
 
     def prepare_copy(
-        self, msg: Message, uniq: str, topic: str, queue_id: int, props: dict[str, str]
+        self, msg: StoredMessage, uniq: str, topic: str, queue_id: int, props: dict[str, str]
     ) -> PutSpec:
         props = dict(props)
         if msg.keys:
             props[PROPERTY_KEYS] = " ".join(msg.keys)
         if msg.tags:
             props[PROPERTY_TAGS] = msg.tags
-        return self._log.prepare(topic, msg.body, props, uniq_key=uniq, queue_id=queue_id,
-                                 born_timestamp_ms=msg.born_timestamp_ms)  # fmt: skip
+        return self._log.prepare(
+            topic,
+            msg.body,
+            props,
+            uniq_key=uniq,
+            queue_id=queue_id,
+            born_timestamp_ms=msg.born_timestamp_ms,
+        )
 
     # -- operators -------------------------------------------------------------------
 
@@ -374,12 +402,16 @@ class GroupService:
                 state.reset(topic, queue_id, offset)  # members that join start from it
             return False
         if not member_id:
-            raise StaleLease(f"group {group!r} has {len(state.members)} live member(s): an "
-                             "offset commit must name the member and its lease epoch")  # fmt: skip
+            raise StaleLease(
+                f"group {group!r} has {len(state.members)} live member(s): an "
+                "offset commit must name the member and its lease epoch"
+            )
         lease = state.check_lease(member_id, topic, queue_id, epoch)
         if offset > lease.cursor:
-            raise UnknownMessage(f"offset {offset} is past what {topic}/{queue_id} delivered "
-                                 f"to group {group!r} ({lease.cursor})")  # fmt: skip
+            raise UnknownMessage(
+                f"offset {offset} is past what {topic}/{queue_id} delivered "
+                f"to group {group!r} ({lease.cursor})"
+            )
         if offset > lease.frontier:
             lease.mark_range(lease.frontier, offset)
         self._moved(group)
@@ -447,8 +479,9 @@ class GroupService:
                 if units:
                     msg = self._log.message(units[0])
                     times = lease.deliveries.get(offset, 0) - 1
-                    await self._dead_letter(group, msg, units[0].commitlog_offset, times,
-                                            "ack-wait")  # fmt: skip
+                    await self._dead_letter(
+                        group, msg, units[0].commitlog_offset, times, "ack-wait"
+                    )
                 lease.mark_acked(offset)
                 self._moved(group)
 
@@ -471,15 +504,20 @@ def _now_ms() -> int:
 def _freed(touched: list[tuple[Lease, int]], orderly: bool) -> bool:
     """Whether acks may have given the owner's fetch a read: they ended an orderly run,
     or freed room in a queue that had its most in flight."""
-    return any((orderly and before and not lease.in_flight)
-               or before >= MAX_IN_FLIGHT_PER_QUEUE > len(lease.in_flight)
-               for lease, before in touched)  # fmt: skip
+    return any(
+        (orderly and before and not lease.in_flight)
+        or before >= MAX_IN_FLIGHT_PER_QUEUE > len(lease.in_flight)
+        for lease, before in touched
+    )
 
 
-def carried(msg: Message, times: int) -> dict[str, str]:
+def carried(msg: StoredMessage, times: int) -> dict[str, str]:
     """The properties a retried or dead-lettered copy of `msg` carries."""
-    props = {k: v for k, v in msg.properties.items()
-             if k not in (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY)}  # fmt: skip
+    props = {
+        k: v
+        for k, v in msg.properties.items()
+        if k not in (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY)
+    }
     props.setdefault(PROPERTY_RETRY_TOPIC, msg.topic)
     props.setdefault(PROPERTY_ORIGIN_MSG_ID, msg.uniq_key or "")
     props[PROPERTY_RECONSUME_TIMES] = str(times)

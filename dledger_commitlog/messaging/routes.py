@@ -49,8 +49,8 @@ class RouteError(ValueError):
 class RouteTable:
     """The route of every topic, as group 0's last record holds it."""
 
-    def __init__(self, data_groups: int, queues_per_topic: int) -> None:
-        self.data_groups = data_groups
+    def __init__(self, shard_count: int, queues_per_topic: int) -> None:
+        self.shard_count = shard_count
         self.queues_per_topic = queues_per_topic
         self.configured: dict[str, TopicRoute] = {}
         self.version = 0  # the group-0 queue offset after the last record applied
@@ -58,7 +58,7 @@ class RouteTable:
     def route(self, topic: str) -> TopicRoute:
         """`topic`'s configured route, or the default one."""
         found = self.configured.get(topic)
-        return found or default_route(topic, self.data_groups, self.queues_per_topic)
+        return found or default_route(topic, self.shard_count, self.queues_per_topic)
 
     def check(self, op: str, topic: str, groups: Sequence[tuple[int, int]]) -> TopicRoute | None:
         """The route `op` makes of `topic` (None: deleted); RouteError if it cannot."""
@@ -81,14 +81,16 @@ class RouteTable:
             raise RouteError("a route names at least one group")
         seen: set[int] = set()
         for group, count in groups:
-            if not 1 <= group <= self.data_groups:
-                raise RouteError(f"group {group} is not a data group (1..{self.data_groups})")
+            if not 1 <= group <= self.shard_count:
+                raise RouteError(f"group {group} is not a data group (1..{self.shard_count})")
             if group in seen:
                 raise RouteError(f"group {group} is named twice")
             seen.add(group)
             if not 1 <= count <= self.queues_per_topic:
-                raise RouteError(f"group {group}: {count} queues, not in 1..{self.queues_per_topic}"
-                                 " (store.queues_per_topic)")  # fmt: skip
+                raise RouteError(
+                    f"group {group}: {count} queues, not in 1..{self.queues_per_topic}"
+                    " (store.queues_per_topic)"
+                )
         return TopicRoute(topic, tuple((int(g), int(n)) for g, n in groups), configured=True)
 
     def changed(self, route: TopicRoute | None, topic: str) -> dict[str, list[list[int]]]:
@@ -124,9 +126,9 @@ def encode_table(routes: Mapping[str, list[list[int]]], op: str, topic: str) -> 
 class RouteStore:
     """Group 0's routes on one node: the table of its last committed record, and changes."""
 
-    def __init__(self, system_log: SystemLog, data_groups: int, queues_per_topic: int) -> None:
+    def __init__(self, system_log: SystemLog, shard_count: int, queues_per_topic: int) -> None:
         self._log = system_log
-        self.table = RouteTable(data_groups, queues_per_topic)
+        self.table = RouteTable(shard_count, queues_per_topic)
         self._changing = asyncio.Lock()  # one change at a time: each record is the whole table
 
     def current(self) -> RouteTable:
@@ -153,8 +155,9 @@ class RouteStore:
             table = self.current()
             route = table.check(op, topic, groups)
             body = encode_table(table.changed(route, topic), op, topic)
-            spec = self._log.prepare(ROUTES_TOPIC, body, {}, uniq_key=uuid.uuid4().hex.upper(),
-                                     queue_id=0)  # fmt: skip
+            spec = self._log.prepare(
+                ROUTES_TOPIC, body, {}, uniq_key=uuid.uuid4().hex.upper(), queue_id=0
+            )
             result = (await self._log.put([spec], timeout_s))[0]
             await self._log.caught_up(timeout_s)
             self.current()

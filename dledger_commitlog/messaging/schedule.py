@@ -40,7 +40,7 @@ from dledger_commitlog.log.commitlog import PutSpec
 from dledger_commitlog.messaging.system_log import SystemLog, run_passes
 from dledger_commitlog.node.config import describe_level
 from store.errors import InvalidMessage
-from store.message import PROPERTY_UNIQ_KEY, Message
+from store.message import PROPERTY_UNIQ_KEY, StoredMessage
 
 SCHEDULE_TOPIC = "%SYS%SCHEDULE"
 SCHEDULE_GROUP = "%SYS%SCHEDULE"
@@ -51,8 +51,12 @@ PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 SCHEDULED_KEY_PREFIX = "sched:"
 _POLL_S = 0.05
 _BATCH = 256
-_SCHEDULE_PROPS = (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID, PROPERTY_DELAY,
-                   PROPERTY_TIMER_DELIVER_MS)  # fmt: skip
+_SCHEDULE_PROPS = (
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_REAL_QID,
+    PROPERTY_DELAY,
+    PROPERTY_TIMER_DELIVER_MS,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +114,7 @@ def scheduled_properties(properties: dict[str, str], placed: Scheduled) -> dict[
     return {**properties, **placed.properties}
 
 
-def delivery_of(msg: Message) -> tuple[str, int | None, dict[str, str], str]:
+def delivery_of(msg: StoredMessage) -> tuple[str, int | None, dict[str, str], str]:
     """(real topic, real queue or None, properties, UNIQ_KEY) a stored delayed message
     is delivered with: the schedule properties stripped, the producer's UNIQ_KEY."""
     props = dict(msg.properties)
@@ -124,7 +128,7 @@ def delivery_of(msg: Message) -> tuple[str, int | None, dict[str, str], str]:
     return topic, int(qid_text) if qid_text else None, props, uniq
 
 
-def due_ms(msg: Message, levels: Sequence[int]) -> int:
+def due_ms(msg: StoredMessage, levels: Sequence[int]) -> int:
     """When a stored delayed message is due (ms since the epoch)."""
     at = msg.properties.get(PROPERTY_TIMER_DELIVER_MS)
     if at is not None:
@@ -174,8 +178,16 @@ class ScheduleService:
         return total
 
     async def run(self) -> None:
-        await run_passes("schedule", self._log.node_id, self.pass_once, self.wakeup, _POLL_S,
-                         self._resettle, self.busy, self._log.next_commit)  # fmt: skip
+        await run_passes(
+            "schedule",
+            self._log.node_id,
+            self.pass_once,
+            self.wakeup,
+            _POLL_S,
+            self._resettle,
+            self.busy,
+            self._log.next_commit,
+        )
 
     def busy(self) -> bool:
         """Whether a pass may have work: this node leads and its state is not loaded
@@ -221,7 +233,7 @@ class ScheduleService:
     async def _level_pass(self, q: int) -> int:
         now = self._clock_ms()
         start = self._next[q]
-        due: list[Message] = []
+        due: list[StoredMessage] = []
         for unit in self._log.units(SCHEDULE_TOPIC, q, start, _BATCH):
             msg = self._log.message(unit)
             if due_ms(msg, self._levels) > now:
@@ -266,7 +278,7 @@ class ScheduleService:
             )
         return count
 
-    async def _deliver(self, msgs: Sequence[Message]) -> int:
+    async def _deliver(self, msgs: Sequence[StoredMessage]) -> int:
         """Put each message to its real topic unless it is there already."""
         specs: list[PutSpec] = []
         for msg in msgs:
@@ -274,9 +286,15 @@ class ScheduleService:
             if self._log.find(topic, uniq) is not None:
                 continue  # delivered before a failover, progress not yet recorded
             spec = self._log.prepare(
-                topic, msg.body, props, uniq_key=uniq, queue_id=qid,
-                born_timestamp_ms=msg.born_timestamp_ms, flag=msg.flag, born_host=msg.born_host,
-            )  # fmt: skip
+                topic,
+                msg.body,
+                props,
+                uniq_key=uniq,
+                queue_id=qid,
+                born_timestamp_ms=msg.born_timestamp_ms,
+                flag=msg.flag,
+                born_host=msg.born_host,
+            )
             specs.append(spec)
         if specs:
             await self._log.put(specs, self._timeout_s)

@@ -34,15 +34,20 @@ class LeaderServices:
         self.schedule.on_delivered = metrics.scheduled_delivered.inc
         self.checks = CheckRegistry()
         self.transactions = TransactionService(
-            self.system_log, self.checks, check_timeout_ms=cfg.check_timeout_ms,
-            check_interval_ms=cfg.check_interval_ms, max_checks=cfg.max_checks,
-        )  # fmt: skip
+            self.system_log,
+            self.checks,
+            check_timeout_ms=cfg.check_timeout_ms,
+            check_interval_ms=cfg.check_interval_ms,
+            max_checks=cfg.max_checks,
+        )
         self.groups = GroupService(
-            self.system_log, self.schedule.levels, queues_per_topic=cfg.queues_per_topic,
+            self.system_log,
+            self.schedule.levels,
+            queues_per_topic=cfg.queues_per_topic,
             session_timeout_ms=cfg.group_session_timeout_ms,
             heartbeat_interval_ms=cfg.group_heartbeat_interval_ms,
             max_timer_delay_s=cfg.max_timer_delay_s,
-        )  # fmt: skip
+        )
         self.group_admin = GroupAdmin(self.groups)
         self._tasks: list[asyncio.Task[None]] = []
 

@@ -227,8 +227,9 @@ def _any(parts: list[Predicate]) -> Predicate:
     return _fold(parts, absorbing=always, neutral=_never, either=True)
 
 
-def _fold(parts: list[Predicate], absorbing: Predicate, neutral: Predicate,
-          either: bool) -> Predicate:  # fmt: skip
+def _fold(
+    parts: list[Predicate], absorbing: Predicate, neutral: Predicate, either: bool
+) -> Predicate:
     """AND (`either` False) or OR of `parts`, constants folded: one that decides the
     whole (`absorbing`) is the answer, one that changes nothing (`neutral`) is dropped."""
     if any(p is absorbing for p in parts):

@@ -29,8 +29,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dispatch.dispatcher import OFFSETS_TOPIC, encode_offset_commit
 from dledger_commitlog.common.protocol import PutResult
 from dledger_commitlog.log import reads
-from dledger_commitlog.log.commitlog import OutcomeUnknown, Overloaded, PutFailed, PutSpec
-from dledger_commitlog.log.message_route import msg_id_of
+from dledger_commitlog.log.commitlog import Draft, OutcomeUnknown, Overloaded, PutFailed, PutSpec
+from dledger_commitlog.log.message_layout import msg_id_of
 from dledger_commitlog.node.node import RaftNode
 from raft import NotLeader
 from store.consume_queue import CqUnit
@@ -39,7 +39,7 @@ from store.message import (
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
-    Message,
+    StoredMessage,
     decode_message,
     split_keys,
 )
@@ -87,8 +87,9 @@ async def run_passes(
             await pass_once()
         except _INTERRUPTIONS as exc:
             if not isinstance(exc, NotLeader):
-                log.info("node %d: %s pass interrupted (%s); the next one resumes",
-                         node_id, what, exc)  # fmt: skip
+                log.info(
+                    "node %d: %s pass interrupted (%s); the next one resumes", node_id, what, exc
+                )
             interrupted()
         except Overloaded as exc:  # the puts in flight must drain first
             log.info("node %d: %s pass waits %g s: %s", node_id, what, _OVERLOAD_BACKOFF_S, exc)
@@ -97,6 +98,18 @@ async def run_passes(
             log.exception("node %d: %s pass failed; retrying in 1 s", node_id, what)
             interrupted()
             await asyncio.sleep(1.0)
+
+
+def offset_commit_draft(group: str, topic: str, queue_id: int, offset: int) -> Draft:
+    """The message recording `group`'s offset of a queue (a system queue's put)."""
+    return Draft(
+        OFFSETS_TOPIC,
+        encode_offset_commit(group, topic, queue_id, offset),
+        uuid.uuid4().hex.upper(),
+        keys=[group],
+        queue_id=0,
+        born_timestamp_ms=int(time.time() * 1000),
+    )
 
 
 class SystemLog:
@@ -134,11 +147,11 @@ class SystemLog:
 
     def queue_view(self, topic: str, queue_id: int) -> reads.QueueView | None:
         """A queue's bounds and files now, to read it in another thread (None: no queue)."""
-        return self._node.queue_view(topic, queue_id)
+        return self._node.committed.queue_view(topic, queue_id)
 
     def log_view(self) -> reads.LogView:
         """The committed log's bounds and files now, to read it in another thread."""
-        return self._node.log_view()
+        return self._node.committed.log_view()
 
     async def caught_up(self, timeout_s: float) -> None:
         """Wait until dispatch covers everything committed now (our own last puts too)."""
@@ -146,43 +159,43 @@ class SystemLog:
         await node.wait_dispatched(node.committed_pos, timeout_s)
 
     def queue_end(self, topic: str, queue_id: int) -> int:
-        q = self._node.queue_view(topic, queue_id)
+        q = self._node.committed.queue_view(topic, queue_id)
         return 0 if q is None else q.max_offset
 
     def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
         """(min offset, max offset) of a queue ((0, 0): no such queue yet)."""
-        q = self._node.queue_view(topic, queue_id)
+        q = self._node.committed.queue_view(topic, queue_id)
         return (0, 0) if q is None else (q.min_offset, q.max_offset)
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first offset of a queue stored at or after `timestamp_ms`."""
-        q = self._node.queue_view(topic, queue_id)
+        q = self._node.committed.queue_view(topic, queue_id)
         if q is None:
             return 0
-        return reads.offset_for_time(q, self._node.log_view(), timestamp_ms)
+        return reads.offset_for_time(q, self._node.committed.log_view(), timestamp_ms)
 
     def group_offsets(self) -> Mapping[tuple[str, str, int], int]:
         """Every group's committed offsets: (group, topic, queue) -> offset."""
-        return self._node.group_offsets
+        return self._node.committed.group_offsets
 
     def units(self, topic: str, queue_id: int, offset: int, max_count: int) -> list[CqUnit]:
         """Dispatched units of a queue from `offset` (fewer at its end or past retention)."""
-        return self._node.queue_units(topic, queue_id, offset, max_count)
+        return self._node.committed.queue_units(topic, queue_id, offset, max_count)
 
-    def message(self, unit: CqUnit) -> Message:
-        data = self._node.read_message(unit.commitlog_offset, unit.size)
+    def message(self, unit: CqUnit) -> StoredMessage:
+        data = self._node.committed.read_message(unit.commitlog_offset, unit.size)
         return decode_message(data)
 
-    def message_at(self, commitlog_offset: int) -> Message | None:
+    def message_at(self, commitlog_offset: int) -> StoredMessage | None:
         """The committed message at a commit-log offset, None if there is none."""
         try:
-            return self._node.get_by_offset(commitlog_offset)[0]
+            return self._node.committed.get_by_offset(commitlog_offset)[0]
         except (OffsetOutOfRange, CorruptEntry, KeyError):
             return None
 
-    def find(self, topic: str, uniq_key: str) -> tuple[int, Message] | None:
+    def find(self, topic: str, uniq_key: str) -> tuple[int, StoredMessage] | None:
         """The committed message of `topic` whose UNIQ_KEY is `uniq_key` (its offset too)."""
-        offsets = self._node.query_offsets(topic, uniq_key, 0, _FOREVER_MS, 64)
+        offsets = self._node.committed.query_offsets(topic, uniq_key, 0, _FOREVER_MS, 64)
         for offset in offsets:
             msg = self.message_at(offset)
             if msg is not None and msg.topic == topic and msg.uniq_key == uniq_key:
@@ -192,13 +205,19 @@ class SystemLog:
     def result_of(self, commitlog_offset: int) -> PutResult:
         """The put result of the committed message at `commitlog_offset` (a duplicate's)."""
         node = self._node
-        msg, size = node.get_by_offset(commitlog_offset)
-        data = node.read_message(commitlog_offset, size)
-        return PutResult(msg_id_of(data, commitlog_offset), commitlog_offset, msg.queue_id,
-                         msg.queue_offset, msg.store_timestamp_ms, True)  # fmt: skip
+        msg, size = node.committed.get_by_offset(commitlog_offset)
+        data = node.committed.read_message(commitlog_offset, size)
+        return PutResult(
+            msg_id_of(data, commitlog_offset),
+            commitlog_offset,
+            msg.queue_id,
+            msg.queue_offset,
+            msg.store_timestamp_ms,
+            True,
+        )
 
     def group_offset(self, group: str, topic: str, queue_id: int) -> int:
-        return self._node.group_offset(group, topic, queue_id)
+        return self._node.committed.group_offset(group, topic, queue_id)
 
     def prepare(
         self,
@@ -212,32 +231,31 @@ class SystemLog:
         flag: int = 0,
         born_host: tuple[str, int] = ("127.0.0.1", 0),
     ) -> PutSpec:
-        """A put of `body` with `properties` (KEYS, TAGS and UNIQ_KEY taken apart)."""
-        extra = {k: v for k, v in properties.items()
-                 if k not in (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY)}  # fmt: skip
+        """A put of `body` with a stored message's `properties` (KEYS, TAGS and
+        UNIQ_KEY taken apart into the draft's fields)."""
+        extra = {
+            k: v
+            for k, v in properties.items()
+            if k not in (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY)
+        }
         return self._node.prepare(
-            topic,
-            body,
-            keys=split_keys(properties.get(PROPERTY_KEYS)),
-            tags=properties.get(PROPERTY_TAGS),
-            properties=extra,
-            uniq_key=uniq_key,
-            queue_id=queue_id,
-            born_timestamp_ms=born_timestamp_ms or int(time.time() * 1000),
-            flag=flag,
-            born_host=born_host,
+            Draft(
+                topic,
+                body,
+                uniq_key,
+                keys=split_keys(properties.get(PROPERTY_KEYS)),
+                tags=properties.get(PROPERTY_TAGS),
+                properties=extra,
+                queue_id=queue_id,
+                born_timestamp_ms=born_timestamp_ms or int(time.time() * 1000),
+                flag=flag,
+                born_host=born_host,
+            )
         )
 
     def offset_commit(self, group: str, topic: str, queue_id: int, offset: int) -> PutSpec:
         """A put recording `group`'s offset in a system queue (replicated progress)."""
-        return self._node.prepare(
-            OFFSETS_TOPIC,
-            encode_offset_commit(group, topic, queue_id, offset),
-            keys=[group],
-            uniq_key=uuid.uuid4().hex.upper(),
-            queue_id=0,
-            born_timestamp_ms=int(time.time() * 1000),
-        )
+        return self._node.prepare(offset_commit_draft(group, topic, queue_id, offset))
 
     async def put(self, specs: Sequence[PutSpec], timeout_s: float) -> list[PutResult]:
         return await self._node.put(specs, timeout_s)

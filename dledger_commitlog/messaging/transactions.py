@@ -42,7 +42,7 @@ from dledger_commitlog.common.protocol import PutResult
 from dledger_commitlog.messaging.system_log import SystemLog, run_passes
 from raft.errors import NotLeader
 from store.errors import InvalidMessage
-from store.message import PROPERTY_UNIQ_KEY, Message
+from store.message import PROPERTY_UNIQ_KEY, StoredMessage
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,12 @@ HALF_KEY_PREFIX = "half:"
 OP_KEY_PREFIX = "op:"
 COMMIT = "commit"
 ROLLBACK = "rollback"
-_HALF_PROPS = (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID, PROPERTY_PRODUCER_GROUP,
-               PROPERTY_TRANSACTION)  # fmt: skip
+_HALF_PROPS = (
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_REAL_QID,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_TRANSACTION,
+)
 _POLL_S = 0.1
 _BATCH = 256
 
@@ -87,7 +91,7 @@ class CheckRequest:
     half_offset: int
     topic: str
     check_times: int
-    message: Message
+    message: StoredMessage
 
 
 def half_properties(
@@ -99,8 +103,12 @@ def half_properties(
     clash = sorted(set(properties) & set(_HALF_PROPS))
     if clash:
         raise InvalidMessage(f"properties {clash} are reserved for transactional messages")
-    props = {**properties, PROPERTY_REAL_TOPIC: topic, PROPERTY_PRODUCER_GROUP: producer_group,
-             PROPERTY_TRANSACTION: "true"}  # fmt: skip
+    props = {
+        **properties,
+        PROPERTY_REAL_TOPIC: topic,
+        PROPERTY_PRODUCER_GROUP: producer_group,
+        PROPERTY_TRANSACTION: "true",
+    }
     if queue_id is not None:
         props[PROPERTY_REAL_QID] = str(queue_id)
     return props
@@ -178,16 +186,19 @@ class TransactionService:
         else:
             await self._log.caught_up(self._timeout_s)
 
-    def _half(self, transaction_id: str, half_offset: int) -> Message:
+    def _half(self, transaction_id: str, half_offset: int) -> StoredMessage:
         msg = self._log.message_at(half_offset)
-        if (msg is None or msg.topic != HALF_TOPIC
-                or msg.uniq_key != HALF_KEY_PREFIX + transaction_id):  # fmt: skip
+        if (
+            msg is None
+            or msg.topic != HALF_TOPIC
+            or msg.uniq_key != HALF_KEY_PREFIX + transaction_id
+        ):
             raise UnknownTransaction(
                 f"no half message of transaction {transaction_id!r} at offset {half_offset}"
             )
         return msg
 
-    def _decided_as(self, transaction_id: str, half: Message) -> tuple[str | None, bool]:
+    def _decided_as(self, transaction_id: str, half: StoredMessage) -> tuple[str | None, bool]:
         """(outcome so far, whether its op message is in the log)."""
         found = self._log.find(OP_TOPIC, OP_KEY_PREFIX + transaction_id)
         if found is not None:
@@ -196,8 +207,9 @@ class TransactionService:
             return COMMIT, False  # committed; its op message was lost with a leader
         return None, False
 
-    async def end(self, transaction_id: str, half_offset: int, commit: bool,
-                  by: str = "producer") -> Ended:  # fmt: skip
+    async def end(
+        self, transaction_id: str, half_offset: int, commit: bool, by: str = "producer"
+    ) -> Ended:
         """Commit or roll back, once: raises UnknownTransaction, TransactionConflict,
         NotLeader (the caller forwards), or a put's failure (retry: it is idempotent)."""
         entry = self._locks.get(transaction_id)
@@ -226,15 +238,25 @@ class TransactionService:
             props = {k: v for k, v in half.properties.items() if k not in _HALF_PROPS}
             props[PROPERTY_UNIQ_KEY] = tx
             qid = half.properties.get(PROPERTY_REAL_QID)
-            specs.append(self._log.prepare(
-                half.properties[PROPERTY_REAL_TOPIC], half.body, props, uniq_key=tx,
-                queue_id=int(qid) if qid else None, born_timestamp_ms=half.born_timestamp_ms,
-                flag=half.flag, born_host=half.born_host,
-            ))  # fmt: skip
+            specs.append(
+                self._log.prepare(
+                    half.properties[PROPERTY_REAL_TOPIC],
+                    half.body,
+                    props,
+                    uniq_key=tx,
+                    queue_id=int(qid) if qid else None,
+                    born_timestamp_ms=half.born_timestamp_ms,
+                    flag=half.flag,
+                    born_host=half.born_host,
+                )
+            )
         if not recorded:
             body = {"tx": tx, "half": half_offset, "outcome": wanted, "by": by}
-            specs.append(self._log.prepare(OP_TOPIC, json.dumps(body).encode(), {},
-                                           uniq_key=OP_KEY_PREFIX + tx, queue_id=0))  # fmt: skip
+            specs.append(
+                self._log.prepare(
+                    OP_TOPIC, json.dumps(body).encode(), {}, uniq_key=OP_KEY_PREFIX + tx, queue_id=0
+                )
+            )
         if specs:
             results = await self._log.put(specs, self._timeout_s)
             if outcome is None and commit:
@@ -248,8 +270,16 @@ class TransactionService:
     # -- checking back -------------------------------------------------------------------
 
     async def run(self) -> None:
-        await run_passes("transaction check", self._log.node_id, self.pass_once, self.wakeup,
-                         _POLL_S, self._resettle, self.busy, self._log.next_commit)  # fmt: skip
+        await run_passes(
+            "transaction check",
+            self._log.node_id,
+            self.pass_once,
+            self.wakeup,
+            _POLL_S,
+            self._resettle,
+            self.busy,
+            self._log.next_commit,
+        )
 
     def busy(self) -> bool:
         """Whether a pass may have work: this node leads and has not settled yet, or a
@@ -257,8 +287,11 @@ class TransactionService:
         term = self._log.leading_term()
         if term is None:
             return False
-        return (term != self._term or self.pending > 0
-                or self._log.queue_end(HALF_TOPIC, 0) > self._next)  # fmt: skip
+        return (
+            term != self._term
+            or self.pending > 0
+            or self._log.queue_end(HALF_TOPIC, 0) > self._next
+        )
 
     def _resettle(self) -> None:
         self._term = None
@@ -299,13 +332,15 @@ class TransactionService:
         self.pending = pending
         stored = self._log.group_offset(TRANS_GROUP, HALF_TOPIC, 0)
         if self._next > stored:
-            await self._log.put([self._log.offset_commit(TRANS_GROUP, HALF_TOPIC, 0, self._next)],
-                                self._timeout_s)  # fmt: skip
+            await self._log.put(
+                [self._log.offset_commit(TRANS_GROUP, HALF_TOPIC, 0, self._next)], self._timeout_s
+            )
             self._decided = {q for q in self._decided if q >= self._next}
         return acted
 
-    async def _check(self, tx: str, half_offset: int, half: Message, outcome: str | None,
-                     now: int) -> int:  # fmt: skip
+    async def _check(
+        self, tx: str, half_offset: int, half: StoredMessage, outcome: str | None, now: int
+    ) -> int:
         if outcome == COMMIT:  # committed, op message lost: record it
             await self.end(tx, half_offset, True, by="repair")
             return 1
@@ -323,9 +358,18 @@ class TransactionService:
             await self.end(tx, half_offset, False, by="check-limit")
             return 1
         body = {"tx": tx, "half": half_offset, "check": done + 1}
-        await self._log.put([self._log.prepare(OP_TOPIC, json.dumps(body).encode(), {},
-                                               uniq_key=_check_key(tx, done + 1),
-                                               queue_id=0)], self._timeout_s)  # fmt: skip
+        await self._log.put(
+            [
+                self._log.prepare(
+                    OP_TOPIC,
+                    json.dumps(body).encode(),
+                    {},
+                    uniq_key=_check_key(tx, done + 1),
+                    queue_id=0,
+                )
+            ],
+            self._timeout_s,
+        )
         self._checks[tx] = done + 1
         group = half.properties.get(PROPERTY_PRODUCER_GROUP, "")
         topic = half.properties.get(PROPERTY_REAL_TOPIC, "")

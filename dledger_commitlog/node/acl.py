@@ -153,8 +153,10 @@ class Acl:
             raise AuthError(f"access key {ak!r}: unknown key or wrong secret")
         skew = time.time() - ts_ms / 1000
         if abs(skew) > SIGNATURE_WINDOW_S:
-            raise AuthError(f"access key {ak!r}: signature is {skew:.0f}s off the node's clock "
-                            f"(limit {SIGNATURE_WINDOW_S:.0f}s)")  # fmt: skip
+            raise AuthError(
+                f"access key {ak!r}: signature is {skew:.0f}s off the node's clock "
+                f"(limit {SIGNATURE_WINDOW_S:.0f}s)"
+            )
         return account
 
     def account(self, access_key: str) -> Account:
@@ -168,27 +170,38 @@ class Acl:
 def require_topics(account: Account, topics: Iterable[str], perm: Perm) -> None:
     for topic in topics:
         if perm not in account.topic_perm(topic):
-            raise AuthError(f"access key {account.access_key!r} has no {perm.name} right on "
-                            f"topic {topic!r}", denied=True)  # fmt: skip
+            raise AuthError(
+                f"access key {account.access_key!r} has no {perm.name} right on topic {topic!r}",
+                denied=True,
+            )
 
 
 def require_group(account: Account, group: str) -> None:
     if Perm.SUB not in account.group_perm(group):
-        raise AuthError(f"access key {account.access_key!r} may not use group {group!r}",
-                        denied=True)  # fmt: skip
+        raise AuthError(
+            f"access key {account.access_key!r} may not use group {group!r}", denied=True
+        )
 
 
 def require_admin(account: Account, what: str) -> None:
     if not account.admin:
-        raise AuthError(f"access key {account.access_key!r} is not an admin: {what} needs one",
-                        denied=True)  # fmt: skip
+        raise AuthError(
+            f"access key {account.access_key!r} is not an admin: {what} needs one", denied=True
+        )
 
 
 def _account(e: Any, where: str) -> Account:
     if not isinstance(e, dict):
         raise ValueError(f"{where}: not a table")
-    known = {"access_key", "secret_key", "admin", "default_topic_perm", "default_group_perm",
-             "topic_perms", "group_perms"}  # fmt: skip
+    known = {
+        "access_key",
+        "secret_key",
+        "admin",
+        "default_topic_perm",
+        "default_group_perm",
+        "topic_perms",
+        "group_perms",
+    }
     extra = set(e) - known
     if extra:
         raise ValueError(f"{where}: unknown settings {sorted(extra)}")
@@ -196,8 +209,9 @@ def _account(e: Any, where: str) -> Account:
     if not isinstance(ak, str) or not ak or ":" in ak:
         raise ValueError(f"{where}: access_key must be a non-empty string without ':'")
     if not isinstance(sk, str) or len(sk) < _MIN_SECRET:
-        raise ValueError(f"{where} ({ak}): secret_key must be a string of at least "
-                         f"{_MIN_SECRET} characters")  # fmt: skip
+        raise ValueError(
+            f"{where} ({ak}): secret_key must be a string of at least {_MIN_SECRET} characters"
+        )
     admin = e.get("admin", False)
     if not isinstance(admin, bool):
         raise ValueError(f"{where} ({ak}): admin must be true or false")
@@ -209,11 +223,14 @@ def _account(e: Any, where: str) -> Account:
         return {str(k): Perm.parse(str(v), f"{where} ({ak}) {name}.{k}") for k, v in table.items()}
 
     return Account(
-        ak, sk, admin,
+        ak,
+        sk,
+        admin,
         Perm.parse(str(e.get("default_topic_perm", "DENY")), f"{where} ({ak})"),
         Perm.parse(str(e.get("default_group_perm", "SUB")), f"{where} ({ak})"),
-        perms("topic_perms"), perms("group_perms"),
-    )  # fmt: skip
+        perms("topic_perms"),
+        perms("group_perms"),
+    )
 
 
 def write_acl(path: Path, accounts: Sequence[Account]) -> None:
@@ -221,10 +238,14 @@ def write_acl(path: Path, accounts: Sequence[Account]) -> None:
     q = json.dumps  # a JSON string is a valid TOML basic string, escapes and all
     lines: list[str] = []
     for a in accounts:
-        lines += ["[[accounts]]", f"access_key = {q(a.access_key)}",
-                  f"secret_key = {q(a.secret_key)}", f"admin = {'true' if a.admin else 'false'}",
-                  f"default_topic_perm = {q(_perm_text(a.default_topic_perm))}",
-                  f"default_group_perm = {q(_perm_text(a.default_group_perm))}"]  # fmt: skip
+        lines += [
+            "[[accounts]]",
+            f"access_key = {q(a.access_key)}",
+            f"secret_key = {q(a.secret_key)}",
+            f"admin = {'true' if a.admin else 'false'}",
+            f"default_topic_perm = {q(_perm_text(a.default_topic_perm))}",
+            f"default_group_perm = {q(_perm_text(a.default_group_perm))}",
+        ]
         for name, table in (("topic_perms", a.topic_perms), ("group_perms", a.group_perms)):
             if table:
                 body = ", ".join(f"{q(k)} = {q(_perm_text(v))}" for k, v in table.items())

@@ -23,9 +23,9 @@ The TOML layout (every key optional but `node_id`, `data_dir` and `peers`):
     [schedule]  delay_levels = "1s 5s 10s 30s 1m ... 2h", max_timer_delay_s
     [transaction] check_timeout_ms, check_interval_ms, max_checks
     [groups]  session_timeout_ms = 3000, heartbeat_interval_ms = 1000  # consumer groups
-    [multiraft]                        # docs/scaling.md
-    groups = 1                         # the cluster's data groups: 1..groups (1: no group 0)
-    host = [1]                         # the Raft groups this process hosts (0: metadata)
+    [shards]                           # a shard is one Raft group (docs/scaling.md)
+    count = 1                          # the cluster's data shards: 1..count (1: no shard 0)
+    host = [1]                         # the shards this process hosts (0: metadata)
     [tls]     ca, cert, key            # PEM paths: TLS on both ports, mTLS between peers
     [security]
     peer_secret_file = "cluster.secret"  # peers prove membership with HMAC tokens
@@ -50,10 +50,15 @@ from dledger_commitlog.common.protocol import MAX_MESSAGE_BYTES_LIMIT
 from dledger_commitlog.common.routes import preferred_leader
 from store.entry_format import FILLER_MIN, HEADER_SIZE, INDEX_UNIT_SIZE
 from store.message import max_encoded_size
+from store.retention_policy import RetentionPolicy
 
 log = logging.getLogger(__name__)
 # Settings read for one more release with a warning, then refused as unknown: what a
 # setting that went away was (by NodeConfig-style name) and why it has no effect.
+# Settings read under an old name for one more release, with a warning naming the new.
+RENAMED: dict[str, str] = {"multiraft.groups": "shards.count", "multiraft.host": "shards.host"}
+# NodeConfig fields under an old name (a cluster.json of a local cluster keeps them).
+RENAMED_FIELDS: dict[str, str] = {"data_groups": "shard_count", "host_groups": "host_shards"}
 RETIRED: dict[str, str] = {
     "client_transport": "the client port serves h2grpc, its one gRPC stack",
     "raft_transport": "the Raft port serves h2grpc, its one gRPC stack",
@@ -142,13 +147,13 @@ class NodeConfig:
     # queues move (the rebalance bound is about session + heartbeat interval)
     group_session_timeout_ms: int = 3_000
     group_heartbeat_interval_ms: int = 1_000
-    # multi-Raft (docs/scaling.md): the cluster's data groups are 1..data_groups, plus
-    # the metadata group 0 (topic routes) when there are several; this process hosts
-    # `host_groups`, each with its own data directory (`group_dir`). `group` is the one
-    # group a per-group config (`group_config`) describes.
-    data_groups: int = 1
-    host_groups: tuple[int, ...] = (1,)
-    group: int = 1
+    # shards, each one Raft group (docs/scaling.md): the cluster's data shards are
+    # 1..shard_count, plus the metadata shard 0 (topic routes) when there are several;
+    # this process hosts `host_shards`, each with its own data directory (`shard_dir`).
+    # `shard` is the one shard a per-shard config (`shard_config`) describes.
+    shard_count: int = 1
+    host_shards: tuple[int, ...] = (1,)
+    shard: int = 1
     # security (docs/security.md)
     tls_ca: str = ""
     tls_cert: str = ""
@@ -168,8 +173,10 @@ class NodeConfig:
         if self.join and len(ids) < 2:
             raise ConfigError("raft.join: peers must name the group's members besides this node")
         if len(ids) not in (1, 3, 5) and not self.join:
-            raise ConfigError(f"peers: a group of 1, 3 or 5 voters, not {len(ids)} (grow a "
-                              "running group with `dledger member add`)")  # fmt: skip
+            raise ConfigError(
+                f"peers: a group of 1, 3 or 5 voters, not {len(ids)} (grow a "
+                "running group with `dledger member add`)"
+            )
         if self.flush_mode not in ("sync", "async"):
             raise ConfigError(f"flush_mode must be 'sync' or 'async', not {self.flush_mode!r}")
         if (
@@ -207,26 +214,35 @@ class NodeConfig:
             parse_address(r.raft)
 
     def _check_groups(self) -> None:
-        hosted = self.host_groups
+        hosted = self.host_shards
         if (
             not isinstance(hosted, tuple)
             or not hosted
             or any(isinstance(g, bool) or not isinstance(g, int) for g in hosted)
         ):
-            raise ConfigError(
-                f"multiraft.host must be a non-empty list of group ids, not {hosted!r}"
-            )
-        top = self.data_groups
+            raise ConfigError(f"shards.host must be a non-empty list of shard ids, not {hosted!r}")
+        top = self.shard_count
         if len(set(hosted)) != len(hosted) or not all(0 <= g <= top for g in hosted):
-            raise ConfigError(f"multiraft.host {list(hosted)}: distinct groups in 0..{top} "
-                              f"(multiraft.groups is {top})")  # fmt: skip
+            raise ConfigError(
+                f"shards.host {list(hosted)}: distinct shards in 0..{top} (shards.count is {top})"
+            )
         if top == 1 and 0 in hosted:
-            raise ConfigError("multiraft.host: group 0 (topic routes) exists only with "
-                              "multiraft.groups > 1")  # fmt: skip
-        # `group` names the group of a per-group config (`group_config`); a process's
-        # config keeps the default 1, which it need not host (one process per group).
-        if self.group != 1 and self.group not in hosted:
-            raise ConfigError(f"group {self.group} is not among multiraft.host {list(hosted)}")
+            raise ConfigError(
+                "shards.host: shard 0 (topic routes) exists only with shards.count > 1"
+            )
+        # `shard` names the shard of a per-shard config (`shard_config`); a process's
+        # config keeps the default 1, which it need not host (one process per shard).
+        if self.shard != 1 and self.shard not in hosted:
+            raise ConfigError(f"shard {self.shard} is not among shards.host {list(hosted)}")
+
+    def retention_policy(self) -> RetentionPolicy:
+        """The commit log's retention rules (the [retention] settings)."""
+        return RetentionPolicy(
+            self.file_reserved_hours,
+            self.delete_when_hour,
+            self.force_clean_ratio,
+            self.refuse_ratio,
+        )
 
     def _check_types(self) -> None:
         for f in dataclasses.fields(self):
@@ -287,7 +303,7 @@ class NodeConfig:
         return self.listen_raft or self.me.raft
 
 
-def group_dir(data_dir: str, group: int) -> str:
+def shard_dir(data_dir: str, group: int) -> str:
     """Group `group`'s data directory under a node's `data_dir`: group 1 is the
     directory itself (a single-group node's directory opens as group 1 as it is),
     any other group `data_dir/groups/<group>`."""
@@ -298,18 +314,18 @@ def preferred_leader_of(cfg: NodeConfig, group: int) -> int | None:
     """Group `group`'s preferred leader: the configured one for a single-group cluster,
     else the bootstrap peers taken in turn (`common.routes.preferred_leader`), so that
     the leaders of a cluster's groups spread evenly over its nodes (docs/scaling.md)."""
-    if cfg.data_groups == 1 or cfg.join:
+    if cfg.shard_count == 1 or cfg.join:
         return cfg.preferred_leader
     return preferred_leader(group, [p.id for p in cfg.peers])
 
 
-def group_config(cfg: NodeConfig, group: int) -> NodeConfig:
+def shard_config(cfg: NodeConfig, group: int) -> NodeConfig:
     """The config of hosted group `group`: its own data directory and preferred leader,
     the process's ports and settings otherwise."""
     return dataclasses.replace(
         cfg,
-        group=group,
-        data_dir=group_dir(cfg.data_dir, group),
+        shard=group,
+        data_dir=shard_dir(cfg.data_dir, group),
         preferred_leader=preferred_leader_of(cfg, group),
     )
 
@@ -380,7 +396,7 @@ _SECTIONS = {
         "session_timeout_ms": "group_session_timeout_ms",
         "heartbeat_interval_ms": "group_heartbeat_interval_ms",
     },
-    "multiraft": {"groups": "data_groups", "host": "host_groups"},
+    "shards": {"count": "shard_count", "host": "host_shards"},
     "retention": {
         name: name
         for name in (
@@ -398,12 +414,22 @@ _NUMBER_TYPES: dict[str, type | tuple[type, ...]] = {
     "float": (int, float),
 }
 _AT_LEAST_ONE = (
-    "max_append_entries", "max_inflight_msgs", "flush_interval_ms",
-    "index_segment_bytes", "queues_per_topic", "cq_units_per_file", "index_slots",
-    "index_entries", "max_pending_puts", "max_timer_delay_s", "check_timeout_ms",
-    "check_interval_ms", "max_checks", "group_session_timeout_ms",
+    "max_append_entries",
+    "max_inflight_msgs",
+    "flush_interval_ms",
+    "index_segment_bytes",
+    "queues_per_topic",
+    "cq_units_per_file",
+    "index_slots",
+    "index_entries",
+    "max_pending_puts",
+    "max_timer_delay_s",
+    "check_timeout_ms",
+    "check_interval_ms",
+    "max_checks",
+    "group_session_timeout_ms",
     "group_heartbeat_interval_ms",
-)  # fmt: skip
+)
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _LEVEL = re.compile(r"^(\d+)(ms|s|m|h|d)$")
 MAX_DELAY_LEVELS = 64  # queues of the schedule topic (one more for deliver-at times)
@@ -417,7 +443,7 @@ _BOUNDS: dict[str, tuple[float, float | None]] = {
     "catch_up_mb_s": (0, None),
     "file_reserved_hours": (0, None),
     "delete_when_hour": (0, 23),
-    "data_groups": (1, 1000),  # message ids carry the group in 15 bits (message_route)
+    "shard_count": (1, 1000),  # message ids carry the group in 15 bits (message_layout)
 }
 
 
@@ -433,6 +459,19 @@ def _setting(name: str) -> str:
             if field_name == name:
                 return f"{section}.{key}"
     return name
+
+
+def renamed_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` (NodeConfig settings) with fields of an old name under the new one, each
+    with a warning."""
+    out = dict(values)
+    for old, new in RENAMED_FIELDS.items():
+        if old in out:
+            log.warning(
+                "setting %s is now %s (the old name is read for one more release)", old, new
+            )
+            out[new] = out.pop(old)
+    return out
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> NodeConfig:
@@ -463,6 +502,10 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         raise ConfigError(str(exc)) from exc
 
 
+def _renamed_section(section: str) -> bool:
+    return any(old.startswith(section + ".") for old in RENAMED)
+
+
 def _flatten(doc: dict[str, Any], where: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in doc.items():
@@ -484,13 +527,24 @@ def _flatten(doc: dict[str, Any], where: str) -> dict[str, Any]:
                 out["routes"] = tuple(Route(int(r["id"]), str(r["raft"])) for r in value)
             except (KeyError, TypeError, ValueError) as exc:
                 raise ConfigError(f"{where}: each route needs id and raft ({exc})") from exc
-        elif key in _SECTIONS and isinstance(value, dict):
-            names = _SECTIONS[key]
+        elif (key in _SECTIONS or _renamed_section(key)) and isinstance(value, dict):
             for sub, v in value.items():
-                if sub not in names:
+                section, name = key, sub
+                new = RENAMED.get(f"{key}.{sub}")
+                if new is not None:
+                    log.warning(
+                        "%s: %s.%s is now %s (the old name is read for one more release)",
+                        where,
+                        key,
+                        sub,
+                        new,
+                    )
+                    section, name = new.split(".")
+                names = _SECTIONS.get(section, {})
+                if name not in names:
                     raise ConfigError(f"{where}: unknown setting {key}.{sub}")
-                out[names[sub]] = (
-                    tuple(v) if names[sub] == "host_groups" and isinstance(v, list) else v
+                out[names[name]] = (
+                    tuple(v) if names[name] == "host_shards" and isinstance(v, list) else v
                 )
         else:
             raise ConfigError(f"{where}: unknown setting {key!r}")

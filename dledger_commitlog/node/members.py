@@ -113,8 +113,13 @@ class NodeMembers:
             self.ids = frozenset(conf.ids)
             self._was_member = self._was_member or self._cfg.node_id in self.ids
             if before is not None:
-                log.info("node %d: members now %s (voters %s, learners %s)", self._cfg.node_id,
-                         list(conf.ids), list(conf.voters), list(conf.learners))  # fmt: skip
+                log.info(
+                    "node %d: members now %s (voters %s, learners %s)",
+                    self._cfg.node_id,
+                    list(conf.ids),
+                    list(conf.voters),
+                    list(conf.learners),
+                )
         # A member being removed is still heard until its removal commits, and a removed
         # leader until another one leads (its last entries, its TimeoutNow).
         lead = () if leader is None else (leader,)
@@ -134,7 +139,7 @@ class NodeMembers:
             cfg = self._cfg
             if self._pool is not None:
                 self.links[node_id] = self._pool.open(
-                    cfg.group, cfg.cluster, node_id, m.raft, me=me, security=self._security
+                    cfg.shard, cfg.cluster, node_id, m.raft, me=me, security=self._security
                 )
                 continue
             own = open_link(cfg.cluster, node_id, m.raft, me=me, security=self._security)
@@ -161,12 +166,14 @@ class NodeMembers:
         """Why this node serves no read now (None: it does)."""
         me = self._cfg.node_id
         if me not in self.ids and (self._was_member or not self._cfg.join):
-            return f"node {me} is no longer a member of the group"
+            return f"node {me} is no longer a member of the shard"
         if self._join_commit is None:
-            return f"node {me} is joining the group and has not heard from its leader yet"
+            return f"node {me} is joining the shard and has not heard from its leader yet"
         if self._committed_index() < self._join_commit:
-            return (f"node {me} is catching up: applied entry {self._committed_index()} of "
-                    f"{self._join_commit}")  # fmt: skip
+            return (
+                f"node {me} is catching up: applied entry {self._committed_index()} of "
+                f"{self._join_commit}"
+            )
         return None
 
     # -- the facade's view and operations -----------------------------------------
@@ -180,8 +187,16 @@ class NodeMembers:
             full = self.member(m.id) or m
             pr = progress.get(m.id)
             match = pr.match if pr is not None else -1
-            out.append(MemberStatus(m.id, m.role, full.raft, full.client, match,
-                                    last - match if pr is not None else -1))  # fmt: skip
+            out.append(
+                MemberStatus(
+                    m.id,
+                    m.role,
+                    full.raft,
+                    full.client,
+                    match,
+                    last - match if pr is not None else -1,
+                )
+            )
         return out
 
     async def change(self, change: ConfChange, timeout_s: float) -> int:
@@ -190,8 +205,13 @@ class NodeMembers:
         index = core.propose_conf_change(change)
         term = core.term
         self._kick()
-        log.info("node %d: proposed %s of node %d at entry %d", self._cfg.node_id,
-                 change.op.value, change.node_id, index)  # fmt: skip
+        log.info(
+            "node %d: proposed %s of node %d at entry %d",
+            self._cfg.node_id,
+            change.op.value,
+            change.node_id,
+            index,
+        )
         try:
             async with asyncio.timeout(timeout_s):
                 while self._committed_index() < index:
@@ -202,8 +222,10 @@ class NodeMembers:
                 f"did not commit within {timeout_s}s; it may still"
             ) from None
         if index >= core.first_index and core.log_term(index) != term:
-            raise TimeoutError(f"entry {index} of the {change.op.value} was replaced by a new "
-                               "leader's log: the change did not happen; retry")  # fmt: skip
+            raise TimeoutError(
+                f"entry {index} of the {change.op.value} was replaced by a new "
+                "leader's log: the change did not happen; retry"
+            )
         return index
 
     async def add(self, member: Member, timeout_s: float) -> int:
@@ -223,8 +245,9 @@ class NodeMembers:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                return await self.change(ConfChange(ChangeOp.PROMOTE, node_id),
-                                         max(0.0, deadline - time.monotonic()))  # fmt: skip
+                return await self.change(
+                    ConfChange(ChangeOp.PROMOTE, node_id), max(0.0, deadline - time.monotonic())
+                )
             except MembershipError as exc:
                 behind = "entries behind" in str(exc) or "not committed yet" in str(exc)
                 if not behind or time.monotonic() >= deadline:

@@ -21,47 +21,83 @@ class NodeMetrics:
         self.node_id = node_id
         self.registry = r = CollectorRegistry()
         self.puts = Counter("dledger_puts", "Puts by outcome", ["outcome"], registry=r)
-        self.put_latency = Histogram("dledger_put_latency_seconds", "Put latency until commit",
-                                     buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
-        self.batch_size = Histogram("dledger_proposal_batch_messages", "Messages per proposal",
-                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
-                                    registry=r)  # fmt: skip
-        self.fsync_latency = Histogram("dledger_fsync_seconds", "fsync latency",
-                                       buckets=_LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.put_latency = Histogram(
+            "dledger_put_latency_seconds",
+            "Put latency until commit",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "dledger_proposal_batch_messages",
+            "Messages per proposal",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+            registry=r,
+        )
+        self.fsync_latency = Histogram(
+            "dledger_fsync_seconds", "fsync latency", buckets=_LATENCY_BUCKETS, registry=r
+        )
         self.commit_index = Gauge("dledger_commit_index", "Raft commit index", registry=r)
         self.last_index = Gauge("dledger_last_index", "Last log index", registry=r)
         self.term = Gauge("dledger_term", "Raft term", registry=r)
-        self.role = Gauge("dledger_role", "0 follower, 1 pre-candidate, 2 candidate, 3 leader",
-                          registry=r)  # fmt: skip
+        self.role = Gauge(
+            "dledger_role", "0 follower, 1 pre-candidate, 2 candidate, 3 leader", registry=r
+        )
         self.leader = Gauge("dledger_leader_id", "Known leader (0: none)", registry=r)
-        self.replication_lag = Gauge("dledger_replication_lag_entries",
-                                     "Leader's last index minus the follower's match index",
-                                     ["follower"], registry=r)  # fmt: skip
-        self.peer_rejects = Counter("dledger_peer_rejected", "Raft streams or messages refused "
-                                    "(membership, token, certificate, invalid, malformed)",
-                                    ["reason"], registry=r)  # fmt: skip
-        self.auth_failures = Counter("dledger_client_auth_failures", "Client calls refused",
-                                     ["status"], registry=r)  # fmt: skip
-        self.scheduled_backlog = Gauge("dledger_scheduled_backlog_messages",
-                                       "Delayed messages stored and not yet delivered",
-                                       registry=r)  # fmt: skip
-        self.scheduled_delivered = Counter("dledger_scheduled_delivered",
-                                           "Delayed messages delivered by this node as leader",
-                                           registry=r)  # fmt: skip
-        self.pending_halves = Gauge("dledger_transaction_pending_halves",
-                                    "Half messages not yet committed or rolled back (leader)",
-                                    registry=r)  # fmt: skip
+        self.replication_lag = Gauge(
+            "dledger_replication_lag_entries",
+            "Leader's last index minus the follower's match index",
+            ["follower"],
+            registry=r,
+        )
+        self.peer_rejects = Counter(
+            "dledger_peer_rejected",
+            "Raft streams or messages refused (membership, token, certificate, invalid, malformed)",
+            ["reason"],
+            registry=r,
+        )
+        self.auth_failures = Counter(
+            "dledger_client_auth_failures", "Client calls refused", ["status"], registry=r
+        )
+        self.scheduled_backlog = Gauge(
+            "dledger_scheduled_backlog_messages",
+            "Delayed messages stored and not yet delivered",
+            registry=r,
+        )
+        self.scheduled_delivered = Counter(
+            "dledger_scheduled_delivered",
+            "Delayed messages delivered by this node as leader",
+            registry=r,
+        )
+        self.pending_halves = Gauge(
+            "dledger_transaction_pending_halves",
+            "Half messages not yet committed or rolled back (leader)",
+            registry=r,
+        )
 
-        self.group_lag = Gauge("dledger_group_lag_messages", "Messages past a consumer "
-                               "group's acked offsets (leader)", ["group"], registry=r)  # fmt: skip
-        self.group_members = Gauge("dledger_group_members", "Live members of a consumer "
-                                   "group (leader)", ["group"], registry=r)  # fmt: skip
-        self.group_retries = Gauge("dledger_group_retries_messages", "Messages a consumer "
-                                   "group sent to its retry topic", ["group"],
-                                   registry=r)  # fmt: skip
-        self.group_dead_letters = Gauge("dledger_group_dead_letters_messages", "Messages in "
-                                        "a consumer group's dead-letter topic", ["group"],
-                                        registry=r)  # fmt: skip
+        self.group_lag = Gauge(
+            "dledger_group_lag_messages",
+            "Messages past a consumer group's acked offsets (leader)",
+            ["group"],
+            registry=r,
+        )
+        self.group_members = Gauge(
+            "dledger_group_members",
+            "Live members of a consumer group (leader)",
+            ["group"],
+            registry=r,
+        )
+        self.group_retries = Gauge(
+            "dledger_group_retries_messages",
+            "Messages a consumer group sent to its retry topic",
+            ["group"],
+            registry=r,
+        )
+        self.group_dead_letters = Gauge(
+            "dledger_group_dead_letters_messages",
+            "Messages in a consumer group's dead-letter topic",
+            ["group"],
+            registry=r,
+        )
 
     def set_groups(self, summaries: Mapping[str, Mapping[str, object]]) -> None:
         """The consumer groups' gauges from `GroupService.summaries`."""

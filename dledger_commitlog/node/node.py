@@ -5,16 +5,14 @@ api.go is the model): each operation one method, documented here, and nothing
 else reaches through the node. The client service (`service/`) and the leader-
 side services (`messaging/`) use only these:
 
-- leadership: `node_id`, `term`, `leader_id`, `is_leader`, `leader_client_address`, `leading_term`,
-  `read_index` (ReadIndex: a quorum-confirmed read position), `transfer_leadership`;
-- writes: `write_refusal`, `prepare` (validate and encode), `put` (propose and
-  wait for the commit; the commit log batches concurrent puts), `submit` (the same,
-  answered through a future, for callers that answer from a callback);
-- the committed log: `committed_pos`, `min_offset`, `get_by_offset`,
-  `read_message`, `read_range`, `log_view` (bounds for reads in a thread);
-- consume queues and groups: `dispatched_pos`, `queue_view`, `queue_units`, `queue_offsets`,
-  `query_offsets`, `group_offset`, `group_offsets`, `wait_dispatched`,
-  `wait_for_dispatch`, `wait_for_commit`;
+- leadership: `node_id`, `term`, `leader_id`, `is_leader`, `leader_client_address`,
+  `leading_term`, `read_index` (a quorum-confirmed read position), `transfer_leadership`;
+- writes: `write_refusal`, `prepare` (check and encode a `Draft`), `put` (propose
+  and wait for the commit; the commit log batches concurrent puts), `submit` (the
+  same, answered through a future, for callers that answer from a callback);
+- reads: `committed` (the part readers are handed, `committed_reads.CommittedReads`:
+  the committed log, its consume queues, the groups' offsets), `committed_pos`,
+  `dispatched_pos`, `wait_dispatched`, `wait_for_dispatch`, `wait_for_commit`;
 - operations: `status`, `clean_now`, `start`, `close`, `stop_on`;
 - membership (node/members.py): `members`, `member_address`, `add_member`,
   `promote_member`, `remove_member`, `read_refusal`;
@@ -44,19 +42,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from dispatch.dispatcher import GroupKey, RecoveryReport
+from dispatch.dispatcher import RecoveryReport
 from dledger_commitlog.common.protocol import PutResult
-from dledger_commitlog.log import reads
-from dledger_commitlog.log.commitlog import PutSpec
+from dledger_commitlog.log.commitlog import Draft, PutSpec
 from dledger_commitlog.log.entry_records import BASE_SIZE
 from dledger_commitlog.log.retention import Retention
 from dledger_commitlog.log.snapshot_check import check_snapshot
 from dledger_commitlog.log.snapshot_extra import decode_extra, encode_extra
+from dledger_commitlog.node.committed_reads import CommittedReads
 from dledger_commitlog.node.config import NodeConfig
 from dledger_commitlog.node.loops import NodeLoops, next_call
 from dledger_commitlog.node.members import NodeMembers
@@ -78,12 +76,9 @@ from raft.types import EntryKind, ReadState, SnapshotMeta
 from raft.validate import InvalidPeerMessage, check_peer_message
 from raftio.multiplex import LinkPool
 from raftio.wire import to_wire
-from store.consume_queue import CqUnit
 from store.fileio import DirectoryLock, mkdir_durably
 from store.flush import GroupCommit, PeriodicFlush
-from store.message import Message as StoredMessage
 from store.message import is_message, max_encoded_size
-from store.retention_policy import RetentionPolicy
 
 log = logging.getLogger(__name__)
 # How long a leader holds a commit-only notice (raft/driver.py): above 50 puts/s the next
@@ -125,15 +120,12 @@ class RaftNode:
         opened = open_log(cfg, data, on_proposed=self._proposed)
         self.state_file, self.store, self.core = opened.state_file, opened.store, opened.core
         self.commitlog, self.dispatcher = opened.commitlog, opened.dispatcher
+        self._committed = CommittedReads(self.commitlog, self.dispatcher, cfg.cq_units_per_file)
         self.recovery: RecoveryReport = opened.recovery
         self.store.snapshot_extra = self._snapshot_extra
         self.retention = Retention(
-            RetentionPolicy(file_reserved_hours=cfg.file_reserved_hours,
-                            delete_when_hour=cfg.delete_when_hour,
-                            force_clean_ratio=cfg.force_clean_ratio,
-                            refuse_ratio=cfg.refuse_ratio),
-            self.store, self.commitlog, self.dispatcher, self.core,
-        )  # fmt: skip
+            cfg.retention_policy(), self.store, self.commitlog, self.dispatcher, self.core
+        )
         self.retention.check_disk()
         self._executor = ThreadPoolExecutor(2, thread_name_prefix=f"node{cfg.node_id}-io")
         self._max_entry_bytes = max_encoded_size(cfg.max_message_bytes)
@@ -145,39 +137,63 @@ class RaftNode:
         self._periodic: PeriodicFlush | None = None
         if self.sync_flush:
             self._group_commit = GroupCommit(
-                self.store, on_flush=metrics.observe_fsync, name=f"node{cfg.node_id}-fsync",
+                self.store,
+                on_flush=metrics.observe_fsync,
+                name=f"node{cfg.node_id}-fsync",
                 on_error=lambda exc: self.stop_on(exc, "fsync"),
-            )  # fmt: skip
+            )
         else:
             # Its own thread: queued behind a checkpoint's fsyncs in the shared pool, a
             # flush came later than the interval the async mode promises as its window.
             self._periodic = PeriodicFlush(
-                self.store, interval_ms=cfg.flush_interval_ms,
-                on_flush=metrics.observe_fsync, on_error=lambda exc: self.stop_on(exc, "flush"),
-            )  # fmt: skip
+                self.store,
+                interval_ms=cfg.flush_interval_ms,
+                on_flush=metrics.observe_fsync,
+                on_error=lambda exc: self.stop_on(exc, "flush"),
+            )
         self.driver = ReadyDriver(
-            self.core, self.store, self.state_file, send=self._send,
-            apply=self.commitlog.apply, save_hard_state=self._save_hard_state,
-            restore=self._restore, read_states=self._answer_reads,
-            after_ready=self._after_ready, flusher=self._group_commit,
+            self.core,
+            self.store,
+            self.state_file,
+            send=self._send,
+            apply=self.commitlog.apply,
+            save_hard_state=self._save_hard_state,
+            restore=self._restore,
+            read_states=self._answer_reads,
+            after_ready=self._after_ready,
+            flusher=self._group_commit,
             on_appended=self._periodic.poke if self._periodic is not None else lambda: None,
             defer=lambda later: asyncio.get_running_loop().call_later(COMMIT_LINGER_S, later),
-        )  # fmt: skip
+        )
         self._kick = self.driver.wakeup.set
-        self._read_index = ReadIndexWaiter(cfg.node_id, self.core, self._kick,
-                                           self.wait_for_commit, self._committed_index)  # fmt: skip
-        self._members = NodeMembers(cfg, self.core, kick=self._kick,
-                                    wait_for_commit=self.wait_for_commit,
-                                    committed_index=self._committed_index,
-                                    links=self._links)  # fmt: skip
+        self._read_index = ReadIndexWaiter(
+            cfg.node_id, self.core, self._kick, self.wait_for_commit, self._committed_index
+        )
+        self._members = NodeMembers(
+            cfg,
+            self.core,
+            kick=self._kick,
+            wait_for_commit=self.wait_for_commit,
+            committed_index=self._committed_index,
+            links=self._links,
+        )
         self.loops = NodeLoops(
-            cfg.node_id, self.core, tick_ms=cfg.tick_ms, tick=self._tick, kick=self._kick,
+            cfg.node_id,
+            self.core,
+            tick_ms=cfg.tick_ms,
+            tick=self._tick,
+            kick=self._kick,
             metrics=metrics,
-            commitlog=self.commitlog, dispatcher=self.dispatcher, store=self.store,
-            state_file=self.state_file, retention=self.retention, executor=self._executor,
-            stop_on=self.stop_on, stopping=lambda: self.stopping,
+            commitlog=self.commitlog,
+            dispatcher=self.dispatcher,
+            store=self.store,
+            state_file=self.state_file,
+            retention=self.retention,
+            executor=self._executor,
+            stop_on=self.stop_on,
+            stopping=lambda: self.stopping,
             checkpointed=opened.checkpointed,
-        )  # fmt: skip
+        )
         self._fatal: BaseException | None = None
         # Memory and disk may disagree (a loop or a flush failed): close writes nothing.
         self.failed = False
@@ -194,9 +210,15 @@ class RaftNode:
         self._tasks = [loop.create_task(self.driver.run(), name="ready-loop"), *self.loops.start()]
         for task in self._tasks:
             task.add_done_callback(self._task_done)
-        log.info("node %d started: term %d, log [%d, %d], commit %d, flush %s",
-                 self.cfg.node_id, self.core.term, self.store.first_index(),
-                 self.store.last_index(), self.core.commit_index, self.cfg.flush_mode)  # fmt: skip
+        log.info(
+            "node %d started: term %d, log [%d, %d], commit %d, flush %s",
+            self.cfg.node_id,
+            self.core.term,
+            self.store.first_index(),
+            self.store.last_index(),
+            self.core.commit_index,
+            self.cfg.flush_mode,
+        )
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -214,8 +236,13 @@ class RaftNode:
             return
         self.failed = True
         self.driver.stopped = True
-        log.critical("node %d: %s failed: %s. Stopping; a restart recovers from disk "
-                     "as after a crash", self.cfg.node_id, where, exc, exc_info=exc)  # fmt: skip
+        log.critical(
+            "node %d: %s failed: %s. Stopping; a restart recovers from disk as after a crash",
+            self.cfg.node_id,
+            where,
+            exc,
+            exc_info=exc,
+        )
         if self._fatal is None:
             self._fatal = exc
         if self._closed:
@@ -287,13 +314,19 @@ class RaftNode:
         protocol's bounds (raft.validate) or carries an entry that is no message."""
         if self._closed or self.stopping:
             return  # it takes no Raft message (nor judges one) any more
-        check_peer_message(msg, me=self.cfg.node_id, peers=self._members.accepted,
-                           term=self.core.term, max_entry_bytes=self._max_entry_bytes)  # fmt: skip
+        check_peer_message(
+            msg,
+            me=self.cfg.node_id,
+            peers=self._members.accepted,
+            term=self.core.term,
+            max_entry_bytes=self._max_entry_bytes,
+        )
         if isinstance(msg, AppendEntries):
             for e in msg.entries:
                 if e.kind is EntryKind.NORMAL and not is_message(e.data):
-                    raise InvalidPeerMessage(f"append from node {msg.src}: entry {e.index} "
-                                             "holds no well-formed message")  # fmt: skip
+                    raise InvalidPeerMessage(
+                        f"append from node {msg.src}: entry {e.index} holds no well-formed message"
+                    )
         elif isinstance(msg, Snapshot):
             check_snapshot(msg)  # its description, before it can reach the store
         try:
@@ -333,8 +366,12 @@ class RaftNode:
             self._led_term = core.term
             tail = core.log_slice(self.commitlog.committed_index + 1, core.last_index + 1)
             self.commitlog.become_leader(core.term, tail)
-            log.info("node %d leads term %d (tail of %d uncommitted entries)",
-                     self.cfg.node_id, core.term, len(tail))  # fmt: skip
+            log.info(
+                "node %d leads term %d (tail of %d uncommitted entries)",
+                self.cfg.node_id,
+                core.term,
+                len(tail),
+            )
 
     # -- the facade: leadership ------------------------------------------------------
 
@@ -425,26 +462,9 @@ class RaftNode:
         """Why puts are refused now (a disk too full), None when they are not."""
         return self.retention.refusal
 
-    def prepare(
-        self,
-        topic: str,
-        body: bytes,
-        *,
-        keys: Sequence[str] = (),
-        tags: str | None = None,
-        properties: dict[str, str] | None = None,
-        uniq_key: str = "",
-        queue_id: int | None = None,
-        born_timestamp_ms: int = 0,
-        flag: int = 0,
-        born_host: tuple[str, int] = ("127.0.0.1", 0),
-    ) -> PutSpec:
-        """A put validated and encoded once (InvalidMessage with the reason)."""
-        return self.commitlog.prepare(
-            topic, body, keys=keys, tags=tags, properties=properties, uniq_key=uniq_key,
-            queue_id=queue_id, born_timestamp_ms=born_timestamp_ms, flag=flag,
-            born_host=born_host,
-        )  # fmt: skip
+    def prepare(self, draft: Draft) -> PutSpec:
+        """A put checked and encoded once (InvalidMessage with the reason)."""
+        return self.commitlog.prepare(draft)
 
     def put(
         self, specs: Sequence[PutSpec], timeout_s: float
@@ -460,7 +480,12 @@ class RaftNode:
         """`put` answered through `done`, no task per put (Overloaded raised at once)."""
         self.commitlog.submit(specs, timeout_s, done)
 
-    # -- the facade: the committed log -------------------------------------------------
+    # -- the facade: the committed log, its queues and groups' offsets ----------------
+
+    @property
+    def committed(self) -> CommittedReads:
+        """The part readers are handed: the committed log, its queues, groups' offsets."""
+        return self._committed
 
     @property
     def committed_pos(self) -> int:
@@ -468,64 +493,9 @@ class RaftNode:
         return self.commitlog.committed_pos
 
     @property
-    def min_offset(self) -> int:
-        """Offset of the first retained message."""
-        return self.commitlog.min_offset
-
-    def get_by_offset(self, commitlog_offset: int) -> tuple[StoredMessage, int]:
-        """The committed message at a commit-log offset, and its encoded size."""
-        return self.commitlog.get_by_offset(commitlog_offset)
-
-    def read_message(self, commitlog_offset: int, size: int = 0) -> bytes:
-        """The first `size` bytes (0: all) of the committed message at an offset."""
-        return self.commitlog.read_message(commitlog_offset, size)
-
-    def read_range(
-        self, from_offset: int, max_messages: int, max_bytes: int
-    ) -> tuple[list[bytes], int]:
-        """Encoded committed messages from `from_offset` on, and the offset after them."""
-        return self.commitlog.read_range(from_offset, max_messages, max_bytes)
-
-    def log_view(self) -> reads.LogView:
-        """The committed log's bounds and files now, for reads in another thread."""
-        return reads.log_view(self.commitlog)
-
-    # -- the facade: consume queues and groups -----------------------------------------
-
-    @property
     def dispatched_pos(self) -> int:
         """Commit-log position up to which the consume queues and key index are built."""
         return self.dispatcher.dispatched_pos
-
-    def queue_view(self, topic: str, queue_id: int) -> reads.QueueView | None:
-        """One consume queue's bounds and files now (None: no such queue)."""
-        return reads.queue_view(self.dispatcher, topic, queue_id, self.cfg.cq_units_per_file)
-
-    def queue_units(self, topic: str, queue_id: int, offset: int, max_count: int) -> list[CqUnit]:
-        """Dispatched units of a queue from `offset` (fewer at its end or past retention)."""
-        cq = self.dispatcher.queue(topic, queue_id)
-        if cq is None or offset >= cq.max_offset:
-            return []
-        return cq.get_range(max(offset, cq.min_offset), max_count)
-
-    def queue_offsets(self, topic: str = "") -> list[tuple[str, int, int, int]]:
-        """(topic, queue id, min offset, max offset) of every queue (of `topic`)."""
-        return self.dispatcher.queue_offsets(topic)
-
-    def query_offsets(
-        self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int
-    ) -> list[int]:
-        """Commit-log offsets of messages of `topic` indexed under `key` in a time range."""
-        return self.dispatcher.query_offsets(topic, key, begin_ms, end_ms, max_count)
-
-    def group_offset(self, group: str, topic: str, queue_id: int) -> int:
-        """A consumer group's committed offset in a queue (0: none)."""
-        return self.dispatcher.offsets.get((group, topic, queue_id), 0)
-
-    @property
-    def group_offsets(self) -> Mapping[GroupKey, int]:
-        """Every consumer group's committed offsets: (group, topic, queue id) -> offset."""
-        return self.dispatcher.offsets
 
     async def wait_dispatched(self, pos: int, timeout_s: float) -> None:
         """Wait until dispatch has passed commit-log position `pos` (TimeoutError)."""
@@ -545,13 +515,19 @@ class RaftNode:
         """The node's Raft and store positions now (`dledger status`)."""
         core, store, cl = self.core, self.store, self.commitlog
         return NodeState(
-            role=core.role, term=core.term, leader_id=core.leader_id,
+            role=core.role,
+            term=core.term,
+            leader_id=core.leader_id,
             leader_client_address=self.leader_client_address(),
-            first_index=store.first_index(), last_index=store.last_index(),
-            committed_index=cl.committed_index, committed_pos=cl.committed_pos,
-            flushed_pos=store.flushed_position, dispatched_pos=self.dispatcher.dispatched_pos,
-            last_chain_crc=store.last_chain_crc, progress=core.progress,
-        )  # fmt: skip
+            first_index=store.first_index(),
+            last_index=store.last_index(),
+            committed_index=cl.committed_index,
+            committed_pos=cl.committed_pos,
+            flushed_pos=store.flushed_position,
+            dispatched_pos=self.dispatcher.dispatched_pos,
+            last_chain_crc=store.last_chain_crc,
+            progress=core.progress,
+        )
 
     async def clean_now(self, force: bool) -> tuple[int, int, str]:
         """`dledger admin clean-now`: a retention pass now (`force`: whatever the age)."""
@@ -567,22 +543,32 @@ class RaftNode:
         """Our log restarts after the leader's snapshot index: reset the store and dispatch."""
         loop = asyncio.get_running_loop()
         extra = decode_extra(snap.data[BASE_SIZE:])  # checked by deliver: a failure is a fault
-        await loop.run_in_executor(self._executor, self.store.restore, snap.index, snap.term,
-                                   snap.data)  # fmt: skip
+        await loop.run_in_executor(
+            self._executor, self.store.restore, snap.index, snap.term, snap.data
+        )
         self.commitlog.restart_at(snap.index, extra.queue_next)
         self.dispatcher.reset(self.commitlog.committed_pos, extra.offsets)
-        await loop.run_in_executor(self._executor, self.loops.checkpoint_now,
-                                   self.dispatcher.snapshot())  # fmt: skip
-        log.warning("node %d was behind the leader's retained log: restarted after entry %d",
-                    self.cfg.node_id, snap.index)  # fmt: skip
+        await loop.run_in_executor(
+            self._executor, self.loops.checkpoint_now, self.dispatcher.snapshot()
+        )
+        log.warning(
+            "node %d was behind the leader's retained log: restarted after entry %d",
+            self.cfg.node_id,
+            snap.index,
+        )
 
     def _after_ready(self) -> None:
         self._members.sync()
         now = (self.core.role, self.core.term, self.core.leader_id)
         if now != self._last_role:
             self._last_role = now
-            log.info("node %d is %s in term %d (leader: %s)", self.cfg.node_id, now[0].value,
-                     now[1], now[2])  # fmt: skip
+            log.info(
+                "node %d is %s in term %d (leader: %s)",
+                self.cfg.node_id,
+                now[0].value,
+                now[1],
+                now[2],
+            )
         if self.core.role is not Role.LEADER and self.core.leader_id is None:
             self._read_index.fail_all(NotLeader(None))
 

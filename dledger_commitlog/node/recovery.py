@@ -46,7 +46,7 @@ from pathlib import Path
 from dispatch.dispatcher import Dispatcher, RecoveryReport
 from dledger_commitlog.log.commitlog import DLedgerCommitLog
 from dledger_commitlog.log.entry_store import EntryStore
-from dledger_commitlog.log.message_route import group_port
+from dledger_commitlog.log.message_layout import group_port
 from dledger_commitlog.log.verify import LAYOUT_FILE, read_layout, write_layout
 from dledger_commitlog.node.config import ConfigError, NodeConfig, parse_address
 from raft import Config, LogDiverged, RaftCore
@@ -102,9 +102,14 @@ def open_log(cfg: NodeConfig, data: Path, on_proposed: Callable[[int], None]) ->
         write_buffer_bytes=_SYNC_WRITE_BUFFER if sync_flush else 0,
     )
     if roll_back_to is not None:
-        log.error("node %d: rollback marker %s: rolling the log back from entry %d to "
-                  "entry %d (entries the cluster lost after a power loss)", cfg.node_id,
-                  rollback_path, store.last_index(), roll_back_to)  # fmt: skip
+        log.error(
+            "node %d: rollback marker %s: rolling the log back from entry %d to "
+            "entry %d (entries the cluster lost after a power loss)",
+            cfg.node_id,
+            rollback_path,
+            store.last_index(),
+            roll_back_to,
+        )
         store.roll_back_to(roll_back_to)
     if os.environ.get(FLUSH_TRACE_ENV) == "1":
         store.on_data_flushed = FlushTrace(data / FLUSH_TRACE_FILE, store)
@@ -114,10 +119,13 @@ def open_log(cfg: NodeConfig, data: Path, on_proposed: Callable[[int], None]) ->
     if missing:
         log.warning(
             "node %d: its log ends at entry %d but entries up to %d may be committed; %s",
-            cfg.node_id, store.last_index(), missing,
+            cfg.node_id,
+            store.last_index(),
+            missing,
             "it stays out of elections until the leader has replicated them again"
-            if catch_up_to else "async flush: they are lost here unless a peer has them",
-        )  # fmt: skip
+            if catch_up_to
+            else "async flush: they are lost here unless a peer has them",
+        )
     core = RaftCore(
         raft_config(cfg),
         store,
@@ -129,7 +137,7 @@ def open_log(cfg: NodeConfig, data: Path, on_proposed: Callable[[int], None]) ->
     host, port = parse_address(cfg.client_address)  # with the group: message ids name it
     commitlog = DLedgerCommitLog(
         store,
-        store_host=(_ipv4(host), group_port(port, cfg.group)),
+        store_host=(_ipv4(host), group_port(port, cfg.shard)),
         queues_per_topic=cfg.queues_per_topic,
         max_message_bytes=cfg.max_message_bytes,
         max_pending=cfg.max_pending_puts,
@@ -171,12 +179,18 @@ def open_log(cfg: NodeConfig, data: Path, on_proposed: Callable[[int], None]) ->
     recovery.seconds = time.perf_counter() - started
     log.info(
         "node %d recovered in %.2fs after a %s: dispatch resumed at %d, re-dispatched %d "
-        "messages to %d%s", cfg.node_id, recovery.seconds,
-        "crash" if recovery.crashed else "clean shutdown", recovery.resume_pos,
-        caught_up, dispatcher.dispatched_pos, "".join(f"; {n}" for n in recovery.notes),
-    )  # fmt: skip
-    return OpenedLog(state_file, store, core, commitlog, dispatcher, recovery,
-                     (commit, saved.commit))  # fmt: skip
+        "messages to %d%s",
+        cfg.node_id,
+        recovery.seconds,
+        "crash" if recovery.crashed else "clean shutdown",
+        recovery.resume_pos,
+        caught_up,
+        dispatcher.dispatched_pos,
+        "".join(f"; {n}" for n in recovery.notes),
+    )
+    return OpenedLog(
+        state_file, store, core, commitlog, dispatcher, recovery, (commit, saved.commit)
+    )
 
 
 def raft_config(cfg: NodeConfig) -> Config:
@@ -201,8 +215,13 @@ def raft_config(cfg: NodeConfig) -> Config:
 
 def store_layout(cfg: NodeConfig) -> dict[str, int]:
     """The settings that shape a store's files (recorded in its layout file)."""
-    names = ("data_segment_bytes", "index_segment_bytes", "cq_units_per_file", "index_slots",
-             "index_entries")  # fmt: skip
+    names = (
+        "data_segment_bytes",
+        "index_segment_bytes",
+        "cq_units_per_file",
+        "index_slots",
+        "index_entries",
+    )
     return {name: getattr(cfg, name) for name in names}
 
 
@@ -263,22 +282,38 @@ def report_divergence(cfg: NodeConfig, exc: LogDiverged) -> None:
         log.critical(
             "node %d: INVARIANT VIOLATED in sync flush mode: %s. Nothing acknowledged "
             "can be lost in sync mode; stopping. Restore this node's data from a "
-            "replica (or investigate the disks)", node, exc,
-        )  # fmt: skip
+            "replica (or investigate the disks)",
+            node,
+            exc,
+        )
         return
     path = Path(cfg.data_dir) / ROLLBACK_FILE
-    to = write_rollback_marker(path, {
-        "roll_back_to": exc.agree, "conflict_at": exc.index, "committed": exc.committed,
-        "leader": exc.leader, "term": exc.term,
-    })  # fmt: skip
+    to = write_rollback_marker(
+        path,
+        {
+            "roll_back_to": exc.agree,
+            "conflict_at": exc.index,
+            "committed": exc.committed,
+            "leader": exc.leader,
+            "term": exc.term,
+        },
+    )
     log.error(
         "node %d: LOST COMMITTED ENTRIES: leader %d (term %d) has other entries than "
         "ours from entry %d, while we hold entries up to %d as committed (async "
         "flush: a power loss of a majority lost entries %d..%d, which this node may "
         "have served). Stopping; wrote %s: the next start rolls the log back to "
-        "entry %d and rejoins", node, exc.leader, exc.term, exc.index, exc.committed,
-        exc.index, exc.committed, path, to,
-    )  # fmt: skip
+        "entry %d and rejoins",
+        node,
+        exc.leader,
+        exc.term,
+        exc.index,
+        exc.committed,
+        exc.index,
+        exc.committed,
+        path,
+        to,
+    )
 
 
 class FlushTrace:

@@ -51,8 +51,11 @@ class NodeSecurity(PeerSecurity):
         tls = None
         if cfg.tls_ca:
             pems: list[bytes] = []
-            for name, path in (("tls.ca", cfg.tls_ca), ("tls.cert", cfg.tls_cert),
-                               ("tls.key", cfg.tls_key)):  # fmt: skip
+            for name, path in (
+                ("tls.ca", cfg.tls_ca),
+                ("tls.cert", cfg.tls_cert),
+                ("tls.key", cfg.tls_key),
+            ):
                 try:
                     pems.append(Path(path).read_bytes())
                 except OSError as exc:
@@ -65,15 +68,18 @@ class NodeSecurity(PeerSecurity):
             except ValueError as exc:
                 raise ConfigError(f"tls.cert {cfg.tls_cert}: {exc}") from None
             if node_id_of(cn) != cfg.node_id:
-                raise ConfigError(f"tls.cert {cfg.tls_cert} names {cn!r}, not node "
-                                  f"{cfg.node_id} (its peers would refuse it)")  # fmt: skip
+                raise ConfigError(
+                    f"tls.cert {cfg.tls_cert} names {cn!r}, not node "
+                    f"{cfg.node_id} (its peers would refuse it)"
+                )
         peers = None
         if cfg.peer_secret_file:
             try:
                 peers = PeerAuth(cfg.cluster, read_secret(cfg.peer_secret_file))
             except OSError as exc:
-                raise ConfigError(f"security.peer_secret_file {cfg.peer_secret_file}: "
-                                  f"{exc.strerror}") from None  # fmt: skip
+                raise ConfigError(
+                    f"security.peer_secret_file {cfg.peer_secret_file}: {exc.strerror}"
+                ) from None
             except ValueError as exc:
                 raise ConfigError(f"security.peer_secret_file {exc}") from None
         acl = None
@@ -119,8 +125,7 @@ def check_exposure(cfg: NodeConfig) -> None:
             "secret file on every member; `dledger cluster up` makes one) or [tls], or pass "
             "--insecure (security.insecure = true) to accept any process as a member"
         )
-    for what, address in (("listen.client", cfg.client_address),
-                          ("listen.raft", cfg.raft_address)):  # fmt: skip
+    for what, address in (("listen.client", cfg.client_address), ("listen.raft", cfg.raft_address)):
         if not is_loopback(address) and not (cfg.tls_ca and cfg.acl_file):
             raise ConfigError(
                 f"{what} {address} is reachable from other machines, but TLS ([tls]) and "

@@ -1,7 +1,7 @@
 """The process: its Raft groups and its gRPC servers, from start to a clean shutdown.
 
 `run` is `dledger serve`'s entry point; `serve` opens the groups the config says
-the process hosts (`hosted.Groups`: per group a `RaftNode`, its leader-side
+the process hosts (`shards.Shards`: per group a `RaftNode`, its leader-side
 services and its client service; one group, group 1, unless the cluster is
 multi-Raft), binds the Raft peer port (one for every group), the client port (the
 groups' client services, gRPC health; a request there that does not parse is
@@ -30,7 +30,7 @@ from dledger_commitlog.node.config import ListenError, NodeConfig
 from dledger_commitlog.node.metrics import serve_metrics
 from dledger_commitlog.node.node import RaftNode
 from dledger_commitlog.node.security import NodeSecurity
-from dledger_commitlog.process.hosted import Groups
+from dledger_commitlog.process.shards import Shards
 from dledger_commitlog.service import h2_port
 from dledger_commitlog.service.decoding import Services
 from netkit.peer_auth import TlsIdentity
@@ -43,7 +43,7 @@ _T = TypeVar("_T")
 
 async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseException | None:
     """Run a node process until `stop` is set (or SIGTERM/SIGINT); return what stopped
-    it if fatal. It hosts the Raft groups `cfg.host_groups` (one, group 1, unless the
+    it if fatal. It hosts the Raft groups `cfg.host_shards` (one, group 1, unless the
     cluster is multi-Raft: docs/scaling.md)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -51,30 +51,30 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     security = NodeSecurity.load(cfg)  # before anything opens: a bad file is one line
-    groups = Groups(cfg, stop, security)
-    await groups.open()  # a group that cannot open: the ones opened before it close again
+    shards = Shards(cfg, stop, security)
+    await shards.open()  # a group that cannot open: the ones opened before it close again
     stop_metrics: Callable[[], None] | None = None
     raft_server: PeerServer | None = None
     client_server: ClientPort | None = None
     health_servicer: health.aio.HealthServicer | None = None
     try:
-        _TERM.node = groups.first.node
+        _TERM.node = shards.first.node
         if cfg.listen_metrics:
             at = cfg.listen_metrics
-            stop_metrics = _listen("metrics", at, lambda: serve_metrics(groups.registry(), at))
+            stop_metrics = _listen("metrics", at, lambda: serve_metrics(shards.registry(), at))
         tls = security.tls
-        raft_server = open_peer_server(groups.gate())
+        raft_server = open_peer_server(shards.gate())
         _listen_checked(raft_server.bind, "Raft peers", cfg.raft_address)
-        groups.start_services()
+        shards.start_services()
         health_servicer = health.aio.HealthServicer()
         # Every request that does not parse is INVALID_ARGUMENT, naming the field.
         client_services = (
-            *groups.client_services(),
+            *shards.client_services(),
             (health_pb2_grpc.add_HealthServicer_to_server, health_servicer),
         )
         client_server = ClientPort(cfg, client_services, tls)
         await raft_server.start()
-        await groups.start()
+        await shards.start()
         await client_server.start()
         # What start-up made (modules, classes, the recovered state) lives as long as
         # the process: out of the collector's sight, a full collection, which runs on
@@ -84,17 +84,31 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
         await health_servicer.set(
             "dledger.v1.DLedgerClient", health_pb2.HealthCheckResponse.SERVING
         )
-        log.info("node %d serving clients on %s (%s, %s), raft on %s (peers: %s)%s",
-                 cfg.node_id, cfg.client_address, "TLS" if tls else "plaintext",
-                 "ACL" if security.acl else "no client authentication", cfg.raft_address,
-                 security.peer_mode, groups.describe())  # fmt: skip
+        log.info(
+            "node %d serving clients on %s (%s, %s), raft on %s (peers: %s)%s",
+            cfg.node_id,
+            cfg.client_address,
+            "TLS" if tls else "plaintext",
+            "ACL" if security.acl else "no client authentication",
+            cfg.raft_address,
+            security.peer_mode,
+            shards.describe(),
+        )
         if cfg.insecure:
-            log.warning("node %d runs with --insecure: %s", cfg.node_id, "; ".join(
-                why for why, weak in (
-                    ("Raft peers are not authenticated", not (security.peers or tls)),
-                    ("clients are not authenticated", security.acl is None),
-                    ("traffic is not encrypted", tls is None),
-                ) if weak) or "nothing is weakened")  # fmt: skip
+            log.warning(
+                "node %d runs with --insecure: %s",
+                cfg.node_id,
+                "; ".join(
+                    why
+                    for why, weak in (
+                        ("Raft peers are not authenticated", not (security.peers or tls)),
+                        ("clients are not authenticated", security.acl is None),
+                        ("traffic is not encrypted", tls is None),
+                    )
+                    if weak
+                )
+                or "nothing is weakened",
+            )
         await stop.wait()
     finally:  # also after a failed start: the recovered nodes close cleanly
         log.info("node %d shutting down", cfg.node_id)
@@ -102,12 +116,12 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
             await health_servicer.enter_graceful_shutdown()
         if client_server is not None:
             await client_server.stop(grace_s=1.0)
-        await groups.close()
+        await shards.close()
         if raft_server is not None:
             await raft_server.stop(grace_s=0.5)
         if stop_metrics is not None:
             stop_metrics()
-    return groups.fatal
+    return shards.fatal
 
 
 class ClientPort:
@@ -124,8 +138,9 @@ class ClientPort:
         try:
             await self._h2.start(self._address)
         except OSError as exc:
-            raise ListenError(f"cannot listen for clients on {self._address}: "
-                              f"{exc.strerror or exc}") from None  # fmt: skip
+            raise ListenError(
+                f"cannot listen for clients on {self._address}: {exc.strerror or exc}"
+            ) from None
 
     async def stop(self, grace_s: float) -> None:
         """Refuse new calls; calls in progress get `grace_s` to end, then are cancelled."""

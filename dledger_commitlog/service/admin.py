@@ -44,8 +44,10 @@ class AdminRpcs(ServiceBase):
         if role is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"node {target} is not a peer")
         if role != "voter":
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"node {target} is a {role}: only a voter can lead")  # fmt: skip
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"node {target} is a {role}: only a voter can lead",
+            )
         if not self.node.is_leader():
             await self._redirect(context)
         try:
@@ -65,12 +67,20 @@ def status_pb(state: NodeState, cfg: NodeConfig) -> pb.StatusResponse:
         for p, pr in sorted(state.progress.items())
     ]
     return pb.StatusResponse(
-        node_id=cfg.node_id, role=state.role.value, term=state.term,
-        leader_id=state.leader_id or 0, leader_address=state.leader_client_address or "",
-        first_index=state.first_index, last_index=state.last_index,
-        committed_index=state.committed_index, committed_pos=state.committed_pos,
-        flushed_pos=state.flushed_pos, dispatched_pos=state.dispatched_pos,
+        node_id=cfg.node_id,
+        role=state.role.value,
+        term=state.term,
+        leader_id=state.leader_id or 0,
+        leader_address=state.leader_client_address or "",
+        first_index=state.first_index,
+        last_index=state.last_index,
+        committed_index=state.committed_index,
+        committed_pos=state.committed_pos,
+        flushed_pos=state.flushed_pos,
+        dispatched_pos=state.dispatched_pos,
         applied_index=state.committed_index,
-        cluster=cfg.cluster, peers=peers, last_chain_crc=state.last_chain_crc,
+        cluster=cfg.cluster,
+        peers=peers,
+        last_chain_crc=state.last_chain_crc,
         flush_mode=cfg.flush_mode,
-    )  # fmt: skip
+    )

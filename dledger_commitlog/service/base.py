@@ -37,22 +37,22 @@ from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
 from dledger_commitlog.common.protocol import PutResult, group_metadata
 from dledger_commitlog.common.signing import metadata_value
 from dledger_commitlog.log import reads
-from dledger_commitlog.log.message_route import make_msg_id
+from dledger_commitlog.log.message_layout import make_msg_id
 from dledger_commitlog.messaging.services import LeaderServices
 from dledger_commitlog.node.acl import Account, AuthError
 from dledger_commitlog.node.config import NodeConfig
 from dledger_commitlog.node.metrics import NodeMetrics
 from dledger_commitlog.node.node import RaftNode
 from dledger_commitlog.node.security import NodeSecurity
-from dledger_commitlog.service.host import Host
 from dledger_commitlog.service.loop_probe import LoopLagProbe
+from dledger_commitlog.service.shard_map import ShardMap
 from netkit.channel import open_channel
 from netkit.peer_auth import NODE_AUTH, PeerAuthError
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 from raft import NotLeader
 from store.errors import CorruptEntry, InvalidMessage, OffsetOutOfRange
-from store.message import Message, check_name
+from store.message import StoredMessage, check_name
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,18 @@ _FORWARDED = "dledger-forwarded"
 # What a follower sends its leader.
 _FORWARDABLE = frozenset({"PutBatch", "CommitOffset", "PutHalf", "EndTransaction"})
 # What a node that serves no read now (RaftNode.read_refusal) refuses as UNAVAILABLE.
-_READS = frozenset({"Get", "Pull", "QueryByKey", "ReadRange", "ReadLog", "ReadUnits",
-                    "OffsetsForTimes", "FetchOffset"})  # fmt: skip
+_READS = frozenset(
+    {
+        "Get",
+        "Pull",
+        "QueryByKey",
+        "ReadRange",
+        "ReadLog",
+        "ReadUnits",
+        "OffsetsForTimes",
+        "FetchOffset",
+    }
+)
 _ON_BEHALF = "dledger-on-behalf-of"  # a forwarded call: the access key the peer authenticated
 _LEADER = "dledger-leader"
 _LEADER_ID = "dledger-leader-id"
@@ -109,12 +119,14 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         *,
         metrics: NodeMetrics,
         security: NodeSecurity | None = None,
-        host: Host | None = None,
+        shard_map: ShardMap | None = None,
     ) -> None:
-        """`host`: the process's groups and routes (None: a process of this one group)."""
+        """`shard_map`: the process's shards and routes (None: a process of this one shard)."""
         self.cfg = cfg
         self.node = node
-        self.host = host or Host(cfg.data_groups, cfg.queues_per_topic, {cfg.group: node})
+        self.shard_map = shard_map or ShardMap(
+            cfg.shard_count, cfg.queues_per_topic, {cfg.shard: node}
+        )
         self.services = services
         self.metrics = metrics
         self.security = security or NodeSecurity()
@@ -166,8 +178,11 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                 raise AuthError(f"{method} is never forwarded")
             on_behalf = metadata_value(meta, _ON_BEHALF) or ""
             try:
-                src = peers.check(metadata_value(meta, NODE_AUTH), self.cfg.node_id,
-                                  scope=forward_scope(method, on_behalf))  # fmt: skip
+                src = peers.check(
+                    metadata_value(meta, NODE_AUTH),
+                    self.cfg.node_id,
+                    scope=forward_scope(method, on_behalf),
+                )
             except PeerAuthError as exc:
                 raise AuthError(exc.message) from None
             if src == self.cfg.node_id or src not in self.node.member_ids():
@@ -199,7 +214,7 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
     ) -> tuple[tuple[str, str], ...]:
         """A forwarded call of RPC `method`: marked (never forwarded again), vouched for
         with the cluster secret, on behalf of the access key this node authenticated."""
-        meta = [(_FORWARDED, str(self.cfg.node_id)), *group_metadata(self.cfg.group)]
+        meta = [(_FORWARDED, str(self.cfg.node_id)), *group_metadata(self.cfg.shard)]
         leader = self.node.leader_id
         on_behalf = account.access_key if account is not None else ""
         if self.security.peers is not None and leader is not None:
@@ -223,8 +238,9 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         if leader is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no leader at the moment; retry")
         context.set_trailing_metadata(self._leader_metadata())
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                            f"not the leader; the leader is at {leader}")  # fmt: skip
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION, f"not the leader; the leader is at {leader}"
+        )
 
     def _leader_metadata(self) -> tuple[tuple[str, str], ...]:
         return (
@@ -255,8 +271,9 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         assert leader is not None
         if _FORWARDED in meta or leader == self.cfg.client_address:
             context.set_trailing_metadata(self._leader_metadata())
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"not the leader; the leader is at {leader}")  # fmt: skip
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"not the leader; the leader is at {leader}"
+            )
         channel = self._channels.get(leader)
         if channel is None:
             channel = open_channel(leader, self.security)
@@ -264,14 +281,19 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         return leader, pb_grpc.DLedgerClientStub(channel)
 
     async def _forward_to_leader(
-        self, exc: NotLeader, context: Context, method: str, request: Any,
+        self,
+        exc: NotLeader,
+        context: Context,
+        method: str,
+        request: Any,
         account: Account | None,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         leader, stub = await self._leader_stub(exc, context)
         try:
             meta = self._forward_metadata(account, method)
-            return await getattr(stub, method)(request, timeout=self._timeout(context),
-                                               metadata=meta)  # fmt: skip
+            return await getattr(stub, method)(
+                request, timeout=self._timeout(context), metadata=meta
+            )
         except grpc.aio.AioRpcError as err:
             await context.abort(*forward_failure(err, leader))
         raise AssertionError("unreachable: abort raises")
@@ -296,13 +318,13 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         """How many queues of `topic` this group holds by a configured route (None: no
         route says: a single-group cluster, a process without group 0, or the default
         route, which is queues_per_topic in every data group)."""
-        host = self.host
-        if host.routes is None or self.cfg.group == 0:
+        host = self.shard_map
+        if host.routes is None or self.cfg.shard == 0:
             return None
         route = host.routes.current().configured.get(topic)
         if route is None:
             return None
-        return int(dict(route.groups).get(self.cfg.group, 0))
+        return int(dict(route.groups).get(self.cfg.shard, 0))
 
     def _check_queues(self, topic: str, queue_id: int) -> None:
         """A queue of `topic`, or (-1) every queue of it: InvalidMessage if not."""
@@ -339,14 +361,19 @@ def forward_scope(method: str, access_key: str) -> str:
 def damaged(exc: CorruptEntry) -> str:
     """What a client is told of a damaged entry (the node's log names the file)."""
     log.warning("a read met a damaged entry: %s", exc)
-    return (f"the entry at commit-log position {exc.offset} is damaged on this replica "
-            "(never served): read it from another replica")  # fmt: skip
+    return (
+        f"the entry at commit-log position {exc.offset} is damaged on this replica "
+        "(never served): read it from another replica"
+    )
 
 
 def read_everything(account: Account) -> None:
     if not account.reads_everything:
-        raise AuthError(f"access key {account.access_key!r} may not read every topic: "
-                        "ReadRange returns the raw commit log", denied=True)  # fmt: skip
+        raise AuthError(
+            f"access key {account.access_key!r} may not read every topic: "
+            "ReadRange returns the raw commit log",
+            denied=True,
+        )
 
 
 def _local_files(data_dir: str) -> pb.LocalFiles | None:
@@ -358,8 +385,7 @@ def _local_files(data_dir: str) -> pb.LocalFiles | None:
             boot_id = f.read().strip()
     except OSError:
         return None  # not Linux, or no boot id: readers use the RPCs
-    return pb.LocalFiles(data_dir=path, boot_id=boot_id, dir_device=st.st_dev,
-                         dir_inode=st.st_ino)  # fmt: skip
+    return pb.LocalFiles(data_dir=path, boot_id=boot_id, dir_device=st.st_dev, dir_inode=st.st_ino)
 
 
 def read_failure(exc: Exception) -> tuple[grpc.StatusCode, str]:
@@ -383,18 +409,32 @@ def forward_failure(err: grpc.aio.AioRpcError, leader: str) -> tuple[grpc.Status
 
 
 def result_pb(r: PutResult) -> pb.PutResult:
-    return pb.PutResult(msg_id=r.msg_id, commitlog_offset=r.commitlog_offset,
-                        queue_id=r.queue_id, queue_offset=r.queue_offset,
-                        store_timestamp_ms=r.store_timestamp_ms, duplicate=r.duplicate)  # fmt: skip
+    return pb.PutResult(
+        msg_id=r.msg_id,
+        commitlog_offset=r.commitlog_offset,
+        queue_id=r.queue_id,
+        queue_offset=r.queue_offset,
+        store_timestamp_ms=r.store_timestamp_ms,
+        duplicate=r.duplicate,
+    )
 
 
-def stored_message_pb(msg: Message, size: int) -> pb.StoredMessage:
+def stored_message_pb(msg: StoredMessage, size: int) -> pb.StoredMessage:
     props = {k: v for k, v in msg.properties.items() if k not in ("KEYS", "TAGS", "UNIQ_KEY")}
     return pb.StoredMessage(
-        topic=msg.topic, queue_id=msg.queue_id, queue_offset=msg.queue_offset,
+        topic=msg.topic,
+        queue_id=msg.queue_id,
+        queue_offset=msg.queue_offset,
         commitlog_offset=msg.physical_offset,
         msg_id=make_msg_id(msg.store_host, msg.physical_offset),
-        body=msg.body, keys=msg.keys, tags=msg.tags or "", properties=props,
-        born_timestamp_ms=msg.born_timestamp_ms, store_timestamp_ms=msg.store_timestamp_ms,
-        body_size=len(msg.body), size=size, uniq_key=msg.uniq_key or "", flag=msg.flag,
-    )  # fmt: skip
+        body=msg.body,
+        keys=msg.keys,
+        tags=msg.tags or "",
+        properties=props,
+        born_timestamp_ms=msg.born_timestamp_ms,
+        store_timestamp_ms=msg.store_timestamp_ms,
+        body_size=len(msg.body),
+        size=size,
+        uniq_key=msg.uniq_key or "",
+        flag=msg.flag,
+    )

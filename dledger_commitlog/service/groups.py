@@ -20,13 +20,13 @@ import grpc
 from dledger_commitlog.common.protocol import origin_topic, reconsume_times
 from dledger_commitlog.log.commitlog import OutcomeUnknown, Overloaded, PutFailed
 from dledger_commitlog.messaging.group_fetch import Delivered
+from dledger_commitlog.messaging.group_lease import Lease
 from dledger_commitlog.messaging.group_state import (
     DEFAULT_ACK_WAIT_MS,
     DEFAULT_FIRST_RETRY_LEVEL,
     DEFAULT_MAX_RECONSUME,
     Claim,
     GroupConflict,
-    Lease,
     Settings,
     StaleLease,
     UnknownMessage,
@@ -85,17 +85,22 @@ class GroupRpcs(ServiceBase):
             first_retry_level=r.first_retry_level
             or min(DEFAULT_FIRST_RETRY_LEVEL, len(self.services.schedule.levels)),
         )
-        claims = [Claim(h.topic, h.queue_id, h.epoch, h.next_offset, h.in_flight,
-                        h.unacked_from) for h in r.held]  # fmt: skip
+        claims = [
+            Claim(h.topic, h.queue_id, h.epoch, h.next_offset, h.in_flight, h.unacked_from)
+            for h in r.held
+        ]
         groups = self.services.groups
         leases, generation = await self._run(
-            context, "heartbeat",
+            context,
+            "heartbeat",
             groups.heartbeat(r.group, r.member_id, r.client, subs, settings, claims),
-        )  # fmt: skip
+        )
         return pb.GroupHeartbeatResponse(
-            queues=_leases_pb(leases), session_timeout_ms=groups.session_timeout_ms,
-            heartbeat_interval_ms=groups.heartbeat_interval_ms, generation=generation,
-        )  # fmt: skip
+            queues=_leases_pb(leases),
+            session_timeout_ms=groups.session_timeout_ms,
+            heartbeat_interval_ms=groups.heartbeat_interval_ms,
+            generation=generation,
+        )
 
     async def GroupFetch(
         self, request: pb.GroupFetchRequest, context: Context
@@ -103,11 +108,13 @@ class GroupRpcs(ServiceBase):
         r = request
         await self._allow(context, "GroupFetch", lambda a: require_group(a, r.group))
         wait_s = min(max(r.wait_ms, 0), _MAX_WAIT_MS, int(self._timeout(context) * 1000)) / 1000
-        fetch = self.services.groups.fetch(r.group, r.member_id, r.max_messages, wait_s,
-                                           self._reads)  # fmt: skip
+        fetch = self.services.groups.fetch(
+            r.group, r.member_id, r.max_messages, wait_s, self._reads
+        )
         fetched = await self._run(context, "fetch", fetch)
-        reply = pb.GroupFetchResponse(queues=_leases_pb(fetched.leases),
-                                      generation=fetched.generation)  # fmt: skip
+        reply = pb.GroupFetchResponse(
+            queues=_leases_pb(fetched.leases), generation=fetched.generation
+        )
         if r.runs:
             reply.runs.extend(map(_run_pb, fetched.runs))
         elif fetched.runs:  # a client that knows only Delivery: decoded here, off the loop
@@ -117,8 +124,7 @@ class GroupRpcs(ServiceBase):
     async def GroupAck(self, request: pb.GroupAckRequest, context: Context) -> pb.GroupAckResponse:
         r = request
         await self._allow(context, "GroupAck", lambda a: require_group(a, r.group))
-        handles = [(h.topic, h.queue_id, h.queue_offset, h.epoch, h.end_offset)
-                   for h in r.handles]  # fmt: skip
+        handles = [(h.topic, h.queue_id, h.queue_offset, h.epoch, h.end_offset) for h in r.handles]
         ack = self.services.groups.ack(r.group, r.member_id, handles)
         acked = await self._run(context, "ack", ack)
         return pb.GroupAckResponse(acked=acked)
@@ -130,12 +136,15 @@ class GroupRpcs(ServiceBase):
         await self._allow(context, "GroupNack", lambda a: require_group(a, r.group))
         h = r.handle
         out = await self._run(
-            context, "nack", self.services.groups.nack(
-                r.group, r.member_id, (h.topic, h.queue_id, h.queue_offset, h.epoch),
-                r.delay_level),
-        )  # fmt: skip
-        return pb.GroupNackResponse(outcome=out.outcome, reconsume_times=out.reconsume_times,
-                                    delay_ms=out.delay_ms)  # fmt: skip
+            context,
+            "nack",
+            self.services.groups.nack(
+                r.group, r.member_id, (h.topic, h.queue_id, h.queue_offset, h.epoch), r.delay_level
+            ),
+        )
+        return pb.GroupNackResponse(
+            outcome=out.outcome, reconsume_times=out.reconsume_times, delay_ms=out.delay_ms
+        )
 
     async def GroupLeave(
         self, request: pb.GroupLeaveRequest, context: Context
@@ -174,38 +183,49 @@ class GroupRpcs(ServiceBase):
         state = await self._run(context, "describe", groups.state_of(r.group))
         summary = self.services.group_admin.summaries().get(r.group)
         if summary is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"unknown group {r.group!r}: no offsets committed and no live "
-                                "members")  # fmt: skip
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"unknown group {r.group!r}: no offsets committed and no live members",
+            )
         assert summary is not None
         reply = pb.GroupDescribeResponse(summary=_summary_pb(r.group, summary))
-        offsets = self.node.group_offsets
+        offsets = self.node.committed.group_offsets
         refs = {(t, q) for (g, t, q) in offsets if g == r.group}
         if state is not None:
             refs |= set(state.leases)
             now = groups.now_ms()
             for m in sorted(state.members.values(), key=lambda m: m.member_id):
-                reply.members.append(pb.GroupMemberInfo(
-                    member_id=m.member_id, client=m.client,
-                    last_seen_ms_ago=now - m.last_seen_ms,
-                    queues=_leases_pb(state.leases_of(m.member_id)),
-                ))  # fmt: skip
+                reply.members.append(
+                    pb.GroupMemberInfo(
+                        member_id=m.member_id,
+                        client=m.client,
+                        last_seen_ms_ago=now - m.last_seen_ms,
+                        queues=_leases_pb(state.leases_of(m.member_id)),
+                    )
+                )
             subs = {t: s for m in state.members.values() for t, s in m.subscriptions.items()}
             for topic, (kind, expression) in sorted(subs.items()):
-                reply.subscriptions.append(pb.Subscription(topic=topic, filter_kind=kind,
-                                                           expression=expression))  # fmt: skip
+                reply.subscriptions.append(
+                    pb.Subscription(topic=topic, filter_kind=kind, expression=expression)
+                )
         for topic, q in sorted(refs):
             lease = state.leases.get((topic, q)) if state is not None else None
             committed = offsets.get((r.group, topic, q), -1)
             high = groups.queue_end(topic, q)
             done = lease.frontier if lease is not None else max(committed, 0)
-            reply.queues.append(pb.GroupQueueInfo(
-                topic=topic, queue_id=q, committed=committed, max_offset=high,
-                lag=max(0, high - done), owner=(lease.owner or "") if lease else "",
-                epoch=lease.epoch if lease else 0,
-                in_flight=lease.in_flight_count() if lease else 0,
-                revoking=bool(lease and lease.target is not None),
-            ))  # fmt: skip
+            reply.queues.append(
+                pb.GroupQueueInfo(
+                    topic=topic,
+                    queue_id=q,
+                    committed=committed,
+                    max_offset=high,
+                    lag=max(0, high - done),
+                    owner=(lease.owner or "") if lease else "",
+                    epoch=lease.epoch if lease else 0,
+                    in_flight=lease.in_flight_count() if lease else 0,
+                    revoking=bool(lease and lease.target is not None),
+                )
+            )
         return reply
 
     async def GroupResetOffsets(
@@ -221,8 +241,13 @@ class GroupRpcs(ServiceBase):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         groups = self.services.groups
         queues = [r.queue_id] if r.queue_id != -1 else list(range(groups.queue_count(r.topic)))
-        moved = await self._run(context, "reset-offsets", self.services.group_admin.reset_offsets(
-            r.group, r.topic, queues, r.to, r.value, r.force))  # fmt: skip
+        moved = await self._run(
+            context,
+            "reset-offsets",
+            self.services.group_admin.reset_offsets(
+                r.group, r.topic, queues, r.to, r.value, r.force
+            ),
+        )
         return pb.GroupResetOffsetsResponse(
             offsets=[pb.GroupOffset(topic=r.topic, queue_id=q, offset=o) for q, o in moved]
         )
@@ -232,13 +257,16 @@ class GroupRpcs(ServiceBase):
         await self._allow(context, "GroupDlq", lambda a: require_group(a, r.group))
         resend = list(r.resend_offsets) if (r.resend_offsets or r.resend_all) else None
         messages, resent, next_offset, high = await self._run(
-            context, "dlq", self.services.group_admin.dlq(r.group, r.from_offset, r.max_messages,
-                                                     resend),
-        )  # fmt: skip
+            context,
+            "dlq",
+            self.services.group_admin.dlq(r.group, r.from_offset, r.max_messages, resend),
+        )
         return pb.GroupDlqResponse(
             messages=[stored_message_pb(m, size) for m, size in messages],
-            resent=resent, next_offset=next_offset, max_offset=high,
-        )  # fmt: skip
+            resent=resent,
+            next_offset=next_offset,
+            max_offset=high,
+        )
 
 
 def group_rights(account: Account, group: str, topics: Sequence[str]) -> None:
@@ -248,9 +276,14 @@ def group_rights(account: Account, group: str, topics: Sequence[str]) -> None:
 
 
 def _run_pb(d: Delivered) -> pb.DeliveryRun:
-    return pb.DeliveryRun(topic=d.topic, queue_id=d.queue_id, epoch=d.epoch,
-                          messages=b"".join(d.messages), delivery_counts=d.counts,
-                          reconsume_times=d.retries)  # fmt: skip
+    return pb.DeliveryRun(
+        topic=d.topic,
+        queue_id=d.queue_id,
+        epoch=d.epoch,
+        messages=b"".join(d.messages),
+        delivery_counts=d.counts,
+        reconsume_times=d.retries,
+    )
 
 
 def _deliveries_pb(runs: list[Delivered]) -> list[pb.Delivery]:
@@ -260,11 +293,15 @@ def _deliveries_pb(runs: list[Delivered]) -> list[pb.Delivery]:
         retries = d.retries or [-1] * len(d.messages)
         for raw, count, retried in zip(d.messages, d.counts, retries, strict=True):
             msg = decode_message(raw, verify_crc=False)  # checked against its entry
-            out.append(pb.Delivery(
-                message=stored_message_pb(msg, len(raw)), epoch=d.epoch,
-                reconsume_times=retried if retried >= 0 else reconsume_times(msg.properties),
-                origin_topic=origin_topic(msg.topic, msg.properties), delivery_count=count,
-            ))  # fmt: skip
+            out.append(
+                pb.Delivery(
+                    message=stored_message_pb(msg, len(raw)),
+                    epoch=d.epoch,
+                    reconsume_times=retried if retried >= 0 else reconsume_times(msg.properties),
+                    origin_topic=origin_topic(msg.topic, msg.properties),
+                    delivery_count=count,
+                )
+            )
     return out
 
 
@@ -274,7 +311,12 @@ def _leases_pb(leases: list[Lease]) -> list[pb.QueueLease]:
 
 def _summary_pb(group: str, s: dict[str, int | str | bool]) -> pb.GroupSummary:
     return pb.GroupSummary(
-        group=group, members=int(s["members"]), lag=int(s["lag"]), retries=int(s["retries"]),
-        dead_letters=int(s["dead_letters"]), strategy=str(s["strategy"]),
-        orderly=bool(s["orderly"]), generation=int(s["generation"]),
-    )  # fmt: skip
+        group=group,
+        members=int(s["members"]),
+        lag=int(s["lag"]),
+        retries=int(s["retries"]),
+        dead_letters=int(s["dead_letters"]),
+        strategy=str(s["strategy"]),
+        orderly=bool(s["orderly"]),
+        generation=int(s["generation"]),
+    )

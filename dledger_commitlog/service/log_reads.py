@@ -42,25 +42,28 @@ class LogReadRpcs(ServiceBase):
                 yield answer
             return
         chunk = min(r.chunk_bytes or _LOG_CHUNK, _MAX_LOG_CHUNK)
-        view = self.node.log_view()
+        view = self.node.committed.log_view()
         end = view.committed if r.end_pos == 0 else min(r.end_pos, view.committed)
         pos = r.from_pos
         if pos < view.min_pos and pos < end:
-            await context.abort(grpc.StatusCode.OUT_OF_RANGE, f"commit-log position {pos} is "
-                                f"below the first retained position {view.min_pos}")  # fmt: skip
+            await context.abort(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"commit-log position {pos} is below the first retained position {view.min_pos}",
+            )
         loop = asyncio.get_running_loop()
 
         def read(at: int, view: reads.LogView) -> asyncio.Future[pb.ReadLogChunk]:
             def work() -> pb.ReadLogChunk:
                 data = reads.read_log_checked(view, self.verified, at, chunk, end)
-                return pb.ReadLogChunk(pos=at, data=data, committed_pos=view.committed,
-                                       min_pos=view.min_pos)  # fmt: skip
+                return pb.ReadLogChunk(
+                    pos=at, data=data, committed_pos=view.committed, min_pos=view.min_pos
+                )
 
             return loop.run_in_executor(self._reads, work)
 
         def after(answer: pb.ReadLogChunk) -> asyncio.Future[pb.ReadLogChunk] | None:
             at = answer.pos + len(answer.data)
-            return read(at, self.node.log_view()) if at < end else None
+            return read(at, self.node.committed.log_view()) if at < end else None
 
         if pos < end:
             async for answer in _read_ahead(context, read(pos, view), after):
@@ -74,7 +77,7 @@ class LogReadRpcs(ServiceBase):
             offsets = head_reads.parse_offsets(raw)
         except InvalidMessage as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        view = self.node.log_view()
+        view = self.node.committed.log_view()
         if int(offsets[-1]) >= view.committed:
             why = f"offset {offsets[-1]} is not committed here yet (committed: {view.committed})"
             await context.abort(grpc.StatusCode.UNAVAILABLE, why)
@@ -85,9 +88,14 @@ class LogReadRpcs(ServiceBase):
 
             def work() -> pb.ReadLogChunk:
                 heads, tails, ends = head_reads.message_heads(view, part)
-                return pb.ReadLogChunk(pos=int(part[0]), heads=heads, tails=tails,
-                                       tail_offsets=ends, committed_pos=view.committed,
-                                       min_pos=view.min_pos)  # fmt: skip
+                return pb.ReadLogChunk(
+                    pos=int(part[0]),
+                    heads=heads,
+                    tails=tails,
+                    tail_offsets=ends,
+                    committed_pos=view.committed,
+                    min_pos=view.min_pos,
+                )
 
             return loop.run_in_executor(self._reads, work)
 
@@ -100,7 +108,7 @@ class LogReadRpcs(ServiceBase):
         def after(_answer: pb.ReadLogChunk) -> asyncio.Future[pb.ReadLogChunk] | None:
             nonlocal lo
             lo += head_reads.HEADS_PER_CHUNK
-            return read(lo, self.node.log_view()) if lo < len(offsets) else None
+            return read(lo, self.node.committed.log_view()) if lo < len(offsets) else None
 
         async for answer in _read_ahead(context, read(lo, view), after):
             yield answer
@@ -123,7 +131,7 @@ class LogReadRpcs(ServiceBase):
         except InvalidMessage as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         for want in r.queues:
-            queue = self.node.queue_view(want.topic, want.queue_id)
+            queue = self.node.committed.queue_view(want.topic, want.queue_id)
             if queue is None:
                 yield pb.QueueUnits(topic=want.topic, queue_id=want.queue_id)
                 continue
@@ -165,8 +173,8 @@ class LogReadRpcs(ServiceBase):
                 self._check_queue(q.topic, q.queue_id)
         except InvalidMessage as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        views = [self.node.queue_view(q.topic, q.queue_id) for q in r.queries]
-        log_view = self.node.log_view()
+        views = [self.node.committed.queue_view(q.topic, q.queue_id) for q in r.queries]
+        log_view = self.node.committed.log_view()
 
         def search() -> list[int]:
             return [

@@ -47,8 +47,9 @@ class MemberRpcs(ServiceBase):
         await self._caller(context, "MemberList")
         if not self.node.is_leader():
             await self._redirect(context)
-        return pb.MemberListResponse(members=members_pb(self.node.members()),
-                                     leader_id=self.node.node_id)  # fmt: skip
+        return pb.MemberListResponse(
+            members=members_pb(self.node.members()), leader_id=self.node.node_id
+        )
 
     async def MemberAdd(
         self, request: pb.MemberAddRequest, context: Context
@@ -135,5 +136,6 @@ def members_pb(members: Sequence[MemberStatus]) -> list[pb.Member]:
 
 
 def member_pb(m: MemberStatus) -> pb.Member:
-    return pb.Member(id=m.id, raft=m.raft, client=m.client, role=m.role, match_index=m.match,
-                     lag=m.lag)  # fmt: skip
+    return pb.Member(
+        id=m.id, raft=m.raft, client=m.client, role=m.role, match_index=m.match, lag=m.lag
+    )

@@ -3,7 +3,7 @@
 Owns `ReadRpcs`. Pull, QueryByKey and ReadRange read, check, decode and encode in
 the read pool (`_pull_reply`, `_query_reply`, `_range_reply`), never on the event
 loop that also runs Raft; the loop takes the snapshot they read with
-(`node.log_view`, `node.queue_view`) and does what must stay there (QueryByKey's
+(`node.committed.log_view`, `node.committed.queue_view`) and does what must stay there (QueryByKey's
 key-index lookup, ReadRange's first entry). Pull long-polls for new messages; every
 read serves committed data only.
 """
@@ -17,7 +17,7 @@ import grpc
 from dispatch.dispatcher import parse_tag_expression
 from dledger_commitlog.common.routes import group_of_msg_id
 from dledger_commitlog.log import entry_reads, reads
-from dledger_commitlog.log.message_route import offset_of_msg_id
+from dledger_commitlog.log.message_layout import offset_of_msg_id
 from dledger_commitlog.node.acl import Perm, require_topics
 from dledger_commitlog.service.base import (
     Context,
@@ -50,9 +50,11 @@ class ReadRpcs(ServiceBase):
             if which == "msg_id":
                 offset = offset_of_msg_id(request.msg_id)
                 group = group_of_msg_id(request.msg_id)
-                if group != self.cfg.group:  # multi-Raft: the id names another group
-                    raise KeyError(f"message id {request.msg_id} names group {group}, "
-                                   f"not group {self.cfg.group}")  # fmt: skip
+                if group != self.cfg.shard:  # multi-Raft: the id names another group
+                    raise KeyError(
+                        f"message id {request.msg_id} names shard {group}, "
+                        f"not shard {self.cfg.shard}"
+                    )
             elif which == "commitlog_offset":
                 offset = request.commitlog_offset
             else:
@@ -60,7 +62,7 @@ class ReadRpcs(ServiceBase):
             if request.linearizable:
                 await self._linearize(context)
             try:
-                msg, size = self.node.get_by_offset(offset)
+                msg, size = self.node.committed.get_by_offset(offset)
             except (OffsetOutOfRange, KeyError) as exc:
                 if which != "msg_id":
                     raise
@@ -96,8 +98,8 @@ class ReadRpcs(ServiceBase):
             wait_s = min(r.wait_ms / 1000, self._timeout(context))
             deadline = time.monotonic() + wait_s
             while True:
-                queue = self.node.queue_view(r.topic, r.queue_id)
-                view = self.node.log_view()
+                queue = self.node.committed.queue_view(r.topic, r.queue_id)
+                view = self.node.committed.log_view()
                 reply = await self._in_thread(
                     _pull_reply, queue, view, r, max_messages, tags, max_bytes
                 )
@@ -135,8 +137,8 @@ class ReadRpcs(ServiceBase):
         end = r.end_ms or int(time.time() * 1000)
         limit = min(r.max_messages or _DEFAULT_PULL, _MAX_PULL)
         # Candidates include hash collisions: ask for more, keep the exact matches.
-        candidates = self.node.query_offsets(r.topic, r.key, r.begin_ms, end, 4 * limit)
-        view = self.node.log_view()  # after the lookup: it covers every candidate
+        candidates = self.node.committed.query_offsets(r.topic, r.key, r.begin_ms, end, 4 * limit)
+        view = self.node.committed.log_view()  # after the lookup: it covers every candidate
         try:
             return await self._in_thread(_query_reply, view, candidates, r, end, limit)
         except CorruptEntry as exc:
@@ -157,18 +159,25 @@ class ReadRpcs(ServiceBase):
         max_entries = max(1, r.max_messages or _DEFAULT_RANGE)
         max_bytes = r.max_bytes or _DEFAULT_RANGE_BYTES
         try:
-            first, nxt = self.node.read_range(r.from_offset, 1, max_bytes)
+            first, nxt = self.node.committed.read_range(r.from_offset, 1, max_bytes)
         except KeyError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
         except CorruptEntry as exc:
             await context.abort(grpc.StatusCode.DATA_LOSS, damaged(exc))
-        view = self.node.log_view()  # the same moment: the same committed end
+        view = self.node.committed.log_view()  # the same moment: the same committed end
         spent = HEADER_SIZE + sum(map(len, first))  # the first entry's size
         pos = nxt - HEADER_SIZE
         if max_entries > 1 and pos < view.committed and spent < max_bytes:
             try:
-                return await self._in_thread(_range_reply, view, self.verified, first, pos,
-                                             max_entries - 1, max_bytes - spent)  # fmt: skip
+                return await self._in_thread(
+                    _range_reply,
+                    view,
+                    self.verified,
+                    first,
+                    pos,
+                    max_entries - 1,
+                    max_bytes - spent,
+                )
             except CorruptEntry as exc:
                 await context.abort(grpc.StatusCode.DATA_LOSS, damaged(exc))
             except OffsetOutOfRange:
@@ -214,9 +223,12 @@ def _range_reply(
 
 
 def _range_response(view: reads.LogView, messages: bytes, pos: int) -> pb.ReadRangeResponse:
-    return pb.ReadRangeResponse(messages=messages, next_offset=pos + HEADER_SIZE,
-                                committed_offset=view.committed,
-                                min_offset=view.min_pos + HEADER_SIZE)  # fmt: skip
+    return pb.ReadRangeResponse(
+        messages=messages,
+        next_offset=pos + HEADER_SIZE,
+        committed_offset=view.committed,
+        min_offset=view.min_pos + HEADER_SIZE,
+    )
 
 
 def _pull_reply(
@@ -228,8 +240,15 @@ def _pull_reply(
     max_bytes: int,
 ) -> pb.PullResponse:
     """One Pull's answer, read and encoded in the read pool."""
-    found = reads.pull_scan(queue, view, r.queue_offset, max_messages, tags,
-                            max_bytes=max_bytes, end_offset=r.end_offset)  # fmt: skip
+    found = reads.pull_scan(
+        queue,
+        view,
+        r.queue_offset,
+        max_messages,
+        tags,
+        max_bytes=max_bytes,
+        end_offset=r.end_offset,
+    )
     reply = pb.PullResponse(
         next_offset=found.next_offset,
         min_offset=queue.min_offset if queue is not None else 0,

@@ -7,13 +7,10 @@ through the Raft log (a system topic) so it survives failover.
 
 from __future__ import annotations
 
-import time
-import uuid
-
 import grpc
 
-from dispatch.dispatcher import OFFSETS_TOPIC, encode_offset_commit
 from dledger_commitlog.log.commitlog import OutcomeUnknown, Overloaded, PutFailed
+from dledger_commitlog.messaging.system_log import offset_commit_draft
 from dledger_commitlog.node.acl import Perm, require_topics
 from dledger_commitlog.service.base import Context
 from dledger_commitlog.service.groups import GroupRpcs, group_rights
@@ -38,7 +35,7 @@ class OffsetRpcs(GroupRpcs):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if request.linearizable:
             await self._dispatched_linearizable(context)
-        queues = self.node
+        queues = self.node.committed
         reply = pb.QueueOffsetsResponse(
             queues=[
                 pb.QueueOffset(topic=t, queue_id=q, min_offset=lo, max_offset=hi)
@@ -50,7 +47,7 @@ class OffsetRpcs(GroupRpcs):
         if self._local is not None and (account is None or account.reads_everything):
             # The files hold every topic: only for a caller who may read them all.
             reply.local_files.CopyFrom(self._local)
-            reply.local_files.log_file_end = self.node.log_view().file_end
+            reply.local_files.log_file_end = self.node.committed.log_view().file_end
         return reply
 
     async def CommitOffset(
@@ -73,19 +70,15 @@ class OffsetRpcs(GroupRpcs):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if self.node.leading_term() is not None:
             groups = self.services.groups
-            fenced = await self._run(context, "offset commit", groups.commit_fenced(
-                r.group, r.member_id, r.topic, r.queue_id, r.epoch, r.offset))  # fmt: skip
+            fenced = await self._run(
+                context,
+                "offset commit",
+                groups.commit_fenced(r.group, r.member_id, r.topic, r.queue_id, r.epoch, r.offset),
+            )
             if fenced:
                 return pb.CommitOffsetResponse()  # the coordinator commits it with the acks
         try:
-            spec = self.node.prepare(
-                OFFSETS_TOPIC,
-                encode_offset_commit(r.group, r.topic, r.queue_id, r.offset),
-                keys=[r.group],
-                uniq_key=uuid.uuid4().hex.upper(),
-                queue_id=0,
-                born_timestamp_ms=int(time.time() * 1000),
-            )
+            spec = self.node.prepare(offset_commit_draft(r.group, r.topic, r.queue_id, r.offset))
         except InvalidMessage as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
@@ -111,7 +104,7 @@ class OffsetRpcs(GroupRpcs):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if r.linearizable:
             await self._dispatched_linearizable(context)
-        offsets = self.node.group_offsets
+        offsets = self.node.committed.group_offsets
         queues = [r.queue_id] if r.queue_id != -1 else range(self.cfg.queues_per_topic)
         return pb.FetchOffsetResponse(
             offsets=[

@@ -6,7 +6,7 @@ answered by any group's service of the process (it is the process's answer);
 `TopicUpdate` is a call of group 0 (the dispatcher sends it to group 0's service,
 a follower redirects to group 0's leader) and needs the admin right when the ACL
 is on. A single-group cluster answers `Route` with its one default route per topic
-and refuses `TopicUpdate`: every topic lives in group 1 there.
+and refuses `TopicUpdate`: every topic lives in shard 1 there.
 """
 
 from __future__ import annotations
@@ -20,15 +20,19 @@ from dledger_commitlog.service.base import Context, ServiceBase
 from proto import dledger_pb2 as pb
 from raft import NotLeader
 
-_OPS = {pb.TopicUpdateRequest.CREATE: "create", pb.TopicUpdateRequest.UPDATE: "update",
-        pb.TopicUpdateRequest.DELETE: "delete"}  # fmt: skip
+_OPS = {
+    pb.TopicUpdateRequest.CREATE: "create",
+    pb.TopicUpdateRequest.UPDATE: "update",
+    pb.TopicUpdateRequest.DELETE: "delete",
+}
 
 
 def route_pb(route: TopicRoute) -> pb.TopicRoute:
     return pb.TopicRoute(
-        topic=route.topic, configured=route.configured,
+        topic=route.topic,
+        configured=route.configured,
         groups=[pb.GroupQueues(group=g, queues=n) for g, n in route.groups],
-    )  # fmt: skip
+    )
 
 
 class RouteRpcs(ServiceBase):
@@ -37,19 +41,27 @@ class RouteRpcs(ServiceBase):
         wrong = self._check_cluster(request.cluster)
         if wrong:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, wrong)
-        host = self.host
+        host = self.shard_map
         table = host.table()
         if table is None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"node {self.cfg.node_id}'s process does not host group 0 "
-                                "(the routes): ask one that does")  # fmt: skip
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"node {self.cfg.node_id}'s process does not host shard 0 "
+                "(the routes): ask one that does",
+            )
         assert table is not None
-        routes = ([table.route(request.topic)] if request.topic
-                  else [table.configured[t] for t in sorted(table.configured)])  # fmt: skip
+        routes = (
+            [table.route(request.topic)]
+            if request.topic
+            else [table.configured[t] for t in sorted(table.configured)]
+        )
         return pb.RouteResponse(
-            data_groups=table.data_groups, queues_per_topic=table.queues_per_topic,
-            routes=[route_pb(r) for r in routes], leaders=host.leaders(), version=table.version,
-        )  # fmt: skip
+            data_groups=table.shard_count,  # the wire keeps its field names
+            queues_per_topic=table.queues_per_topic,
+            routes=[route_pb(r) for r in routes],
+            leaders=host.leaders(),
+            version=table.version,
+        )
 
     async def TopicUpdate(
         self, request: pb.TopicUpdateRequest, context: Context
@@ -58,15 +70,19 @@ class RouteRpcs(ServiceBase):
         wrong = self._check_cluster(request.cluster)
         if wrong:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, wrong)
-        host = self.host
-        if host.data_groups == 1:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                "a single-group cluster: every topic lives in group 1 "
-                                "(start the cluster with --groups N to spread topics)")  # fmt: skip
-        if self.cfg.group != 0 or host.routes is None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"node {self.cfg.node_id}'s process does not host group 0 "
-                                "(the routes): ask one that does")  # fmt: skip
+        host = self.shard_map
+        if host.shard_count == 1:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "a cluster of one shard: every topic lives in shard 1 "
+                "(start the cluster with --groups N to spread topics)",
+            )
+        if self.cfg.shard != 0 or host.routes is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"node {self.cfg.node_id}'s process does not host shard 0 "
+                "(the routes): ask one that does",
+            )
         assert host.routes is not None
         op = _OPS.get(request.op)
         if op is None:
@@ -74,16 +90,18 @@ class RouteRpcs(ServiceBase):
         assert op is not None
         groups = [(q.group, q.queues) for q in request.groups]
         try:
-            route, version = await host.routes.change(op, request.topic, groups,
-                                                      self._timeout(context))  # fmt: skip
+            route, version = await host.routes.change(
+                op, request.topic, groups, self._timeout(context)
+            )
         except RouteError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except NotLeader:
             await self._redirect(context)
         except TimeoutError:
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                "the route change did not commit in time; "
-                                "it may still")  # fmt: skip
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                "the route change did not commit in time; it may still",
+            )
         reply = pb.TopicUpdateResponse(version=version)
         if route is not None:
             reply.route.CopyFrom(route_pb(route))

@@ -29,7 +29,7 @@ from dledger_commitlog.service.writes import WriteRpcs
 from proto import dledger_pb2 as pb
 from raft import NotLeader
 from store.errors import InvalidMessage
-from store.message import Message
+from store.message import StoredMessage
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +73,10 @@ class TransactionRpcs(WriteRpcs):
             return reply
         half = self.services.system_log.message_at(r.half_offset)
         if half is None or half.uniq_key != HALF_KEY_PREFIX + r.transaction_id:
-            await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"no half message of transaction {r.transaction_id!r} at "
-                                f"offset {r.half_offset}")  # fmt: skip
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"no half message of transaction {r.transaction_id!r} at offset {r.half_offset}",
+            )
         assert half is not None
         topic = half.properties.get(PROPERTY_REAL_TOPIC, "")
         await self._check(context, account, lambda a: require_topics(a, [topic], Perm.PUB))
@@ -91,12 +92,15 @@ class TransactionRpcs(WriteRpcs):
         except TransactionConflict as exc:
             await context.abort(grpc.StatusCode.ABORTED, str(exc))
         except (OutcomeUnknown, TimeoutError) as exc:
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"{exc}; retry: ending "
-                                "a transaction twice the same way changes nothing")  # fmt: skip
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"{exc}; retry: ending a transaction twice the same way changes nothing",
+            )
         except (PutFailed, Overloaded) as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        reply = pb.EndTransactionResponse(committed=done.outcome == "commit",
-                                          duplicate=done.duplicate)  # fmt: skip
+        reply = pb.EndTransactionResponse(
+            committed=done.outcome == "commit", duplicate=done.duplicate
+        )
         if done.result is not None:
             reply.result.CopyFrom(result_pb(done.result))
         return reply
@@ -109,8 +113,10 @@ class TransactionRpcs(WriteRpcs):
         account = await self._caller(context, "TransactionChecks")
         hello = await anext(aiter(request_iterator), None)
         if hello is None or not hello.producer_group:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "the stream's first message names the producer group")  # fmt: skip
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "the stream's first message names the producer group",
+            )
         assert hello is not None
         group = hello.producer_group
         transactions = self.services.transactions
@@ -124,16 +130,27 @@ class TransactionRpcs(WriteRpcs):
             if a.action == pb.TransactionCheckAnswer.UNKNOWN:
                 return
             if (a.transaction_id, a.half_offset) not in asked:
-                log.warning("check answer for %s ignored: this stream was not asked about it",
-                            a.transaction_id)  # fmt: skip
+                log.warning(
+                    "check answer for %s ignored: this stream was not asked about it",
+                    a.transaction_id,
+                )
                 return
             try:
                 await transactions.end(
-                    a.transaction_id, a.half_offset, a.action == pb.TransactionCheckAnswer.COMMIT,
+                    a.transaction_id,
+                    a.half_offset,
+                    a.action == pb.TransactionCheckAnswer.COMMIT,
                     by="check",
-                )  # fmt: skip
-            except (NotLeader, UnknownTransaction, TransactionConflict, OutcomeUnknown,
-                    PutFailed, Overloaded, TimeoutError) as exc:  # fmt: skip
+                )
+            except (
+                NotLeader,
+                UnknownTransaction,
+                TransactionConflict,
+                OutcomeUnknown,
+                PutFailed,
+                Overloaded,
+                TimeoutError,
+            ) as exc:
                 log.info("check answer for %s not applied: %s", a.transaction_id, exc)
 
         async def read_answers() -> None:
@@ -160,16 +177,17 @@ class TransactionRpcs(WriteRpcs):
                 shown = _as_committed(check.message, topic)
                 asked.add((check.transaction_id, check.half_offset))
                 yield pb.TransactionCheck(
-                    transaction_id=check.transaction_id, half_offset=check.half_offset,
+                    transaction_id=check.transaction_id,
+                    half_offset=check.half_offset,
                     check_times=check.check_times,
                     message=stored_message_pb(shown, len(check.message.body)),
-                )  # fmt: skip
+                )
         finally:
             self.services.checks.close(group, checks)
             reader.cancel()
 
 
-def _as_committed(msg: Message, topic: str) -> Message:
+def _as_committed(msg: StoredMessage, topic: str) -> StoredMessage:
     """A half message as its real topic will hold it (for a producer's check)."""
     props = {
         k: v

@@ -19,7 +19,7 @@ import grpc
 
 from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
 from dledger_commitlog.common.protocol import PUT_FRAMES_ACCEPTED, PutResult
-from dledger_commitlog.log.commitlog import OutcomeUnknown, Overloaded, PutFailed, PutSpec
+from dledger_commitlog.log.commitlog import Draft, OutcomeUnknown, Overloaded, PutFailed, PutSpec
 from dledger_commitlog.messaging.group_state import DLQ_PREFIX, RETRY_PREFIX
 from dledger_commitlog.messaging.groups import reserved_topic, sharding_queue
 from dledger_commitlog.messaging.schedule import SCHEDULE_TOPIC, schedule, scheduled_properties
@@ -42,8 +42,10 @@ class WriteRpcs(ServiceBase):
         A message without a uniq_key gets one here, written into `m`: a forward of
         the request to the leader then carries the same key (one message, once)."""
         if reserved_topic(m.topic):
-            raise InvalidMessage(f"topic {m.topic!r}: the prefixes {SYSTEM_TOPIC_PREFIX}, "
-                                 f"{RETRY_PREFIX} and {DLQ_PREFIX} are reserved")  # fmt: skip
+            raise InvalidMessage(
+                f"topic {m.topic!r}: the prefixes {SYSTEM_TOPIC_PREFIX}, "
+                f"{RETRY_PREFIX} and {DLQ_PREFIX} are reserved"
+            )
         routed = self._routed_queues(m.topic)  # multi-Raft: this group's part of the route
         if m.sharding_key:
             if m.has_queue_id:
@@ -54,15 +56,17 @@ class WriteRpcs(ServiceBase):
         if routed is not None:
             if routed == 0:
                 raise InvalidMessage(
-                    f"topic {m.topic!r} has no queues in group {self.cfg.group}:"
+                    f"topic {m.topic!r} has no queues in shard {self.cfg.shard}:"
                     " a put here is outside its route (dledger topic route)"
                 )
             if not m.has_queue_id:
                 m.queue_id, m.has_queue_id = next(self._next_queue) % routed, True
             elif m.queue_id >= routed:
-                raise InvalidMessage(f"queue id {m.queue_id} outside [0, {routed}): topic "
-                                     f"{m.topic!r} has {routed} queues in group {self.cfg.group} "
-                                     "(its route changed: dledger topic route)")  # fmt: skip
+                raise InvalidMessage(
+                    f"queue id {m.queue_id} outside [0, {routed}): topic "
+                    f"{m.topic!r} has {routed} queues in shard {self.cfg.shard} "
+                    "(its route changed: dledger topic route)"
+                )
         if not m.uniq_key:
             m.uniq_key = uuid.uuid4().hex.upper()
         topic, uniq, qid = m.topic, m.uniq_key, m.queue_id if m.has_queue_id else None
@@ -75,22 +79,29 @@ class WriteRpcs(ServiceBase):
             topic, uniq, qid = HALF_TOPIC, HALF_KEY_PREFIX + uniq, 0
         elif m.delay_level or m.deliver_at_ms:
             placed = schedule(
-                topic, qid, uniq, delay_level=m.delay_level, deliver_at_ms=m.deliver_at_ms,
-                levels=self.services.schedule.levels, max_timer_delay_s=self.cfg.max_timer_delay_s,
+                topic,
+                qid,
+                uniq,
+                delay_level=m.delay_level,
+                deliver_at_ms=m.deliver_at_ms,
+                levels=self.services.schedule.levels,
+                max_timer_delay_s=self.cfg.max_timer_delay_s,
                 now_ms=int(time.time() * 1000),
-            )  # fmt: skip
+            )
             props = scheduled_properties(props, placed)
             topic, uniq, qid = SCHEDULE_TOPIC, placed.uniq_key, placed.queue_id
         return self.node.prepare(
-            topic,
-            m.body,
-            keys=list(m.keys),
-            tags=m.tags or None,
-            properties=props,
-            uniq_key=uniq,
-            queue_id=qid,
-            born_timestamp_ms=m.born_timestamp_ms or int(time.time() * 1000),
-            flag=m.flag,
+            Draft(
+                topic,
+                m.body,
+                uniq,
+                keys=list(m.keys),
+                tags=m.tags or None,
+                properties=props,
+                queue_id=qid,
+                born_timestamp_ms=m.born_timestamp_ms or int(time.time() * 1000),
+                flag=m.flag,
+            )
         )
 
     async def _put_specs(

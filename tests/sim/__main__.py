@@ -21,9 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     return run_seeds(
-        seeds, args.steps, lambda seed: Simulation(seed, args.nodes, membership=args.membership),
+        seeds,
+        args.steps,
+        lambda seed: Simulation(seed, args.nodes, membership=args.membership),
         stats=args.stats,
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

@@ -145,19 +145,25 @@ class Checker:
         if 0 < hs.conf_index <= len(self.canon):
             e = self.canon[hs.conf_index - 1]
             if e.kind is not EntryKind.CONFIG or e.data != hs.conf:
-                _fail(f"node {node_id}'s hard state records configuration {hs.conf!r} at "
-                      f"{hs.conf_index} but {e} was committed there")  # fmt: skip
+                _fail(
+                    f"node {node_id}'s hard state records configuration {hs.conf!r} at "
+                    f"{hs.conf_index} but {e} was committed there"
+                )
         seen = (core.role, core.term)
         if seen[0] in _CAMPAIGNING and self.roles.get(node_id) != seen:
             conf = core.membership
             if node_id not in conf.voters and not self._votes_in_committed(node_id, core):
-                _fail(f"node {node_id} became {core.role.value} in term {core.term} but is no "
-                      f"voter of its configuration (voters {conf.voters}, learners "
-                      f"{conf.learners}, entry {core.conf_index}), nor of the committed one "
-                      "while that is pending")  # fmt: skip
+                _fail(
+                    f"node {node_id} became {core.role.value} in term {core.term} but is no "
+                    f"voter of its configuration (voters {conf.voters}, learners "
+                    f"{conf.learners}, entry {core.conf_index}), nor of the committed one "
+                    "while that is pending"
+                )
             if node_id in self.learnt_removal or node_id in self.knows_removal:
-                _fail(f"node {node_id} became {core.role.value} in term {core.term} after it "
-                      f"learnt that the configuration at {removed} removed it")  # fmt: skip
+                _fail(
+                    f"node {node_id} became {core.role.value} in term {core.term} after it "
+                    f"learnt that the configuration at {removed} removed it"
+                )
         self.roles[node_id] = seen
         self._check_conf_current(node_id, core)
 
@@ -181,9 +187,11 @@ class Checker:
         last = self.conf_indexes[k - 1] if k else 0
         mine = core.conf_index
         if mine < last or (mine <= upto and mine != last):
-            _fail(f"node {node_id} is in the configuration of entry {mine} "
-                  f"({core.membership}) but the one committed at {last} is in effect at "
-                  f"its commit index {core.commit_index}")  # fmt: skip
+            _fail(
+                f"node {node_id} is in the configuration of entry {mine} "
+                f"({core.membership}) but the one committed at {last} is in effect at "
+                f"its commit index {core.commit_index}"
+            )
 
     @property
     def confs_committed(self) -> int:
@@ -196,8 +204,10 @@ class Checker:
         commit, term, voters = core.commit_index, core.term, core.membership.voters
         holders = [v for v in voters if v == node_id or self.acked.get((v, term), 0) >= commit]
         if 2 * len(holders) <= len(voters):
-            _fail(f"leader {node_id} (term {term}) committed {commit} but only {holders} of its "
-                  f"voters {voters} hold it")  # fmt: skip
+            _fail(
+                f"leader {node_id} (term {term}) committed {commit} but only {holders} of its "
+                f"voters {voters} hold it"
+            )
 
     def _check_leader_complete(self, node_id: int, core: RaftCore) -> None:
         """Entries committed in a term below the leader's must be in its log. The
@@ -351,8 +361,10 @@ class Checker:
         # A configuration newer than its log's last came from its hard state: fine.
         mine = view.conf_index
         if mine < prev_index or (mine == prev_index > 0 and view.conf != prev):
-            _fail(f"node {node_id}'s membership {view.conf} (entry {mine}) is not its log's "
-                  f"last configuration {prev} (entry {prev_index})")  # fmt: skip
+            _fail(
+                f"node {node_id}'s membership {view.conf} (entry {mine}) is not its log's "
+                f"last configuration {prev} (entry {prev_index})"
+            )
 
 
 def check_one_change(old: Membership, new: Membership, where: str) -> None:

@@ -67,8 +67,9 @@ class Cluster:
         if i in self.joined:
             seeds = tuple(p for p in self.peers if p not in self.joined)
             return Config(id=i, peers=seeds, join=True, **self.overrides)
-        return Config(id=i, peers=tuple(p for p in self.peers if p not in self.joined),
-                      **self.overrides)  # fmt: skip
+        return Config(
+            id=i, peers=tuple(p for p in self.peers if p not in self.joined), **self.overrides
+        )
 
     def add_node(self, i: int) -> None:
         """Start node i, empty, as a node joining the group (`Config.join`); the

@@ -50,9 +50,14 @@ class GroupView:
 
 class MultiSim:
     def __init__(
-        self, seed: int, groups: Sequence[int], nodes: int = 3, replay: str = "",
-        *, preferred: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        seed: int,
+        groups: Sequence[int],
+        nodes: int = 3,
+        replay: str = "",
+        *,
+        preferred: bool = True,
+    ) -> None:
         self.seed = seed
         self.replay = replay
         self.preferred = preferred
@@ -69,13 +74,22 @@ class MultiSim:
         for n in self.ids:
             for g in self.groups:
                 pref = preferred_leader(g, self.ids) if preferred else None
-                cfg = Config(id=n, peers=self.ids, election_ticks=10, heartbeat_ticks=heartbeat,
-                             preferred_leader=pref)  # fmt: skip
+                cfg = Config(
+                    id=n,
+                    peers=self.ids,
+                    election_ticks=10,
+                    heartbeat_ticks=heartbeat,
+                    preferred_leader=pref,
+                )
                 self.storage[n, g] = MemoryStorage()
                 self.hard[n, g] = HardState()
                 self.applied[n, g] = 0
-                self.cores[n, g] = RaftCore(cfg, self.storage[n, g], self.hard[n, g],
-                                            rng=random.Random(rng.randrange(1 << 32)))  # fmt: skip
+                self.cores[n, g] = RaftCore(
+                    cfg,
+                    self.storage[n, g],
+                    self.hard[n, g],
+                    rng=random.Random(rng.randrange(1 << 32)),
+                )
         # One ordered link per pair of nodes: (arrival ms, group, message), FIFO.
         self.links: dict[tuple[int, int], deque[tuple[int, int, Message]]] = {
             (a, b): deque() for a in self.ids for b in self.ids if a != b
@@ -193,8 +207,9 @@ class MultiSim:
                 if core.role is Role.LEADER:
                     first = view.leaders.setdefault(core.term, n)
                     if first != n:
-                        raise self.failure(f"group {g}: nodes {first} and {n} lead term "
-                                           f"{core.term}")  # fmt: skip
+                        raise self.failure(
+                            f"group {g}: nodes {first} and {n} lead term {core.term}"
+                        )
             seen = self.leader(g)
             if not view.changes or view.changes[-1][1] != seen:
                 view.changes.append((self.now, seen))

@@ -216,8 +216,11 @@ class Simulation:
                 self._on_persisted(arg)  # type: ignore[arg-type]
             case "compact":
                 eager = self.compaction == "eager"
-                self._push(self.now + self.rng.randrange(*((5, 60) if eager else (50, 400))),
-                           "compact", None)  # fmt: skip
+                self._push(
+                    self.now + self.rng.randrange(*((5, 60) if eager else (50, 400))),
+                    "compact",
+                    None,
+                )
                 self._compact(eager)
             case "member":
                 self._push(self.now + self.rng.randrange(30, 200), "member", None)

@@ -1,6 +1,6 @@
 """The `dledger` source over several Raft groups, its pure parts: queue keys and offsets
-JSON by group and queue, per-group planning and partitions, the `raft_group` column,
-a node directory's groups. (Reads of real multi-group clusters: test_spark_groups.py.)"""
+JSON by group and queue, per-group planning and partitions, the `shard` column,
+a node directory's groups. (Reads of real multi-group clusters: test_spark_shards.py.)"""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pyarrow as pa
 import pytest
 
 from analytics.errors import OptionError, retried
-from analytics.group_stores import GroupedStore, file_groups, with_group
 from analytics.offsets import (
     Narrowing,
     Offsets,
@@ -27,6 +26,7 @@ from analytics.offsets import (
 )
 from analytics.options import parse_offsets, parse_options
 from analytics.partitions import by_group, log_pieces, shares, split
+from analytics.shard_stores import ShardedStore, file_groups, with_group
 from analytics.sources import QueueInfo, Slice, parse_queue_ref, queue_key
 
 # "orders" in groups 1 and 2 (queue ids 0 and 1 in each), "pay" in group 3 only.
@@ -45,8 +45,12 @@ def test_queue_keys_keep_group_one_as_it_was() -> None:
     assert QUEUES[2].key == ("orders", 0, 2)
     assert Slice("t", 3, 0, 1, group=5).key == ("t", 3, 5)
     assert [parse_queue_ref(t) for t in ("0", "12", "1:4", "2:0", "30:7")] == [
-        0, 12, 4, (2, 0), (30, 7),
-    ]  # fmt: skip
+        0,
+        12,
+        4,
+        (2, 0),
+        (30, 7),
+    ]
     for bad in ("", "x", "-1", "2:", ":3", "0:1", "2:x", "1:2:3", " 1"):
         assert parse_queue_ref(bad) is None, bad
 
@@ -134,13 +138,13 @@ def test_ranges_and_partitions_never_span_groups() -> None:
 
 
 def test_raft_group_is_a_metadata_column() -> None:
-    opts = parse_options({**SERVERS, "columns": "msg_id,raft_group"}, streaming=False)
-    assert opts.columns == ("msg_id", "raft_group")
-    with pytest.raises(OptionError, match="raft_group"):  # the list of columns names it
+    opts = parse_options({**SERVERS, "columns": "msg_id,shard"}, streaming=False)
+    assert opts.columns == ("msg_id", "shard")
+    with pytest.raises(OptionError, match="shard"):  # the list of columns names it
         parse_options({**SERVERS, "columns": "nope"}, streaming=False)
     batch = pa.record_batch({"queue_id": pa.array([0, 1], pa.int32()), "msg_id": ["a", "b"]})
-    out = list(with_group(iter([batch]), ["raft_group", "msg_id"], 3))
-    assert out[0].schema.names == ["raft_group", "msg_id"]
+    out = list(with_group(iter([batch]), ["shard", "msg_id"], 3))
+    assert out[0].schema.names == ["shard", "msg_id"]
     assert out[0].column(0).to_pylist() == [3, 3] and out[0].column(0).type == pa.int32()
     assert list(with_group(iter([batch]), ["msg_id", "queue_id"], 3)) == [batch]
 
@@ -148,13 +152,19 @@ def test_raft_group_is_a_metadata_column() -> None:
 def test_a_node_directory_holds_group_one_at_its_root_and_the_others_under_groups(
     tmp_path: Path,
 ) -> None:
-    for rel in ("commitlog/data", "groups/0/commitlog/data", "groups/2/commitlog/data",
-                "groups/3/commitlog/data", "groups/junk/commitlog/data", "groups/4"):  # fmt: skip
+    for rel in (
+        "commitlog/data",
+        "groups/0/commitlog/data",
+        "groups/2/commitlog/data",
+        "groups/3/commitlog/data",
+        "groups/junk/commitlog/data",
+        "groups/4",
+    ):
         (tmp_path / rel).mkdir(parents=True)
     assert file_groups(tmp_path) == [1, 2, 3]  # 0 holds routes only; 4 holds no log
-    assert GroupedStore.files(str(tmp_path)).groups() == [1, 2, 3]
+    assert ShardedStore.files(str(tmp_path)).groups() == [1, 2, 3]
     assert file_groups(tmp_path / "groups" / "2") == [1]  # a group's own directory: one log
-    store = GroupedStore.files(str(tmp_path))
+    store = ShardedStore.files(str(tmp_path))
     try:
         assert store.queues() == []  # no consume queues yet
     finally:
@@ -169,7 +179,10 @@ def test_raft_group_filters_select_groups() -> None:
 
 def test_a_process_that_does_not_host_a_group_sends_the_read_to_another() -> None:
     assert retried("UNAVAILABLE", None)
-    assert retried("NOT_FOUND", "this node process hosts groups 0, 1, not group 2")
+    assert retried("NOT_FOUND", "this node process hosts shards 0, 1, not shard 2")
     assert not retried("NOT_FOUND", "queue offset 7 of t/0 was deleted by retention")
+    assert retried("FAILED_PRECONDITION", "node 2's process does not host shard 0 (the routes)")
+    # a server of the release before shards had their name
+    assert retried("NOT_FOUND", "this node process hosts groups 0, 1, not group 2")
     assert retried("FAILED_PRECONDITION", "node 2's process does not host group 0 (the routes)")
     assert not retried("FAILED_PRECONDITION", "this is cluster a, not b")

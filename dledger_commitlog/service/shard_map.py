@@ -1,9 +1,9 @@
-"""What one node process knows beyond the Raft group a call names (docs/scaling.md).
+"""What one node process knows beyond the shard a call names (docs/scaling.md).
 
-Owns `Host`: the groups the process hosts (their nodes: leaders and members) and,
-when it hosts the metadata group 0, the route table (`messaging.routes.RouteStore`).
-The process builds one (`process.hosted`) and hands it to every group's client
-service; a cluster of one data group has no group 0 and answers with its one
+Owns `ShardMap`: the shards the process hosts (their nodes: leaders and members) and,
+when it hosts the metadata shard 0, the route table (`messaging.routes.RouteStore`).
+The process builds one (`process.shards`) and hands it to every shard's client
+service; a cluster of one data shard has no shard 0 and answers with its one
 default route per topic.
 """
 
@@ -18,19 +18,19 @@ from proto import dledger_pb2 as pb
 
 
 @dataclass
-class Host:
-    """The process: its hosted groups' nodes and, with group 0, the route table."""
+class ShardMap:
+    """The process: its hosted shards' nodes and, with shard 0, the route table."""
 
-    data_groups: int
+    shard_count: int
     queues_per_topic: int
     nodes: Mapping[int, RaftNode] = field(default_factory=dict)
     routes: RouteStore | None = None
 
     def table(self) -> RouteTable | None:
-        """The route table (None: a multi-group process without group 0)."""
+        """The route table (None: a multi-shard process without shard 0)."""
         if self.routes is not None:
             return self.routes.current()
-        if self.data_groups == 1:
+        if self.shard_count == 1:
             return RouteTable(1, self.queues_per_topic)
         return None
 

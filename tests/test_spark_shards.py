@@ -2,7 +2,7 @@
 
 A topic of a three-group cluster has queues in every data group (the default route),
 put through `RoutedClient`; Spark reads them all, each row naming its group
-(`raft_group`), in every read path (files, ReadUnits + ReadLog, Pull) and offline from
+(`shard`), in every read path (files, ReadUnits + ReadLog, Pull) and offline from
 a stopped node's directory; a stream stays exactly-once while the leader of group 2 is
 killed and restarted. Shares the one Spark session of test_spark.py.
 """
@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from analytics.stores import open_groups
-from dledger_commitlog.cli.cluster_layout import groups_config
+from dledger_commitlog.cli.cluster_layout import shards_config
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import Client, ClientError, NodeStatus, PutResult, RoutedClient
 from dledger_commitlog.common.routes import group_of_msg_id
@@ -35,7 +35,7 @@ GROUPS = 3
 
 
 def grouped_cluster(make_cluster: Callable[..., LocalCluster], name: str) -> LocalCluster:
-    cluster = make_cluster(name, **groups_config(GROUPS))
+    cluster = make_cluster(name, **shards_config(GROUPS))
     for g in range(1, GROUPS + 1):
         group_leader(cluster, g)
     return cluster
@@ -43,7 +43,7 @@ def grouped_cluster(make_cluster: Callable[..., LocalCluster], name: str) -> Loc
 
 def group_leader(cluster: LocalCluster, group: int, exclude: int = 0) -> int:
     """The node that leads `group` (once one other than `exclude` does)."""
-    with Client([s.client for s in cluster], group=group) as client:
+    with Client([s.client for s in cluster], shard=group) as client:
 
         def leader() -> int:
             found = [s for s in client.status_all(timeout_s=1.0) if isinstance(s, NodeStatus)]
@@ -73,8 +73,9 @@ def wait_dispatched(cluster: LocalCluster, topic: str, count: int) -> None:
             finally:
                 store.close()
 
-        wait_until(total, 30, f"node {spec.id} to dispatch {count} of {topic}",
-                   ok=lambda n: n >= count)  # fmt: skip
+        wait_until(
+            total, 30, f"node {spec.id} to dispatch {count} of {topic}", ok=lambda n: n >= count
+        )
 
 
 def read(spark: SparkSession, topic: str, **options: str) -> DataFrame:
@@ -99,11 +100,11 @@ def test_a_batch_reads_every_group_of_a_topic_exactly_once(
         acked = put_routed(client, topic, 0, 150)
         put_routed(client, other, 0, 12)  # not read
         routes = client.routes()
-    assert routes.data_groups == GROUPS
+    assert routes.shard_count == GROUPS
     want = placed(acked)
     assert {g for g, _, _ in want.values()} == {1, 2, 3}  # the topic spans every group
     wait_dispatched(cluster, topic, 150)
-    columns = "msg_id,raft_group,queue_id,queue_offset,body"
+    columns = "msg_id,shard,queue_id,queue_offset,body"
     for how in (
         {},  # this host: each group's replica files
         {"localReads": "false", "partitioning": "log"},  # ReadUnits + ReadLog, per group
@@ -113,19 +114,22 @@ def test_a_batch_reads_every_group_of_a_topic_exactly_once(
         rows = df.collect()
         got = [r["msg_id"] for r in rows]
         assert len(got) == len(set(got)) == 150, how  # exactly once
-        assert {r["msg_id"]: (r["raft_group"], r["queue_id"], r["queue_offset"])
-                for r in rows} == want, how  # fmt: skip
+        assert {
+            r["msg_id"]: (r["shard"], r["queue_id"], r["queue_offset"]) for r in rows
+        } == want, how
         assert df.rdd.getNumPartitions() >= GROUPS, how  # a partition never spans groups
-    # The default schema is unchanged; raft_group is there when named (a metadata column).
+    # The default schema is unchanged; shard is there when named (a metadata column).
     plain = read(spark, topic, servers=servers)
-    assert "raft_group" not in plain.columns and plain.count() == 150
-    typed = spark.read.format("dledger").schema("raft_group int, queue_id int")
+    assert "shard" not in plain.columns and plain.count() == 150
+    typed = spark.read.format("dledger").schema("shard int, queue_id int")
     counts = typed.option("servers", servers).option("topics", topic).load()
-    by_group = {r["raft_group"]: r["n"] for r in counts.groupBy("raft_group").count()
-                .withColumnRenamed("count", "n").collect()}  # fmt: skip
+    by_group = {
+        r["shard"]: r["n"]
+        for r in counts.groupBy("shard").count().withColumnRenamed("count", "n").collect()
+    }
     assert by_group == {g: sum(1 for v in want.values() if v[0] == g) for g in (1, 2, 3)}
-    # raft_group = / IN are pushed down (groups chosen before reading), and exact.
-    two = read(spark, topic, servers=servers, columns="msg_id,raft_group").where("raft_group = 2")
+    # shard = / IN are pushed down (groups chosen before reading), and exact.
+    two = read(spark, topic, servers=servers, columns="msg_id,shard").where("shard = 2")
     assert {r["msg_id"] for r in two.collect()} == {m for m, v in want.items() if v[0] == 2}
     # Offsets by group and queue: start group 2's queue 0 at its end, read the rest.
     end = max(o for g, q, o in want.values() if (g, q) == (2, 0)) + 1
@@ -138,12 +142,11 @@ def test_a_batch_reads_every_group_of_a_topic_exactly_once(
     node = max(s.id for s in cluster)
     cluster.stop(node)
     offline = read(spark, topic, path=cluster.specs[node].data_dir, columns=columns).collect()
-    assert {r["msg_id"]: (r["raft_group"], r["queue_id"], r["queue_offset"])
-            for r in offline} == want  # fmt: skip
+    assert {r["msg_id"]: (r["shard"], r["queue_id"], r["queue_offset"]) for r in offline} == want
     assert len(offline) == 150
 
 
-_STREAM_COLUMNS = "msg_id,raft_group,queue_id,queue_offset"
+_STREAM_COLUMNS = "msg_id,shard,queue_id,queue_offset"
 
 
 @contextlib.contextmanager
@@ -151,12 +154,18 @@ def _stream(
     spark: SparkSession, servers: str, topic: str, sink: Path, checkpoint: Path, now: bool
 ) -> Iterator[StreamingQuery]:
     writer = (
-        spark.readStream.format("dledger").option("servers", servers).option("topics", topic)
-        .option("columns", _STREAM_COLUMNS).option("localReads", "false")
-        .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "60").load()
-        .writeStream.format("parquet").option("path", str(sink))
+        spark.readStream.format("dledger")
+        .option("servers", servers)
+        .option("topics", topic)
+        .option("columns", _STREAM_COLUMNS)
+        .option("localReads", "false")
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", "60")
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(sink))
         .option("checkpointLocation", str(checkpoint))
-    )  # fmt: skip
+    )
     trigger = {"availableNow": True} if now else {"processingTime": "200 milliseconds"}
     query = writer.trigger(**trigger).start()
     try:
@@ -194,22 +203,31 @@ def test_a_stream_over_groups_is_exactly_once_across_a_group_leader_kill(
     commits = checkpoint / "commits"
     try:
         with _stream(spark, servers, topic, sink, checkpoint, now=False) as query:
-            wait_until(lambda: len(_files(commits)), 120, "first micro-batches",
-                       ok=lambda n: n >= 2)  # fmt: skip
+            wait_until(
+                lambda: len(_files(commits)), 120, "first micro-batches", ok=lambda n: n >= 2
+            )
             t.start()
             assert written.wait(30)
             victim = group_leader(cluster, 2)
             cluster.kill(victim)
             group_leader(cluster, 2, exclude=victim)
             done = len(_files(commits))
-            wait_until(lambda: len(_files(commits)), 120, "micro-batches after the kill",
-                       ok=lambda n: n >= done + 3)  # fmt: skip
+            wait_until(
+                lambda: len(_files(commits)),
+                120,
+                "micro-batches after the kill",
+                ok=lambda n: n >= done + 3,
+            )
             cluster.start(victim)
             for g in range(1, GROUPS + 1):
                 group_leader(cluster, g)
             done = len(_files(commits))
-            wait_until(lambda: len(_files(commits)), 120, "micro-batches after the restart",
-                       ok=lambda n: n >= done + 2)  # fmt: skip
+            wait_until(
+                lambda: len(_files(commits)),
+                120,
+                "micro-batches after the restart",
+                ok=lambda n: n >= done + 2,
+            )
             assert query.exception() is None
     finally:
         stop.set()
@@ -222,9 +240,9 @@ def test_a_stream_over_groups_is_exactly_once_across_a_group_leader_kill(
     got = [r["msg_id"] for r in spark.read.parquet(str(sink)).collect()]
     assert len(got) == len(set(got))  # exactly once
     assert {r.msg_id for r in acked} <= set(got)  # every acknowledged put
-    committed = read(spark, topic, servers=servers, columns="msg_id,raft_group").collect()
+    committed = read(spark, topic, servers=servers, columns="msg_id,shard").collect()
     assert set(got) == {r["msg_id"] for r in committed}  # nothing uncommitted
-    assert all(group_of_msg_id(r["msg_id"]) == r["raft_group"] for r in committed)
+    assert all(group_of_msg_id(r["msg_id"]) == r["shard"] for r in committed)
     last = max(_files(checkpoint / "offsets"), key=lambda p: int(p.name))
     offsets = json.loads(last.read_text().splitlines()[-1])
     assert {"1:0", "2:0", "3:0"} <= set(offsets[topic])  # one offset per group and queue

@@ -1,11 +1,11 @@
-"""`GroupedStore`: every data group of a multi-Raft cluster (or of a node's files) as one store.
+"""`ShardedStore`: every data group of a multi-Raft cluster (or of a node's files) as one store.
 
 A multi-Raft cluster (docs/scaling.md) keeps each data group 1..N in a log of
 its own, with its own queues (queue ids 0..n-1 in each group), commit-log
 offsets and leader; group 0 holds only the topic routes. A read covers every
-data group: the groups come from a node's `Route` answer (`data_groups`; 1 from
+data group: the groups come from a node's `Route` answer (`shard_count`; 1 from
 a single-group cluster) or, for files, from the directory layout (group 1 at
-the data directory's root, group g at `groups/<g>`, `node.config.group_dir`;
+the data directory's root, group g at `groups/<g>`, `node.config.shard_dir`;
 group 0 skipped). Each group is read by a store of its own (`ServerStore` over
 the same channels, every call naming its group; `OfflineStore` over the group's
 directory), and this store answers `sources`' questions for all of them:
@@ -17,7 +17,7 @@ directory), and this store answers `sources`' questions for all of them:
   (all slices of a piece are of one group: `partitions` cuts per group);
 - `offsets_for_times` sends each group its queries (`offsets.time_query`).
 
-The `raft_group` column (a metadata column: not in the default schema, decoded
+The `shard` column (a metadata column: not in the default schema, decoded
 when named, `sources.METADATA_COLUMNS`) is added here, as a constant column of
 each batch; the group stores never see it.
 
@@ -44,11 +44,11 @@ from analytics.sources import METADATA_COLUMNS, LogPiece, QueueInfo, Slice
 if TYPE_CHECKING:
     from analytics.offsets import TimeQuery
 
-GROUP_COLUMN = "raft_group"
-assert GROUP_COLUMN in METADATA_COLUMNS
+SHARD_COLUMN = "shard"
+assert SHARD_COLUMN in METADATA_COLUMNS
 
 
-class GroupedStore:
+class ShardedStore:
     """Every data group of a cluster (`servers`) or a node's directory (`files`)."""
 
     def __init__(
@@ -65,7 +65,7 @@ class GroupedStore:
         self._stores: dict[int, ServerStore | OfflineStore] = {}
 
     @classmethod
-    def files(cls, path: str, groups: Sequence[int] | None = None) -> GroupedStore:
+    def files(cls, path: str, groups: Sequence[int] | None = None) -> ShardedStore:
         return cls(path=path, groups=groups)
 
     @property
@@ -76,7 +76,7 @@ class GroupedStore:
         """The data groups read, in order (asked once)."""
         if self._groups is None:
             if self._server is not None:
-                self._groups = list(range(1, self._server.data_groups() + 1))
+                self._groups = list(range(1, self._server.shard_count() + 1))
             else:
                 assert self._path is not None
                 self._groups = file_groups(self._path)
@@ -150,8 +150,7 @@ class GroupedStore:
         if isinstance(store, OfflineStore):
             batches = store.read(piece.topic, piece.queue_id, piece.start, piece.end, asked)
         else:
-            batches = store.read(piece.topic, piece.queue_id, piece.start, piece.end, asked,
-                                 hint)  # fmt: skip
+            batches = store.read(piece.topic, piece.queue_id, piece.start, piece.end, asked, hint)
         return with_group(batches, columns, piece.group)
 
     def read_piece(
@@ -194,20 +193,20 @@ def _one_group(slices: Sequence[Slice]) -> int:
 def _store_columns(columns: Sequence[str]) -> list[str]:
     """The columns a group's store decodes (the metadata columns are added here)."""
     asked = [c for c in columns if c not in METADATA_COLUMNS]
-    return asked or ["queue_id"]  # a read of raft_group only: the rows, cheaply
+    return asked or ["queue_id"]  # a read of shard only: the rows, cheaply
 
 
 def with_group(
     batches: Iterator[pa.RecordBatch], columns: Sequence[str], group: int
 ) -> Iterator[pa.RecordBatch]:
-    """`batches` with the columns asked for, in order, `raft_group` added when asked."""
-    if GROUP_COLUMN not in columns:
+    """`batches` with the columns asked for, in order, `shard` added when asked."""
+    if SHARD_COLUMN not in columns:
         yield from batches
         return
     for batch in batches:
         arrays: list[Any] = []
         for c in columns:
-            if c == GROUP_COLUMN:
+            if c == SHARD_COLUMN:
                 arrays.append(pa.array(np.full(batch.num_rows, group, np.int32)))
             else:
                 arrays.append(batch.column(c))

@@ -1,6 +1,6 @@
-"""Where a message goes, read and written at fixed places of its encoding.
+"""A message's placement, read and written at fixed places of its encoding.
 
-Owns what the put path reads of an encoded message without decoding it (`route_of`:
+Owns what the put path reads of an encoded message without decoding it (`placement_of`:
 topic, queue, queue offset, store time, UNIQ_KEY), what the leader writes into it
 when it assigns the queue (`stamp`), and message ids (RocketMQ's layout: store host
 and commit-log offset). Invariant: these read and write the layout of
@@ -34,8 +34,8 @@ _UNIQ_NAME = b"UNIQ_KEY\x01"  # properties (name \x01 value \x02 ...) end a mess
 _ROUTE = struct.Struct(f">{QUEUE_ID_POS}xi{QUEUE_OFFSET_POS - QUEUE_ID_POS - 4}xq")
 
 
-class Route(NamedTuple):
-    """What the put path's tables need of a committed message (see `route_of`)."""
+class Placement(NamedTuple):
+    """What the put path's tables need of a committed message (see `placement_of`)."""
 
     topic: str
     queue_id: int
@@ -49,7 +49,7 @@ def _topic_text(raw: bytes) -> str:
     return raw.decode("ascii")
 
 
-def route_of(data: bytes) -> Route:
+def placement_of(data: bytes) -> Placement:
     """Topic, queue, offset, store time and UNIQ_KEY of an encoded message, read at their
     fixed places without decoding the properties: for entries the log already checked
     (a leader encoded them, a follower refused an append holding anything else)."""
@@ -57,7 +57,7 @@ def route_of(data: bytes) -> Route:
     (store_ms,) = _I64.unpack_from(data, STORE_TIMESTAMP_POS)
     at = FIXED_PART_SIZE + _I32.unpack_from(data, BODY_LENGTH_POS)[0]
     topic = _topic_text(data[at + 1 : at + 1 + data[at]])
-    return Route(topic, queue_id, queue_offset, store_ms, _uniq_in(data, at + 3 + data[at]))
+    return Placement(topic, queue_id, queue_offset, store_ms, _uniq_in(data, at + 3 + data[at]))
 
 
 def uniq_of(data: bytes) -> str | None:
