@@ -96,34 +96,34 @@ def _servers(args: argparse.Namespace) -> tuple[list[str], Access]:
 
 
 def _store(args: argparse.Namespace) -> Any:
-    """What `dledger export` reads: one Raft group, --shard's or the only data
-    group there is. A multi-Raft cluster's groups export one at a time, each to a
+    """What `dledger export` reads: one shard, --shard's or the only data
+    shard there is. A multi-shard cluster's shards export one at a time, each to a
     directory of its own (their queue ids and offsets are their own)."""
-    from analytics.stores import open_groups
+    from analytics.stores import open_shards
 
     if args.path:
-        grouped = open_groups(path=args.path)
+        sharded = open_shards(path=args.path)
     else:
         servers, access = _servers(args)
-        grouped = open_groups(servers, timeout_s=args.timeout, access=access)
+        sharded = open_shards(servers, timeout_s=args.timeout, access=access)
     try:
-        return grouped.group(_export_group(args, grouped.groups()))  # closed by `export`
+        return sharded.shard(_export_shard(args, sharded.shards()))  # closed by `export`
     except BaseException:
-        grouped.close()
+        sharded.close()
         raise
 
 
-def _export_group(args: argparse.Namespace, groups: list[int]) -> int:
-    """--shard if it is one of `groups`, or the only one (UsageError otherwise)."""
-    group = args.shard if args.shard is not None or len(groups) > 1 else groups[0]
-    if group not in groups:
-        named = "" if group is None else f"--shard {group}: not a data group here; "
+def _export_shard(args: argparse.Namespace, shards: list[int]) -> int:
+    """--shard if it is one of `shards`, or the only one (UsageError otherwise)."""
+    shard = args.shard if args.shard is not None or len(shards) > 1 else shards[0]
+    if shard not in shards:
+        named = "" if shard is None else f"--shard {shard}: not a data shard here; "
         raise UsageError(
-            f"{named}the data groups are {', '.join(map(str, groups))}: export "
+            f"{named}the data shards are {', '.join(map(str, shards))}: export "
             "one at a time, each to a directory of its own "
             "(--shard G --to DIR-G)"
         )
-    return int(group)
+    return int(shard)
 
 
 # ---------------------------------------------------------------- export

@@ -28,11 +28,11 @@ committed offsets `{"topic": {"queue": next offset}}`; each micro-batch reads
 `maxTriggerDelay` has passed; Spark checkpoints the offsets, so a restarted
 query resumes exactly where it stopped. Only committed messages are ever read.
 
-Multi-Raft clusters (docs/analytics.md): the store is every data group
-(`analytics.shard_stores`, groups asked once, by the first planning), a queue
-is keyed by its group too (`"G:Q"` in offsets JSON and checkpoints; group 1's
-stay `"Q"`), partitions are cut per group, never across
-groups, and `shard` is a metadata column: not in the default schema,
+Multi-Raft clusters (docs/analytics.md): the store is every data shard
+(`analytics.shard_stores`, shards asked once, by the first planning), a queue
+is keyed by its shard too (`"G:Q"` in offsets JSON and checkpoints; shard 1's
+stay `"Q"`), partitions are cut per shard, never across
+shards, and `shard` is a metadata column: not in the default schema,
 decoded when the schema or `columns` names it.
 
 Filter pushdown needs `spark.sql.python.filterPushdown.enabled=true` (what
@@ -80,7 +80,7 @@ from analytics.offsets import Narrowing, Offsets
 from analytics.options import ReadOptions, columns_option, parse_options
 from analytics.shard_stores import ShardedStore
 from analytics.sources import METADATA_COLUMNS, SYSTEM_TOPIC_PREFIX, LogPiece, QueueInfo, Slice
-from analytics.stores import open_groups
+from analytics.stores import open_shards
 
 FORMAT = "dledger"
 _TYPES = {**SPARK_TYPES, **METADATA_COLUMNS}  # every column a schema may name
@@ -162,19 +162,19 @@ class _Base:
         self.options = options
         self.columns = columns_of(schema, options.columns)
         self.narrowing = Narrowing()
-        self._groups: list[int] | None = None  # the data groups, once a planner asked
+        self._shards: list[int] | None = None  # the data shards, once a planner asked
 
-    def _store(self, prefer: int = 0, groups: list[int] | None = None) -> ShardedStore:
-        """Every data group (`groups`: known ones; else the planner's, or asked once)."""
+    def _store(self, prefer: int = 0, shards: list[int] | None = None) -> ShardedStore:
+        """Every data shard (`shards`: known ones; else the planner's, or asked once)."""
         opts = self.options
-        return open_groups(
+        return open_shards(
             opts.servers,
             opts.path,
             opts.timeout_s,
             prefer,
             _access(opts),
             opts.local_reads,
-            groups or self._groups,
+            shards or self._shards,
         )
 
     def _queues(self, store: ShardedStore) -> list[QueueInfo]:
@@ -183,17 +183,17 @@ class _Base:
         for topic in offsets.named_topics(opts):
             if topic.startswith(SYSTEM_TOPIC_PREFIX):  # only when asked for by name
                 found += store.queues(topic)
-        self._groups = store.groups()
+        self._shards = store.shards()
         return self.narrowing.queues(offsets.choose(found, opts))
 
     def _partitions(self, store: ShardedStore, slices: list[Slice]) -> list[InputPartition]:
-        """Each group's slices cut as one read's (`analytics.partitions`), never across
-        groups; log pieces shared among the groups by their bytes."""
+        """Each shard's slices cut as one read's (`analytics.partitions`), never across
+        shards; log pieces shared among the shards by their bytes."""
         opts = self.options
-        per_group = partitions.by_group(slices)
+        per_shard = partitions.by_shard(slices)
         spans = {
             g: store.unit_span(ss) if opts.partitioning != "queue" else None
-            for g, ss in per_group.items()
+            for g, ss in per_shard.items()
         }
         files = store.offline
         logged = {
@@ -206,7 +206,7 @@ class _Base:
         )
         share = dict(zip(logged, counts, strict=True))
         out: list[InputPartition] = []
-        for g, ss in per_group.items():
+        for g, ss in per_shard.items():
             local = store.offered(g) if opts.local_reads else None
             span = logged.get(g)
             if span is not None:
@@ -223,7 +223,7 @@ class _Base:
         if partition is None or partition.value is None:  # Spark's stand-in when there are none
             return
         kind, piece, prefer, local = partition.value
-        store = self._store(prefer, [piece.group])
+        store = self._store(prefer, [piece.shard])
         try:
             if kind == "log":
                 batches = store.read_piece(piece, self.columns, local)
@@ -288,12 +288,12 @@ class DLedgerFilteringBatchReader(DLedgerBatchReader):
                 self.narrowing = n.with_topics(value, what)
                 return True
             return False
-        if column == "shard":  # a metadata column: only = and IN select groups
+        if column == "shard":  # a metadata column: only = and IN select shards
             if equal and _is_int(value):
-                self.narrowing = n.with_groups([value], what)
+                self.narrowing = n.with_shards([value], what)
                 return True
             if isinstance(f, In) and all(_is_int(v) for v in value):
-                self.narrowing = n.with_groups(value, what)
+                self.narrowing = n.with_shards(value, what)
                 return True
             return False
         if column in ("queue_id", "queue_offset"):

@@ -357,18 +357,18 @@ class OfflineStore:
         return self.read_rows(self.piece_rows(piece), columns)
 
     def read_rows(self, rows: Rows, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
-        """Rows grouped by data segment (each mapped once), in batches of about BATCH_ROWS."""
+        """Rows sharded by data segment (each mapped once), in batches of about BATCH_ROWS."""
         if not len(rows):
             return
         seg = self._segment_index(rows.offsets)
-        groups: list[tuple[int, Int64s | slice]]
+        shards: list[tuple[int, Int64s | slice]]
         if seg[0] == seg[-1] and (seg == seg[0]).all():
-            groups = [(int(seg[0]), slice(0, len(rows)))]
+            shards = [(int(seg[0]), slice(0, len(rows)))]
         else:
             perm = np.argsort(seg, kind="stable")
             cuts = [0, *(np.flatnonzero(np.diff(seg[perm])) + 1).tolist(), len(rows)]
-            groups = [(int(seg[perm[a]]), perm[a:b]) for a, b in itertools.pairwise(cuts)]
-        for index, take in groups:
+            shards = [(int(seg[perm[a]]), perm[a:b]) for a, b in itertools.pairwise(cuts)]
+        for index, take in shards:
             base = int(self._starts[index])
             buf = self._segment(index)
             where = str(self._segments[index][1])

@@ -14,14 +14,14 @@ each queue's range exactly, and `store_timestamp` bounds become offsets by binar
 search, widened by `timestampSlackMs` (a leader's clock may step back a little);
 Spark checks those rows again.
 
-Raft groups (a multi-Raft cluster, docs/analytics.md): a queue is keyed by
-(topic, queue id) in group 1 and (topic, queue id, group) in any other
-(`analytics.sources.QueueKey`), so a read of group 1 alone keys its queues,
+shards (a multi-shard cluster, docs/analytics.md): a queue is keyed by
+(topic, queue id) in shard 1 and (topic, queue id, shard) in any other
+(`analytics.sources.QueueKey`), so a read of shard 1 alone keys its queues,
 checkpoints included, by (topic, queue id). In JSON (options and checkpoints) a
-queue is "Q" (group 1) or "G:Q" (group G): `to_json` writes every queue of a
-read that holds any group but 1 as "G:Q", else as "Q"; `from_json` takes both.
-A store's timestamp lookups are (topic, queue id, ms) in group 1 and (topic,
-queue id, ms, group) otherwise (`time_query`).
+queue is "Q" (shard 1) or "G:Q" (shard G): `to_json` writes every queue of a
+read that holds any shard but 1 as "G:Q", else as "Q"; `from_json` takes both.
+A store's timestamp lookups are (topic, queue id, ms) in shard 1 and (topic,
+queue id, ms, shard) otherwise (`time_query`).
 
 Invariants: the offsets `resolve` and `resolve_times` give lie within each
 queue's [min_offset, max_offset] (an offset outside is an `OptionError` naming
@@ -53,20 +53,20 @@ from analytics.sources import (
 )
 
 Offsets = dict[QueueKey, int]
-K = TypeVar("K", bound=QueueKey)  # offsets of any keys (group 1's alone: (topic, queue id))
+K = TypeVar("K", bound=QueueKey)  # offsets of any keys (shard 1's alone: (topic, queue id))
 TimeQuery = tuple[str, int, int] | tuple[str, int, int, int]  # see the module doc
 Lookup = Callable[[Sequence[TimeQuery]], list[int]]  # store.offsets_for_times
 
 
 def time_query(key: QueueKey, ts: int) -> TimeQuery:
     """The lookup of the first offset of queue `key` stored at or after `ts`."""
-    topic, queue_id, group = key_parts(key)
-    return (topic, queue_id, ts) if group == 1 else (topic, queue_id, ts, group)
+    topic, queue_id, shard = key_parts(key)
+    return (topic, queue_id, ts) if shard == 1 else (topic, queue_id, ts, shard)
 
 
 def queue_ids(queues: Iterable[QueueInfo], topic: str) -> list[int] | list[str]:
-    """A topic's queues, for messages: ids (group 1 only), else "G:Q" names."""
-    keys = sorted((q.group, q.queue_id) for q in queues if q.topic == topic)
+    """A topic's queues, for messages: ids (shard 1 only), else "G:Q" names."""
+    keys = sorted((q.shard, q.queue_id) for q in queues if q.topic == topic)
     if all(g == 1 for g, _ in keys):
         return [q for _, q in keys]
     return [f"{g}:{q}" for g, q in keys]
@@ -244,8 +244,8 @@ def ranges(start: Mapping[K, int], end: Mapping[K, int]) -> list[Slice]:
                 f"{queue_label(key)}: starting offset {lo} is after the ending offset {hi}"
             )
         if lo < hi:
-            topic, queue_id, group = key_parts(key)
-            out.append(Slice(topic, queue_id, lo, hi, group))
+            topic, queue_id, shard = key_parts(key)
+            out.append(Slice(topic, queue_id, lo, hi, shard))
     return out
 
 
@@ -295,11 +295,11 @@ def cap(start: Mapping[K, int], latest: Mapping[K, int], max_messages: int | Non
 
 def to_json(offsets: Mapping[K, int]) -> dict[str, dict[str, int]]:
     """Offsets as Spark stores them in checkpoints: {"topic": {"queue id": offset}}, or,
-    when any queue is of a group but 1, {"topic": {"group:queue id": offset}}."""
-    grouped = any(key_parts(k)[2] != 1 for k in offsets)
+    when any queue is of a shard but 1, {"topic": {"shard:queue id": offset}}."""
+    sharded = any(key_parts(k)[2] != 1 for k in offsets)
     out: dict[str, dict[str, int]] = {}
     for key, offset in sorted(offsets.items(), key=lambda kv: key_parts(kv[0])):
-        out.setdefault(key[0], {})[queue_name(key, grouped)] = offset
+        out.setdefault(key[0], {})[queue_name(key, sharded)] = offset
     return out
 
 
@@ -312,7 +312,7 @@ def from_json(doc: Mapping[str, Any]) -> Offsets:
                 ref = parse_queue_ref(str(queue))
                 if ref is None:
                     raise ValueError(
-                        f'queue {queue!r} of {topic!r} is neither a queue id nor "group:queue id"'
+                        f'queue {queue!r} of {topic!r} is neither a queue id nor "shard:queue id"'
                     )
                 out[ref_key(str(topic), ref)] = int(offset)
     except (AttributeError, TypeError, ValueError) as exc:
@@ -330,7 +330,7 @@ class Narrowing:
 
     topics: frozenset[str] | None = None
     queue_ids: frozenset[int] | None = None
-    groups: frozenset[int] | None = None  # shard = / IN
+    shards: frozenset[int] | None = None  # shard = / IN
     queue_id_range: tuple[int | None, int | None] = (None, None)
     offset_range: tuple[int | None, int | None] = (None, None)
     time_range: tuple[int | None, int | None] = (None, None)  # store timestamps, ms
@@ -341,10 +341,10 @@ class Narrowing:
         topics = new if self.topics is None else self.topics & new
         return replace(self, topics=topics, pushed=(*self.pushed, what))
 
-    def with_groups(self, ids: Iterable[int], what: str) -> Narrowing:
+    def with_shards(self, ids: Iterable[int], what: str) -> Narrowing:
         new = frozenset(ids)
-        got = new if self.groups is None else self.groups & new
-        return replace(self, groups=got, pushed=(*self.pushed, what))
+        got = new if self.shards is None else self.shards & new
+        return replace(self, shards=got, pushed=(*self.pushed, what))
 
     def with_queue_ids(self, ids: Iterable[int], what: str) -> Narrowing:
         new = frozenset(ids)
@@ -371,7 +371,7 @@ class Narrowing:
             for q in queues
             if (self.topics is None or q.topic in self.topics)
             and (self.queue_ids is None or q.queue_id in self.queue_ids)
-            and (self.groups is None or q.group in self.groups)
+            and (self.shards is None or q.shard in self.shards)
             and (lo is None or q.queue_id >= lo)
             and (hi is None or q.queue_id < hi)
         ]

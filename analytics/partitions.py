@@ -9,11 +9,11 @@ log by a partition; `auto` (default): `log` when the messages read fill at
 least 40% of the log range they span (every topic, most topics, any read of
 files), else `queue` (a few topics of many over the servers).
 
-A multi-Raft cluster's groups are separate logs (each with its own commit-log
-offsets): a read is planned per group (`by_group`), each group's slices cut as
-above, the log pieces shared among the groups in proportion to their bytes
-(`shares`); a partition never spans groups, and Spark runs the partitions of every
-group side by side.
+A multi-shard cluster's shards are separate logs (each with its own commit-log
+offsets): a read is planned per shard (`by_shard`), each shard's slices cut as
+above, the log pieces shared among the shards in proportion to their bytes
+(`shares`); a partition never spans shards, and Spark runs the partitions of every
+shard side by side.
 
 Invariant: the partitions cover every message of the ranges exactly once, by
 queue offsets (`split`) or by commit-log range (`log_pieces`: each piece reads
@@ -46,7 +46,7 @@ def split(slices: Iterable[Slice], per_partition: int, min_partitions: int = 1) 
     out = []
     for s in slices:
         for lo in range(s.start, s.end, size):
-            out.append(Slice(s.topic, s.queue_id, lo, min(s.end, lo + size), s.group))
+            out.append(Slice(s.topic, s.queue_id, lo, min(s.end, lo + size), s.shard))
     return out
 
 
@@ -88,18 +88,18 @@ def log_pieces(
     return [LogPiece(a, b, queues) for a, b in itertools.pairwise(bounds) if a < b]
 
 
-def by_group(slices: Iterable[Slice]) -> dict[int, list[Slice]]:
-    """The non-empty slices of each Raft group, groups in order."""
+def by_shard(slices: Iterable[Slice]) -> dict[int, list[Slice]]:
+    """The non-empty slices of each shard, shards in order."""
     out: dict[int, list[Slice]] = {}
     for s in slices:
         if s.start < s.end:
-            out.setdefault(s.group, []).append(s)
+            out.setdefault(s.shard, []).append(s)
     return dict(sorted(out.items()))
 
 
 def shares(count: int, sizes: Sequence[int]) -> list[int]:
-    """`count` pieces shared in proportion to `sizes` (bytes of each group's read), at
-    least one each: groups read side by side, each in about its share of the pieces."""
+    """`count` pieces shared in proportion to `sizes` (bytes of each shard's read), at
+    least one each: shards read side by side, each in about its share of the pieces."""
     total = sum(sizes)
     if len(sizes) <= 1 or total <= 0:
         return [max(1, count)] * len(sizes)

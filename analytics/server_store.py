@@ -14,11 +14,11 @@ by device and inode), its files are read directly instead
 hands the files it was offered to the partitions, which ask the servers only
 when those are not on their host or not far enough.
 
-Raft groups: a store reads one group (`group`; 1 by default, as a single-group
+shards: a store reads one shard (`shard`; 1 by default, as a single-shard
 cluster's), every call naming it in its metadata (`dledger-group`; none for
-group 1); `for_group` gives another group's store over the same channels, and
-`shard_count` asks a node (`Route`) how many data groups the cluster has (1 from
-a server without `Route`). `analytics.shard_stores` reads every group through these.
+shard 1); `for_shard` gives another shard's store over the same channels, and
+`shard_count` asks a node (`Route`) how many data shards the cluster has (1 from
+a server without `Route`). `analytics.shard_stores` reads every shard through these.
 
 Replicas answer only below their committed position; one that is behind the
 planned end is waited for (committed data reaches every replica) and an
@@ -75,11 +75,11 @@ class ServerStore:
         pull_bytes: int = _PULL_BYTES,
         access: Access | None = None,
         local_reads: bool = True,
-        group: int = 1,
+        shard: int = 1,
     ) -> None:
         """`access`: TLS and credentials of a secured cluster (default: neither);
         `local_reads`: read a replica on this host from its files (default);
-        `group`: the Raft group read (see the module doc)."""
+        `shard`: the shard read (see the module doc)."""
         # lazily: grpc only when reading servers
         from dledger_commitlog.client import Access
         from dledger_commitlog.client.retry import ReplicaReads
@@ -94,23 +94,23 @@ class ServerStore:
         self._replicas = ReplicaReads(self.servers, prefer)
         self._channels: dict[str, Any] = {}
         self._stubs: dict[str, Any] = {}
-        self.group = group
-        self.metadata = self.access.group_metadata(group)  # a call's, by RPC name
+        self.shard = shard
+        self.metadata = self.access.group_metadata(shard)  # a call's, by RPC name
         self.last_path = ""  # how the last piece was read: "files", "rpc" or "pull"
         self.offered: LocalFiles | None = None  # by the last QueueOffsets of every queue
 
-    def for_group(self, group: int) -> ServerStore:
-        """A store of Raft group `group` sharing this one's channels (close this one)."""
+    def for_shard(self, shard: int) -> ServerStore:
+        """A store of shard `shard` sharing this one's channels (close this one)."""
         other = copy.copy(self)
         other._replicas = type(self._replicas)(self.servers, self.servers.index(self.current))
-        other.group = group
-        other.metadata = self.access.group_metadata(group)
+        other.shard = shard
+        other.metadata = self.access.group_metadata(shard)
         other.offered = None
         other.last_path = ""
         return other
 
     def shard_count(self) -> int:
-        """How many data groups the cluster has (groups 1..N): a node's `Route` answer;
+        """How many data shards the cluster has (shards 1..N): a node's `Route` answer;
         1 from a server without `Route`."""
         from proto import dledger_pb2 as pb
 
@@ -120,7 +120,7 @@ class ServerStore:
             if exc.code == "UNIMPLEMENTED":
                 return 1
             raise SourceError(str(exc)) from None
-        return max(1, int(response.data_groups))
+        return max(1, int(response.data_shards))
 
     def close(self) -> None:
         for channel in self._channels.values():

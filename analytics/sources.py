@@ -25,11 +25,11 @@ same-host replica's files, when it may); `stores.open_store` picks one. The valu
 are what planning and the Spark partitions pass around: queue offsets are
 half-open ranges [start, end), commit-log offsets are byte positions, and both
 are the same on every replica, so a read planned on one replica can be served by
-another. In a multi-Raft cluster each data group is a log of its own: queues,
-slices and pieces name their `group` (1 by default), queue ids and commit-log
-offsets are only comparable within a group, and a queue's key is (topic, queue
-id) in group 1, (topic, queue id, group) in any other (`QueueKey`);
-`analytics.shard_stores` reads every group.
+another. In a multi-shard cluster each data shard is a log of its own: queues,
+slices and pieces name their `shard` (1 by default), queue ids and commit-log
+offsets are only comparable within a shard, and a queue's key is (topic, queue
+id) in shard 1, (topic, queue id, shard) in any other (`QueueKey`);
+`analytics.shard_stores` reads every shard.
 """
 
 from __future__ import annotations
@@ -46,21 +46,21 @@ if TYPE_CHECKING:
 
 SYSTEM_TOPIC_PREFIX = "%SYS%"  # dispatch's system topics (consumer offsets): not user data
 
-# A queue's key in planning and offsets: (topic, queue id) in group 1, (topic, queue id,
-# group) in any other, so that a single-group read's keys (and the checkpoints holding
+# A queue's key in planning and offsets: (topic, queue id) in shard 1, (topic, queue id,
+# shard) in any other, so that a single-shard read's keys (and the checkpoints holding
 # them) are what they always were. A queue's reference in offsets JSON (`QueueRef`): the
-# queue id (group 1) or (group, queue id), written "Q" or "G:Q" (`parse_queue_ref`).
+# queue id (shard 1) or (shard, queue id), written "Q" or "G:Q" (`parse_queue_ref`).
 QueueKey = tuple[str, int] | tuple[str, int, int]
 QueueRef = int | tuple[int, int]
 METADATA_COLUMNS: Final = {"shard": "int"}  # asked for by name only (docs/analytics.md)
 
 
-def queue_key(topic: str, queue_id: int, group: int = 1) -> QueueKey:
-    return (topic, queue_id) if group == 1 else (topic, queue_id, group)
+def queue_key(topic: str, queue_id: int, shard: int = 1) -> QueueKey:
+    return (topic, queue_id) if shard == 1 else (topic, queue_id, shard)
 
 
 def key_parts(key: QueueKey) -> tuple[str, int, int]:
-    """(topic, queue id, group) of a key."""
+    """(topic, queue id, shard) of a key."""
     topic, queue_id, *rest = key
     return topic, queue_id, rest[0] if rest else 1
 
@@ -69,28 +69,28 @@ def ref_key(topic: str, ref: QueueRef) -> QueueKey:
     """The key of a topic's queue named by an offsets JSON."""
     if isinstance(ref, int):
         return (topic, ref)
-    group, queue_id = ref
-    return queue_key(topic, queue_id, group)
+    shard, queue_id = ref
+    return queue_key(topic, queue_id, shard)
 
 
 def parse_queue_ref(text: str) -> QueueRef | None:
-    """ "Q" (queue Q of group 1) or "G:Q" (queue Q of group G; "1:Q" is "Q"); None if
+    """ "Q" (queue Q of shard 1) or "G:Q" (queue Q of shard G; "1:Q" is "Q"); None if
     `text` is neither."""
-    group, sep, queue = text.partition(":")
+    shard, sep, queue = text.partition(":")
     if not sep:
         return int(text) if text.isdigit() else None
-    if not (group.isdigit() and queue.isdigit()) or int(group) < 1:
+    if not (shard.isdigit() and queue.isdigit()) or int(shard) < 1:
         return None
-    return int(queue) if int(group) == 1 else (int(group), int(queue))
+    return int(queue) if int(shard) == 1 else (int(shard), int(queue))
 
 
-def queue_name(key: QueueKey, grouped: bool | None = None) -> str:
-    """How messages and offsets JSON name a queue: "Q" in group 1, else "G:Q" (always
-    "G:Q" when `grouped`, never when it is False and the group is 1)."""
-    _, queue_id, group = key_parts(key)
-    if grouped is None:
-        grouped = group != 1
-    return f"{group}:{queue_id}" if grouped else str(queue_id)
+def queue_name(key: QueueKey, sharded: bool | None = None) -> str:
+    """How messages and offsets JSON name a queue: "Q" in shard 1, else "G:Q" (always
+    "G:Q" when `sharded`, never when it is False and the shard is 1)."""
+    _, queue_id, shard = key_parts(key)
+    if sharded is None:
+        sharded = shard != 1
+    return f"{shard}:{queue_id}" if sharded else str(queue_id)
 
 
 def queue_label(key: QueueKey) -> str:
@@ -104,18 +104,18 @@ class QueueInfo:
     queue_id: int
     min_offset: int
     max_offset: int  # one past the last committed message
-    group: int = 1  # the Raft group holding the queue (its queue ids are its own)
+    shard: int = 1  # the shard holding the queue (its queue ids are its own)
 
     @property
     def key(self) -> QueueKey:
-        return queue_key(self.topic, self.queue_id, self.group)
+        return queue_key(self.topic, self.queue_id, self.shard)
 
 
 @dataclass(frozen=True, slots=True)
 class GroupOffset:
     topic: str
     queue_id: int
-    offset: int  # the next offset the group will consume; -1: nothing committed
+    offset: int  # the next offset the shard will consume; -1: nothing committed
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,11 +126,11 @@ class Slice:
     queue_id: int
     start: int
     end: int
-    group: int = 1
+    shard: int = 1
 
     @property
     def key(self) -> QueueKey:
-        return queue_key(self.topic, self.queue_id, self.group)
+        return queue_key(self.topic, self.queue_id, self.shard)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,11 +140,11 @@ class LogPiece:
 
     start: int
     end: int
-    queues: tuple[Slice, ...]  # all of one Raft group (a piece never spans groups)
+    queues: tuple[Slice, ...]  # all of one shard (a piece never spans shards)
 
     @property
-    def group(self) -> int:
-        return self.queues[0].group if self.queues else 1
+    def shard(self) -> int:
+        return self.queues[0].shard if self.queues else 1
 
 
 class MessageStore(Protocol):

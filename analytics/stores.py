@@ -2,8 +2,8 @@
 
 Owns `open_store`, the one place that chooses between the two stores
 (`file_store.OfflineStore`, `server_store.ServerStore`); both answer the
-questions of `sources.MessageStore`, of one Raft group (group 1: all of a
-single-group cluster). `open_groups` opens every data group of either
+questions of `sources.MessageStore`, of one shard (shard 1: all of a
+single-shard cluster). `open_shards` opens every data shard of either
 (`group_stores.ShardedStore`): what the Spark source reads.
 """
 
@@ -31,21 +31,21 @@ def open_store(
     return _server(servers, timeout_s, prefer, access, local_reads)
 
 
-def open_groups(
+def open_shards(
     servers: Sequence[str] = (),
     path: str | None = None,
     timeout_s: float = 30.0,
     prefer: int = 0,
     access: Access | None = None,
     local_reads: bool = True,
-    groups: Sequence[int] | None = None,
+    shards: Sequence[int] | None = None,
 ) -> ShardedStore:
-    """Every data group of the files under `path` if given, else of the cluster at
-    `servers`; `groups`: the data groups when known (else asked on first need)."""
+    """Every data shard of the files under `path` if given, else of the cluster at
+    `servers`; `shards`: the data shards when known (else asked on first need)."""
     if path:
-        return ShardedStore.files(path, groups)
+        return ShardedStore.files(path, shards)
     return ShardedStore(
-        server=_server(servers, timeout_s, prefer, access, local_reads), groups=groups
+        server=_server(servers, timeout_s, prefer, access, local_reads), shards=shards
     )
 
 

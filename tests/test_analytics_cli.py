@@ -102,19 +102,19 @@ def test_charts_of_every_job(tmp_path: Path) -> None:
         assert png.read_bytes().startswith(b"\x89PNG") and png.stat().st_size > 5000
 
 
-def test_export_of_a_multi_raft_directory_takes_one_group_at_a_time(
+def test_export_of_a_multi_raft_directory_takes_one_shard_at_a_time(
     node: SyntheticNode, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A node directory of groups 1 and 2 (docs/scaling.md): `export` without
-    --shard is a usage error naming the groups, --shard 2 exports group 2's
-    files (its own queues and offsets) to a directory of its own, a group that is
+    """A node directory of shards 1 and 2 (docs/scaling.md): `export` without
+    --shard is a usage error naming the shards, --shard 2 exports shard 2's
+    files (its own queues and offsets) to a directory of its own, a shard that is
     not there is refused."""
-    two = SyntheticNode(node.root / "groups" / "2", segment_bytes=1 << 15)
+    two = SyntheticNode(node.root / "shards" / "2", segment_bytes=1 << 15)
     two.append(30)
     base = ["export", "--path", str(node.root)]
     assert cli.main([*base, "--to", str(tmp_path / "all")]) == 2
     err = capsys.readouterr().err
-    assert "the data groups are 1, 2: export one at a time" in err, err
+    assert "the data shards are 1, 2: export one at a time" in err, err
     assert not (tmp_path / "all").exists()
     assert cli.main([*base, "--to", str(tmp_path / "g2"), "--shard", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["messages"] == 30
@@ -122,4 +122,4 @@ def test_export_of_a_multi_raft_directory_takes_one_group_at_a_time(
     assert cli.main([*base, "--to", str(tmp_path / "g1"), "--shard", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["messages"] == 120
     assert cli.main([*base, "--to", str(tmp_path / "g3"), "--shard", "3"]) == 2
-    assert "--shard 3: not a data group here" in capsys.readouterr().err
+    assert "--shard 3: not a data shard here" in capsys.readouterr().err

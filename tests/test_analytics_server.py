@@ -66,7 +66,7 @@ def dispatched_everywhere(cluster: LocalCluster, topic: str, count: int) -> None
 
 
 def offsets_everywhere(cluster: LocalCluster, group: str, topic: str, want: dict[int, int]) -> None:
-    """Every replica answers the group's committed offsets `want` (queue -> offset)."""
+    """Every replica answers the shard's committed offsets `want` (queue -> offset)."""
     for spec in cluster:
         store = ServerStore([spec.client], timeout_s=5)
         try:

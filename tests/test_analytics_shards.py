@@ -1,6 +1,6 @@
-"""The `dledger` source over several Raft groups, its pure parts: queue keys and offsets
-JSON by group and queue, per-group planning and partitions, the `shard` column,
-a node directory's groups. (Reads of real multi-group clusters: test_spark_shards.py.)"""
+"""The `dledger` source over several shards, its pure parts: queue keys and offsets
+JSON by shard and queue, per-shard planning and partitions, the `shard` column,
+a node directory's shards. (Reads of real multi-shard clusters: test_spark_shards.py.)"""
 
 from __future__ import annotations
 
@@ -25,17 +25,17 @@ from analytics.offsets import (
     to_json,
 )
 from analytics.options import parse_offsets, parse_options
-from analytics.partitions import by_group, log_pieces, shares, split
-from analytics.shard_stores import ShardedStore, file_groups, with_group
+from analytics.partitions import by_shard, log_pieces, shares, split
+from analytics.shard_stores import ShardedStore, file_shards, with_shard
 from analytics.sources import QueueInfo, Slice, parse_queue_ref, queue_key
 
-# "orders" in groups 1 and 2 (queue ids 0 and 1 in each), "pay" in group 3 only.
+# "orders" in shards 1 and 2 (queue ids 0 and 1 in each), "pay" in shard 3 only.
 QUEUES = [
     QueueInfo("orders", 0, 0, 10),
     QueueInfo("orders", 1, 0, 12),
-    QueueInfo("orders", 0, 2, 20, group=2),
-    QueueInfo("orders", 1, 0, 5, group=2),
-    QueueInfo("pay", 0, 0, 7, group=3),
+    QueueInfo("orders", 0, 2, 20, shard=2),
+    QueueInfo("orders", 1, 0, 5, shard=2),
+    QueueInfo("pay", 0, 0, 7, shard=3),
 ]
 SERVERS = {"servers": "127.0.0.1:7001"}
 
@@ -43,7 +43,7 @@ SERVERS = {"servers": "127.0.0.1:7001"}
 def test_queue_keys_keep_group_one_as_it_was() -> None:
     assert QUEUES[0].key == ("orders", 0) == queue_key("orders", 0, 1)
     assert QUEUES[2].key == ("orders", 0, 2)
-    assert Slice("t", 3, 0, 1, group=5).key == ("t", 3, 5)
+    assert Slice("t", 3, 0, 1, shard=5).key == ("t", 3, 5)
     assert [parse_queue_ref(t) for t in ("0", "12", "1:4", "2:0", "30:7")] == [
         0,
         12,
@@ -59,13 +59,13 @@ def test_offsets_json_single_group_unchanged_and_grouped_as_group_colon_queue() 
     single: Offsets = {("orders", 0): 3, ("orders", 1): 9}
     assert to_json(single) == {"orders": {"0": 3, "1": 9}}  # what checkpoints always held
     assert from_json({"orders": {"0": 3, "1": 9}}) == single
-    grouped: Offsets = {("orders", 0): 3, ("orders", 0, 2): 4, ("pay", 0, 3): 1}
-    doc = to_json(grouped)
+    sharded: Offsets = {("orders", 0): 3, ("orders", 0, 2): 4, ("pay", 0, 3): 1}
+    doc = to_json(sharded)
     assert doc == {"orders": {"1:0": 3, "2:0": 4}, "pay": {"3:0": 1}}
-    assert from_json(json.loads(json.dumps(doc))) == grouped  # a checkpoint round trip
+    assert from_json(json.loads(json.dumps(doc))) == sharded  # a checkpoint round trip
     assert from_json({"orders": {"0": 3, "2:0": 4}}) == {("orders", 0): 3, ("orders", 0, 2): 4}
     for bad in ({"orders": {"2-0": 1}}, {"orders": {"a:b": 1}}, {"orders": {"0:1": 1}}):
-        with pytest.raises(OptionError, match=r"neither a queue id nor \"group:queue id\""):
+        with pytest.raises(OptionError, match=r"neither a queue id nor \"shard:queue id\""):
             from_json(bad)
 
 
@@ -104,34 +104,34 @@ def test_assign_and_timestamps_by_group() -> None:
         {**SERVERS, "startingOffsetsByTimestamp": '{"orders": {"2:0": 77}}'}, streaming=False
     )
     start = resolve_start(ts, QUEUES, lookup)
-    assert asked == [("orders", 0, 77, 2)]  # group 1 would be ("orders", 0, 77)
+    assert asked == [("orders", 0, 77, 2)]  # shard 1 would be ("orders", 0, 77)
     assert start[("orders", 0, 2)] == 3 and start[("orders", 0)] == 0
     assert time_query(("orders", 0), 5) == ("orders", 0, 5)
 
 
-def test_ranges_and_partitions_never_span_groups() -> None:
+def test_ranges_and_partitions_never_span_shards() -> None:
     start = resolve("earliest", QUEUES, "startingOffsets")
     end = resolve("latest", QUEUES, "endingOffsets")
     slices = ranges(start, end)
-    assert [(s.topic, s.group, s.queue_id, s.start, s.end) for s in slices] == [
+    assert [(s.topic, s.shard, s.queue_id, s.start, s.end) for s in slices] == [
         ("orders", 1, 0, 0, 10),
         ("orders", 2, 0, 2, 20),
         ("orders", 1, 1, 0, 12),
         ("orders", 2, 1, 0, 5),
         ("pay", 3, 0, 0, 7),
     ]
-    groups = by_group(slices)
-    assert list(groups) == [1, 2, 3]
-    assert {s.group for s in groups[2]} == {2}
-    cut = split(groups[2], 6)
-    assert all(s.group == 2 for s in cut) and sum(s.end - s.start for s in cut) == 23
-    pieces = log_pieces(groups[2], (0, 1000, 1000), 3, None, exact=True)
-    assert len(pieces) == 3 and all(p.group == 2 for p in pieces)
-    # Log pieces shared by bytes, at least one a group.
+    shards = by_shard(slices)
+    assert list(shards) == [1, 2, 3]
+    assert {s.shard for s in shards[2]} == {2}
+    cut = split(shards[2], 6)
+    assert all(s.shard == 2 for s in cut) and sum(s.end - s.start for s in cut) == 23
+    pieces = log_pieces(shards[2], (0, 1000, 1000), 3, None, exact=True)
+    assert len(pieces) == 3 and all(p.shard == 2 for p in pieces)
+    # Log pieces shared by bytes, at least one a shard.
     assert shares(8, [300, 100]) == [6, 2]
     assert shares(4, [1000, 1]) == [4, 1]
     assert shares(5, [10]) == [5] and shares(0, [10]) == [1]
-    # A stream's new queue of another group starts at its earliest offset.
+    # A stream's new queue of another shard starts at its earliest offset.
     begin: Offsets = {("orders", 0): 5}
     got = stream_ranges(begin, end, QUEUES)
     assert Slice("orders", 0, 2, 20, 2) in got and Slice("orders", 0, 5, 10) in got
@@ -143,27 +143,27 @@ def test_raft_group_is_a_metadata_column() -> None:
     with pytest.raises(OptionError, match="shard"):  # the list of columns names it
         parse_options({**SERVERS, "columns": "nope"}, streaming=False)
     batch = pa.record_batch({"queue_id": pa.array([0, 1], pa.int32()), "msg_id": ["a", "b"]})
-    out = list(with_group(iter([batch]), ["shard", "msg_id"], 3))
+    out = list(with_shard(iter([batch]), ["shard", "msg_id"], 3))
     assert out[0].schema.names == ["shard", "msg_id"]
     assert out[0].column(0).to_pylist() == [3, 3] and out[0].column(0).type == pa.int32()
-    assert list(with_group(iter([batch]), ["msg_id", "queue_id"], 3)) == [batch]
+    assert list(with_shard(iter([batch]), ["msg_id", "queue_id"], 3)) == [batch]
 
 
-def test_a_node_directory_holds_group_one_at_its_root_and_the_others_under_groups(
+def test_a_node_directory_holds_group_one_at_its_root_and_the_others_under_shards(
     tmp_path: Path,
 ) -> None:
     for rel in (
         "commitlog/data",
-        "groups/0/commitlog/data",
-        "groups/2/commitlog/data",
-        "groups/3/commitlog/data",
-        "groups/junk/commitlog/data",
-        "groups/4",
+        "shards/0/commitlog/data",
+        "shards/2/commitlog/data",
+        "shards/3/commitlog/data",
+        "shards/junk/commitlog/data",
+        "shards/4",
     ):
         (tmp_path / rel).mkdir(parents=True)
-    assert file_groups(tmp_path) == [1, 2, 3]  # 0 holds routes only; 4 holds no log
-    assert ShardedStore.files(str(tmp_path)).groups() == [1, 2, 3]
-    assert file_groups(tmp_path / "groups" / "2") == [1]  # a group's own directory: one log
+    assert file_shards(tmp_path) == [1, 2, 3]  # 0 holds routes only; 4 holds no log
+    assert ShardedStore.files(str(tmp_path)).shards() == [1, 2, 3]
+    assert file_shards(tmp_path / "shards" / "2") == [1]  # a shard's own directory: one log
     store = ShardedStore.files(str(tmp_path))
     try:
         assert store.queues() == []  # no consume queues yet
@@ -171,10 +171,10 @@ def test_a_node_directory_holds_group_one_at_its_root_and_the_others_under_group
         store.close()
 
 
-def test_raft_group_filters_select_groups() -> None:
-    n = Narrowing().with_groups([2, 3], "in").with_groups([2, 1], "eq")
+def test_raft_group_filters_select_shards() -> None:
+    n = Narrowing().with_shards([2, 3], "in").with_shards([2, 1], "eq")
     assert [q.key for q in n.queues(QUEUES)] == [("orders", 0, 2), ("orders", 1, 2)]
-    assert Narrowing().with_groups([1], "eq").queues(QUEUES) == QUEUES[:2]
+    assert Narrowing().with_shards([1], "eq").queues(QUEUES) == QUEUES[:2]
 
 
 def test_a_process_that_does_not_host_a_group_sends_the_read_to_another() -> None:
@@ -183,6 +183,6 @@ def test_a_process_that_does_not_host_a_group_sends_the_read_to_another() -> Non
     assert not retried("NOT_FOUND", "queue offset 7 of t/0 was deleted by retention")
     assert retried("FAILED_PRECONDITION", "node 2's process does not host shard 0 (the routes)")
     # a server of the release before shards had their name
-    assert retried("NOT_FOUND", "this node process hosts groups 0, 1, not group 2")
-    assert retried("FAILED_PRECONDITION", "node 2's process does not host group 0 (the routes)")
+    assert retried("NOT_FOUND", "this node process hosts shards 0, 1, not shard 2")
+    assert retried("FAILED_PRECONDITION", "node 2's process does not host shard 0 (the routes)")
     assert not retried("FAILED_PRECONDITION", "this is cluster a, not b")

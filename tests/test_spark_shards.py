@@ -1,9 +1,9 @@
-"""The `dledger` Spark source over a multi-Raft cluster: every group read, exactly once.
+"""The `dledger` Spark source over a multi-shard cluster: every shard read, exactly once.
 
-A topic of a three-group cluster has queues in every data group (the default route),
-put through `RoutedClient`; Spark reads them all, each row naming its group
+A topic of a three-shard cluster has queues in every data shard (the default route),
+put through `RoutedClient`; Spark reads them all, each row naming its shard
 (`shard`), in every read path (files, ReadUnits + ReadLog, Pull) and offline from
-a stopped node's directory; a stream stays exactly-once while the leader of group 2 is
+a stopped node's directory; a stream stays exactly-once while the leader of shard 2 is
 killed and restarted. Shares the one Spark session of test_spark.py.
 """
 
@@ -19,7 +19,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from analytics.stores import open_groups
+from analytics.stores import open_shards
 from dledger_commitlog.cli.cluster_layout import shards_config
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import Client, ClientError, NodeStatus, PutResult, RoutedClient
@@ -41,16 +41,16 @@ def grouped_cluster(make_cluster: Callable[..., LocalCluster], name: str) -> Loc
     return cluster
 
 
-def group_leader(cluster: LocalCluster, group: int, exclude: int = 0) -> int:
-    """The node that leads `group` (once one other than `exclude` does)."""
-    with Client([s.client for s in cluster], shard=group) as client:
+def group_leader(cluster: LocalCluster, shard: int, exclude: int = 0) -> int:
+    """The node that leads `shard` (once one other than `exclude` does)."""
+    with Client([s.client for s in cluster], shard=shard) as client:
 
         def leader() -> int:
             found = [s for s in client.status_all(timeout_s=1.0) if isinstance(s, NodeStatus)]
             leaders = [s.node_id for s in found if s.role == "leader"]
             return leaders[0] if len(leaders) == 1 and leaders[0] != exclude else 0
 
-        return wait_until(leader, 30, f"a leader of group {group} (not node {exclude})")
+        return wait_until(leader, 30, f"a leader of shard {shard} (not node {exclude})")
 
 
 def put_routed(client: RoutedClient, topic: str, first: int, count: int) -> list[PutResult]:
@@ -61,13 +61,13 @@ def put_routed(client: RoutedClient, topic: str, first: int, count: int) -> list
 
 
 def wait_dispatched(cluster: LocalCluster, topic: str, count: int) -> None:
-    """Until every running node has dispatched `count` messages of `topic` over its groups."""
+    """Until every running node has dispatched `count` messages of `topic` over its shards."""
     for spec in cluster:
         if not cluster.is_running(spec.id):
             continue
 
         def total(address: str = spec.client) -> int:
-            store = open_groups([address], timeout_s=5, local_reads=False)
+            store = open_shards([address], timeout_s=5, local_reads=False)
             try:
                 return sum(q.max_offset - q.min_offset for q in store.queues() if q.topic == topic)
             finally:
@@ -86,7 +86,7 @@ def read(spark: SparkSession, topic: str, **options: str) -> DataFrame:
 
 
 def placed(results: list[PutResult]) -> dict[str, tuple[int, int, int]]:
-    """msg id -> (group, queue id, queue offset) of acknowledged puts."""
+    """msg id -> (shard, queue id, queue offset) of acknowledged puts."""
     return {r.msg_id: (group_of_msg_id(r.msg_id), r.queue_id, r.queue_offset) for r in results}
 
 
@@ -102,13 +102,13 @@ def test_a_batch_reads_every_group_of_a_topic_exactly_once(
         routes = client.routes()
     assert routes.shard_count == GROUPS
     want = placed(acked)
-    assert {g for g, _, _ in want.values()} == {1, 2, 3}  # the topic spans every group
+    assert {g for g, _, _ in want.values()} == {1, 2, 3}  # the topic spans every shard
     wait_dispatched(cluster, topic, 150)
     columns = "msg_id,shard,queue_id,queue_offset,body"
     for how in (
-        {},  # this host: each group's replica files
-        {"localReads": "false", "partitioning": "log"},  # ReadUnits + ReadLog, per group
-        {"localReads": "false", "partitioning": "queue"},  # Pull, per group
+        {},  # this host: each shard's replica files
+        {"localReads": "false", "partitioning": "log"},  # ReadUnits + ReadLog, per shard
+        {"localReads": "false", "partitioning": "queue"},  # Pull, per shard
     ):
         df = read(spark, topic, servers=servers, columns=columns, minPartitions="4", **how)
         rows = df.collect()
@@ -117,28 +117,28 @@ def test_a_batch_reads_every_group_of_a_topic_exactly_once(
         assert {
             r["msg_id"]: (r["shard"], r["queue_id"], r["queue_offset"]) for r in rows
         } == want, how
-        assert df.rdd.getNumPartitions() >= GROUPS, how  # a partition never spans groups
+        assert df.rdd.getNumPartitions() >= GROUPS, how  # a partition never spans shards
     # The default schema is unchanged; shard is there when named (a metadata column).
     plain = read(spark, topic, servers=servers)
     assert "shard" not in plain.columns and plain.count() == 150
     typed = spark.read.format("dledger").schema("shard int, queue_id int")
     counts = typed.option("servers", servers).option("topics", topic).load()
-    by_group = {
+    by_shard = {
         r["shard"]: r["n"]
         for r in counts.groupBy("shard").count().withColumnRenamed("count", "n").collect()
     }
-    assert by_group == {g: sum(1 for v in want.values() if v[0] == g) for g in (1, 2, 3)}
-    # shard = / IN are pushed down (groups chosen before reading), and exact.
+    assert by_shard == {g: sum(1 for v in want.values() if v[0] == g) for g in (1, 2, 3)}
+    # shard = / IN are pushed down (shards chosen before reading), and exact.
     two = read(spark, topic, servers=servers, columns="msg_id,shard").where("shard = 2")
     assert {r["msg_id"] for r in two.collect()} == {m for m, v in want.items() if v[0] == 2}
-    # Offsets by group and queue: start group 2's queue 0 at its end, read the rest.
+    # Offsets by shard and queue: start shard 2's queue 0 at its end, read the rest.
     end = max(o for g, q, o in want.values() if (g, q) == (2, 0)) + 1
     start = json.dumps({topic: {"2:0": end}})
     part = read(spark, topic, servers=servers, columns="msg_id", startingOffsets=start)
     assert {r["msg_id"] for r in part.collect()} == {
         m for m, (g, q, _) in want.items() if (g, q) != (2, 0)
     }
-    # Offline: a stopped node's directory holds every group (group 1 at its root).
+    # Offline: a stopped node's directory holds every shard (shard 1 at its root).
     node = max(s.id for s in cluster)
     cluster.stop(node)
     offline = read(spark, topic, path=cluster.specs[node].data_dir, columns=columns).collect()
@@ -174,11 +174,11 @@ def _stream(
         query.stop()  # a failed wait must not leave it running in the shared session
 
 
-def test_a_stream_over_groups_is_exactly_once_across_a_group_leader_kill(
+def test_a_stream_over_shards_is_exactly_once_across_a_group_leader_kill(
     spark: SparkSession, make_cluster: Callable[..., LocalCluster], tmp_path: Path
 ) -> None:
-    """A stream reads a topic of three groups while a writer puts through RoutedClient;
-    the node leading group 2 is killed (SIGKILL), a new leader of group 2 elected, the
+    """A stream reads a topic of three shards while a writer puts through RoutedClient;
+    the node leading shard 2 is killed (SIGKILL), a new leader of shard 2 elected, the
     node restarted: every acknowledged put lands in the sink exactly once, and the sink
     holds exactly the committed messages; the checkpoint keys its offsets "G:Q"."""
     cluster = grouped_cluster(make_cluster, "g3eo")
@@ -190,7 +190,7 @@ def test_a_stream_over_groups_is_exactly_once_across_a_group_leader_kill(
     stop = threading.Event()
     written = threading.Event()
 
-    def writer() -> None:  # a put every 10 ms or so, across the groups, at most 900
+    def writer() -> None:  # a put every 10 ms or so, across the shards, at most 900
         with RoutedClient(servers.split(","), timeout_s=30) as client:
             for k in range(90, 990):
                 if stop.wait(0.01):
@@ -245,7 +245,7 @@ def test_a_stream_over_groups_is_exactly_once_across_a_group_leader_kill(
     assert all(group_of_msg_id(r["msg_id"]) == r["shard"] for r in committed)
     last = max(_files(checkpoint / "offsets"), key=lambda p: int(p.name))
     offsets = json.loads(last.read_text().splitlines()[-1])
-    assert {"1:0", "2:0", "3:0"} <= set(offsets[topic])  # one offset per group and queue
+    assert {"1:0", "2:0", "3:0"} <= set(offsets[topic])  # one offset per shard and queue
 
 
 def _files(directory: Path) -> list[Path]:
