@@ -18,7 +18,7 @@ from typing import Any
 
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import Client, ClientError, NodeStatus, StatusError
-from dledger_commitlog.common.routes import group_of_msg_id
+from dledger_commitlog.common.routes import shard_of_msg_id
 from tests.conftest import wait_until
 
 GROUP_LEADER_S = 30.0  # every group of a (re)started cluster has a leader within this
@@ -118,7 +118,7 @@ def writer(
                 except ClientError as exc:
                     acked.errors.append(str(exc))
                     continue
-                assert group_of_msg_id(result.msg_id) == group
+                assert shard_of_msg_id(result.msg_id) == group
                 acked.puts.append((result.msg_id, body, result.queue_id))
                 n += 1
 

@@ -44,7 +44,7 @@ from dledger_commitlog.client import (
 )
 from dledger_commitlog.client.async_consumer import run_together
 from dledger_commitlog.common.protocol import group_metadata
-from dledger_commitlog.common.routes import group_of_msg_id
+from dledger_commitlog.common.routes import shard_of_msg_id
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 from tests.conftest import SHARED_CONFIG, register, wait_until
@@ -82,12 +82,12 @@ def test_routed_puts_land_in_the_topics_groups_and_read_back(cluster: LocalClust
         route = rc.route("orders")
         assert route.total_queues == 5
         spread = [rc.put("orders", b"rr-%d" % i) for i in range(10)]
-        where = Counter((group_of_msg_id(r.msg_id), r.queue_id) for r in spread)
+        where = Counter((shard_of_msg_id(r.msg_id), r.queue_id) for r in spread)
         assert where == {route.locate(q): 2 for q in range(5)}  # every queue, in turn
         keyed = [rc.put("orders", b"k-%d" % i, sharding_key="customer-7") for i in range(6)]
-        assert len({(group_of_msg_id(r.msg_id), r.queue_id) for r in keyed}) == 1
+        assert len({(shard_of_msg_id(r.msg_id), r.queue_id) for r in keyed}) == 1
         explicit = rc.put("orders", b"q4", queue=4)
-        assert (group_of_msg_id(explicit.msg_id), explicit.queue_id) == (3, 2)
+        assert (shard_of_msg_id(explicit.msg_id), explicit.queue_id) == (3, 2)
         with pytest.raises(InvalidArgument, match="outside the 5 queues"):
             rc.put("orders", b"q5", queue=5)
         everything = [*spread, *keyed, explicit]
@@ -98,7 +98,7 @@ def test_routed_puts_land_in_the_topics_groups_and_read_back(cluster: LocalClust
         # Every node serves the reads of every group (the id names the group).
         for spec in cluster:
             for r in everything[:: len(everything) // 4]:
-                g = group_of_msg_id(r.msg_id)
+                g = shard_of_msg_id(r.msg_id)
                 with Client([spec.client], shard=g, timeout_s=10.0) as one:
                     got = wait_until(
                         lambda one=one, msg_id=r.msg_id: one.get(msg_id),  # type: ignore[misc]
@@ -152,7 +152,7 @@ def test_a_route_update_is_seen_after_a_refresh_and_refuses_stale_queues(
         # The routed client with the old route lands in the new one after one refresh.
         for i in range(6):
             r = stale.put("moves", b"s-%d" % i)
-            assert (group_of_msg_id(r.msg_id), r.queue_id) in {(2, 0), (3, 0)}
+            assert (shard_of_msg_id(r.msg_id), r.queue_id) in {(2, 0), (3, 0)}
         assert stale.route("moves").groups == ((2, 1), (3, 1))
         assert rc.topic_update("delete", "moves") is None
         seen(rc, "moves", ((1, 4), (2, 4), (3, 4)))
@@ -273,7 +273,7 @@ def spread_topic(cluster: LocalCluster, topic: str, count: int) -> dict[int, set
         ids = [rc.put(topic, b"%s-%d" % (topic.encode(), i)).msg_id for i in range(count)]
     by_group: dict[int, set[str]] = {}
     for msg_id in ids:
-        by_group.setdefault(group_of_msg_id(msg_id), set()).add(msg_id)
+        by_group.setdefault(shard_of_msg_id(msg_id), set()).add(msg_id)
     assert set(by_group) == {1, 2, 3}, by_group
     return by_group
 

@@ -35,7 +35,7 @@ from dledger_commitlog.cli.cluster_layout import shards_config
 from dledger_commitlog.cli.launcher import LocalCluster, converged
 from dledger_commitlog.client import Client, NodeStatus
 from dledger_commitlog.common.protocol import group_metadata
-from dledger_commitlog.common.routes import group_of_msg_id
+from dledger_commitlog.common.routes import shard_of_msg_id
 from dledger_commitlog.log.verify import read_layout, write_layout
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
@@ -104,7 +104,7 @@ def check_no_loss(cluster: LocalCluster, acked: dict[int, Acked]) -> None:
             with Client([spec.client], shard=g, timeout_s=10.0) as one:
                 queues = {q: pull_all(one, a.topic, q) for q in (0, 1)}
                 for msg_id, body, queue in a.puts:
-                    assert group_of_msg_id(msg_id) == g
+                    assert shard_of_msg_id(msg_id) == g
                     assert queues[queue].get(msg_id) == body, (
                         f"group {g}: acknowledged {msg_id} missing from queue {queue} "
                         f"on node {spec.id}"
@@ -192,7 +192,7 @@ def test_a_corrupt_group_on_one_node_stops_alone(
     for g in (1, 3):
         with Client([address], shard=g, timeout_s=15.0) as through:
             after = through.put("t", b"after-%d" % g)
-            assert group_of_msg_id(after.msg_id) == g
+            assert shard_of_msg_id(after.msg_id) == g
             for msg_id in [*before[g], after.msg_id]:
                 got = wait_until(
                     lambda m=msg_id: through.get(m),  # type: ignore[misc]
@@ -220,7 +220,7 @@ def test_a_corrupt_group_on_one_node_stops_alone(
     with Client(others, shard=bad_group, timeout_s=15.0) as g2:
         new = [g2.put("t", b"still-%d" % i) for i in range(5)]
         for msg_id in [*before[bad_group], *(r.msg_id for r in new)]:
-            assert group_of_msg_id(g2.get(msg_id).msg_id) == bad_group
+            assert shard_of_msg_id(g2.get(msg_id).msg_id) == bad_group
     log = cluster.log_tail(victim, 400)
     assert "Traceback" not in log.split("===")[-1], log
 
@@ -243,7 +243,7 @@ def test_a_single_group_cluster_grows_groups_keeping_its_data(
     cluster = make_cluster("grow")
     with cluster.client() as client:
         put = [client.put("kept", b"kept-%d" % i) for i in range(20)]
-    assert all(group_of_msg_id(r.msg_id) == 1 for r in put)
+    assert all(shard_of_msg_id(r.msg_id) == 1 for r in put)
     wait_until(cluster.statuses, CONVERGE_S, "group 1 to converge", ok=converged)
     cluster.down()
     directory = cluster.specs[1].home.parent
@@ -263,7 +263,7 @@ def test_a_single_group_cluster_grows_groups_keeping_its_data(
         for g in (2, 3):
             with Client(servers(cluster), shard=g) as client:
                 r = client.put("kept", b"new")
-                assert group_of_msg_id(r.msg_id) == g
+                assert shard_of_msg_id(r.msg_id) == g
                 assert client.get(r.msg_id).body == b"new"
         status = dledger("groups", "status", "--cluster", str(directory / "cluster.json"))
         assert "leads:" in status

@@ -6,7 +6,7 @@ its clients are built of.
 - `messaging.routes.RouteTable`: the rules of create/update/delete, the default
   route, a record's load (property tests: a checked change loads back as made).
 - `common.routes`: `TopicRoute.locate` / `queue_of_key` cover every queue once;
-  `group_of_msg_id` reads back the group `group_port` writes (groups 0..1000),
+  `shard_of_msg_id` reads back the group `shard_port` writes (groups 0..1000),
   and group 1's ids are a single-group cluster's, unchanged.
 - `raftio.multiplex.LinkPool`: one shared link per (peer, address), refcounted,
   the group stamped on every message but group 1's. The links are fakes: this
@@ -34,12 +34,12 @@ from hypothesis import strategies as st
 from dledger_commitlog.cli.scaleout import plan_moves
 from dledger_commitlog.client.quota import Quota
 from dledger_commitlog.common.routes import (
-    GROUP_ZERO_CODE,
+    SHARD_ZERO_CODE,
     TopicRoute,
-    group_of_msg_id,
     preferred_leader,
+    shard_of_msg_id,
 )
-from dledger_commitlog.log.message_layout import group_port, make_msg_id, offset_of_msg_id
+from dledger_commitlog.log.message_layout import make_msg_id, offset_of_msg_id, shard_port
 from dledger_commitlog.messaging.routes import ROUTES_TOPIC, RouteError, RouteTable
 from dledger_commitlog.node.config import (
     ConfigError,
@@ -173,9 +173,9 @@ def test_route_table_rules() -> None:
         (("delete", "u", []), "no configured route to delete"),
         (("rename", "t", [(1, 1)]), "unknown route operation"),
         (("update", "t", []), "at least one group"),
-        (("update", "t", [(0, 1)]), "group 0 is not a data group"),
-        (("update", "t", [(4, 1)]), "group 4 is not a data group"),
-        (("update", "t", [(2, 1), (2, 2)]), "group 2 is named twice"),
+        (("update", "t", [(0, 1)]), "shard 0 is not a data shard"),
+        (("update", "t", [(4, 1)]), "shard 4 is not a data shard"),
+        (("update", "t", [(2, 1), (2, 2)]), "shard 2 is named twice"),
         (("update", "t", [(2, 5)]), "5 queues, not in 1..4"),
         (("update", "t", [(2, 0)]), "0 queues, not in 1..4"),
         (("create", ROUTES_TOPIC, [(1, 1)]), "system topics"),
@@ -268,23 +268,23 @@ def test_group_of_msg_id_round_trips_for_every_group() -> None:
     for group in range(0, 1001):
         for port in (0, 1, 8001, 65535):
             for offset in (0, 7, (1 << 40) + 3):
-                msg_id = make_msg_id(("10.1.2.3", group_port(port, group)), offset)
-                assert group_of_msg_id(msg_id) == group, (group, port)
+                msg_id = make_msg_id(("10.1.2.3", shard_port(port, group)), offset)
+                assert shard_of_msg_id(msg_id) == group, (group, port)
                 assert offset_of_msg_id(msg_id) == offset
-    assert group_port(8001, 0) >> 16 == GROUP_ZERO_CODE
+    assert shard_port(8001, 0) >> 16 == SHARD_ZERO_CODE
     for bad in ("", "zz", "00" * 15, "00" * 17):
         with pytest.raises(ValueError):
-            group_of_msg_id(bad)
+            shard_of_msg_id(bad)
 
 
 def test_group_ones_ids_are_a_single_group_clusters() -> None:
     for port in (0, 8001, 65535):
-        assert group_port(port, 1) == port
-        assert make_msg_id(("127.0.0.1", group_port(port, 1)), 99) == make_msg_id(
+        assert shard_port(port, 1) == port
+        assert make_msg_id(("127.0.0.1", shard_port(port, 1)), 99) == make_msg_id(
             ("127.0.0.1", port), 99
         )
     # An id a single-group node wrote before multi-Raft existed (RocketMQ's layout).
-    assert group_of_msg_id("7F0000010000271100000000000003E8") == 1
+    assert shard_of_msg_id("7F0000010000271100000000000003E8") == 1
 
 
 # --- raftio/multiplex.py: LinkPool ---

@@ -23,7 +23,7 @@ from analytics.stores import open_shards
 from dledger_commitlog.cli.cluster_layout import shards_config
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import Client, ClientError, NodeStatus, PutResult, RoutedClient
-from dledger_commitlog.common.routes import group_of_msg_id
+from dledger_commitlog.common.routes import shard_of_msg_id
 from tests.conftest import wait_until
 from tests.test_analytics_server import fresh_topic
 from tests.test_spark import spark
@@ -87,7 +87,7 @@ def read(spark: SparkSession, topic: str, **options: str) -> DataFrame:
 
 def placed(results: list[PutResult]) -> dict[str, tuple[int, int, int]]:
     """msg id -> (shard, queue id, queue offset) of acknowledged puts."""
-    return {r.msg_id: (group_of_msg_id(r.msg_id), r.queue_id, r.queue_offset) for r in results}
+    return {r.msg_id: (shard_of_msg_id(r.msg_id), r.queue_id, r.queue_offset) for r in results}
 
 
 def test_a_batch_reads_every_group_of_a_topic_exactly_once(
@@ -242,7 +242,7 @@ def test_a_stream_over_shards_is_exactly_once_across_a_group_leader_kill(
     assert {r.msg_id for r in acked} <= set(got)  # every acknowledged put
     committed = read(spark, topic, servers=servers, columns="msg_id,shard").collect()
     assert set(got) == {r["msg_id"] for r in committed}  # nothing uncommitted
-    assert all(group_of_msg_id(r["msg_id"]) == r["shard"] for r in committed)
+    assert all(shard_of_msg_id(r["msg_id"]) == r["shard"] for r in committed)
     last = max(_files(checkpoint / "offsets"), key=lambda p: int(p.name))
     offsets = json.loads(last.read_text().splitlines()[-1])
     assert {"1:0", "2:0", "3:0"} <= set(offsets[topic])  # one offset per shard and queue

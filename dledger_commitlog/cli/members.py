@@ -5,7 +5,7 @@ a follower redirects); the runbooks that use them are docs/operations.md. The
 `cluster` ones run a local cluster's processes (`launcher.LocalCluster`) around
 them:
 
-A node of a multi-Raft cluster (docs/scaling.md) hosts every group, so these
+A node of a multi-shard cluster (docs/scaling.md) hosts every group, so these
 add it to, or remove it from, each group in turn (`common.routes.shards`).
 
 - `cluster add-node --dir D` picks the next id and ports of D's scheme, records
@@ -150,7 +150,7 @@ def _add_node(args: argparse.Namespace) -> int:
         try:
             cluster.start(spec.id)
             _wait_serving(cluster, client, spec, deadline)
-            for group in shard_ids(cluster.shard_count):  # multi-Raft: the node joins every group
+            for group in shard_ids(cluster.shard_count):  # multi-shard: the node joins every group
                 with cluster.client(timeout_s=args.timeout, shard=group) as each:
                     add = partial(each.member_add, spec.id, spec.raft, spec.client, learner=True)
                     _until_accepted(add, deadline)
@@ -229,7 +229,7 @@ def _remove_node(args: argparse.Namespace) -> int:
         gone = "was removed already" if args.id in cluster.retired else "is not in this cluster"
         raise UsageError(f"node {args.id} {gone}")
     deadline = time.monotonic() + args.timeout
-    for group in shard_ids(cluster.shard_count):  # multi-Raft: the node leaves every group
+    for group in shard_ids(cluster.shard_count):  # multi-shard: the node leaves every group
         with cluster.client(timeout_s=args.timeout, shard=group) as client:
             if args.id in {m.id for m in client.member_list()}:
                 _until_accepted(partial(client.member_remove, args.id, args.timeout_ms), deadline)

@@ -46,7 +46,7 @@ from dledger_commitlog.client import PullResult, PutResult
 from dledger_commitlog.client.consumer import ConsumedMessage
 from dledger_commitlog.client.groups import Subscription
 from dledger_commitlog.client.routing import RoutedConsumer
-from dledger_commitlog.common.routes import group_of_msg_id
+from dledger_commitlog.common.routes import shard_of_msg_id
 from dledger_commitlog.node.config import parse_levels
 
 
@@ -135,10 +135,10 @@ def _result_doc(r: PutResult) -> dict[str, Any]:
 
 
 def _put_target(args: argparse.Namespace) -> tuple[int | None, int | None]:
-    """(Raft group, queue id there) of a put: on a multi-Raft cluster without
+    """(shard, queue id there) of a put: on a multi-shard cluster without
     --shard, the topic's route decides (docs/scaling.md): --queue numbers the
     topic's queues across its groups, else one is drawn at random; (None, --queue)
-    on a single-group cluster or with --shard."""
+    on a single-shard cluster or with --shard."""
     if args.shard is not None:
         return None, args.queue
     with make_client(args) as client:
@@ -250,7 +250,7 @@ def _get(args: argparse.Namespace) -> int:
     group = None  # a message id names its group (an offset is --shard's)
     if args.msg_id is not None and args.shard is None:
         with contextlib.suppress(ValueError):  # no id: the server says why, as ever
-            group = group_of_msg_id(args.msg_id)
+            group = shard_of_msg_id(args.msg_id)
     with make_client(args, shard=group) as client:
         m = client.get(msg_id=args.msg_id, offset=args.offset, linearizable=args.linearizable)
     doc = message_json(m)
@@ -358,7 +358,7 @@ def _consume_args(p: argparse.ArgumentParser) -> None:
 )
 def _consume(args: argparse.Namespace) -> int:
     """Join the group, print what its coordinator hands this member, ack it; leave at the end.
-    On a multi-Raft cluster it joins the group in every data group (one member per
+    On a multi-shard cluster it joins the group in every data shard (one member per
     group, `RoutedConsumer`; --max counts them all), or in --shard's alone.
 
     Ctrl-C (SIGINT) stops it between calls, never inside one: the handler only asks

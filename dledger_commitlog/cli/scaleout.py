@@ -78,7 +78,7 @@ def _change(args: argparse.Namespace, op: str, groups: dict[int, int] | None) ->
     return 0
 
 
-@command("topic create", "give a topic its route: queues per Raft group", _topic_args)
+@command("topic create", "give a topic its route: queues per shard", _topic_args)
 def _topic_create(args: argparse.Namespace) -> int:
     return _change(args, "create", args.queues)
 

@@ -1,11 +1,11 @@
-"""Clients of a multi-Raft cluster: each call goes to the group that owns its queue.
+"""Clients of a multi-shard cluster: each call goes to the group that owns its queue.
 
     from dledger_commitlog.client import RoutedClient
     with RoutedClient.from_cluster_file("/tmp/c1/cluster.json") as client:
         result = client.put("orders", b"hello", sharding_key="customer-7")
         client.get(result.msg_id)          # the id names its group
 
-A topic's queues lie in one or more Raft groups (docs/scaling.md); the route (topic
+A topic's queues lie in one or more shards (docs/scaling.md); the route (topic
 -> groups and queues per group) is kept by the cluster's group 0 and served by
 every node (`Route`). `RoutedClient` (blocking) and `AsyncRoutedClient` fetch a
 topic's route once and cache it, number the topic's queues across its groups (the
@@ -15,8 +15,8 @@ follows that group's leader itself). A put goes to the next queue in turn, or to
 the queue of its sharding key (crc32 over all the topic's queues: one key, one
 queue of one group, in order), or to the queue it names; so does a transactional
 half message, whose commit or rollback goes to the group its id names. Consumer
-groups live in each Raft group: `RoutedConsumer` (blocking, as `Consumer`) and
-`AsyncRoutedClient.consumers` run one consumer per data group, with one member id
+groups live in each shard: `RoutedConsumer` (blocking, as `Consumer`) and
+`AsyncRoutedClient.consumers` run one consumer per data shard, with one member id
 and a `max_messages` shared between them (`async_consumer.run_together`). A refusal that
 says the route changed (a queue the group does not have) refreshes the route and tries
 once more; a cached route is asked for again after `route_ttl_s` (30 s, as
@@ -52,14 +52,14 @@ from dledger_commitlog.client.values import (
     TopicRoute,
     TransactionEnd,
 )
-from dledger_commitlog.common.routes import group_of_msg_id
+from dledger_commitlog.common.routes import shard_of_msg_id
 
 C = TypeVar("C", Client, AsyncClient)
 
 
 def _group_of(msg_id: str) -> int:
     try:
-        return group_of_msg_id(msg_id)
+        return shard_of_msg_id(msg_id)
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
 
@@ -115,7 +115,7 @@ class _Routing(Generic[C]):
         return cls(servers, **kwargs)
 
     def client(self, group: int) -> C:
-        """The client of Raft group `group` (made once)."""
+        """The client of shard `group` (made once)."""
         found = self._clients.get(group)
         if found is None:
             servers = self._group_servers.get(group, self._servers)
@@ -287,8 +287,8 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
         shards: Sequence[int] | None = None,
         **kwargs: Any,
     ) -> list[AsyncConsumer]:
-        """One `AsyncConsumer` of consumer group `group` per data group of the cluster
-        (a consumer group lives in each Raft group, as a topic's queues do), or per
+        """One `AsyncConsumer` of consumer group `group` per data shard of the cluster
+        (a consumer group lives in each shard, as a topic's queues do), or per
         group of `shards`, all with one member id: run them with
         `async_consumer.run_together`."""
         old = kwargs.pop("raft_groups", None)
@@ -320,10 +320,10 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
 
 
 class RoutedConsumer(Consumer):
-    """A blocking consumer of every data group of the cluster (one `AsyncConsumer` per
+    """A blocking consumer of every data shard of the cluster (one `AsyncConsumer` per
     group, run together), or of the groups `shards` names: `Consumer`'s
     arguments, plus `AsyncRoutedClient`'s `shard_servers` and `route_ttl_s`. It asks
-    a node for the routes first (without `shards`): a single-group cluster
+    a node for the routes first (without `shards`): a single-shard cluster
     answers one group, and a process that does not host group 0 refuses, naming
     why (give `shard_servers`, or `shards`)."""
 

@@ -281,7 +281,7 @@ def member_change(msg: pb.MemberChangeResponse) -> MemberChange:
 
 @dataclass(frozen=True, slots=True)
 class GroupLeader:
-    """A Raft group of a multi-Raft cluster as the answering process knows it."""
+    """A shard of a multi-shard cluster as the answering process knows it."""
 
     group: int
     leader_id: int | None
@@ -291,7 +291,7 @@ class GroupLeader:
 
 @dataclass(frozen=True, slots=True)
 class Routes:
-    """A multi-Raft cluster's routes (docs/scaling.md): the data groups, the queues per
+    """A multi-shard cluster's routes (docs/scaling.md): the data shards, the queues per
     topic a group holds by default, the configured routes by topic (a topic asked for
     by name is here even with the default route), the leaders the answering process
     knows, and the table's version."""
@@ -303,7 +303,7 @@ class Routes:
     version: int
 
     def route(self, topic: str) -> TopicRoute:
-        """`topic`'s route: the configured one, or every data group's default queues."""
+        """`topic`'s route: the configured one, or every data shard's default queues."""
         found = self.routes.get(topic)
         return found or default_route(topic, self.shard_count, self.queues_per_topic)
 

@@ -1,8 +1,8 @@
-"""A topic's route in a multi-Raft cluster, as a node and a client both see it.
+"""A topic's route in a multi-shard cluster, as a node and a client both see it.
 
 Owns `TopicRoute` (which groups hold a topic's queues, and how the topic's queue k
 maps to a (group, queue id) pair) and the group that a message id names
-(`group_of_msg_id`; the id's layout is `log.message_layout`'s). The node keeps the
+(`shard_of_msg_id`; the id's layout is `log.message_layout`'s). The node keeps the
 table in group 0 (`messaging.routes`); the clients cache it (`client.routing`).
 docs/scaling.md describes the model.
 """
@@ -13,14 +13,14 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-GROUP_ZERO_CODE = 0x7FFF  # group 0's code in a message id (0 is group 1's; see below)
+SHARD_ZERO_CODE = 0x7FFF  # group 0's code in a message id (0 is group 1's; see below)
 
 
 @dataclass(frozen=True, slots=True)
 class TopicRoute:
     """Where a topic's queues live: (group, queue count) in the order the topic's
     queues are numbered (its queue k is the k-th queue of this concatenation).
-    `configured`: set through group 0 (else the default: every data group)."""
+    `configured`: set through group 0 (else the default: every data shard)."""
 
     topic: str
     groups: tuple[tuple[int, int], ...]
@@ -47,13 +47,13 @@ class TopicRoute:
 
 
 def default_route(topic: str, shard_count: int, queues_per_topic: int) -> TopicRoute:
-    """The route of a topic nobody configured: every data group, `queues_per_topic`
+    """The route of a topic nobody configured: every data shard, `queues_per_topic`
     queues each."""
     return TopicRoute(topic, tuple((g, queues_per_topic) for g in range(1, shard_count + 1)))
 
 
 def shard_ids(shard_count: int) -> list[int]:
-    """Every Raft group of a cluster of `shard_count` data groups: [1] for one, else
+    """Every shard of a cluster of `shard_count` data shards: [1] for one, else
     group 0 (the routes) and 1..shard_count."""
     return [1] if shard_count == 1 else list(range(shard_count + 1))
 
@@ -66,12 +66,12 @@ def preferred_leader(group: int, node_ids: Sequence[int]) -> int:
     return ids[group % len(ids)]
 
 
-def group_of_msg_id(msg_id: str) -> int:
-    """The Raft group a message id names (1 for a single-group cluster's ids): the
+def shard_of_msg_id(msg_id: str) -> int:
+    """The shard a message id names (1 for a single-shard cluster's ids): the
     store host's port field carries it above the port's 16 bits. ValueError if
     `msg_id` is no message id."""
     raw = bytes.fromhex(msg_id)
     if len(raw) != 16:
         raise ValueError(f"message id {msg_id!r} must be 32 hex digits")
-    code = int.from_bytes(raw[4:8], "big", signed=True) >> 16 & GROUP_ZERO_CODE
-    return 1 if code == 0 else 0 if code == GROUP_ZERO_CODE else code
+    code = int.from_bytes(raw[4:8], "big", signed=True) >> 16 & SHARD_ZERO_CODE
+    return 1 if code == 0 else 0 if code == SHARD_ZERO_CODE else code

@@ -16,7 +16,7 @@ import socket
 import struct
 from typing import NamedTuple
 
-from dledger_commitlog.common.routes import GROUP_ZERO_CODE
+from dledger_commitlog.common.routes import SHARD_ZERO_CODE
 from store.errors import InvalidMessage
 from store.message import (
     BODY_LENGTH_POS,
@@ -114,11 +114,11 @@ def msg_id_of(encoded: bytes, commitlog_offset: int) -> str:
 
 # Multi-Raft (docs/scaling.md): the store host's port field carries the message's Raft
 # group above the port's 16 bits, so that ids of two groups led by one process never
-# collide (a single-group cluster's ids, group 1's, are RocketMQ's layout unchanged);
-# `common.routes.group_of_msg_id` reads it back.
-def group_port(port: int, group: int) -> int:
+# collide (a single-shard cluster's ids, group 1's, are RocketMQ's layout unchanged);
+# `common.routes.shard_of_msg_id` reads it back.
+def shard_port(port: int, group: int) -> int:
     """The store host port field of group `group`'s messages stored at `port`."""
-    code = 0 if group == 1 else GROUP_ZERO_CODE if group == 0 else group
+    code = 0 if group == 1 else SHARD_ZERO_CODE if group == 0 else group
     return port | code << 16
 
 

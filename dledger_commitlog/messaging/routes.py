@@ -1,10 +1,10 @@
-"""Topic routes of a multi-Raft cluster, kept in the metadata group 0's log.
+"""Topic routes of a multi-shard cluster, kept in the metadata group 0's log.
 
-A cluster of several data groups (docs/scaling.md) spreads each topic's queues
+A cluster of several data shards (docs/scaling.md) spreads each topic's queues
 over groups, as RocketMQ spreads a topic over broker groups behind its name
 server. The route of a topic names, per group, how many queues of it that group
 holds (queues 0..n-1 there). A topic nobody configured has the default route:
-every data group, `queues_per_topic` queues each. `TopicUpdate` writes a route
+every data shard, `queues_per_topic` queues each. `TopicUpdate` writes a route
 change as one message of ROUTES_TOPIC in group 0 holding the whole table after
 it (so the last record is the table, whatever retention removed before it); every
 node that hosts group 0 answers `Route` from its own committed copy, and a new
@@ -18,7 +18,7 @@ Invariants: the table is a pure function of group 0's last committed record
 (every replica that dispatched it holds the same table); changes are made one at a
 time on the leader; a change is validated against the table
 the leader holds after `settle` (every earlier committed change applied) and
-refused whole; a group named by a route is one of the cluster's data groups and
+refused whole; a group named by a route is one of the cluster's data shards and
 never holds more than `queues_per_topic` queues of a topic (the queue bound every
 group's server enforces).
 """
@@ -82,13 +82,13 @@ class RouteTable:
         seen: set[int] = set()
         for group, count in groups:
             if not 1 <= group <= self.shard_count:
-                raise RouteError(f"group {group} is not a data group (1..{self.shard_count})")
+                raise RouteError(f"shard {group} is not a data shard (1..{self.shard_count})")
             if group in seen:
-                raise RouteError(f"group {group} is named twice")
+                raise RouteError(f"shard {group} is named twice")
             seen.add(group)
             if not 1 <= count <= self.queues_per_topic:
                 raise RouteError(
-                    f"group {group}: {count} queues, not in 1..{self.queues_per_topic}"
+                    f"shard {group}: {count} queues, not in 1..{self.queues_per_topic}"
                     " (store.queues_per_topic)"
                 )
         return TopicRoute(topic, tuple((int(g), int(n)) for g, n in groups), configured=True)

@@ -46,7 +46,7 @@ from pathlib import Path
 from dispatch.dispatcher import Dispatcher, RecoveryReport
 from dledger_commitlog.log.commitlog import DLedgerCommitLog
 from dledger_commitlog.log.entry_store import EntryStore
-from dledger_commitlog.log.message_layout import group_port
+from dledger_commitlog.log.message_layout import shard_port
 from dledger_commitlog.log.verify import LAYOUT_FILE, read_layout, write_layout
 from dledger_commitlog.node.config import ConfigError, NodeConfig, parse_address
 from raft import Config, LogDiverged, RaftCore
@@ -137,7 +137,7 @@ def open_log(cfg: NodeConfig, data: Path, on_proposed: Callable[[int], None]) ->
     host, port = parse_address(cfg.client_address)  # with the group: message ids name it
     commitlog = DLedgerCommitLog(
         store,
-        store_host=(_ipv4(host), group_port(port, cfg.shard)),
+        store_host=(_ipv4(host), shard_port(port, cfg.shard)),
         queues_per_topic=cfg.queues_per_topic,
         max_message_bytes=cfg.max_message_bytes,
         max_pending=cfg.max_pending_puts,

@@ -15,7 +15,7 @@ import time
 import grpc
 
 from dispatch.dispatcher import parse_tag_expression
-from dledger_commitlog.common.routes import group_of_msg_id
+from dledger_commitlog.common.routes import shard_of_msg_id
 from dledger_commitlog.log import entry_reads, reads
 from dledger_commitlog.log.message_layout import offset_of_msg_id
 from dledger_commitlog.node.acl import Perm, require_topics
@@ -49,8 +49,8 @@ class ReadRpcs(ServiceBase):
         try:
             if which == "msg_id":
                 offset = offset_of_msg_id(request.msg_id)
-                group = group_of_msg_id(request.msg_id)
-                if group != self.cfg.shard:  # multi-Raft: the id names another group
+                group = shard_of_msg_id(request.msg_id)
+                if group != self.cfg.shard:  # multi-shard: the id names another group
                     raise KeyError(
                         f"message id {request.msg_id} names shard {group}, "
                         f"not shard {self.cfg.shard}"

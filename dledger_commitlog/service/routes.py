@@ -1,11 +1,11 @@
-"""Routes of a multi-Raft cluster: `Route` and `TopicUpdate` (docs/scaling.md).
+"""Routes of a multi-shard cluster: `Route` and `TopicUpdate` (docs/scaling.md).
 
 Owns `RouteRpcs`, over `host.Host` (what one node process knows beyond the group a
 call names: the groups it hosts and, with group 0, the route table). `Route` is
 answered by any group's service of the process (it is the process's answer);
 `TopicUpdate` is a call of group 0 (the dispatcher sends it to group 0's service,
 a follower redirects to group 0's leader) and needs the admin right when the ACL
-is on. A single-group cluster answers `Route` with its one default route per topic
+is on. A single-shard cluster answers `Route` with its one default route per topic
 and refuses `TopicUpdate`: every topic lives in shard 1 there.
 """
 
