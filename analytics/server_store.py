@@ -120,7 +120,7 @@ class ServerStore:
             if exc.code == "UNIMPLEMENTED":
                 return 1
             raise SourceError(str(exc)) from None
-        return max(1, int(response.data_shards))
+        return max(1, int(response.data_groups))
 
     def close(self) -> None:
         for channel in self._channels.values():

@@ -5,7 +5,7 @@ its own, with its own queues (queue ids 0..n-1 in each shard), commit-log
 offsets and leader; shard 0 holds only the topic routes. A read covers every
 data shard: the shards come from a node's `Route` answer (`shard_count`; 1 from
 a single-shard cluster) or, for files, from the directory layout (shard 1 at
-the data directory's root, shard g at `shards/<g>`, `node.config.shard_dir`;
+the data directory's root, shard g at `groups/<g>`, `node.config.shard_dir`;
 shard 0 skipped). Each shard is read by a store of its own (`ServerStore` over
 the same channels, every call naming its shard; `OfflineStore` over the shard's
 directory), and this store answers `sources`' questions for all of them:
@@ -90,7 +90,7 @@ class ShardedStore:
                 store = self._server if g == 1 else self._server.for_shard(g)
             else:
                 assert self._path is not None
-                store = OfflineStore(self._path if g == 1 else self._path / "shards" / str(g))
+                store = OfflineStore(self._path if g == 1 else self._path / "groups" / str(g))
             self._stores[g] = store
         return store
 
@@ -170,10 +170,10 @@ class ShardedStore:
 
 
 def file_shards(root: Path) -> list[int]:
-    """The data shards of a node's directory: 1 (its root) and every `shards/<g>`, g > 1,
+    """The data shards of a node's directory: 1 (its root) and every `groups/<g>`, g > 1,
     that holds a commit log (shard 0, the routes, holds no user data)."""
     found = [1]
-    base = root / "shards"
+    base = root / "groups"  # the data directory keeps shard g in groups/<g>
     if base.is_dir():
         for p in base.iterdir():
             if p.name.isdigit() and int(p.name) > 1 and (p / "commitlog" / "data").is_dir():

@@ -109,7 +109,7 @@ def test_export_of_a_multi_raft_directory_takes_one_shard_at_a_time(
     --shard is a usage error naming the shards, --shard 2 exports shard 2's
     files (its own queues and offsets) to a directory of its own, a shard that is
     not there is refused."""
-    two = SyntheticNode(node.root / "shards" / "2", segment_bytes=1 << 15)
+    two = SyntheticNode(node.root / "groups" / "2", segment_bytes=1 << 15)
     two.append(30)
     base = ["export", "--path", str(node.root)]
     assert cli.main([*base, "--to", str(tmp_path / "all")]) == 2

@@ -154,16 +154,16 @@ def test_a_node_directory_holds_group_one_at_its_root_and_the_others_under_shard
 ) -> None:
     for rel in (
         "commitlog/data",
-        "shards/0/commitlog/data",
-        "shards/2/commitlog/data",
-        "shards/3/commitlog/data",
-        "shards/junk/commitlog/data",
-        "shards/4",
+        "groups/0/commitlog/data",
+        "groups/2/commitlog/data",
+        "groups/3/commitlog/data",
+        "groups/junk/commitlog/data",
+        "groups/4",
     ):
         (tmp_path / rel).mkdir(parents=True)
     assert file_shards(tmp_path) == [1, 2, 3]  # 0 holds routes only; 4 holds no log
     assert ShardedStore.files(str(tmp_path)).shards() == [1, 2, 3]
-    assert file_shards(tmp_path / "shards" / "2") == [1]  # a shard's own directory: one log
+    assert file_shards(tmp_path / "groups" / "2") == [1]  # a shard's own directory: one log
     store = ShardedStore.files(str(tmp_path))
     try:
         assert store.queues() == []  # no consume queues yet
