@@ -17,9 +17,9 @@ import inspect
 from pathlib import Path
 
 import dledger_commitlog
-from dledger_commitlog.node.config import NodeConfig, Peer
 from dledger_commitlog.node.node import RaftNode
 from dledger_commitlog.service.admin import status_pb
+from tests.lone_node import lone_config
 
 _PACKAGE = Path(dledger_commitlog.__file__).parent
 _NODE_NAMES = ("node", "_node")  # how the service and the system log hold the node
@@ -73,21 +73,7 @@ def test_every_facade_method_is_documented() -> None:
 
 
 def test_status_reads_a_recovered_node_through_the_facade(tmp_path: Path) -> None:
-    cfg = NodeConfig(
-        node_id=1,
-        data_dir=str(tmp_path / "n1"),
-        flush_mode="sync",
-        cluster="c1",
-        peers=(Peer(1, "127.0.0.1:1", "127.0.0.1:2"),),
-        tick_ms=10,
-        election_ticks=3,
-        heartbeat_ticks=1,
-        data_segment_bytes=8 << 20,
-        index_segment_bytes=32 * 4096,
-        cq_units_per_file=64,
-        index_slots=64,
-        index_entries=256,
-    )
+    cfg = lone_config(tmp_path, cluster="c1")
     node = RaftNode(cfg)
     try:
         status = status_pb(node.status(), cfg)

@@ -72,7 +72,7 @@ class Shards:
         # Shards that stopped on this node (could not open, or failed since), and why:
         # their calls are UNAVAILABLE (`shard_calls`), their Raft messages dropped.
         self.stopped: dict[int, str] = {}
-        self.shard_map = ShardMap(cfg.shard_count, cfg.queues_per_topic)  # its shards: once open
+        self.shard_map: ShardMap  # what the process knows of its shards: made by `open`
 
     @property
     def first(self) -> HostedShard:
