@@ -4,7 +4,7 @@ Owns `open_store`, the one place that chooses between the two stores
 (`file_store.OfflineStore`, `server_store.ServerStore`); both answer the
 questions of `sources.MessageStore`, of one shard (shard 1: all of a
 single-shard cluster). `open_shards` opens every data shard of either
-(`group_stores.ShardedStore`): what the Spark source reads.
+(`shard_stores.ShardedStore`): what the Spark source reads.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Owns `H2Link` (a `PeerLink` whose stream is an h2grpc client call) and `H2PeerSe
 delivered to the node in the `data_received` callback that read it: no task, no
 thread and no queue between the socket and `RaftCore.step`, and a Ready that follows
 takes every message that came in the same read. The wire is RaftPeer.Stream of
-proto/dledger.proto, as for grpc.aio (`transport_grpcio`): either end may be either.
+proto/dledger.proto: any gRPC stack's client or server speaks it.
 
 - A refusal is the gate's `Refusal`, answered as the call's status with
   BATCHES_READ in its trailers; once refused, nothing more of the stream is read.

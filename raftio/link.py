@@ -10,8 +10,8 @@ unreachable peer every 50 ms, backing off to 300 ms, so that a restarted peer is
 reached again well within an election timeout. And `PeerGate`, the receiving side:
 who a stream comes from (`sender`: certificate, peer token, claimed id,
 membership) and the parse, check and delivery of each batch (`receive`). A refusal
-is a `Refusal` naming a gRPC status; each stack (`transport_h2`,
-`transport_grpcio`) answers it in its own terms, so both refuse alike.
+is a `Refusal` naming a gRPC status, which the stack (`raftio.h2`) answers as that
+call's status.
 
 Invariants: messages to one peer leave in the order they were queued; a broken
 stream loses what was queued for it (Raft retransmits), never reorders, except what
