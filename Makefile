@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest bench clean check-java proto compile
+.PHONY: run test lint typecheck pytest pytest-parallel pytest-serial bench clean check-java proto compile
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required (found " + sys.version.split()[0] + ")"'
@@ -42,11 +42,19 @@ typecheck: $(STAMP)
 # module's cluster or the Spark session stay on one worker); the few that measure
 # the event loop's timing run alone afterwards, on a quiet machine.
 PYTEST_WORKERS ?= 3
-pytest: $(STAMP) compile
+pytest: pytest-parallel pytest-serial
+
+pytest-parallel: $(STAMP) compile
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not serial"
+
+pytest-serial: $(STAMP) compile
 	$(BIN)/python -m pytest -m serial $$(grep -l "mark.serial" tests/test_*.py)
 
-test: lint typecheck pytest
+# lint and typecheck run beside the parallel tests, which leave part of a core idle
+# (they wait on node processes); the timing tests run after all three, alone.
+test:
+	$(MAKE) --no-print-directory -j3 lint typecheck pytest-parallel
+	$(MAKE) --no-print-directory pytest-serial
 
 bench: $(STAMP)
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
