@@ -263,14 +263,14 @@ class PeerGate:
         members: Collection[int] | Callable[[], Collection[int]] = (),
         security: PeerSecurity | None = None,
         on_reject: Callable[[str], None] | None = None,
-        groups: Callable[[int], Callable[[Message], None] | None] | None = None,
+        shards: Callable[[int], Callable[[Message], None] | None] | None = None,
     ) -> None:
         self.cluster = cluster
         self._deliver = deliver
-        # Multi-Raft (raftio/multiplex.py): the deliver of the group a message names (None:
-        # the process hosts no such group); without it every message goes to `deliver`.
-        self._groups = groups
-        self._unknown_groups: set[int] = set()
+        # Several shards (raftio/multiplex.py): the deliver of the shard a message names (None:
+        # the process hosts no such shard); without it every message goes to `deliver`.
+        self._shards = shards
+        self._unknown_shards: set[int] = set()
         self._me = me
         # The live membership (a callable: the node's, which changes) or a fixed set.
         fixed = frozenset(members) if not callable(members) else frozenset()
@@ -341,7 +341,7 @@ class PeerGate:
             raise self.refuse(
                 peer, "INVALID_ARGUMENT", "malformed", f"malformed raft message: {exc}"
             ) from None
-        delivers = self._delivers(batch) if self._groups is not None else None
+        delivers = self._delivers(batch) if self._shards is not None else None
         for i, msg in enumerate(messages):
             try:
                 if sender is not None and msg.src != sender:
@@ -361,22 +361,22 @@ class PeerGate:
                 raise refusal from None
 
     def _delivers(self, batch: pb.RaftBatch) -> list[Callable[[Message], None] | None]:
-        """Per message of `batch`, the deliver of the group it names (absent: group 1);
-        None for a group this process does not serve (logged once per group: a peer
-        configured with a group this process was not, or a group stopped here); the
-        rest of the batch is delivered, so that one such group never stalls the others."""
-        assert self._groups is not None
+        """Per message of `batch`, the deliver of the shard it names (absent: shard 1);
+        None for a shard this process does not serve (logged once per shard: a peer
+        configured with a shard this process was not, or a shard stopped here); the
+        rest of the batch is delivered, so that one such shard never stalls the others."""
+        assert self._shards is not None
         out: list[Callable[[Message], None] | None] = []
         for p in batch.messages:
-            group = p.group if p.HasField("group") else 1
-            deliver = self._groups(group)
-            if deliver is None and group not in self._unknown_groups:
-                self._unknown_groups.add(group)
+            shard = p.group if p.HasField("group") else 1
+            deliver = self._shards(shard)
+            if deliver is None and shard not in self._unknown_shards:
+                self._unknown_shards.add(shard)
                 log.error(
-                    "node %d got Raft messages of group %d, which this process does "
+                    "node %d got Raft messages of shard %d, which this process does "
                     "not serve (not hosted, or stopped): dropped",
                     self._me,
-                    group,
+                    shard,
                 )
             out.append(deliver)
         return out

@@ -1,21 +1,21 @@
-"""Multi-Raft on one peer stream: the Raft groups of a node process share its links.
+"""Several shards on one peer stream: the shards of a node process share its links.
 
-A process that hosts several Raft groups (docs/scaling.md) keeps one outgoing
-stream per peer process, not one per group and peer: `LinkPool` hands each
-group's member table (`node.members`) a `GroupLink`, a view of the shared
-`PeerLink` to that peer's Raft address that stamps the group on every message it
-queues (`RaftMessage.group`). Messages of every group to one peer then travel in
-the same batches: the heartbeats of all groups that a tick produces leave as one
-RaftBatch per pair of processes, one HTTP/2 message, not one per group.
+A process that hosts several shards (docs/scaling.md) keeps one outgoing
+stream per peer process, not one per shard and peer: `LinkPool` hands each
+shard's member table (`node.members`) a `ShardLink`, a view of the shared
+`PeerLink` to that peer's Raft address that stamps the shard on every message it
+queues (`RaftMessage.group`). Messages of every shard to one peer then travel in
+the same batches: the heartbeats of all shards that a tick produces leave as one
+RaftBatch per pair of processes, one HTTP/2 message, not one per shard.
 
 The receiving side is the peer port's gate (`link.PeerGate`), which hands
-each message to the group it names; a group absent on the wire is group 1, so
-group 1's messages are those of a link that knows no groups.
+each message to the shard it names; a shard absent on the wire is shard 1, so
+shard 1's messages are those of a link that knows no shards.
 
 Invariants: one shared link per (peer id, Raft address), opened with its first
-group and closed with its last; a group's messages keep their order (they share
-the link's ordered queue); closing one group's view never closes the link under
-another group.
+shard and closed with its last; a shard's messages keep their order (they share
+the link's ordered queue); closing one shard's view never closes the link under
+another shard.
 """
 
 from __future__ import annotations
@@ -29,22 +29,22 @@ from raftio.link import PeerLink
 OpenLink = Callable[..., PeerLink]
 
 
-class GroupLink:
+class ShardLink:
     """Group `group`'s view of a shared link: what `node.members` uses of a PeerLink."""
 
-    def __init__(self, pool: LinkPool, key: tuple[int, str], link: PeerLink, group: int) -> None:
-        self._pool, self._key, self._link, self.group = pool, key, link, group
+    def __init__(self, pool: LinkPool, key: tuple[int, str], link: PeerLink, shard: int) -> None:
+        self._pool, self._key, self._link, self.shard = pool, key, link, shard
         self.peer_id, self.address = link.peer_id, link.address
         self._closed = False
 
     def start(self) -> None:
-        """Started with the shared link (by the pool): nothing to do per group."""
+        """Started with the shared link (by the pool): nothing to do per shard."""
 
     def send(self, messages: Sequence[tuple[pb.RaftMessage, int]]) -> None:
-        group = self.group
-        if group != 1:  # absent is group 1
+        shard = self.shard
+        if shard != 1:  # absent is shard 1
             for msg, _ in messages:
-                msg.group = group
+                msg.group = shard
         self._link.send(messages)
 
     @property
@@ -70,16 +70,16 @@ class LinkPool:
 
     def open(
         self,
-        group: int,
+        shard: int,
         cluster: str,
         peer_id: int,
         address: str,
         *,
         me: int,
         security: PeerSecurity | None = None,
-    ) -> GroupLink:
+    ) -> ShardLink:
         """Group `group`'s link to `peer_id` at `address` (the shared one, opened and
-        started with the first group that asks)."""
+        started with the first shard that asks)."""
         key = (peer_id, address)
         held = self._links.get(key)
         if held is None:
@@ -87,7 +87,7 @@ class LinkPool:
             link.start()
             held = (link, 0)
         self._links[key] = (held[0], held[1] + 1)
-        return GroupLink(self, key, held[0], group)
+        return ShardLink(self, key, held[0], shard)
 
     async def release(self, key: tuple[int, str]) -> None:
         link, users = self._links[key]

@@ -50,7 +50,7 @@ def test_three_groups_share_one_stream_each_message_reaching_its_group_in_order(
     got, deliver_of = delivered_by_group(groups)
 
     async def main() -> CountingGate:
-        gate = CountingGate(CLUSTER, lambda m: None, me=2, members=(1, 2, 3), groups=deliver_of)
+        gate = CountingGate(CLUSTER, lambda m: None, me=2, members=(1, 2, 3), shards=deliver_of)
         async with peer_server(gate) as port:
             pool = LinkPool(open_link)
             links = {g: pool.open(g, CLUSTER, 2, f"127.0.0.1:{port}", me=1) for g in groups}
@@ -77,7 +77,7 @@ def test_what_the_groups_send_in_one_loop_iteration_leaves_as_one_batch() -> Non
     got, deliver_of = delivered_by_group(groups)
 
     async def main() -> CountingGate:
-        gate = CountingGate(CLUSTER, lambda m: None, me=2, members=(1, 2), groups=deliver_of)
+        gate = CountingGate(CLUSTER, lambda m: None, me=2, members=(1, 2), shards=deliver_of)
         async with peer_server(gate) as port:
             pool = LinkPool(open_link)
             links = {g: pool.open(g, CLUSTER, 2, f"127.0.0.1:{port}", me=1) for g in groups}

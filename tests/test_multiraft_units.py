@@ -11,7 +11,7 @@ its clients are built of.
 - `raftio.multiplex.LinkPool`: one shared link per (peer, address), refcounted,
   the group stamped on every message but group 1's. The links are fakes: this
   tests the pool's bookkeeping, not a transport.
-- `raftio.link.PeerGate(groups=...)`: each message of a mixed batch to its
+- `raftio.link.PeerGate(shards=...)`: each message of a mixed batch to its
   group; an unknown group's dropped without holding up the rest.
 - `cli.scaleout.plan_moves` (property): within ceil(groups / serving nodes) per
   node, preferred leaders used when they serve, nothing planned onto a down node.
@@ -348,7 +348,7 @@ def test_link_pool_shares_one_link_per_peer_and_address() -> None:
     asyncio.run(scenario())
 
 
-# --- raftio/link.py: PeerGate(groups=...) ---
+# --- raftio/link.py: PeerGate(shards=...) ---
 
 
 def test_gate_delivers_each_message_to_its_group_and_drops_an_unknown_group() -> None:
@@ -359,7 +359,7 @@ def test_gate_delivers_each_message_to_its_group_and_drops_an_unknown_group() ->
         fallback.append,
         me=2,
         members=(1, 2, 3),
-        groups=lambda g: got[g].append if g in got else None,
+        shards=lambda g: got[g].append if g in got else None,
     )
     sent: list[tuple[int | None, Message]] = []
     for k in range(12):

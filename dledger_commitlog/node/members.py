@@ -35,7 +35,7 @@ from raft.errors import MembershipError
 from raft.membership import ChangeOp, ConfChange, Member, Membership
 from raft.messages import AppendEntries, Heartbeat, Message, Snapshot
 from raftio.link import PeerLink
-from raftio.multiplex import GroupLink, LinkPool
+from raftio.multiplex import LinkPool, ShardLink
 from raftio.transport import open_link
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class NodeMembers:
         self._known: dict[int, Member] = {}
         self._conf: Membership | None = None
         self.ids: frozenset[int] = frozenset()
-        self.links: dict[int, PeerLink | GroupLink] = {}
+        self.links: dict[int, PeerLink | ShardLink] = {}
         self._security: PeerSecurity | None = None
         self._started = False
         self._was_member = False

@@ -163,7 +163,7 @@ class Shards:
             members=members,
             security=self.security,
             on_reject=lambda why: reject.labels(why).inc(),
-            groups=deliver_of,
+            shards=deliver_of,
         )
 
     def start_services(self) -> None:
