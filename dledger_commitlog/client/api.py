@@ -35,7 +35,7 @@ from dledger_commitlog.client.access import (
 )
 from dledger_commitlog.client.errors import GroupRefused, InvalidArgument, WrongCluster
 from dledger_commitlog.client.member_ops import MemberOps
-from dledger_commitlog.client.operation import operation
+from dledger_commitlog.client.operation import AsyncCalls, BlockingCalls, operation
 from dledger_commitlog.client.put_pipe import PipeFailure, PutPipe
 from dledger_commitlog.client.retry import NO_ANSWER, Attempt, Failure, Op, Router
 from dledger_commitlog.client.values import (
@@ -506,9 +506,9 @@ class ClientBase(MemberOps):
         )
 
 
-class BlockingClientBase(ClientBase):
+class BlockingClientBase(ClientBase, BlockingCalls):
     """A client whose operations return their results (`blocking.Client`)."""
 
 
-class AsyncClientBase(ClientBase):
+class AsyncClientBase(ClientBase, AsyncCalls):
     """A client whose operations return coroutines of their results (`aio.AsyncClient`)."""

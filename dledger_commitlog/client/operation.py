@@ -11,15 +11,20 @@ from __future__ import annotations
 import inspect
 import types
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 from dledger_commitlog.client.retry import Op
 
-if TYPE_CHECKING:
-    from dledger_commitlog.client.api import AsyncClientBase, BlockingClientBase
-
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class BlockingCalls:
+    """A client whose operations return their results (`blocking.Client`)."""
+
+
+class AsyncCalls:
+    """A client whose operations return coroutines of their results (`aio.AsyncClient`)."""
 
 
 class operation(Generic[P, R]):
@@ -40,10 +45,10 @@ class operation(Generic[P, R]):
     @overload
     def __get__(self, client: None, owner: type[Any]) -> Self: ...
     @overload
-    def __get__(self, client: BlockingClientBase, owner: type[Any]) -> Callable[P, R]: ...
+    def __get__(self, client: BlockingCalls, owner: type[Any]) -> Callable[P, R]: ...
     @overload
     def __get__(
-        self, client: AsyncClientBase, owner: type[Any]
+        self, client: AsyncCalls, owner: type[Any]
     ) -> Callable[P, Coroutine[Any, Any, R]]: ...
     def __get__(self, client: Any, owner: type[Any]) -> Any:
         return self if client is None else types.MethodType(self, client)
