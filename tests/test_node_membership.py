@@ -22,6 +22,7 @@ from raft.messages import Heartbeat
 from raft.validate import InvalidPeerMessage
 from raftio.link import PeerGate
 from raftio.transport import PeerServer, open_peer_server
+from tests.lone_node import SMALL
 
 TOPIC = "members"
 T = TypeVar("T")
@@ -56,14 +57,7 @@ class Group:
             join=join,
             routes=routes,
             peers=tuple(self.peer(p) for p in sorted({*peers, i})),
-            tick_ms=20,
-            election_ticks=10,
-            heartbeat_ticks=1,
-            data_segment_bytes=8 << 20,
-            index_segment_bytes=32 * 4096,
-            cq_units_per_file=64,
-            index_slots=64,
-            index_entries=256,
+            **{**SMALL, "tick_ms": 20, "election_ticks": 10},  # type: ignore[arg-type]
         )
         node = RaftNode(cfg)
         server = open_peer_server(
