@@ -38,6 +38,11 @@ class Config:
     # Catch-up throttle: entry bytes per tick per follower in appends of committed
     # entries only (a follower catching up; never what a commit waits for). 0: none.
     catch_up_bytes_per_tick: int = 0
+    # This node is its fresh group's first leader: while its term is 0 and its log
+    # empty it campaigns at every tick instead of after a randomized election
+    # timeout (the other nodes keep theirs, so they hear from it first). A new
+    # cluster then elects at once instead of waiting out a whole timeout.
+    eager_campaign: bool = False
 
     def __post_init__(self) -> None:
         if self.id not in self.peers and not self.join:

@@ -98,6 +98,15 @@ class CoreState:
         # still votes and follows. A lone voter campaigns regardless.
         self.may_campaign = True
         self._become_follower(self._term, None)
+        if self._fresh_and_eager():
+            self._timeout = 1
+
+    def _fresh_and_eager(self) -> bool:
+        """This node is its group's eager first leader (`Config.eager_campaign`) and
+        nothing has happened yet: term 0, an empty log, not joining a running group."""
+        cfg = self._cfg
+        fresh = self._term == 0 and not self._log.last_index()
+        return cfg.eager_campaign and not cfg.join and fresh
 
     # --- role transitions ---
 

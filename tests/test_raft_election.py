@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import random
+from typing import Any
+
 import pytest
 
 from raft import (
@@ -9,6 +13,7 @@ from raft import (
     EntryKind,
     HardState,
     NotLeader,
+    RaftCore,
     RequestVote,
     Role,
     VoteResponse,
@@ -39,6 +44,45 @@ def test_election_timeouts_are_randomized_in_range() -> None:
         seen.add(ticks)
     assert min(seen) >= 10 and max(seen) < 20
     assert len(seen) > 3
+
+
+def _eager(c: Cluster, i: int) -> RaftCore:
+    """Node i restarted as its group's eager first leader (`Config.eager_campaign`)."""
+    node = c.nodes[i]
+    cfg = dataclasses.replace(c.config(i), eager_campaign=True)
+    node.core = RaftCore(cfg, node.storage, node.hard_state, rng=random.Random(0))
+    return node.core
+
+
+def test_a_fresh_groups_eager_node_campaigns_at_each_tick_until_it_leads() -> None:
+    c = Cluster(3)
+    core = _eager(c, 1)
+    core.tick()
+    assert core.role is Role.PRE_CANDIDATE
+    c.process_all()
+    c.mailbox.clear()  # its peers are not up yet: the pre-votes are lost
+    core.tick()  # so it asks again at the next tick, not an election timeout later
+    c.stabilize()
+    assert c.core(1).role is Role.LEADER and c.core(1).term == 1
+    assert all(c.core(i).leader_id == 1 for i in (1, 2, 3))
+    assert c.core(2).role is Role.FOLLOWER  # the others kept their randomized timeouts
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        pytest.param({"hard_states": {1: HardState(term=1)}}, id="a-term-was-seen"),
+        pytest.param({"logs": {1: entries(1)}}, id="a-log-was-written"),
+    ],
+)
+def test_an_eager_node_that_is_not_fresh_waits_its_election_timeout(state: dict[str, Any]) -> None:
+    c = Cluster(3, **state)
+    core = _eager(c, 1)
+    ticks = 0
+    while core.role is Role.FOLLOWER:
+        core.tick()
+        ticks += 1
+    assert ticks >= 10
 
 
 def test_propose_on_a_follower_raises_not_leader_with_hint() -> None:

@@ -194,10 +194,13 @@ def open_log(cfg: NodeConfig, data: Path, on_proposed: Callable[[int], None]) ->
 
 
 def raft_config(cfg: NodeConfig) -> Config:
-    """The Raft core's settings, from the node's."""
+    """The Raft core's settings, from the node's. A fresh group's first leader is its
+    preferred one, else its lowest bootstrap id: that node campaigns at once."""
+    peers = tuple(p.id for p in cfg.peers)
+    first = cfg.preferred_leader if cfg.preferred_leader is not None else min(peers)
     return Config(
         id=cfg.node_id,
-        peers=tuple(p.id for p in cfg.peers),
+        peers=peers,
         election_ticks=cfg.election_ticks,
         heartbeat_ticks=cfg.heartbeat_ticks,
         max_append_entries=cfg.max_append_entries,
@@ -209,6 +212,7 @@ def raft_config(cfg: NodeConfig) -> Config:
         pre_vote=True,
         preferred_leader=cfg.preferred_leader,
         join=cfg.join,
+        eager_campaign=cfg.node_id == first,
         catch_up_bytes_per_tick=int(cfg.catch_up_mb_s * 1e6 * cfg.tick_ms / 1000),
     )
 
