@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -225,8 +226,11 @@ class LocalCluster(ClusterLayout):
                         f"node {i} exited with {proc.returncode} during start-up; "
                         f"{self.specs[i].log_path} ends:\n{self.log_tail(i, 20)}"
                     )
-            statuses = self.statuses(timeout_s=1.0)
-            answered = all(isinstance(s, NodeStatus) for s in statuses.values())
+            if not all(map(_accepts, (s.client for s in self.specs.values()))):
+                statuses: dict[int, NodeStatus | StatusError] = {}  # still starting
+            else:
+                statuses = self.statuses(timeout_s=1.0)
+            answered = statuses and all(isinstance(s, NodeStatus) for s in statuses.values())
             if answered and _leader_of(statuses.values()) is not None:
                 return
             if time.monotonic() >= deadline:
@@ -317,6 +321,17 @@ class LocalCluster(ClusterLayout):
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.down()
+
+
+def _accepts(address: str) -> bool:
+    """Whether `address` (host:port) accepts a TCP connection now. Probed before the
+    first Status, so that gRPC's reconnect backoff does not start while a node imports."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 def answered(statuses: Mapping[int, NodeStatus | StatusError]) -> dict[int, NodeStatus]:
