@@ -42,7 +42,7 @@ from analytics.sources import METADATA_COLUMNS, QueueRef, parse_queue_ref
 
 EARLIEST: Final = -2
 LATEST: Final = -1
-# "earliest" | "latest" | per topic and queue (a queue id: group 1; (group, queue id): another)
+# "earliest" | "latest" | per topic and queue (a queue id: shard 1; (shard, queue id): another)
 OffsetSpec = str | dict[str, dict[QueueRef, int]]
 
 DEFAULT_MESSAGES_PER_PARTITION: Final = 500_000
@@ -219,7 +219,7 @@ def _subscription(
 
 
 def _parse_assign(text: str) -> dict[str, tuple[QueueRef, ...]]:
-    """`{"orders": [0, 2], "pay": [1]}`: the queues to read (of another group than 1:
+    """`{"orders": [0, 2], "pay": [1]}`: the queues to read (of another shard than 1:
     `"G:Q"` strings, `{"orders": ["2:0", "3:1"]}`)."""
     try:
         doc = json.loads(text)
@@ -242,7 +242,7 @@ def _parse_assign(text: str) -> dict[str, tuple[QueueRef, ...]]:
             if isinstance(q, bool) or not isinstance(q, int) or q < 0:
                 raise OptionError(
                     f"assign: queue id {q!r} of {topic!r} is not an integer >= 0 "
-                    '(nor "group:queue id")'
+                    '(nor "shard:queue id")'
                 )
             refs.add(q)
         out[str(topic)] = tuple(sorted(refs, key=_ref_order))
@@ -259,7 +259,7 @@ def _queue_ref(text: object, name: str, topic: str) -> QueueRef:
     if ref is None:
         raise OptionError(
             f"{name}: queue id {text!r} of {topic!r} is not a number, nor "
-            '"group:queue id" ("2:0": queue 0 of Raft group 2)'
+            '"shard:queue id" ("2:0": queue 0 of shard 2)'
         )
     return ref
 

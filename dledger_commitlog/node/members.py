@@ -1,4 +1,4 @@
-"""A node's view of its group: who the members are, where they listen, and changes.
+"""A node's view of its shard: who the members are, where they listen, and changes.
 
 Owns `NodeMembers`: the live membership as the Raft core has it in effect (the
 last configuration entry in the log, raft/membership.py), the address book (a
@@ -53,7 +53,7 @@ class NodeMembers:
         links: LinkPool | None = None,
     ) -> None:
         self._cfg = cfg
-        self._pool = links  # multi-Raft: this group's links are views of the process's
+        self._pool = links  # multi-Raft: this shard's links are views of the process's
         self._core = core
         self._kick = kick
         self._wait_for_commit = wait_for_commit

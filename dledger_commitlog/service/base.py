@@ -34,7 +34,7 @@ from typing import Any, NoReturn, ParamSpec, Protocol, TypeAlias, TypeVar
 import grpc
 
 from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
-from dledger_commitlog.common.protocol import PutResult, group_metadata
+from dledger_commitlog.common.protocol import PutResult, shard_metadata
 from dledger_commitlog.common.signing import metadata_value
 from dledger_commitlog.log import reads
 from dledger_commitlog.log.message_layout import make_msg_id
@@ -214,7 +214,7 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
     ) -> tuple[tuple[str, str], ...]:
         """A forwarded call of RPC `method`: marked (never forwarded again), vouched for
         with the cluster secret, on behalf of the access key this node authenticated."""
-        meta = [(_FORWARDED, str(self.cfg.node_id)), *group_metadata(self.cfg.shard)]
+        meta = [(_FORWARDED, str(self.cfg.node_id)), *shard_metadata(self.cfg.shard)]
         leader = self.node.leader_id
         on_behalf = account.access_key if account is not None else ""
         if self.security.peers is not None and leader is not None:
@@ -315,9 +315,9 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             await context.abort(grpc.StatusCode.UNAVAILABLE, "dispatch did not catch up in time")
 
     def _routed_queues(self, topic: str) -> int | None:
-        """How many queues of `topic` this group holds by a configured route (None: no
-        route says: a single-group cluster, a process without group 0, or the default
-        route, which is queues_per_topic in every data group)."""
+        """How many queues of `topic` this shard holds by a configured route (None: no
+        route says: a single-shard cluster, a process without shard 0, or the default
+        route, which is queues_per_topic in every data shard)."""
         host = self.shard_map
         if host.routes is None or self.cfg.shard == 0:
             return None
