@@ -72,7 +72,7 @@ def readme_commands() -> list[str]:
 
 
 def readme_scaleout_commands() -> list[str]:
-    """The README's "Scaling out" block (the section's second): a cluster of 3 groups."""
+    """The README's "Scaling out" block (the section's second): a cluster of 3 shards."""
     _, second, *_ = sh_blocks(section(README.read_text(), "## Using a cluster"))
     return second
 
@@ -232,9 +232,9 @@ class DocRun:
         if check is not None:
             check(self, args, done.stdout)
 
-    def client(self, group: int = 1) -> Client:
+    def client(self, shard: int = 1) -> Client:
         assert self.cluster_dir is not None, "a command needs a cluster before `cluster up`"
-        return LocalCluster(self.cluster_dir).client(shard=group)
+        return LocalCluster(self.cluster_dir).client(shard=shard)
 
     def consume(self, line: str, args: list[str]) -> None:
         """`consume` tails until interrupted: it must print every message its topic holds
@@ -478,7 +478,7 @@ def check_topic_route(run: DocRun, args: list[str], out: str) -> None:
         routes = c.route()
     shown = {(r["topic"], int(r["shard"]), int(r["queues"])) for r in rows}
     assert shown and shown <= {(t, g, n) for t, r in routes.routes.items() for g, n in r.groups}
-    for r in rows:  # each group's leader as the node knows it
+    for r in rows:  # each shard's leader as the node knows it
         assert int(r["leader"]) == routes.leaders[int(r["shard"])].leader_id, (r, routes)
 
 
@@ -486,7 +486,7 @@ def check_shard_status(run: DocRun, args: list[str], out: str) -> None:
     table, leads = out.rstrip("\n").rsplit("\n", 1)
     rows = table_rows(table)
     assert [r["shard"] for r in rows] == ["0", "1", "2", "3"], out
-    for r in rows:  # one leader per group, every node a member
+    for r in rows:  # one leader per shard, every node a member
         cells = [v for k, v in r.items() if k.startswith("node ")]
         assert len(cells) == 3 and sum(v.startswith("leader") for v in cells) == 1, out
     assert leads.startswith("leads: ")
