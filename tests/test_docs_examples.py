@@ -334,7 +334,7 @@ def check_put(run: DocRun, args: list[str], out: str) -> None:
     if "shard" in printed:  # a cluster of several shards: the topic's route chose one
         with run.client(int(printed["shard"])) as c:
             routes = c.route(put.topic)
-        assert int(printed["shard"]) in dict(routes.route(put.topic).groups), (routes, printed)
+        assert int(printed["shard"]) in dict(routes.route(put.topic).shards), (routes, printed)
     with run.client(int(printed.get("shard", 1))) as c:
         if not later:
             assert c.get(msg_id=printed["msg_id"]).body == body
@@ -468,7 +468,7 @@ def check_topic_create(run: DocRun, args: list[str], out: str) -> None:
     )
     with run.client() as c:
         route = c.route(topic).route(topic)
-    assert route.configured and dict(route.groups) == spread, route
+    assert route.configured and dict(route.shards) == spread, route
     assert out.startswith(f"created {topic}: "), out
 
 
@@ -477,7 +477,7 @@ def check_topic_route(run: DocRun, args: list[str], out: str) -> None:
     with run.client() as c:
         routes = c.route()
     shown = {(r["topic"], int(r["shard"]), int(r["queues"])) for r in rows}
-    assert shown and shown <= {(t, g, n) for t, r in routes.routes.items() for g, n in r.groups}
+    assert shown and shown <= {(t, g, n) for t, r in routes.routes.items() for g, n in r.shards}
     for r in rows:  # each shard's leader as the node knows it
         assert int(r["leader"]) == routes.leaders[int(r["shard"])].leader_id, (r, routes)
 

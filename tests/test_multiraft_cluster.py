@@ -79,7 +79,7 @@ def routed(cluster: LocalCluster) -> RoutedClient:
 def test_routed_puts_land_in_the_topics_shards_and_read_back(cluster: LocalCluster) -> None:
     with routed(cluster) as rc:
         made = rc.topic_update("create", "orders", {2: 2, 3: 3})
-        assert made is not None and made.groups == ((2, 2), (3, 3)) and made.configured
+        assert made is not None and made.shards == ((2, 2), (3, 3)) and made.configured
         route = rc.route("orders")
         assert route.total_queues == 5
         spread = [rc.put("orders", b"rr-%d" % i) for i in range(10)]
@@ -119,7 +119,7 @@ def seen(rc: RoutedClient, topic: str, shards: tuple[tuple[int, int], ...]) -> N
 
     def refreshed() -> tuple[tuple[int, int], ...]:
         rc.refresh_routes()
-        return rc.route(topic).groups
+        return rc.route(topic).shards
 
     wait_until(refreshed, 10.0, f"the route of {topic} to be {shards}", ok=lambda g: g == shards)
 
@@ -154,7 +154,7 @@ def test_a_route_update_is_seen_after_a_refresh_and_refuses_stale_queues(
         for i in range(6):
             r = stale.put("moves", b"s-%d" % i)
             assert (shard_of_msg_id(r.msg_id), r.queue_id) in {(2, 0), (3, 0)}
-        assert stale.route("moves").groups == ((2, 1), (3, 1))
+        assert stale.route("moves").shards == ((2, 1), (3, 1))
         assert rc.topic_update("delete", "moves") is None
         seen(rc, "moves", ((1, 4), (2, 4), (3, 4)))
         assert not rc.route("moves").configured
@@ -175,7 +175,7 @@ def test_route_is_answered_by_every_node_and_topic_update_redirects(
                 ok=lambda r: r.version >= version,
             )
         assert routes.shard_count == SHARDS
-        assert routes.route("everywhere").groups == ((1, 1), (3, 4))
+        assert routes.route("everywhere").shards == ((1, 1), (3, 4))
         assert sorted(routes.leaders) == list(range(SHARDS + 1))
     leader0 = leader_of(shard_statuses(cluster, 0))
     assert leader0 is not None
@@ -195,7 +195,7 @@ def test_route_is_answered_by_every_node_and_topic_update_redirects(
     # A client that knows only the follower follows the redirect.
     with Client([follower.client], shard=0) as via_follower:
         made = via_follower.topic_update("create", "elsewhere", {2: 1})
-        assert made is not None and made.groups == ((2, 1),)
+        assert made is not None and made.shards == ((2, 1),)
 
 
 def dledger(cluster: LocalCluster, *args: str) -> Any:

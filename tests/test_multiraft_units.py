@@ -5,7 +5,8 @@ its clients are built of.
   and preferred leaders that spread (no node prefers more than ceil(shards/nodes)).
 - `messaging.routes.RouteTable`: the rules of create/update/delete, the default
   route, a record's load (property tests: a checked change loads back as made).
-- `common.routes`: `TopicRoute.locate` / `queue_of_key` cover every queue once;
+- `common.routes`: `TopicRoute.locate` / `queue_of_key` cover every queue once,
+  and its old `groups` name (keyword and attribute) warns, naming `shards`;
   `shard_of_msg_id` reads back the shard `shard_port` writes (shards 0..1000),
   and shard 1's ids are a single-shard cluster's, unchanged.
 - `raftio.multiplex.LinkPool`: one shared link per (peer, address), refcounted,
@@ -241,12 +242,12 @@ def test_route_changes_fold_like_a_model(ops: list[tuple[str, str, list[tuple[in
         if route is None:
             del model[topic]
         else:
-            model[topic] = route.groups
+            model[topic] = route.shards
         t.load({"routes": t.changed(route, topic)}, version)
-        assert {k: r.groups for k, r in t.configured.items()} == model
+        assert {k: r.shards for k, r in t.configured.items()} == model
     for topic, route in t.configured.items():
         assert route.configured and route.topic == topic
-        assert all(1 <= g <= 4 and 1 <= n <= 4 for g, n in route.groups)
+        assert all(1 <= g <= 4 and 1 <= n <= 4 for g, n in route.shards)
 
 
 # --- common/routes.py ---
@@ -267,6 +268,19 @@ def test_locate_covers_every_queue_once(counts: list[int], keys: list[str]) -> N
         q = route.queue_of_key(key)
         assert 0 <= q < route.total_queues
         assert q == route.queue_of_key(key)  # stable: one key, one queue
+
+
+def test_topic_routes_old_groups_name_warns_and_is_the_same_value() -> None:
+    route = TopicRoute("t", ((2, 1), (3, 4)), configured=True)
+    with pytest.warns(FutureWarning, match=r"TopicRoute\.groups is renamed to TopicRoute\.shards"):
+        old = route.groups
+    assert old == route.shards == ((2, 1), (3, 4))
+    with pytest.warns(FutureWarning, match=r"TopicRoute\(groups=\.\.\.\) is now"):
+        built = TopicRoute("t", groups=((2, 1), (3, 4)), configured=True)
+    assert built == route
+    assert TopicRoute("t", shards=((1, 1),)).shards == ((1, 1),)
+    with pytest.raises(TypeError, match="needs its shards"):
+        TopicRoute("t")
 
 
 def test_shard_of_msg_id_round_trips_for_every_shard() -> None:

@@ -60,7 +60,7 @@ def _route_json(route: TopicRoute) -> dict[str, Any]:
     return {
         "topic": route.topic,
         "configured": route.configured,
-        "shards": [{"shard": g, "queues": n} for g, n in route.groups],
+        "shards": [{"shard": g, "queues": n} for g, n in route.shards],
     }
 
 
@@ -73,7 +73,7 @@ def _change(args: argparse.Namespace, op: str, shards: dict[int, int] | None) ->
     if route is None:
         emit(args, {"deleted": args.topic}, f"deleted the route of {args.topic}")
     else:
-        spread = ", ".join(f"shard {g}: {n} queues" for g, n in route.groups)
+        spread = ", ".join(f"shard {g}: {n} queues" for g, n in route.shards)
         emit(args, _route_json(route), f"{op}d {args.topic}: {spread}")
     return 0
 
@@ -108,7 +108,7 @@ def _topic_route(args: argparse.Namespace) -> int:
     shown = [routes.route(args.topic)] if args.topic else list(routes.routes.values())
     rows = []
     for r in shown:
-        for g, n in r.groups:
+        for g, n in r.shards:
             leader = routes.leaders.get(g)
             who = leader.leader_id if leader is not None else None
             rows.append((r.topic, g, n, who or "-", "configured" if r.configured else "default"))

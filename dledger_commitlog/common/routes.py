@@ -9,6 +9,7 @@ docs/scaling.md describes the model.
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,25 +17,49 @@ from dataclasses import dataclass
 SHARD_ZERO_CODE = 0x7FFF  # shard 0's code in a message id (0 is shard 1's; see below)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class TopicRoute:
-    """Where a topic's queues live: (group, queue count) in the order the topic's
-    queues are numbered (its queue k is the k-th queue of this concatenation).
-    `configured`: set through group 0 (else the default: every data shard)."""
+    """Where a topic's queues live: `shards`, (shard, queue count) in the order the
+    topic's queues are numbered (its queue k is the k-th queue of this concatenation).
+    `configured`: set through shard 0 (else the default: every data shard).
+    `groups` is the old name of `shards`, as a keyword and as an attribute."""
 
     topic: str
-    groups: tuple[tuple[int, int], ...]
+    shards: tuple[tuple[int, int], ...]
     configured: bool = False
+
+    def __init__(
+        self,
+        topic: str,
+        shards: tuple[tuple[int, int], ...] | None = None,
+        configured: bool = False,
+        *,
+        groups: tuple[tuple[int, int], ...] | None = None,
+    ) -> None:
+        if groups is not None:
+            _renamed("TopicRoute(groups=...) is now TopicRoute(shards=...)")
+            shards = groups
+        if shards is None:
+            raise TypeError("TopicRoute() needs its shards")
+        object.__setattr__(self, "topic", topic)
+        object.__setattr__(self, "shards", shards)
+        object.__setattr__(self, "configured", configured)
+
+    @property
+    def groups(self) -> tuple[tuple[int, int], ...]:
+        """The old name of `shards`."""
+        _renamed("TopicRoute.groups is renamed to TopicRoute.shards")
+        return self.shards
 
     @property
     def total_queues(self) -> int:
-        return sum(n for _, n in self.groups)
+        return sum(n for _, n in self.shards)
 
     def locate(self, queue: int) -> tuple[int, int]:
         """The topic's queue `queue` (0..total_queues-1) as (shard, queue id there)."""
         left = queue
         if left >= 0:
-            for shard, count in self.groups:
+            for shard, count in self.shards:
                 if left < count:
                     return shard, left
                 left -= count
@@ -44,6 +69,10 @@ class TopicRoute:
         """The topic's queue a sharding key maps to (crc32, as a node maps it in one
         shard): every message of the key goes to one queue of one shard, in order."""
         return zlib.crc32(key.encode()) % self.total_queues
+
+
+def _renamed(what: str) -> None:
+    warnings.warn(f"{what}; the old name works for one more release", FutureWarning, stacklevel=3)
 
 
 def default_route(topic: str, shard_count: int, queues_per_topic: int) -> TopicRoute:

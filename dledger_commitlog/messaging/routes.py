@@ -95,11 +95,11 @@ class RouteTable:
 
     def changed(self, route: TopicRoute | None, topic: str) -> dict[str, list[list[int]]]:
         """The whole table after a checked change (what a record holds)."""
-        routes = {t: [list(g) for g in r.groups] for t, r in self.configured.items()}
+        routes = {t: [list(g) for g in r.shards] for t, r in self.configured.items()}
         if route is None:
             routes.pop(topic, None)
         else:
-            routes[topic] = [list(g) for g in route.groups]
+            routes[topic] = [list(g) for g in route.shards]
         return routes
 
     def load(self, record: Mapping[str, object], version: int) -> None:

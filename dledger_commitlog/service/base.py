@@ -324,7 +324,7 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         route = host.routes.current().configured.get(topic)
         if route is None:
             return None
-        return int(dict(route.groups).get(self.cfg.shard, 0))
+        return int(dict(route.shards).get(self.cfg.shard, 0))
 
     def _check_queues(self, topic: str, queue_id: int) -> None:
         """A queue of `topic`, or (-1) every queue of it: InvalidMessage if not."""

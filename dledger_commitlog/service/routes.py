@@ -31,7 +31,7 @@ def route_pb(route: TopicRoute) -> pb.TopicRoute:
     return pb.TopicRoute(
         topic=route.topic,
         configured=route.configured,
-        groups=[pb.GroupQueues(group=g, queues=n) for g, n in route.groups],
+        groups=[pb.GroupQueues(group=g, queues=n) for g, n in route.shards],
     )
 
 
