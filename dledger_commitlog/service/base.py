@@ -59,7 +59,8 @@ log = logging.getLogger(__name__)
 _FORWARDED = "dledger-forwarded"
 # What a follower sends its leader.
 _FORWARDABLE = frozenset({"PutBatch", "CommitOffset", "PutHalf", "EndTransaction"})
-# What a node that serves no read now (RaftNode.read_refusal) refuses as UNAVAILABLE.
+# What a node that serves no read now (`RaftNode.membership.read_refusal`) refuses as
+# UNAVAILABLE.
 _READS = frozenset(
     {
         "Get",
@@ -160,9 +161,9 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         A call a follower forwarded carries the follower's token instead of the
         client's signature: made for this RPC and this access key, so a token seen on
         the wire vouches for nothing else. A read is UNAVAILABLE on a node that serves
-        none now (joining and catching up, or removed: `RaftNode.read_refusal`)."""
+        none now (joining and catching up, or removed: `RaftNode.membership.read_refusal`)."""
         if method in _READS:
-            refusal = self.node.read_refusal
+            refusal = self.node.membership.read_refusal
             if refusal is not None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
         acl = self.security.acl
@@ -185,7 +186,7 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                 )
             except PeerAuthError as exc:
                 raise AuthError(exc.message) from None
-            if src == self.cfg.node_id or src not in self.node.member_ids():
+            if src == self.cfg.node_id or src not in self.node.membership.accepted:
                 raise AuthError(f"forwarded by node {src}, not a peer")
             return acl.account(on_behalf)
         except AuthError as exc:
