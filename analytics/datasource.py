@@ -12,7 +12,8 @@ Options: see `analytics.options`; offsets: `analytics.offsets`; partitions:
 API prunes no columns by itself, so a query that needs few columns names them: a
 user schema that is a subset of the source's
 (`.schema("topic string, body_size int")`) or the `columns` option
-(`.option("columns", "topic,body_size")`); only those columns are decoded.
+(`.option("columns", "topic,body_size")`); only those columns are decoded, and
+the rows carry the schema's names (`raft_group`, the old name of `shard`, too).
 
 Batch: the planner (driver side) asks the store for each queue's committed
 range, resolves offsets (and timestamps), applies the filters Spark pushed down
@@ -73,17 +74,23 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from analytics import offsets, partitions
-from analytics.codec import SPARK_DDL, SPARK_TYPES
+from analytics.codec import SPARK_DDL
 from analytics.errors import OptionError
 from analytics.file_store import LocalFiles
 from analytics.offsets import Narrowing, Offsets
-from analytics.options import ReadOptions, columns_option, parse_options
+from analytics.options import (
+    SOURCE_TYPES,
+    ReadOptions,
+    columns_option,
+    parse_options,
+    schema_columns,
+)
 from analytics.shard_stores import ShardedStore
-from analytics.sources import METADATA_COLUMNS, SYSTEM_TOPIC_PREFIX, LogPiece, QueueInfo, Slice
+from analytics.sources import SYSTEM_TOPIC_PREFIX, LogPiece, QueueInfo, Slice
 from analytics.stores import open_shards
 
 FORMAT = "dledger"
-_TYPES = {**SPARK_TYPES, **METADATA_COLUMNS}  # every column a schema may name
+_TYPES = SOURCE_TYPES  # every column a schema may name
 _PUSHDOWN_PLANNER = "pyspark.sql.worker.data_source_pushdown_filters"
 
 
@@ -134,33 +141,17 @@ def _called_by(module: str) -> bool:
 
 
 def columns_of(schema: StructType, wanted: tuple[str, ...] | None = None) -> list[str]:
-    """The source columns a (user) schema asks for, checked against the source schema."""
-    out = []
-    for field in schema.fields:
-        want = _TYPES.get(field.name)
-        if want is None:
-            raise OptionError(
-                f"schema: {field.name!r} is not a column of the dledger source "
-                f"(columns: {', '.join(_TYPES)})"
-            )
-        got = field.dataType.simpleString()
-        if got != want:
-            raise OptionError(f"schema: column {field.name} is {want}, not {got}")
-        out.append(field.name)
-    if not out:
-        raise OptionError("schema: no columns")
-    if wanted is not None and tuple(out) != wanted:
-        raise OptionError(
-            f"columns: {','.join(wanted)} differs from the schema given ({','.join(out)}): "
-            "give one or the other"
-        )
-    return out
+    """The source columns a (user) schema asks for (`options.schema_columns`)."""
+    return schema_columns([(f.name, f.dataType.simpleString()) for f in schema.fields], wanted)
 
 
 class _Base:
     def __init__(self, options: ReadOptions, schema: StructType) -> None:
         self.options = options
         self.columns = columns_of(schema, options.columns)
+        # The rows' names: the schema's, which may name a column by its old name.
+        self.names = schema.fieldNames()
+        self._column_of = dict(zip(self.names, self.columns, strict=True))
         self.narrowing = Narrowing()
         self._shards: list[int] | None = None  # the data shards, once a planner asked
 
@@ -224,6 +215,7 @@ class _Base:
             return
         kind, piece, prefer, local = partition.value
         store = self._store(prefer, [piece.shard])
+        renamed = self.names != self.columns
         try:
             if kind == "log":
                 batches = store.read_piece(piece, self.columns, local)
@@ -231,7 +223,7 @@ class _Base:
                 batches = store.read(piece, self.columns, local)
             for batch in batches:
                 if batch.num_rows:
-                    yield batch
+                    yield batch.rename_columns(self.names) if renamed else batch
         finally:
             store.close()
 
@@ -274,7 +266,7 @@ class DLedgerFilteringBatchReader(DLedgerBatchReader):
         attribute: tuple[str, ...] = getattr(f, "attribute", ())
         if len(attribute) != 1:
             return False
-        column = attribute[0]
+        column = self._column_of.get(attribute[0], attribute[0])
         if isinstance(f, IsNotNull):
             return column in _TYPES and column != "tags"  # only tags is ever null
         value: Any = getattr(f, "value", None)

@@ -21,6 +21,8 @@ default) or starts at its end (`latest`); an ending one reads to the end.
 `ReadOptions`, or raises `OptionError` naming the option and what it takes;
 nothing is looked up yet: offsets and timestamps stay as given (`OffsetSpec`,
 `TimeSpec`) until `analytics.offsets` resolves them against the queues.
+`schema_columns` checks a user schema's fields as `columns` is checked (a column
+under its old name, RENAMED_COLUMNS, is read, with the same warning).
 Invariant: a `ReadOptions` is consistent: exactly one of servers and path, at
 most one subscription, no option of the other kind of query (endingOffsets on
 a stream, trigger limits on a batch).
@@ -32,17 +34,17 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from analytics.codec import COLUMNS
+from analytics.codec import COLUMNS, SPARK_TYPES
 from analytics.errors import OptionError
 from analytics.sources import METADATA_COLUMNS, QueueRef, parse_queue_ref
 
 EARLIEST: Final = -2
 LATEST: Final = -1
-# "earliest" | "latest" | per topic and queue (a queue id: group 1; (group, queue id): another)
+# "earliest" | "latest" | per topic and queue (a queue id: shard 1; (shard, queue id): another)
 OffsetSpec = str | dict[str, dict[QueueRef, int]]
 
 DEFAULT_MESSAGES_PER_PARTITION: Final = 500_000
@@ -219,7 +221,7 @@ def _subscription(
 
 
 def _parse_assign(text: str) -> dict[str, tuple[QueueRef, ...]]:
-    """`{"orders": [0, 2], "pay": [1]}`: the queues to read (of another group than 1:
+    """`{"orders": [0, 2], "pay": [1]}`: the queues to read (of another shard than 1:
     `"G:Q"` strings, `{"orders": ["2:0", "3:1"]}`)."""
     try:
         doc = json.loads(text)
@@ -242,7 +244,7 @@ def _parse_assign(text: str) -> dict[str, tuple[QueueRef, ...]]:
             if isinstance(q, bool) or not isinstance(q, int) or q < 0:
                 raise OptionError(
                     f"assign: queue id {q!r} of {topic!r} is not an integer >= 0 "
-                    '(nor "group:queue id")'
+                    '(nor "shard:queue id")'
                 )
             refs.add(q)
         out[str(topic)] = tuple(sorted(refs, key=_ref_order))
@@ -259,7 +261,7 @@ def _queue_ref(text: object, name: str, topic: str) -> QueueRef:
     if ref is None:
         raise OptionError(
             f"{name}: queue id {text!r} of {topic!r} is not a number, nor "
-            '"group:queue id" ("2:0": queue 0 of Raft group 2)'
+            '"shard:queue id" ("2:0": queue 0 of shard 2)'
         )
     return ref
 
@@ -329,6 +331,8 @@ def columns_option(options: Mapping[str, str]) -> tuple[str, ...] | None:
 
 # Columns under an old name, read for one more release with a warning naming the new.
 RENAMED_COLUMNS: Final = {"raft_group": "shard"}
+# Every column a schema may name, with its Spark type.
+SOURCE_TYPES: Final = {**SPARK_TYPES, **METADATA_COLUMNS}
 
 
 def _renamed_column(name: str) -> str:
@@ -341,6 +345,39 @@ def _renamed_column(name: str) -> str:
         stacklevel=3,
     )
     return new
+
+
+def schema_columns(
+    fields: Sequence[tuple[str, str]], wanted: tuple[str, ...] | None = None
+) -> list[str]:
+    """The source columns a user schema asks for, its fields given as (name, Spark
+    type), checked against the source's. A field under a column's old name
+    (RENAMED_COLUMNS) reads that column, with the `columns` option's warning; the rows
+    keep the field's name. `wanted`: the `columns` option too, which must agree."""
+    out: list[str] = []
+    named: dict[str, str] = {}  # column -> the field that named it first
+    for name, got in fields:
+        column = _renamed_column(name)
+        want = SOURCE_TYPES.get(column)
+        if want is None:
+            raise OptionError(
+                f"schema: {name!r} is not a column of the dledger source "
+                f"(columns: {', '.join(SOURCE_TYPES)})"
+            )
+        if got != want:
+            raise OptionError(f"schema: column {name} is {want}, not {got}")
+        first = named.setdefault(column, name)
+        if first != name:
+            raise OptionError(f"schema: {first} and {name} are both column {column}: name it once")
+        out.append(column)
+    if not out:
+        raise OptionError("schema: no columns")
+    if wanted is not None and tuple(out) != wanted:
+        raise OptionError(
+            f"columns: {','.join(wanted)} differs from the schema given ({','.join(out)}): "
+            "give one or the other"
+        )
+    return out
 
 
 def _columns(opts: Mapping[str, str]) -> tuple[str, ...] | None:

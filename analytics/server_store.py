@@ -95,7 +95,7 @@ class ServerStore:
         self._channels: dict[str, Any] = {}
         self._stubs: dict[str, Any] = {}
         self.shard = shard
-        self.metadata = self.access.group_metadata(shard)  # a call's, by RPC name
+        self.metadata = self.access.shard_metadata(shard)  # a call's, by RPC name
         self.last_path = ""  # how the last piece was read: "files", "rpc" or "pull"
         self.offered: LocalFiles | None = None  # by the last QueueOffsets of every queue
 
@@ -104,7 +104,7 @@ class ServerStore:
         other = copy.copy(self)
         other._replicas = type(self._replicas)(self.servers, self.servers.index(self.current))
         other.shard = shard
-        other.metadata = self.access.group_metadata(shard)
+        other.metadata = self.access.shard_metadata(shard)
         other.offered = None
         other.last_path = ""
         return other

@@ -69,7 +69,7 @@ class H2Link(PeerLink):
 
     def send(self, messages: Sequence[tuple[pb.RaftMessage, int]]) -> None:
         """Queue `messages`; while the stream takes writes, what is queued in one loop
-        pass (every Raft group's, every Ready's) leaves at the pass's end as one batch,
+        pass (every shard's, every Ready's) leaves at the pass's end as one batch,
         with no task woken for it; else the sender takes it."""
         self._queue.extend(messages)
         self._drop_past_bound()

@@ -30,7 +30,7 @@ OpenLink = Callable[..., PeerLink]
 
 
 class ShardLink:
-    """Group `group`'s view of a shared link: what `node.members` uses of a PeerLink."""
+    """Shard `shard`'s view of a shared link: what `node.members` uses of a PeerLink."""
 
     def __init__(self, pool: LinkPool, key: tuple[int, str], link: PeerLink, shard: int) -> None:
         self._pool, self._key, self._link, self.shard = pool, key, link, shard
@@ -78,7 +78,7 @@ class LinkPool:
         me: int,
         security: PeerSecurity | None = None,
     ) -> ShardLink:
-        """Group `group`'s link to `peer_id` at `address` (the shared one, opened and
+        """Shard `shard`'s link to `peer_id` at `address` (the shared one, opened and
         started with the first shard that asks)."""
         key = (peer_id, address)
         held = self._links.get(key)

@@ -1,9 +1,9 @@
 """Helpers of the multi-Raft cluster tests (tests/test_multiraft_*.py) on real node
-processes: per-group status, leaders and transfers, and a writer that records
+processes: per-shard status, leaders and transfers, and a writer that records
 every acknowledged put.
 
-Owns nothing the product has: `LocalCluster` answers for group 1 only, so these
-ask each node about group g with a `Client(shard=g)` pinned to that node (a
+Owns nothing the product has: `LocalCluster` answers for shard 1 only, so these
+ask each node about shard g with a `Client(shard=g)` pinned to that node (a
 Status call is never redirected). Every wait is `tests.conftest.wait_until`: a
 condition with a deadline.
 """
@@ -21,20 +21,20 @@ from dledger_commitlog.client import Client, ClientError, NodeStatus, StatusErro
 from dledger_commitlog.common.routes import shard_of_msg_id
 from tests.conftest import wait_until
 
-GROUP_LEADER_S = 30.0  # every group of a (re)started cluster has a leader within this
+SHARD_LEADER_S = 30.0  # every shard of a (re)started cluster has a leader within this
 
 
 def servers(cluster: LocalCluster) -> list[str]:
     return [s.client for s in cluster]
 
 
-def group_statuses(
-    cluster: LocalCluster, group: int, nodes: Iterable[int] | None = None
+def shard_statuses(
+    cluster: LocalCluster, shard: int, nodes: Iterable[int] | None = None
 ) -> dict[int, NodeStatus | StatusError]:
-    """Each node's Status of `group` (StatusError: it did not answer)."""
+    """Each node's Status of `shard` (StatusError: it did not answer)."""
     ids = list(nodes) if nodes is not None else [s.id for s in cluster]
     out: dict[int, NodeStatus | StatusError] = {}
-    with Client(servers(cluster), shard=group, max_retries=0) as client:
+    with Client(servers(cluster), shard=shard, max_retries=0) as client:
         for i in ids:
             address = cluster.specs[i].client
             try:
@@ -54,46 +54,46 @@ def leader_of(statuses: dict[int, NodeStatus | StatusError]) -> int | None:
     return None
 
 
-def group_leader(
+def shard_leader(
     cluster: LocalCluster,
-    group: int,
+    shard: int,
     nodes: Iterable[int] | None = None,
-    timeout_s: float = GROUP_LEADER_S,
+    timeout_s: float = SHARD_LEADER_S,
 ) -> int:
-    """Group `group`'s leader once the nodes (default: all) that answer agree on one."""
+    """Shard `shard`'s leader once the nodes (default: all) that answer agree on one."""
     ids = list(nodes) if nodes is not None else None
     found = wait_until(
-        lambda: leader_of(group_statuses(cluster, group, ids)),
+        lambda: leader_of(shard_statuses(cluster, shard, ids)),
         timeout_s,
-        f"group {group} to have one leader that its nodes agree on",
+        f"shard {shard} to have one leader that its nodes agree on",
         ok=lambda leader: leader is not None,
     )
     assert found is not None
     return found
 
 
-def group_leaders(cluster: LocalCluster, groups: Iterable[int]) -> dict[int, int]:
-    return {g: group_leader(cluster, g) for g in groups}
+def shard_leaders(cluster: LocalCluster, shards: Iterable[int]) -> dict[int, int]:
+    return {g: shard_leader(cluster, g) for g in shards}
 
 
-def transfer(cluster: LocalCluster, group: int, to: int) -> None:
-    """Make node `to` the leader of `group` (transfers until it leads)."""
+def transfer(cluster: LocalCluster, shard: int, to: int) -> None:
+    """Make node `to` the leader of `shard` (transfers until it leads)."""
 
     def moved() -> int | None:
-        now = leader_of(group_statuses(cluster, group))
+        now = leader_of(shard_statuses(cluster, shard))
         if now is not None and now != to:
-            with Client(servers(cluster), shard=group) as client:
+            with Client(servers(cluster), shard=shard) as client:
                 client.transfer_leadership(to)
         return now
 
-    wait_until(moved, 30.0, f"node {to} to lead group {group}", ok=lambda now: now == to)
+    wait_until(moved, 30.0, f"node {to} to lead shard {shard}", ok=lambda now: now == to)
 
 
 @dataclass
 class Acked:
     """What a writer was told: (msg id, body, queue id) of every acknowledged put."""
 
-    group: int
+    shard: int
     topic: str
     puts: list[tuple[str, bytes, int]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -101,32 +101,32 @@ class Acked:
 
 @contextmanager
 def writer(
-    cluster: LocalCluster, group: int, topic: str, stop: threading.Event, **client_kw: Any
+    cluster: LocalCluster, shard: int, topic: str, stop: threading.Event, **client_kw: Any
 ) -> Iterator[Acked]:
-    """A thread putting to `group` until `stop` (or the block ends), recording each
+    """A thread putting to `shard` until `stop` (or the block ends), recording each
     acknowledged put; an error (a leader gone, say) is recorded and retried."""
-    acked = Acked(group, topic)
+    acked = Acked(shard, topic)
     kw = {"timeout_s": 10.0, "max_retries": 20, **client_kw}
 
     def run() -> None:
         n = 0
-        with Client(servers(cluster), shard=group, **kw) as client:
+        with Client(servers(cluster), shard=shard, **kw) as client:
             while not stop.is_set():
-                body = b"g%d-%d" % (group, n)
+                body = b"g%d-%d" % (shard, n)
                 try:
                     result = client.put(topic, body, queue_id=n % 2)
                 except ClientError as exc:
                     acked.errors.append(str(exc))
                     continue
-                assert shard_of_msg_id(result.msg_id) == group
+                assert shard_of_msg_id(result.msg_id) == shard
                 acked.puts.append((result.msg_id, body, result.queue_id))
                 n += 1
 
-    thread = threading.Thread(target=run, name=f"writer-g{group}", daemon=True)
+    thread = threading.Thread(target=run, name=f"writer-g{shard}", daemon=True)
     thread.start()
     try:
         yield acked
     finally:
         stop.set()
         thread.join(60)
-        assert not thread.is_alive(), f"the writer of group {group} did not stop"
+        assert not thread.is_alive(), f"the writer of shard {shard} did not stop"

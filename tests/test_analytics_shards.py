@@ -1,16 +1,21 @@
 """The `dledger` source over several shards, its pure parts: queue keys and offsets
-JSON by shard and queue, per-shard planning and partitions, the `shard` column,
-a node directory's shards. (Reads of real multi-shard clusters: test_spark_shards.py.)"""
+JSON by shard and queue, per-shard planning and partitions, the `shard` column (also
+under its old name, raft_group, in `columns` or a user schema), a node directory's
+shards. (Reads of real multi-shard clusters: test_spark_shards.py.)"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from pyspark.sql.datasource import EqualTo, InputPartition
+from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
+from analytics.datasource import DLedgerFilteringBatchReader
 from analytics.errors import OptionError, retried
 from analytics.offsets import (
     Narrowing,
@@ -24,7 +29,7 @@ from analytics.offsets import (
     time_query,
     to_json,
 )
-from analytics.options import parse_offsets, parse_options
+from analytics.options import parse_offsets, parse_options, schema_columns
 from analytics.partitions import by_shard, log_pieces, shares, split
 from analytics.shard_stores import ShardedStore, file_shards, with_shard
 from analytics.sources import QueueInfo, Slice, parse_queue_ref, queue_key
@@ -137,7 +142,7 @@ def test_ranges_and_partitions_never_span_shards() -> None:
     assert Slice("orders", 0, 2, 20, 2) in got and Slice("orders", 0, 5, 10) in got
 
 
-def test_raft_group_is_a_metadata_column() -> None:
+def test_shard_is_a_metadata_column() -> None:
     opts = parse_options({**SERVERS, "columns": "msg_id,shard"}, streaming=False)
     assert opts.columns == ("msg_id", "shard")
     with pytest.raises(OptionError, match="shard"):  # the list of columns names it
@@ -149,7 +154,56 @@ def test_raft_group_is_a_metadata_column() -> None:
     assert list(with_shard(iter([batch]), ["msg_id", "queue_id"], 3)) == [batch]
 
 
-def test_a_node_directory_holds_group_one_at_its_root_and_the_others_under_shards(
+def test_the_old_column_name_raft_group_reads_the_shard_column_with_a_warning() -> None:
+    warns = pytest.warns(FutureWarning, match="column raft_group is now shard")
+    with warns:
+        opts = parse_options({**SERVERS, "columns": "msg_id,raft_group"}, streaming=False)
+    assert opts.columns == ("msg_id", "shard")
+    # A user schema (`.schema("raft_group int, msg_id string")`) the same way.
+    with warns:
+        assert schema_columns([("raft_group", "int"), ("msg_id", "string")]) == ["shard", "msg_id"]
+    with warns:
+        assert schema_columns([("raft_group", "int")], ("shard",)) == ["shard"]
+    with warns, pytest.raises(OptionError, match="raft_group is int, not string"):
+        schema_columns([("raft_group", "string")])
+    with warns, pytest.raises(OptionError, match="shard and raft_group are both column shard"):
+        schema_columns([("shard", "int"), ("raft_group", "int")])
+    with pytest.raises(OptionError, match="'nope' is not a column"):
+        schema_columns([("nope", "int")])
+
+
+class OneBatch:
+    """A store that reads one batch of the columns asked for (shard 2's messages)."""
+
+    def read(self, piece: Slice, columns: list[str], local: object) -> Iterator[pa.RecordBatch]:
+        data = {"shard": pa.array([2, 2], pa.int32()), "msg_id": pa.array(["a", "b"])}
+        yield pa.record_batch({c: data[c] for c in columns})
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_schema_naming_raft_group_gets_the_shard_under_that_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reader decodes `shard` and hands Spark the rows under the schema's names;
+    a filter on the old name selects shards as one on `shard` does."""
+    schema = StructType(
+        [StructField("raft_group", IntegerType()), StructField("msg_id", StringType())]
+    )
+    with pytest.warns(FutureWarning, match="column raft_group is now shard"):
+        reader = DLedgerFilteringBatchReader(parse_options(SERVERS, streaming=False), schema)
+    assert reader.columns == ["shard", "msg_id"]
+    monkeypatch.setattr(reader, "_store", lambda *args: OneBatch())
+    part = InputPartition(("queue", Slice("orders", 0, 0, 2, shard=2), 0, None))
+    (batch,) = reader.read(part)
+    assert batch.schema.names == ["raft_group", "msg_id"]
+    assert batch.column(0).to_pylist() == [2, 2] and batch.column(0).type == pa.int32()
+    assert list(reader.pushFilters([EqualTo(("raft_group",), 3)])) == []  # pushed, exactly
+    assert [q.key for q in reader.narrowing.queues(QUEUES)] == [("pay", 0, 3)]
+
+
+def test_a_node_directory_holds_shard_one_at_its_root_and_the_others_under_groups(
     tmp_path: Path,
 ) -> None:
     for rel in (
@@ -171,13 +225,13 @@ def test_a_node_directory_holds_group_one_at_its_root_and_the_others_under_shard
         store.close()
 
 
-def test_raft_group_filters_select_shards() -> None:
+def test_shard_filters_select_shards() -> None:
     n = Narrowing().with_shards([2, 3], "in").with_shards([2, 1], "eq")
     assert [q.key for q in n.queues(QUEUES)] == [("orders", 0, 2), ("orders", 1, 2)]
     assert Narrowing().with_shards([1], "eq").queues(QUEUES) == QUEUES[:2]
 
 
-def test_a_process_that_does_not_host_a_group_sends_the_read_to_another() -> None:
+def test_a_process_that_does_not_host_a_shard_sends_the_read_to_another() -> None:
     assert retried("UNAVAILABLE", None)
     assert retried("NOT_FOUND", "this node process hosts shards 0, 1, not shard 2")
     assert not retried("NOT_FOUND", "queue offset 7 of t/0 was deleted by retention")

@@ -99,7 +99,7 @@ class FakeClient:
         return 2
 
     def route(self, topic: str = "") -> Routes:
-        """A single-group cluster's answer (a put asks which group its topic's queue is in)."""
+        """A single-shard cluster's answer (a put asks which shard its topic's queue is in)."""
         return Routes(1, 4, {}, {}, 0)
 
 

@@ -72,7 +72,7 @@ def readme_commands() -> list[str]:
 
 
 def readme_scaleout_commands() -> list[str]:
-    """The README's "Scaling out" block (the section's second): a cluster of 3 groups."""
+    """The README's "Scaling out" block (the section's second): a cluster of 3 shards."""
     _, second, *_ = sh_blocks(section(README.read_text(), "## Using a cluster"))
     return second
 
@@ -232,9 +232,9 @@ class DocRun:
         if check is not None:
             check(self, args, done.stdout)
 
-    def client(self, group: int = 1) -> Client:
+    def client(self, shard: int = 1) -> Client:
         assert self.cluster_dir is not None, "a command needs a cluster before `cluster up`"
-        return LocalCluster(self.cluster_dir).client(shard=group)
+        return LocalCluster(self.cluster_dir).client(shard=shard)
 
     def consume(self, line: str, args: list[str]) -> None:
         """`consume` tails until interrupted: it must print every message its topic holds
@@ -334,7 +334,7 @@ def check_put(run: DocRun, args: list[str], out: str) -> None:
     if "shard" in printed:  # a cluster of several shards: the topic's route chose one
         with run.client(int(printed["shard"])) as c:
             routes = c.route(put.topic)
-        assert int(printed["shard"]) in dict(routes.route(put.topic).groups), (routes, printed)
+        assert int(printed["shard"]) in dict(routes.route(put.topic).shards), (routes, printed)
     with run.client(int(printed.get("shard", 1))) as c:
         if not later:
             assert c.get(msg_id=printed["msg_id"]).body == body
@@ -468,7 +468,7 @@ def check_topic_create(run: DocRun, args: list[str], out: str) -> None:
     )
     with run.client() as c:
         route = c.route(topic).route(topic)
-    assert route.configured and dict(route.groups) == spread, route
+    assert route.configured and dict(route.shards) == spread, route
     assert out.startswith(f"created {topic}: "), out
 
 
@@ -477,8 +477,8 @@ def check_topic_route(run: DocRun, args: list[str], out: str) -> None:
     with run.client() as c:
         routes = c.route()
     shown = {(r["topic"], int(r["shard"]), int(r["queues"])) for r in rows}
-    assert shown and shown <= {(t, g, n) for t, r in routes.routes.items() for g, n in r.groups}
-    for r in rows:  # each group's leader as the node knows it
+    assert shown and shown <= {(t, g, n) for t, r in routes.routes.items() for g, n in r.shards}
+    for r in rows:  # each shard's leader as the node knows it
         assert int(r["leader"]) == routes.leaders[int(r["shard"])].leader_id, (r, routes)
 
 
@@ -486,7 +486,7 @@ def check_shard_status(run: DocRun, args: list[str], out: str) -> None:
     table, leads = out.rstrip("\n").rsplit("\n", 1)
     rows = table_rows(table)
     assert [r["shard"] for r in rows] == ["0", "1", "2", "3"], out
-    for r in rows:  # one leader per group, every node a member
+    for r in rows:  # one leader per shard, every node a member
         cells = [v for k, v in r.items() if k.startswith("node ")]
         assert len(cells) == 3 and sum(v.startswith("leader") for v in cells) == 1, out
     assert leads.startswith("leads: ")

@@ -1,13 +1,14 @@
 """The membership RPCs' mapping, end to end over real gRPC, against a scripted node.
 
 The client service (`service/members.py`, `admin.py`) runs on grpc.aio servers
-over `FakeGroup`'s nodes, which stand in for `RaftNode`'s membership facade: what
-they answer and raise is scripted (a refusal, a timeout, a lost leadership). The
-real clients (`Client`, and the `dledger` CLI) call them, so each test checks the
-whole path of a status: the node's exception -> the gRPC status -> the client's
-error and the CLI's exit code. Nothing here needs the Raft core's membership
-(tests/test_operations_runbooks.py runs the real thing). Also: a local cluster
-directory's memory of added and removed nodes (`ClusterLayout`), without processes.
+over `FakeShard`'s nodes, which stand in for `RaftNode` and its membership part
+(`RaftNode.membership`): what they answer and raise is scripted (a refusal, a
+timeout, a lost leadership). The real clients (`Client`, and the `dledger` CLI)
+call them, so each test checks the whole path of a status: the node's exception
+-> the gRPC status -> the client's error and the CLI's exit code. Nothing here
+needs the Raft core's membership (tests/test_operations_runbooks.py runs the real
+thing). Also: a local cluster directory's memory of added and removed nodes
+(`ClusterLayout`), without processes.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ APP = ("app", "app-secret")
 
 
 @dataclass
-class FakeGroup:
+class FakeShard:
     """What the fake nodes share: the members, the leader, what a change does next."""
 
     members: dict[int, MemberStatus] = field(default_factory=dict)
@@ -65,44 +66,57 @@ class FakeGroup:
     time_out: bool = False  # the next change raises TimeoutError
     lose_leadership_to: int | None = None  # the next change raises NotLeader, this one leads
     index: int = 100
-    read_refusal: str | None = None  # what RaftNode.read_refusal says
+    read_refusal: str | None = None  # what RaftNode.membership.read_refusal says
 
 
 class FakeNode:
     """The part of RaftNode's facade the membership and admin RPCs use."""
 
-    def __init__(self, group: FakeGroup, node_id: int) -> None:
-        self.group = group
+    def __init__(self, shard: FakeShard, node_id: int) -> None:
+        self.shard = shard
         self.node_id = node_id
+        self.membership = FakeMembership(self)
 
     @property
     def leader_id(self) -> int | None:
-        return self.group.leader
+        return self.shard.leader
 
     def is_leader(self) -> bool:
-        return self.group.leader == self.node_id
+        return self.shard.leader == self.node_id
 
     def leader_client_address(self) -> str | None:
-        return None if self.group.leader is None else self.group.addresses[self.group.leader]
-
-    @property
-    def read_refusal(self) -> str | None:
-        return self.group.read_refusal
-
-    def members(self) -> list[MemberStatus]:
-        ms = self.group.members.values()
-        if self.is_leader():
-            return list(ms)
-        return [MemberStatus(m.id, m.role, m.raft, m.client, -1, -1) for m in ms]
+        return None if self.shard.leader is None else self.shard.addresses[self.shard.leader]
 
     def status(self) -> NodeState:
         role = Role.LEADER if self.is_leader() else Role.FOLLOWER
         return NodeState(
-            role, 1, self.group.leader, self.leader_client_address(), 0, 0, 0, 0, 0, 0, 0, {}
+            role, 1, self.shard.leader, self.leader_client_address(), 0, 0, 0, 0, 0, 0, 0, {}
         )
 
+
+class FakeMembership:
+    """The part of NodeMembers (`RaftNode.membership`) the RPCs use, scripted."""
+
+    def __init__(self, node: FakeNode) -> None:
+        self.node = node
+        self.shard = node.shard
+
+    @property
+    def accepted(self) -> frozenset[int]:
+        return frozenset(self.shard.members)
+
+    @property
+    def read_refusal(self) -> str | None:
+        return self.shard.read_refusal
+
+    def members(self) -> list[MemberStatus]:
+        ms = self.shard.members.values()
+        if self.node.is_leader():
+            return list(ms)
+        return [MemberStatus(m.id, m.role, m.raft, m.client, -1, -1) for m in ms]
+
     async def _change(self, what: str, arg: Any, timeout_s: float) -> int:
-        g = self.group
+        g = self.shard
         g.calls.append((what, arg, timeout_s))
         if g.lose_leadership_to is not None:
             g.leader, g.lose_leadership_to = g.lose_leadership_to, None
@@ -138,11 +152,11 @@ class FakeNode:
 class Served:
     """Client services over `nodes` on grpc.aio servers, in an event loop of their own."""
 
-    def __init__(self, group: FakeGroup, tmp: Path, acl: Acl | None) -> None:
+    def __init__(self, shard: FakeShard, tmp: Path, acl: Acl | None) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.group = group
+        self.shard = shard
         self.acl = acl
         self._servers: list[Any] = []
         self._services: list[ClientService] = []
@@ -152,7 +166,7 @@ class Served:
         peers = tuple(Peer(i, f"127.0.0.1:{i}", f"127.0.0.1:{i}") for i in (1, 2, 3))
         for i in (1, 2, 3):
             cfg = NodeConfig(node_id=i, data_dir=str(tmp / f"n{i}"), peers=peers)
-            node: Any = FakeNode(self.group, i)
+            node: Any = FakeNode(self.shard, i)
             no_services: Any = None  # no delayed or transactional messages here
             security = NodeSecurity(acl=self.acl)
             service = ClientService(
@@ -162,7 +176,7 @@ class Served:
                 ((pb_grpc.add_DLedgerClientServicer_to_server, service),), None
             )
             port = await server.start("127.0.0.1:0")
-            self.group.addresses[i] = f"127.0.0.1:{port}"
+            self.shard.addresses[i] = f"127.0.0.1:{port}"
             self._servers.append(server)
             self._services.append(service)
 
@@ -179,8 +193,8 @@ class Served:
         self.loop.close()
 
 
-def _group() -> FakeGroup:
-    g = FakeGroup()
+def _shard() -> FakeShard:
+    g = FakeShard()
     for i in (1, 2, 3):
         g.members[i] = MemberStatus(
             i, "voter", f"127.0.0.1:{7100 + i}", f"127.0.0.1:{7000 + i}", 10, 0
@@ -189,23 +203,23 @@ def _group() -> FakeGroup:
 
 
 @pytest.fixture
-def group(tmp_path: Path) -> Iterator[FakeGroup]:
-    g = _group()
+def shard(tmp_path: Path) -> Iterator[FakeShard]:
+    g = _shard()
     served = Served(g, tmp_path, None)
     yield g
     served.close()
 
 
 @pytest.fixture
-def acl_group(tmp_path: Path) -> Iterator[FakeGroup]:
-    g = _group()
+def acl_shard(tmp_path: Path) -> Iterator[FakeShard]:
+    g = _shard()
     acl = Acl([Account(*ADMIN, admin=True), Account(*APP)])
     served = Served(g, tmp_path, acl)
     yield g
     served.close()
 
 
-def client(g: FakeGroup, *ids: int, **kw: Any) -> Client:
+def client(g: FakeShard, *ids: int, **kw: Any) -> Client:
     servers = [g.addresses[i] for i in ids or (1, 2, 3)]
     return Client(servers, timeout_s=5.0, backoff_base_s=0.001, backoff_max_s=0.01, **kw)
 
@@ -213,23 +227,23 @@ def client(g: FakeGroup, *ids: int, **kw: Any) -> Client:
 # ---------------------------------------------------------------- service and client
 
 
-def test_member_list_is_the_leaders_view_through_a_redirect(group: FakeGroup) -> None:
-    group.members[4] = MemberStatus(4, "learner", "h:4", "h:5", 7, 3)
-    with client(group, 2) as c:  # a follower only: it redirects to the leader
+def test_member_list_is_the_leaders_view_through_a_redirect(shard: FakeShard) -> None:
+    shard.members[4] = MemberStatus(4, "learner", "h:4", "h:5", 7, 3)
+    with client(shard, 2) as c:  # a follower only: it redirects to the leader
         rows = c.member_list()
-        assert c.leader == group.addresses[1]
+        assert c.leader == shard.addresses[1]
     assert [r.id for r in rows] == [1, 2, 3, 4]
     assert rows[3] == MemberInfo(4, "learner", "h:4", "h:5", 7, 3)
 
 
-def test_a_change_reaches_the_leader_with_its_timeout(group: FakeGroup) -> None:
-    with client(group, 3) as c:
+def test_a_change_reaches_the_leader_with_its_timeout(shard: FakeShard) -> None:
+    with client(shard, 3) as c:
         change = c.member_add(4, "127.0.0.1:9104", "127.0.0.1:9004", learner=True, timeout_ms=3000)
-        assert group.calls == [("add", Member(4, "127.0.0.1:9104", "127.0.0.1:9004", True), 3.0)]
+        assert shard.calls == [("add", Member(4, "127.0.0.1:9104", "127.0.0.1:9004", True), 3.0)]
         assert change.config_index == 101
         assert [(m.id, m.role) for m in change.members][-1] == (4, "learner")
         assert c.member_promote(4).config_index == 102  # default timeout: 10 s
-        assert group.calls[-1] == ("promote", 4, 10.0)
+        assert shard.calls[-1] == ("promote", 4, 10.0)
         assert [m.id for m in c.member_remove(2).members] == [1, 3, 4]
 
 
@@ -244,14 +258,14 @@ def test_a_change_reaches_the_leader_with_its_timeout(group: FakeGroup) -> None:
     ],
 )
 def test_malformed_changes_are_invalid_and_reach_no_node(
-    group: FakeGroup, node_id: int, raft: str, client_address: str, why: str
+    shard: FakeShard, node_id: int, raft: str, client_address: str, why: str
 ) -> None:
-    with client(group) as c, pytest.raises(InvalidArgument, match=why) as err:
+    with client(shard) as c, pytest.raises(InvalidArgument, match=why) as err:
         c.member_add(node_id, raft, client_address)
     assert err.value.code == "INVALID_ARGUMENT"
-    with client(group) as c, pytest.raises(InvalidArgument, match="timeout_ms -1"):
+    with client(shard) as c, pytest.raises(InvalidArgument, match="timeout_ms -1"):
         c.member_remove(3, timeout_ms=-1)
-    assert group.calls == []
+    assert shard.calls == []
 
 
 @pytest.mark.parametrize(
@@ -264,45 +278,45 @@ def test_malformed_changes_are_invalid_and_reach_no_node(
     ],
 )
 def test_a_refused_change_is_change_refused_with_the_nodes_reason(
-    group: FakeGroup, reason: str
+    shard: FakeShard, reason: str
 ) -> None:
-    group.refuse = MembershipError(reason)
-    with client(group) as c, pytest.raises(ChangeRefused) as err:
+    shard.refuse = MembershipError(reason)
+    with client(shard) as c, pytest.raises(ChangeRefused) as err:
         c.member_promote(9)
     assert err.value.code == "FAILED_PRECONDITION" and err.value.message == reason
-    assert len(group.calls) == 1  # asked once: a refusal is not retried
+    assert len(shard.calls) == 1  # asked once: a refusal is not retried
 
 
-def test_a_change_not_committed_in_time_is_unknown_and_never_repeated(group: FakeGroup) -> None:
-    group.time_out = True
-    with client(group) as c, pytest.raises(OutcomeUnknown, match="may still commit"):
+def test_a_change_not_committed_in_time_is_unknown_and_never_repeated(shard: FakeShard) -> None:
+    shard.time_out = True
+    with client(shard) as c, pytest.raises(OutcomeUnknown, match="may still commit"):
         c.member_add(4, "h:1", "h:2", timeout_ms=500)
-    assert len(group.calls) == 1
+    assert len(shard.calls) == 1
 
 
-def test_a_leadership_lost_during_a_change_sends_it_to_the_new_leader(group: FakeGroup) -> None:
-    group.lose_leadership_to = 2
-    with client(group, 1) as c:
+def test_a_leadership_lost_during_a_change_sends_it_to_the_new_leader(shard: FakeShard) -> None:
+    shard.lose_leadership_to = 2
+    with client(shard, 1) as c:
         assert c.member_remove(3).config_index == 101
-        assert c.leader == group.addresses[2]
-    assert [call[0] for call in group.calls] == ["remove", "remove"]
+        assert c.leader == shard.addresses[2]
+    assert [call[0] for call in shard.calls] == ["remove", "remove"]
 
 
-def test_no_leader_is_unavailable_and_retried(group: FakeGroup) -> None:
-    group.leader = None
-    timer = threading.Timer(0.2, lambda: setattr(group, "leader", 3))
+def test_no_leader_is_unavailable_and_retried(shard: FakeShard) -> None:
+    shard.leader = None
+    timer = threading.Timer(0.2, lambda: setattr(shard, "leader", 3))
     timer.start()
-    servers = list(group.addresses.values())
+    servers = list(shard.addresses.values())
     try:  # back-offs of 25-50 ms: the election outlasts a few attempts, not 32 of them
         with Client(servers, timeout_s=5.0, backoff_base_s=0.05, backoff_max_s=0.05) as c:
             assert c.member_add(4, "h:1", "h:2").config_index == 101
     finally:
         timer.cancel()
-    assert len(group.calls) == 1
+    assert len(shard.calls) == 1
 
 
-def test_changes_need_the_admin_right_and_listing_does_not(acl_group: FakeGroup) -> None:
-    g = acl_group
+def test_changes_need_the_admin_right_and_listing_does_not(acl_shard: FakeShard) -> None:
+    g = acl_shard
     with client(g, credentials=APP) as c:
         assert len(c.member_list()) == 3
         changes: list[Callable[[], object]] = [
@@ -319,20 +333,20 @@ def test_changes_need_the_admin_right_and_listing_does_not(acl_group: FakeGroup)
     assert g.calls == [("remove", 3, 10.0)]
 
 
-def test_leadership_goes_only_to_a_voter_of_the_live_membership(group: FakeGroup) -> None:
-    group.members[4] = MemberStatus(4, "learner", "h:4", "h:5", 7, 3)
-    with client(group) as c:
+def test_leadership_goes_only_to_a_voter_of_the_live_membership(shard: FakeShard) -> None:
+    shard.members[4] = MemberStatus(4, "learner", "h:4", "h:5", 7, 3)
+    with client(shard) as c:
         with pytest.raises(InvalidArgument, match="node 4 is a learner: only a voter can lead"):
             c.transfer_leadership(4)
         with pytest.raises(InvalidArgument, match="node 9 is not a peer"):
             c.transfer_leadership(9)
 
 
-def test_the_async_client_has_the_same_membership_calls(group: FakeGroup) -> None:
+def test_the_async_client_has_the_same_membership_calls(shard: FakeShard) -> None:
     async def go() -> tuple[list[MemberInfo], int]:
-        async with AsyncClient([group.addresses[2]], timeout_s=5.0) as c:
+        async with AsyncClient([shard.addresses[2]], timeout_s=5.0) as c:
             change = await c.member_add(4, "h:1", "h:2", learner=True)
-            group.refuse = MembershipError("node 4 is too far behind to vote")
+            shard.refuse = MembershipError("node 4 is too far behind to vote")
             with pytest.raises(ChangeRefused, match="too far behind"):
                 await c.member_promote(4)
             return await c.member_list(), change.config_index
@@ -341,10 +355,10 @@ def test_the_async_client_has_the_same_membership_calls(group: FakeGroup) -> Non
     assert index == 101 and [(m.id, m.role) for m in rows][-1] == (4, "learner")
 
 
-def test_status_carries_the_members(group: FakeGroup) -> None:
-    with client(group) as c:
-        leader = c.status(group.addresses[1])
-        follower = c.status(group.addresses[2])
+def test_status_carries_the_members(shard: FakeShard) -> None:
+    with client(shard) as c:
+        leader = c.status(shard.addresses[1])
+        follower = c.status(shard.addresses[2])
     assert [(m.id, m.role, m.match_index, m.lag) for m in leader.members] == [
         (1, "voter", 10, 0),
         (2, "voter", 10, 0),
@@ -401,14 +415,14 @@ def test_bad_member_command_lines_are_usage_errors(
 
 
 def test_member_list_json_and_a_refusal_on_the_command_line(
-    group: FakeGroup, capsys: pytest.CaptureFixture[str]
+    shard: FakeShard, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    servers = ["--servers", group.addresses[2]]
+    servers = ["--servers", shard.addresses[2]]
     assert main(["member", "list", "--json", *servers]) == 0
     doc = json.loads(capsys.readouterr().out)
     first = {"id": 1, "role": "voter", "raft": "127.0.0.1:7101", "client": "127.0.0.1:7001"}
     assert doc["members"][0] == first | {"match_index": 10, "lag": 0}
-    group.refuse = MembershipError("node 1 is the last voter")
+    shard.refuse = MembershipError("node 1 is the last voter")
     assert main(["member", "remove", "1", *servers]) == 1
     err = capsys.readouterr().err
     assert "FAILED_PRECONDITION" in err and "node 1 is the last voter" in err
@@ -417,7 +431,7 @@ def test_member_list_json_and_a_refusal_on_the_command_line(
         == 0
     )
     assert json.loads(capsys.readouterr().out) == {"id": 4, "role": "voter", "config_index": 101}
-    assert main(["status", *servers, "--servers", ",".join(group.addresses.values())]) == 0
+    assert main(["status", *servers, "--servers", ",".join(shard.addresses.values())]) == 0
     out = capsys.readouterr().out
     assert "members: 4 voters, 0 learner(s)" in out and "127.0.0.1:7101" in out
 
@@ -508,9 +522,9 @@ def test_bad_routes_are_refused_naming_the_setting(tmp_path: Path, routes: str, 
         load_config(path)
 
 
-def test_a_node_that_serves_no_read_refuses_reads_as_unavailable(group: FakeGroup) -> None:
-    group.read_refusal = "node 1 is catching up: applied entry 3 of 9"
-    with grpc.insecure_channel(group.addresses[1]) as channel:
+def test_a_node_that_serves_no_read_refuses_reads_as_unavailable(shard: FakeShard) -> None:
+    shard.read_refusal = "node 1 is catching up: applied entry 3 of 9"
+    with grpc.insecure_channel(shard.addresses[1]) as channel:
         stub: Any = pb_grpc.DLedgerClientStub(channel)
         calls: list[tuple[str, Any]] = [
             ("Get", pb.GetRequest(commitlog_offset=0)),
@@ -521,8 +535,8 @@ def test_a_node_that_serves_no_read_refuses_reads_as_unavailable(group: FakeGrou
                 getattr(stub, method)(request, timeout=5)
             assert err.value.code() is grpc.StatusCode.UNAVAILABLE
             assert "catching up" in (err.value.details() or "")
-    group.read_refusal = None
-    with client(group, 1) as c:
+    shard.read_refusal = None
+    with client(shard, 1) as c:
         assert [m.id for m in c.member_list()] == [1, 2, 3]  # not a read: always answered
 
 

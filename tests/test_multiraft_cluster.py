@@ -1,22 +1,23 @@
 """Multi-Raft routing on real node processes (issue 24): one 3-node cluster of 3 data
-groups (and group 0, the routes) for the module, every node process hosting every
-group, all on 127.0.0.1.
+shards (and shard 0, the routes) for the module, every node process hosting every
+shard, all on 127.0.0.1.
 
-- `RoutedClient` puts to a topic routed over groups 2 and 3 land only there (the
-  message id names the group), round robin covers every queue of the route, a
-  sharding key keeps one queue; `get` by message id reads from the id's group,
+- `RoutedClient` puts to a topic routed over shards 2 and 3 land only there (the
+  message id names the shard), round robin covers every queue of the route, a
+  sharding key keeps one queue; `get` by message id reads from the id's shard,
   through every node.
-- A route update is seen after a refresh; a put to a queue a group no longer has
+- A route update is seen after a refresh; a put to a queue a shard no longer has
   is refused naming why, and a routed client with the old route refreshes and
   lands within the new one.
-- `Route` is answered by every node; `TopicUpdate` on a follower of group 0
-  redirects to group 0's leader.
-- The CLI: `topic create/route/delete`, `groups status/balance --json`.
+- `Route` is answered by every node; `TopicUpdate` on a follower of shard 0
+  redirects to shard 0's leader.
+- The CLI: `topic create/route/delete`, `shard status` and `groups balance` (the old
+  name of `shard balance`, which still works) with --json.
 - Consumers: `dledger consume` (a `RoutedConsumer`) joins the consumer group in
-  every data group and reads the topic from all of them, `--max` counting them all
-  (never handed more), `--shard` one group alone; `AsyncRoutedClient.consumers`
+  every data shard and reads the topic from all of them, `--max` counting them all
+  (never handed more), `--shard` one shard alone; `AsyncRoutedClient.consumers`
   run together with one member id.
-- Metrics of a multi-group node carry a `group` label, one series per group.
+- Metrics of a multi-shard node carry a `shard` label, one series per shard.
 """
 
 from __future__ import annotations
@@ -43,25 +44,25 @@ from dledger_commitlog.client import (
     RoutedClient,
 )
 from dledger_commitlog.client.async_consumer import run_together
-from dledger_commitlog.common.protocol import group_metadata
+from dledger_commitlog.common.protocol import shard_metadata
 from dledger_commitlog.common.routes import shard_of_msg_id
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 from tests.conftest import SHARED_CONFIG, register, wait_until
-from tests.multiraft_helpers import group_leaders, group_statuses, leader_of, servers
+from tests.multiraft_helpers import leader_of, servers, shard_leaders, shard_statuses
 
 pytestmark = pytest.mark.slow
 
-GROUPS = 3
+SHARDS = 3
 COMMAND_TIMEOUT_S = 60.0
 
 
 @pytest.fixture(scope="module")
 def multi_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    config = {**SHARED_CONFIG, **shards_config(GROUPS)}
+    config = {**SHARED_CONFIG, **shards_config(SHARDS)}
     with LocalCluster(tmp_path_factory.mktemp("multi"), extra_config=config) as cluster:
         cluster.up()
-        group_leaders(cluster, range(GROUPS + 1))
+        shard_leaders(cluster, range(SHARDS + 1))
         yield cluster
 
 
@@ -75,10 +76,10 @@ def routed(cluster: LocalCluster) -> RoutedClient:
     return RoutedClient(servers(cluster), timeout_s=15.0)
 
 
-def test_routed_puts_land_in_the_topics_groups_and_read_back(cluster: LocalCluster) -> None:
+def test_routed_puts_land_in_the_topics_shards_and_read_back(cluster: LocalCluster) -> None:
     with routed(cluster) as rc:
         made = rc.topic_update("create", "orders", {2: 2, 3: 3})
-        assert made is not None and made.groups == ((2, 2), (3, 3)) and made.configured
+        assert made is not None and made.shards == ((2, 2), (3, 3)) and made.configured
         route = rc.route("orders")
         assert route.total_queues == 5
         spread = [rc.put("orders", b"rr-%d" % i) for i in range(10)]
@@ -95,7 +96,7 @@ def test_routed_puts_land_in_the_topics_groups_and_read_back(cluster: LocalClust
             got = rc.get(r.msg_id)
             assert got.msg_id == r.msg_id and got.topic == "orders"
             assert got.queue_id == r.queue_id and got.queue_offset == r.queue_offset
-        # Every node serves the reads of every group (the id names the group).
+        # Every node serves the reads of every shard (the id names the shard).
         for spec in cluster:
             for r in everything[:: len(everything) // 4]:
                 g = shard_of_msg_id(r.msg_id)
@@ -103,24 +104,24 @@ def test_routed_puts_land_in_the_topics_groups_and_read_back(cluster: LocalClust
                     got = wait_until(
                         lambda one=one, msg_id=r.msg_id: one.get(msg_id),  # type: ignore[misc]
                         10.0,
-                        f"node {spec.id} to serve {r.msg_id} of group {g}",
+                        f"node {spec.id} to serve {r.msg_id} of shard {g}",
                     )
                     assert got.queue_offset == r.queue_offset
-        # Group 1 holds none of the topic's messages: its queues stay empty.
+        # Shard 1 holds none of the topic's messages: its queues stay empty.
         with Client(servers(cluster), shard=1) as g1:
             assert all(q.max_offset == 0 for q in g1.queue_offsets("orders"))
 
 
-def seen(rc: RoutedClient, topic: str, groups: tuple[tuple[int, int], ...]) -> None:
-    """After a refresh, `rc` sees `groups` as `topic`'s route. Route is answered from
-    the asked node's committed copy of group 0, which may lag the change just made:
+def seen(rc: RoutedClient, topic: str, shards: tuple[tuple[int, int], ...]) -> None:
+    """After a refresh, `rc` sees `shards` as `topic`'s route. Route is answered from
+    the asked node's committed copy of shard 0, which may lag the change just made:
     refreshed until it shows it."""
 
     def refreshed() -> tuple[tuple[int, int], ...]:
         rc.refresh_routes()
-        return rc.route(topic).groups
+        return rc.route(topic).shards
 
-    wait_until(refreshed, 10.0, f"the route of {topic} to be {groups}", ok=lambda g: g == groups)
+    wait_until(refreshed, 10.0, f"the route of {topic} to be {shards}", ok=lambda g: g == shards)
 
 
 def test_a_route_update_is_seen_after_a_refresh_and_refuses_stale_queues(
@@ -131,8 +132,8 @@ def test_a_route_update_is_seen_after_a_refresh_and_refuses_stale_queues(
         assert stale.route("moves").total_queues == 5
         rc.topic_update("update", "moves", {2: 1, 3: 1})
         seen(rc, "moves", ((2, 1), (3, 1)))
-        # Group 3 no longer has queue 2 of `moves`: a direct put there is refused, naming
-        # the route (every node's copy of group 0 holds the change once it is applied).
+        # Shard 3 no longer has queue 2 of `moves`: a direct put there is refused, naming
+        # the route (every node's copy of shard 0 holds the change once it is applied).
         with Client(servers(cluster), shard=3, max_retries=0) as g3:
 
             def attempt() -> str:
@@ -145,7 +146,7 @@ def test_a_route_update_is_seen_after_a_refresh_and_refuses_stale_queues(
             why = wait_until(
                 attempt,
                 10.0,
-                "group 3 to refuse queue 2 of moves",
+                "shard 3 to refuse queue 2 of moves",
                 ok=lambda why: why != "accepted",
             )
             assert "outside [0, 1)" in why and "moves" in why, why
@@ -153,7 +154,7 @@ def test_a_route_update_is_seen_after_a_refresh_and_refuses_stale_queues(
         for i in range(6):
             r = stale.put("moves", b"s-%d" % i)
             assert (shard_of_msg_id(r.msg_id), r.queue_id) in {(2, 0), (3, 0)}
-        assert stale.route("moves").groups == ((2, 1), (3, 1))
+        assert stale.route("moves").shards == ((2, 1), (3, 1))
         assert rc.topic_update("delete", "moves") is None
         seen(rc, "moves", ((1, 4), (2, 4), (3, 4)))
         assert not rc.route("moves").configured
@@ -173,10 +174,10 @@ def test_route_is_answered_by_every_node_and_topic_update_redirects(
                 f"node {spec.id} to hold route version {version}",
                 ok=lambda r: r.version >= version,
             )
-        assert routes.shard_count == GROUPS
-        assert routes.route("everywhere").groups == ((1, 1), (3, 4))
-        assert sorted(routes.leaders) == list(range(GROUPS + 1))
-    leader0 = leader_of(group_statuses(cluster, 0))
+        assert routes.shard_count == SHARDS
+        assert routes.route("everywhere").shards == ((1, 1), (3, 4))
+        assert sorted(routes.leaders) == list(range(SHARDS + 1))
+    leader0 = leader_of(shard_statuses(cluster, 0))
     assert leader0 is not None
     follower = next(s for s in cluster if s.id != leader0)
     with grpc.insecure_channel(follower.client) as channel:
@@ -187,14 +188,14 @@ def test_route_is_answered_by_every_node_and_topic_update_redirects(
             groups=[pb.GroupQueues(group=2, queues=1)],
         )
         with pytest.raises(grpc.RpcError) as err:
-            stub.TopicUpdate(request, metadata=group_metadata(0), timeout=5.0)
+            stub.TopicUpdate(request, metadata=shard_metadata(0), timeout=5.0)
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         trailing = dict(err.value.trailing_metadata() or ())
         assert trailing.get("dledger-leader") == cluster.specs[leader0].client, trailing
     # A client that knows only the follower follows the redirect.
     with Client([follower.client], shard=0) as via_follower:
         made = via_follower.topic_update("create", "elsewhere", {2: 1})
-        assert made is not None and made.groups == ((2, 1),)
+        assert made is not None and made.shards == ((2, 1),)
 
 
 def dledger(cluster: LocalCluster, *args: str) -> Any:
@@ -226,17 +227,17 @@ def test_cli_topic_and_shard_commands(cluster: LocalCluster) -> None:
         "shards": [{"shard": 2, "queues": 1}, {"shard": 3, "queues": 2}],
     }
     shown = dledger(cluster, "topic", "route", "clitopic")
-    assert shown["shard_count"] == GROUPS
+    assert shown["shard_count"] == SHARDS
     assert made in shown["routes"]
-    assert set(shown["leaders"]) == {str(g) for g in range(GROUPS + 1)}
+    assert set(shown["leaders"]) == {str(g) for g in range(SHARDS + 1)}
     status = dledger(cluster, "shard", "status")
-    assert set(status["shards"]) == {str(g) for g in range(GROUPS + 1)}
+    assert set(status["shards"]) == {str(g) for g in range(SHARDS + 1)}
     for g, nodes in status["shards"].items():
         roles = sorted(n["role"] for n in nodes.values())
         assert roles == ["follower", "follower", "leader"], (g, nodes)
-    assert sum(status["leads"].values()) == GROUPS + 1
+    assert sum(status["leads"].values()) == SHARDS + 1
     balanced = dledger(cluster, "groups", "balance")
-    assert max(balanced["leads"].values()) <= -(-(GROUPS + 1) // 3)
+    assert max(balanced["leads"].values()) <= -(-(SHARDS + 1) // 3)
     assert dledger(cluster, "topic", "delete", "clitopic") == {"deleted": "clitopic"}
     shown = dledger(cluster, "topic", "route", "clitopic")
     assert all(r["configured"] is False for r in shown["routes"] if r["topic"] == "clitopic")
@@ -265,26 +266,26 @@ def consume(cluster: LocalCluster, *args: str) -> list[dict[str, Any]]:
 
 
 def spread_topic(cluster: LocalCluster, topic: str, count: int) -> dict[int, set[str]]:
-    """`count` messages put round robin to `topic`, routed over groups 1, 2 and 3 (one
-    queue each): the message ids of each group."""
+    """`count` messages put round robin to `topic`, routed over shards 1, 2 and 3 (one
+    queue each): the message ids of each shard."""
     with routed(cluster) as rc:
         rc.topic_update("create", topic, {1: 1, 2: 1, 3: 1})
         seen(rc, topic, ((1, 1), (2, 1), (3, 1)))
         ids = [rc.put(topic, b"%s-%d" % (topic.encode(), i)).msg_id for i in range(count)]
-    by_group: dict[int, set[str]] = {}
+    by_shard: dict[int, set[str]] = {}
     for msg_id in ids:
-        by_group.setdefault(shard_of_msg_id(msg_id), set()).add(msg_id)
-    assert set(by_group) == {1, 2, 3}, by_group
-    return by_group
+        by_shard.setdefault(shard_of_msg_id(msg_id), set()).add(msg_id)
+    assert set(by_shard) == {1, 2, 3}, by_shard
+    return by_shard
 
 
-def test_cli_consume_reads_every_group_and_max_counts_them_all(cluster: LocalCluster) -> None:
-    by_group = spread_topic(cluster, "feed", 12)
-    every = set().union(*by_group.values())
+def test_cli_consume_reads_every_shard_and_max_counts_them_all(cluster: LocalCluster) -> None:
+    by_shard = spread_topic(cluster, "feed", 12)
+    every = set().union(*by_shard.values())
     got = consume(cluster, "--group", "all", "--topic", "feed", "--idle-exit", "3")
     assert sorted(m["msg_id"] for m in got) == sorted(every)
     assert all(m["topic"] == "feed" and m["reconsume_times"] == 0 for m in got)
-    # --max: 5 between the three groups' members, never more, each message once.
+    # --max: 5 between the three shards' members, never more, each message once.
     five = consume(cluster, "--group", "five", "--topic", "feed", "--max", "5")
     assert len(five) == 5 and len({m["msg_id"] for m in five}) == 5
     assert {m["msg_id"] for m in five} <= every
@@ -292,16 +293,16 @@ def test_cli_consume_reads_every_group_and_max_counts_them_all(cluster: LocalClu
     # gets exactly the rest.
     rest = consume(cluster, "--group", "five", "--topic", "feed", "--idle-exit", "3")
     assert sorted(m["msg_id"] for m in rest) == sorted(every - {m["msg_id"] for m in five})
-    # --shard: that group's queues alone.
+    # --shard: that shard's queues alone.
     two = consume(cluster, "--group", "two", "--topic", "feed", "--idle-exit", "3", "--shard", "2")
-    assert {m["msg_id"] for m in two} == by_group[2]
-    # A group's offsets live in each Raft group: "all" consumed (and acked) everything.
+    assert {m["msg_id"] for m in two} == by_shard[2]
+    # A group's offsets live in each shard: "all" consumed (and acked) everything.
     again = consume(cluster, "--group", "all", "--topic", "feed", "--idle-exit", "2")
     assert again == []
 
 
 def test_routed_consumers_run_together_with_one_member_id(cluster: LocalCluster) -> None:
-    by_group = spread_topic(cluster, "feed-api", 9)
+    by_shard = spread_topic(cluster, "feed-api", 9)
     got: list[ConsumedMessage] = []
 
     async def handle(m: ConsumedMessage) -> None:
@@ -310,13 +311,13 @@ def test_routed_consumers_run_together_with_one_member_id(cluster: LocalCluster)
     async def main() -> tuple[int, set[str]]:
         async with AsyncRoutedClient(servers(cluster), timeout_s=15.0) as arc:
             consumers = await arc.consumers("api", ["feed-api"], handle)
-            assert len(consumers) == GROUPS
+            assert len(consumers) == SHARDS
             handled = await run_together(consumers, max_messages=9, idle_exit_s=10.0)
             return handled, {c.member_id for c in consumers}
 
     handled, members = asyncio.run(main())
     assert handled == 9 and len(members) == 1
-    assert sorted(m.msg_id for m in got) == sorted(set().union(*by_group.values()))
+    assert sorted(m.msg_id for m in got) == sorted(set().union(*by_shard.values()))
 
 
 def test_metrics_carry_the_shard_label(cluster: LocalCluster) -> None:
@@ -327,4 +328,4 @@ def test_metrics_carry_the_shard_label(cluster: LocalCluster) -> None:
     assert not unlabelled, unlabelled[:5]
     for name in ("dledger_term", "dledger_commit_index", "dledger_role"):
         shards = {s.split('shard="')[1].split('"')[0] for s in samples if s.startswith(name + "{")}
-        assert shards == {str(g) for g in range(GROUPS + 1)}, (name, shards)
+        assert shards == {str(g) for g in range(SHARDS + 1)}, (name, shards)

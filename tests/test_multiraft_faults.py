@@ -1,21 +1,23 @@
 """Multi-Raft under faults, on real node processes (issue 24): 3 nodes, every node
-process hosting data groups 1..3 and group 0, all on 127.0.0.1.
+process hosting data shards 1..3 and shard 0, all on 127.0.0.1.
 
-- Leader kills in two groups at once under load. With 3 nodes, killing two node
-  processes loses every group's quorum, so "two groups at once" is one process
-  leading two groups: leaders are moved (leadership transfer) so that one node
-  leads two data groups, and that process is SIGKILLed while a writer per data
-  group puts; both groups elect new leaders among the other two nodes. The node is
-  restarted and the same is done to another node and another pair of groups.
-  Then every acknowledged put of every group is read back, by message id and in a
-  pull of its queue, from every node: zero acknowledged loss in each group.
-- A corrupt group on one node (a flipped byte in the segment holding its
+- Leader kills in two shards at once under load. With 3 nodes, killing two node
+  processes loses every shard's quorum, so "two shards at once" is one process
+  leading two shards: leaders are moved (leadership transfer) so that one node
+  leads two data shards, and that process is SIGKILLed while a writer per data
+  shard puts; both shards elect new leaders among the other two nodes. The node is
+  restarted and the same is done to another node and another pair of shards.
+  Then every acknowledged put of every shard is read back, by message id and in a
+  pull of its queue, from every node: zero acknowledged loss in each shard.
+- A corrupt shard on one node (a flipped byte in the segment holding its
   checkpointed entry, or its store layout changed under it: recovery refuses
-  either): that node's process stays up and serves its other groups (puts and
-  reads through it), answers the corrupt group's calls UNAVAILABLE naming why, and
-  the cluster's copy of that group keeps serving through the other two nodes.
-- A single-group cluster restarted with `dledger cluster up --groups 3` keeps its
-  data as group 1 (every message id unchanged) and gains groups 2, 3 and 0.
+  either): that node's process stays up and serves its other shards (puts and
+  reads through it), answers the corrupt shard's calls UNAVAILABLE naming why, and
+  the cluster's copy of that shard keeps serving through the other two nodes.
+- A single-shard cluster restarted with `dledger cluster up --groups 3` keeps its
+  data as shard 1 (every message id unchanged) and gains shards 2, 3 and 0 (it
+  says `--groups` and `groups status`, the old names of `--shards` and `shard
+  status`, to show that they still work).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from chaos.disk import flip_byte
 from dledger_commitlog.cli.cluster_layout import shards_config
 from dledger_commitlog.cli.launcher import LocalCluster, converged
 from dledger_commitlog.client import Client, NodeStatus
-from dledger_commitlog.common.protocol import group_metadata
+from dledger_commitlog.common.protocol import shard_metadata
 from dledger_commitlog.common.routes import shard_of_msg_id
 from dledger_commitlog.log.verify import read_layout, write_layout
 from proto import dledger_pb2 as pb
@@ -42,33 +44,33 @@ from proto import dledger_pb2_grpc as pb_grpc
 from tests.conftest import SHARED_CONFIG, wait_until
 from tests.multiraft_helpers import (
     Acked,
-    group_leader,
-    group_leaders,
-    group_statuses,
     servers,
+    shard_leader,
+    shard_leaders,
+    shard_statuses,
     transfer,
     writer,
 )
 
 pytestmark = pytest.mark.slow
 
-GROUPS = 3
-DATA_GROUPS = (1, 2, 3)
+SHARDS = 3
+DATA_SHARDS = (1, 2, 3)
 CONVERGE_S = 30.0
 COMMAND_TIMEOUT_S = 60.0
 
 
 def multi(make_cluster: Callable[..., LocalCluster], name: str) -> LocalCluster:
-    cluster = make_cluster(name, **shards_config(GROUPS))
-    group_leaders(cluster, range(GROUPS + 1))
+    cluster = make_cluster(name, **shards_config(SHARDS))
+    shard_leaders(cluster, range(SHARDS + 1))
     return cluster
 
 
-def wait_group_converged(cluster: LocalCluster, group: int) -> None:
+def wait_shard_converged(cluster: LocalCluster, shard: int) -> None:
     wait_until(
-        lambda: group_statuses(cluster, group),
+        lambda: shard_statuses(cluster, shard),
         CONVERGE_S,
-        f"group {group}'s replicas to commit the same log",
+        f"shard {shard}'s replicas to commit the same log",
         ok=converged,
     )
 
@@ -79,13 +81,13 @@ def acked_progress(acked: dict[int, Acked], more: int) -> None:
     wait_until(
         lambda: {g: len(a.puts) - marks[g] for g, a in acked.items()},
         60.0,
-        f"every group to acknowledge {more} more puts",
+        f"every shard to acknowledge {more} more puts",
         ok=lambda d: min(d.values()) >= more,
     )
 
 
 def pull_all(client: Client, topic: str, queue: int) -> dict[str, bytes]:
-    """Every message of one queue of the client's group: msg id -> body."""
+    """Every message of one queue of the client's shard: msg id -> body."""
     out: dict[str, bytes] = {}
     offset = 0
     while True:
@@ -99,14 +101,14 @@ def pull_all(client: Client, topic: str, queue: int) -> dict[str, bytes]:
 
 def check_no_loss(cluster: LocalCluster, acked: dict[int, Acked]) -> None:
     for g, a in acked.items():
-        wait_group_converged(cluster, g)
+        wait_shard_converged(cluster, g)
         for spec in cluster:
             with Client([spec.client], shard=g, timeout_s=10.0) as one:
                 queues = {q: pull_all(one, a.topic, q) for q in (0, 1)}
                 for msg_id, body, queue in a.puts:
                     assert shard_of_msg_id(msg_id) == g
                     assert queues[queue].get(msg_id) == body, (
-                        f"group {g}: acknowledged {msg_id} missing from queue {queue} "
+                        f"shard {g}: acknowledged {msg_id} missing from queue {queue} "
                         f"on node {spec.id}"
                     )
                 for msg_id, body, _ in a.puts[:: max(1, len(a.puts) // 50)]:
@@ -114,18 +116,18 @@ def check_no_loss(cluster: LocalCluster, acked: dict[int, Acked]) -> None:
 
 
 def kill_two_leaders(cluster: LocalCluster, victim: int, pair: tuple[int, int]) -> None:
-    """Move the leaders of groups `pair` to node `victim`, SIGKILL it, wait for both
-    groups' new leaders among the others, restart it."""
+    """Move the leaders of shards `pair` to node `victim`, SIGKILL it, wait for both
+    shards' new leaders among the others, restart it."""
     for g in pair:
         transfer(cluster, g, victim)
     cluster.kill(victim)
     rest = [s.id for s in cluster if s.id != victim]
     for g in pair:
-        assert group_leader(cluster, g, rest) != victim
+        assert shard_leader(cluster, g, rest) != victim
 
 
 @pytest.mark.parametrize("rounds", [((3, (2, 3)), (1, (1, 2)))], ids=["two-rounds"])
-def test_leader_kills_in_two_groups_at_once_lose_no_acknowledged_put(
+def test_leader_kills_in_two_shards_at_once_lose_no_acknowledged_put(
     make_cluster: Callable[..., LocalCluster],
     rounds: tuple[tuple[int, tuple[int, int]], ...],
 ) -> None:
@@ -140,7 +142,7 @@ def test_leader_kills_in_two_groups_at_once_lose_no_acknowledged_put(
         acked_progress(acked, 20)
         for victim, pair in rounds:
             kill_two_leaders(cluster, victim, pair)
-            acked_progress(acked, 20)  # every group, the two that lost their leader too
+            acked_progress(acked, 20)  # every shard, the two that lost their leader too
             cluster.start(victim)
             wait_until(
                 lambda v=victim: cluster.statuses()[v],  # type: ignore[misc]
@@ -150,13 +152,13 @@ def test_leader_kills_in_two_groups_at_once_lose_no_acknowledged_put(
             )
             acked_progress(acked, 20)
     for g, a in acked.items():
-        print(f"group {g}: {len(a.puts)} acknowledged puts, {len(a.errors)} failed attempts")
+        print(f"shard {g}: {len(a.puts)} acknowledged puts, {len(a.errors)} failed attempts")
         assert len(a.puts) >= 100, (g, len(a.puts), a.errors[-3:])
     check_no_loss(cluster, acked)
 
 
 def corrupt(shard_dir: Path, how: str) -> str:
-    """Damage a stopped node's group directory so that recovery refuses it; what the
+    """Damage a stopped node's shard directory so that recovery refuses it; what the
     refusal names."""
     if how == "segment":  # the checkpointed (last) entry: recovery's anchor
         flip_byte(shard_dir, random.Random(7), last_entries=1, above_checkpoint=False)
@@ -167,27 +169,27 @@ def corrupt(shard_dir: Path, how: str) -> str:
 
 
 @pytest.mark.parametrize("how", ["segment", "layout"])
-def test_a_corrupt_group_on_one_node_stops_alone(
+def test_a_corrupt_shard_on_one_node_stops_alone(
     make_cluster: Callable[..., LocalCluster], how: str
 ) -> None:
     cluster = multi(make_cluster, "corrupt")
-    bad_group, victim = 2, 2
+    bad_shard, victim = 2, 2
     before: dict[int, list[str]] = {}
-    for g in DATA_GROUPS:
+    for g in DATA_SHARDS:
         with Client(servers(cluster), shard=g) as client:
             before[g] = [client.put("t", b"before-%d" % i).msg_id for i in range(5)]
-    for g in DATA_GROUPS:
-        wait_group_converged(cluster, g)
+    for g in DATA_SHARDS:
+        wait_shard_converged(cluster, g)
     cluster.down()
-    named = corrupt(Path(cluster.specs[victim].data_dir) / "groups" / str(bad_group), how)
+    named = corrupt(Path(cluster.specs[victim].data_dir) / "groups" / str(bad_shard), how)
     cluster.up()
     for g in (0, 1, 3):
-        group_leader(cluster, g)
+        shard_leader(cluster, g)
     rest = [s.id for s in cluster if s.id != victim]
-    group_leader(cluster, bad_group, rest)
+    shard_leader(cluster, bad_shard, rest)
     assert cluster.is_running(victim)
     address = cluster.specs[victim].client
-    # The victim's other groups serve through it: puts (forwarded to their leaders
+    # The victim's other shards serve through it: puts (forwarded to their leaders
     # when it follows) and reads of what was there before and after.
     for g in (1, 3):
         with Client([address], shard=g, timeout_s=15.0) as through:
@@ -197,30 +199,30 @@ def test_a_corrupt_group_on_one_node_stops_alone(
                 got = wait_until(
                     lambda m=msg_id: through.get(m),  # type: ignore[misc]
                     15.0,
-                    f"node {victim} to serve {msg_id} of group {g}",
+                    f"node {victim} to serve {msg_id} of shard {g}",
                 )
                 assert got.msg_id == msg_id
-    # The corrupt group answers UNAVAILABLE there, naming why.
+    # The corrupt shard answers UNAVAILABLE there, naming why.
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.DLedgerClientStub(channel)
         calls: list[tuple[str, object]] = [
-            ("Get", pb.GetRequest(msg_id=before[bad_group][0])),
+            ("Get", pb.GetRequest(msg_id=before[bad_shard][0])),
             ("Status", pb.StatusRequest()),
             ("Put", pb.PutRequest(message=pb.MessageData(topic="t", body=b"x"))),
         ]
         for method, request in calls:
             with pytest.raises(grpc.RpcError) as err:
-                getattr(stub, method)(request, metadata=group_metadata(bad_group), timeout=5.0)
+                getattr(stub, method)(request, metadata=shard_metadata(bad_shard), timeout=5.0)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value
             why = err.value.details() or ""
-            assert f"shard {bad_group} is stopped on node {victim}" in why, why
+            assert f"shard {bad_shard} is stopped on node {victim}" in why, why
             assert named in why, why
-    # The cluster's group 2 keeps serving through the other two nodes.
+    # The cluster's shard 2 keeps serving through the other two nodes.
     others = [cluster.specs[i].client for i in rest]
-    with Client(others, shard=bad_group, timeout_s=15.0) as g2:
+    with Client(others, shard=bad_shard, timeout_s=15.0) as g2:
         new = [g2.put("t", b"still-%d" % i) for i in range(5)]
-        for msg_id in [*before[bad_group], *(r.msg_id for r in new)]:
-            assert shard_of_msg_id(g2.get(msg_id).msg_id) == bad_group
+        for msg_id in [*before[bad_shard], *(r.msg_id for r in new)]:
+            assert shard_of_msg_id(g2.get(msg_id).msg_id) == bad_shard
     log = cluster.log_tail(victim, 400)
     assert "Traceback" not in log.split("===")[-1], log
 
@@ -237,20 +239,20 @@ def dledger(*args: str) -> str:
     return done.stdout
 
 
-def test_a_single_group_cluster_grows_groups_keeping_its_data(
+def test_a_single_shard_cluster_grows_shards_keeping_its_data(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:
     cluster = make_cluster("grow")
     with cluster.client() as client:
         put = [client.put("kept", b"kept-%d" % i) for i in range(20)]
     assert all(shard_of_msg_id(r.msg_id) == 1 for r in put)
-    wait_until(cluster.statuses, CONVERGE_S, "group 1 to converge", ok=converged)
+    wait_until(cluster.statuses, CONVERGE_S, "shard 1 to converge", ok=converged)
     cluster.down()
     directory = cluster.specs[1].home.parent
     sets = [f"--set={k}={v}" for k, v in SHARED_CONFIG.items()]
     try:
-        dledger("cluster", "up", "--dir", str(directory), "--groups", str(GROUPS), *sets)
-        leaders = group_leaders(cluster, range(GROUPS + 1))
+        dledger("cluster", "up", "--dir", str(directory), "--groups", str(SHARDS), *sets)
+        leaders = shard_leaders(cluster, range(SHARDS + 1))
         assert sorted(leaders) == [0, 1, 2, 3]
         with Client(servers(cluster), shard=1) as g1:
             for i, r in enumerate(put):
@@ -258,7 +260,7 @@ def test_a_single_group_cluster_grows_groups_keeping_its_data(
                 assert got.body == b"kept-%d" % i and got.queue_offset == r.queue_offset
                 assert got.commitlog_offset == r.commitlog_offset
         for g in (0, 2, 3):
-            statuses = group_statuses(cluster, g)
+            statuses = shard_statuses(cluster, g)
             assert all(isinstance(s, NodeStatus) for s in statuses.values()), statuses
         for g in (2, 3):
             with Client(servers(cluster), shard=g) as client:

@@ -1,21 +1,25 @@
-"""Multi-Raft units (issue 24), no processes: the pure parts a multi-group node and
+"""Multi-Raft units (issue 24), no processes: the pure parts a multi-shard node and
 its clients are built of.
 
 - `node.config`: `[shards]` parsing and refusals, `shard_dir`, `shard_config`,
-  and preferred leaders that spread (no node prefers more than ceil(groups/nodes)).
+  and preferred leaders that spread (no node prefers more than ceil(shards/nodes)).
 - `messaging.routes.RouteTable`: the rules of create/update/delete, the default
   route, a record's load (property tests: a checked change loads back as made).
-- `common.routes`: `TopicRoute.locate` / `queue_of_key` cover every queue once;
-  `shard_of_msg_id` reads back the group `shard_port` writes (groups 0..1000),
-  and group 1's ids are a single-group cluster's, unchanged.
+- `common.routes`: `TopicRoute.locate` / `queue_of_key` cover every queue once,
+  and its old `groups` name (keyword and attribute) warns, naming `shards`;
+  `shard_of_msg_id` reads back the shard `shard_port` writes (shards 0..1000),
+  and shard 1's ids are a single-shard cluster's, unchanged.
 - `raftio.multiplex.LinkPool`: one shared link per (peer, address), refcounted,
-  the group stamped on every message but group 1's. The links are fakes: this
+  the shard stamped on every message but shard 1's. The links are fakes: this
   tests the pool's bookkeeping, not a transport.
 - `raftio.link.PeerGate(shards=...)`: each message of a mixed batch to its
-  group; an unknown group's dropped without holding up the rest.
-- `cli.scaleout.plan_moves` (property): within ceil(groups / serving nodes) per
+  shard; an unknown shard's dropped without holding up the rest.
+- `cli.scaleout.plan_moves` (property): within ceil(shards / serving nodes) per
   node, preferred leaders used when they serve, nothing planned onto a down node.
-- `client.quota.Quota`: the `max_messages` of one consumer per group, shared.
+- `client.quota.Quota`: the `max_messages` of one consumer per shard, shared.
+- `client.routing`: the keywords renamed to `shard`/`shards` still take their old
+  names, with a FutureWarning naming the new one (no server: the calls are built,
+  not made).
 """
 
 from __future__ import annotations
@@ -25,14 +29,16 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dledger_commitlog.cli.scaleout import plan_moves
+from dledger_commitlog.client import Client, RoutedClient
 from dledger_commitlog.client.quota import Quota
+from dledger_commitlog.client.retry import Op
 from dledger_commitlog.common.routes import (
     SHARD_ZERO_CODE,
     TopicRoute,
@@ -139,19 +145,19 @@ def test_shard_dirs_keep_shard_one_in_the_data_directory_itself(tmp_path: Path) 
         shard_config(node_config(tmp_path, shard_count=4, host_shards=(1, 2, 3)), 4)
 
 
-def test_a_single_group_node_keeps_its_configured_preferred_leader(tmp_path: Path) -> None:
+def test_a_single_shard_node_keeps_its_configured_preferred_leader(tmp_path: Path) -> None:
     assert preferred_leader_of(node_config(tmp_path, preferred_leader=3), 1) == 3
     assert preferred_leader_of(node_config(tmp_path), 1) is None
 
 
 @given(
-    groups=st.integers(1, 200),
+    shards=st.integers(1, 200),
     ids=st.lists(st.integers(1, 50), min_size=1, max_size=7, unique=True),
 )
-def test_preferred_leaders_spread(groups: int, ids: list[int]) -> None:
-    """Over groups 0..N (group 0 included when N > 1), each node is preferred by at
-    most ceil(groups / nodes) of them, and every preferred leader is a node."""
-    hosted = list(range(0 if groups > 1 else 1, groups + 1))
+def test_preferred_leaders_spread(shards: int, ids: list[int]) -> None:
+    """Over shards 0..N (shard 0 included when N > 1), each node is preferred by at
+    most ceil(shards / nodes) of them, and every preferred leader is a node."""
+    hosted = list(range(0 if shards > 1 else 1, shards + 1))
     load = Counter(preferred_leader(g, ids) for g in hosted)
     assert set(load) <= set(ids)
     assert max(load.values()) <= math.ceil(len(hosted) / len(ids))
@@ -172,7 +178,7 @@ def test_route_table_rules() -> None:
         (("update", "u", [(1, 1)]), "no configured route to update"),
         (("delete", "u", []), "no configured route to delete"),
         (("rename", "t", [(1, 1)]), "unknown route operation"),
-        (("update", "t", []), "at least one group"),
+        (("update", "t", []), "at least one shard"),
         (("update", "t", [(0, 1)]), "shard 0 is not a data shard"),
         (("update", "t", [(4, 1)]), "shard 4 is not a data shard"),
         (("update", "t", [(2, 1), (2, 2)]), "shard 2 is named twice"),
@@ -183,9 +189,9 @@ def test_route_table_rules() -> None:
         (("create", "", [(1, 1)]), ""),
         (("create", "a b", [(1, 1)]), ""),
     ]
-    for (op, topic, groups), says in refusals:
+    for (op, topic, shards), says in refusals:
         with pytest.raises(RouteError, match=says or None):
-            t.check(op, topic, groups)
+            t.check(op, topic, shards)
     assert t.check("delete", "t", []) is None
     t.load({"routes": t.changed(None, "t")}, version=2)
     assert t.route("t") == TopicRoute("t", ((1, 4), (2, 4), (3, 4)))
@@ -203,45 +209,45 @@ def test_a_record_that_is_no_table_leaves_what_it_can() -> None:
 @st.composite
 def changes(draw: st.DrawFn) -> list[tuple[str, str, list[tuple[int, int]]]]:
     topics = st.sampled_from(["a", "b", "c"])
-    groups = st.lists(st.tuples(st.integers(-1, 5), st.integers(-1, 6)), max_size=4)
+    shards = st.lists(st.tuples(st.integers(-1, 5), st.integers(-1, 6)), max_size=4)
     op = st.sampled_from(["create", "update", "delete"])
-    return draw(st.lists(st.tuples(op, topics, groups), max_size=12))
+    return draw(st.lists(st.tuples(op, topics, shards), max_size=12))
 
 
 @given(ops=changes())
 def test_route_changes_fold_like_a_model(ops: list[tuple[str, str, list[tuple[int, int]]]]) -> None:
     """Each change is accepted exactly when a model says so; the table a record holds
-    loads back into the routes the changes made; every group named is a data group
+    loads back into the routes the changes made; every shard named is a data shard
     holding 1..queues_per_topic queues."""
     t = RouteTable(shard_count=4, queues_per_topic=4)
     model: dict[str, tuple[tuple[int, int], ...]] = {}
-    for version, (op, topic, groups) in enumerate(ops, 1):
+    for version, (op, topic, shards) in enumerate(ops, 1):
         valid = (
             (op == "create") == (topic not in model)
-            and (op == "delete" or bool(groups))
+            and (op == "delete" or bool(shards))
             and (
                 op == "delete"
                 or (
-                    len({g for g, _ in groups}) == len(groups)
-                    and all(1 <= g <= 4 and 1 <= n <= 4 for g, n in groups)
+                    len({g for g, _ in shards}) == len(shards)
+                    and all(1 <= g <= 4 and 1 <= n <= 4 for g, n in shards)
                 )
             )
         )
         try:
-            route = t.check(op, topic, groups)
+            route = t.check(op, topic, shards)
         except RouteError:
-            assert not valid, (op, topic, groups)
+            assert not valid, (op, topic, shards)
             continue
-        assert valid, (op, topic, groups)
+        assert valid, (op, topic, shards)
         if route is None:
             del model[topic]
         else:
-            model[topic] = route.groups
+            model[topic] = route.shards
         t.load({"routes": t.changed(route, topic)}, version)
-        assert {k: r.groups for k, r in t.configured.items()} == model
+        assert {k: r.shards for k, r in t.configured.items()} == model
     for topic, route in t.configured.items():
         assert route.configured and route.topic == topic
-        assert all(1 <= g <= 4 and 1 <= n <= 4 for g, n in route.groups)
+        assert all(1 <= g <= 4 and 1 <= n <= 4 for g, n in route.shards)
 
 
 # --- common/routes.py ---
@@ -264,12 +270,25 @@ def test_locate_covers_every_queue_once(counts: list[int], keys: list[str]) -> N
         assert q == route.queue_of_key(key)  # stable: one key, one queue
 
 
-def test_group_of_msg_id_round_trips_for_every_group() -> None:
-    for group in range(0, 1001):
+def test_topic_routes_old_groups_name_warns_and_is_the_same_value() -> None:
+    route = TopicRoute("t", ((2, 1), (3, 4)), configured=True)
+    with pytest.warns(FutureWarning, match=r"TopicRoute\.groups is renamed to TopicRoute\.shards"):
+        old = route.groups
+    assert old == route.shards == ((2, 1), (3, 4))
+    with pytest.warns(FutureWarning, match=r"TopicRoute\(groups=\.\.\.\) is now"):
+        built = TopicRoute("t", groups=((2, 1), (3, 4)), configured=True)
+    assert built == route
+    assert TopicRoute("t", shards=((1, 1),)).shards == ((1, 1),)
+    with pytest.raises(TypeError, match="needs its shards"):
+        TopicRoute("t")
+
+
+def test_shard_of_msg_id_round_trips_for_every_shard() -> None:
+    for shard in range(0, 1001):
         for port in (0, 1, 8001, 65535):
             for offset in (0, 7, (1 << 40) + 3):
-                msg_id = make_msg_id(("10.1.2.3", shard_port(port, group)), offset)
-                assert shard_of_msg_id(msg_id) == group, (group, port)
+                msg_id = make_msg_id(("10.1.2.3", shard_port(port, shard)), offset)
+                assert shard_of_msg_id(msg_id) == shard, (shard, port)
                 assert offset_of_msg_id(msg_id) == offset
     assert shard_port(8001, 0) >> 16 == SHARD_ZERO_CODE
     for bad in ("", "zz", "00" * 15, "00" * 17):
@@ -277,13 +296,13 @@ def test_group_of_msg_id_round_trips_for_every_group() -> None:
             shard_of_msg_id(bad)
 
 
-def test_group_ones_ids_are_a_single_group_clusters() -> None:
+def test_shard_ones_ids_are_a_single_shard_clusters() -> None:
     for port in (0, 8001, 65535):
         assert shard_port(port, 1) == port
         assert make_msg_id(("127.0.0.1", shard_port(port, 1)), 99) == make_msg_id(
             ("127.0.0.1", port), 99
         )
-    # An id a single-group node wrote before multi-Raft existed (RocketMQ's layout).
+    # An id a single-shard node wrote before multi-Raft existed (RocketMQ's layout).
     assert shard_of_msg_id("7F0000010000271100000000000003E8") == 1
 
 
@@ -334,13 +353,13 @@ def test_link_pool_shares_one_link_per_peer_and_address() -> None:
         await views[1].close()  # twice: counted once
         await views[2].close()
         await views[0].close()
-        assert shared.closed == 0 and pool.links == 3  # group 3 still uses it
+        assert shared.closed == 0 and pool.links == 3  # shard 3 still uses it
         views[3].send([(to_proto(Heartbeat(1, 2, 5, 9)), 10)])
         assert shared.sent[-1].group == 3
         await views[3].close()
         assert shared.closed == 1 and pool.links == 2
         again = pool.open(1, "c", 2, "h:2", me=1)
-        assert len(opened) == 4 and opened[3].started == 1  # reopened with its first group
+        assert len(opened) == 4 and opened[3].started == 1  # reopened with its first shard
         for view in (other, moved, again):
             await view.close()
         assert pool.links == 0 and all(link.closed == 1 for link in opened)
@@ -351,7 +370,7 @@ def test_link_pool_shares_one_link_per_peer_and_address() -> None:
 # --- raftio/link.py: PeerGate(shards=...) ---
 
 
-def test_gate_delivers_each_message_to_its_group_and_drops_an_unknown_group() -> None:
+def test_gate_delivers_each_message_to_its_shard_and_drops_an_unknown_shard() -> None:
     got: dict[int, list[Message]] = {0: [], 1: [], 2: []}
     fallback: list[Message] = []
     gate = PeerGate(
@@ -363,21 +382,21 @@ def test_gate_delivers_each_message_to_its_group_and_drops_an_unknown_group() ->
     )
     sent: list[tuple[int | None, Message]] = []
     for k in range(12):
-        group = (None, 0, 2, 7)[k % 4]  # None: absent on the wire (group 1); 7: not hosted
+        shard = (None, 0, 2, 7)[k % 4]  # None: absent on the wire (shard 1); 7: not hosted
         m: Message = Heartbeat(1, 2, 3, k) if k % 3 else RequestVote(1, 2, 4, k, 3)
-        sent.append((group, m))
+        sent.append((shard, m))
     batch = pb.RaftBatch(cluster="c")
-    for group, m in sent:
+    for shard, m in sent:
         p = to_proto(m)
-        if group is not None:
-            p.group = group
+        if shard is not None:
+            p.group = shard
         batch.messages.append(p)
     gate.receive(batch.SerializeToString(), 1, "peer")
     assert got[1] == [m for g, m in sent if g is None]
     assert got[0] == [m for g, m in sent if g == 0]
     assert got[2] == [m for g, m in sent if g == 2]
     assert fallback == []
-    # The next batch of a known group is delivered as ever.
+    # The next batch of a known shard is delivered as ever.
     again = pb.RaftBatch(cluster="c", messages=[to_proto(Heartbeat(1, 2, 3, 99))])
     again.messages[0].group = 7
     again.messages.append(to_proto(Heartbeat(1, 2, 3, 100)))
@@ -393,11 +412,11 @@ def cluster_states(
     draw: st.DrawFn,
 ) -> tuple[dict[int, int | None], dict[int, list[int]], list[int]]:
     nodes = sorted(draw(st.sets(st.integers(1, 9), min_size=1, max_size=5)))
-    groups = draw(st.integers(1, 12))
+    shards = draw(st.integers(1, 12))
     down = draw(st.sets(st.sampled_from(nodes), max_size=len(nodes) - 1))
     serving = [n for n in nodes if n not in down]
-    candidates = {g: serving for g in range(groups + 1)}
-    leaders = {g: draw(st.one_of(st.none(), st.sampled_from(serving))) for g in range(groups + 1)}
+    candidates = {g: serving for g in range(shards + 1)}
+    leaders = {g: draw(st.one_of(st.none(), st.sampled_from(serving))) for g in range(shards + 1)}
     return leaders, candidates, nodes
 
 
@@ -411,7 +430,7 @@ def test_plan_moves_spreads_leaders(
     after = dict(leaders)
     for g, src, dst in moves:
         assert after[g] == src != dst
-        assert dst in candidates[g], f"group {g} planned onto node {dst}, which does not serve it"
+        assert dst in candidates[g], f"shard {g} planned onto node {dst}, which does not serve it"
         after[g] = dst
     serving = sorted({n for c in candidates.values() for n in c})
     led = [g for g, n in after.items() if n is not None]
@@ -423,14 +442,14 @@ def test_plan_moves_spreads_leaders(
         want = preferred_leader(g, nodes)
         if want in candidates[g] and load[want] < cap:
             assert after[g] == want, (
-                f"group {g}: preferred node {want} serves it, led by {after[g]}"
+                f"shard {g}: preferred node {want} serves it, led by {after[g]}"
             )
     assert plan_moves(after, candidates, nodes) == []  # a balanced cluster stays put
 
 
-def test_plan_moves_takes_a_stopped_groups_leadership_elsewhere() -> None:
-    """Node 1 is preferred for group 3 but its copy of group 3 is stopped (corrupt):
-    group 3 stays with a node that serves it; the other groups go to their preferred."""
+def test_plan_moves_takes_a_stopped_shards_leadership_elsewhere() -> None:
+    """Node 1 is preferred for shard 3 but its copy of shard 3 is stopped (corrupt):
+    shard 3 stays with a node that serves it; the other shards go to their preferred."""
     leaders: dict[int, int | None] = {0: 2, 1: 1, 2: 2, 3: 2}
     candidates = {0: [1, 2, 3], 1: [1, 2, 3], 2: [1, 2, 3], 3: [2, 3]}
     moves = plan_moves(leaders, candidates, [1, 2, 3])
@@ -440,9 +459,9 @@ def test_plan_moves_takes_a_stopped_groups_leadership_elsewhere() -> None:
     assert max(Counter(after.values()).values()) <= 2
 
 
-def test_plan_moves_keeps_a_preferred_leader_when_another_group_is_over_the_cap() -> None:
-    """Node 4 of 5 is down: group 3 (preferred: 4) stays on node 3, where group 2 is
-    preferred. The cap (ceil(4 groups / 4 serving) = 1) must move group 3, not group 2."""
+def test_plan_moves_keeps_a_preferred_leader_when_another_shard_is_over_the_cap() -> None:
+    """Node 4 of 5 is down: shard 3 (preferred: 4) stays on node 3, where shard 2 is
+    preferred. The cap (ceil(4 shards / 4 serving) = 1) must move shard 3, not shard 2."""
     leaders: dict[int, int | None] = {0: None, 1: None, 2: 1, 3: 3}
     candidates = {g: [1, 2, 3, 5] for g in leaders}
     moves = plan_moves(leaders, candidates, [1, 2, 3, 4, 5])
@@ -451,7 +470,7 @@ def test_plan_moves_keeps_a_preferred_leader_when_another_group_is_over_the_cap(
 
 
 def test_a_shared_quota_never_hands_out_more_than_its_limit() -> None:
-    """Consumers run together (one per Raft group) ask for the room left; what fetches
+    """Consumers run together (one per shard) ask for the room left; what fetches
     running at once bring past the limit is not taken; what is given back is room
     again; the limit is reached by handler calls that ended, not by those taken."""
     quota = Quota(5)
@@ -466,3 +485,33 @@ def test_a_shared_quota_never_hands_out_more_than_its_limit() -> None:
     assert quota.reached()
     unlimited = Quota(0)
     assert unlimited.room(32) == 32 and unlimited.take(1000) == 1000 and not unlimited.reached()
+
+
+# --- client/routing.py and the client's topic_update: renamed keywords ---
+
+
+def test_routed_clients_old_group_keyword_warns_and_names_the_same_shard() -> None:
+    with RoutedClient("127.0.0.1:1") as rc:
+        with pytest.warns(FutureWarning, match="group= is now shard="):
+            old = rc.client(group=2)
+        assert old is rc.client(2) is rc.client(shard=2)
+        assert old.shard == 2
+
+
+def test_topic_updates_old_groups_keyword_warns_and_sends_the_same_route(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def sent(client: Client) -> list[tuple[int, int]]:
+        op = cast(Op[Any], client.topic_update("create", "t", {2: 3}))
+        return [(q.group, q.queues) for q in op.request.groups]
+
+    with Client("127.0.0.1:1", shard=0) as client:
+        monkeypatch.setattr(client, "_run", lambda op: op)  # built, not made
+        with pytest.warns(FutureWarning, match=r"topic_update\(groups=...\) is now"):
+            old = cast(Op[Any], client.topic_update("create", "t", groups={2: 3}))
+        assert [(q.group, q.queues) for q in old.request.groups] == sent(client) == [(2, 3)]
+    with RoutedClient("127.0.0.1:1") as rc:
+        monkeypatch.setattr(rc.client(0), "_run", lambda op: op)
+        with pytest.warns(FutureWarning, match="groups= is now shards="):
+            made = cast(Op[Any], rc.topic_update("update", "t", groups={3: 1}))
+        assert [(q.group, q.queues) for q in made.request.groups] == [(3, 1)]

@@ -3,9 +3,10 @@ node only through `RaftNode`'s public methods (its facade), never through its pa
 
 The import contracts (`lint-imports`, pyproject.toml) keep the layers apart; this
 test checks what they cannot see: every attribute read of the node in `service/`
-and `messaging/` names a method or property the facade defines, or the one part it
-hands readers (`committed`, the committed reads), never another part (`commitlog`,
-`core`, `dispatcher`, `store`) to reach through. A recovered node's
+and `messaging/` names a method or property the facade defines, or a part it hands
+out (`committed`, the committed reads; `membership`, the members and changes of
+them), never another part (`commitlog`, `core`, `dispatcher`, `store`) to reach
+through. A recovered node's
 status is read back through the facade as the Status RPC reads it.
 """
 
@@ -49,7 +50,7 @@ def _node_reads(path: Path) -> list[tuple[int, str]]:
 
 def test_the_service_and_messaging_use_only_the_facade() -> None:
     facade = _facade()
-    assert {"put", "prepare", "read_index", "status", "committed"} <= facade
+    assert {"put", "prepare", "read_index", "status", "committed", "membership"} <= facade
     assert not {"commitlog", "core", "dispatcher", "store"} & facade
     modules = sorted((_PACKAGE / "service").glob("*.py")) + sorted(
         (_PACKAGE / "messaging").glob("*.py")

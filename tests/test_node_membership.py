@@ -1,6 +1,7 @@
 """Membership change on real nodes: real files, real fsync, real gRPC peer ports on
-loopback, several `RaftNode`s in one event loop, driven through the node facade
-(`add_member`, `promote_member`, `remove_member`, `members`)."""
+loopback, several `RaftNode`s in one event loop, driven through the part of the node
+membership callers are handed (`RaftNode.membership`: `add_member`, `promote_member`,
+`remove_member`, `members`, `accepted`, `read_refusal`)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ TOPIC = "members"
 T = TypeVar("T")
 
 
-class Group:
-    """Real nodes in this event loop; ids 1.. with ports picked once per id."""
+class Shard:
+    """Real nodes of one shard in this event loop; ids 1.. with ports picked once per id."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -61,7 +62,7 @@ class Group:
         )
         node = RaftNode(cfg)
         server = open_peer_server(
-            PeerGate(cfg.cluster, node.deliver, me=i, members=node.member_ids)
+            PeerGate(cfg.cluster, node.deliver, me=i, members=lambda: node.membership.accepted)
         )
         server.bind(cfg.raft_address)
         await server.start()
@@ -126,9 +127,9 @@ def bodies(node: RaftNode) -> list[bytes]:
     return sorted(out)
 
 
-def run(tmp_path: Path, body: Callable[[Group], Awaitable[None]]) -> None:
+def run(tmp_path: Path, body: Callable[[Shard], Awaitable[None]]) -> None:
     async def main() -> None:
-        g = Group(tmp_path)
+        g = Shard(tmp_path)
         try:
             await body(g)
         finally:
@@ -137,31 +138,32 @@ def run(tmp_path: Path, body: Callable[[Group], Awaitable[None]]) -> None:
     asyncio.run(main())
 
 
-async def caught_up(g: Group, i: int) -> None:
+async def caught_up(g: Shard, i: int) -> None:
     async def same() -> bool:
         leader = await g.leader()
         n = g.nodes[i]
         return (
             n.commitlog.committed_index == leader.commitlog.committed_index
             and n.dispatched_pos == n.committed_pos
-            and n.read_refusal is None
+            and n.membership.read_refusal is None
         )
 
     await until(same, 20.0, f"node {i} caught up")
 
 
 def test_grow_three_to_five_then_shrink_back_loses_nothing(tmp_path: Path) -> None:
-    async def body(g: Group) -> None:
+    async def body(g: Shard) -> None:
         for i in (1, 2, 3):
             await g.start(i, [1, 2, 3])
         await g.put(b"before")
         for i in (4, 5):
             await g.start(i, [1, 2, 3], join=True)
-            assert g.nodes[i].read_refusal is not None  # serves no read before it caught up
-            await g.change(lambda n, i=i: n.add_member(g.member(i), 20.0))  # type: ignore[misc]
+            # It serves no read before it caught up.
+            assert g.nodes[i].membership.read_refusal is not None
+            await g.change(lambda n, i=i: n.membership.add_member(g.member(i), 20.0))  # type: ignore[misc]
             await g.put(b"with %d" % i)
         leader = await g.leader()
-        rows = {m.id: m for m in leader.members()}
+        rows = {m.id: m for m in leader.membership.members()}
         assert sorted(rows) == [1, 2, 3, 4, 5] and {m.role for m in rows.values()} == {"voter"}
         assert rows[4].client == g.peer(4).client and rows[5].match >= 0
         for i in (4, 5):
@@ -174,9 +176,9 @@ def test_grow_three_to_five_then_shrink_back_loses_nothing(tmp_path: Path) -> No
         await g.start(2, [1, 2, 3])
         await g.start(3, [1, 2, 3])
         for i in (5, 4):
-            await g.change(lambda n, i=i: n.remove_member(i, 20.0))  # type: ignore[misc]
+            await g.change(lambda n, i=i: n.membership.remove_member(i, 20.0))  # type: ignore[misc]
         leader = await g.leader({1, 2, 3})
-        assert [m.id for m in leader.members()] == [1, 2, 3]
+        assert [m.id for m in leader.membership.members()] == [1, 2, 3]
         await g.put(b"three again")
         for i in (1, 2, 3):
             await caught_up(g, i)
@@ -184,29 +186,30 @@ def test_grow_three_to_five_then_shrink_back_loses_nothing(tmp_path: Path) -> No
                 [b"before", b"with 4", b"with 5", b"three of five", b"three again"]
             )
         removed = g.nodes[4]
-        await until(lambda: _async(removed.read_refusal is not None), 10.0, "4 knows it left")
-        assert "no longer a member" in (removed.read_refusal or "")
+        left = removed.membership
+        await until(lambda: _async(left.read_refusal is not None), 10.0, "4 knows it left")
+        assert "no longer a member" in (left.read_refusal or "")
         assert not removed.is_leader()
 
     run(tmp_path, body)
 
 
 def test_removing_the_leader_hands_over_and_membership_survives_restart(tmp_path: Path) -> None:
-    async def body(g: Group) -> None:
+    async def body(g: Shard) -> None:
         for i in (1, 2, 3):
             await g.start(i, [1, 2, 3])
         await g.put(b"one")
         old = await g.leader()
         old_id = old.node_id
-        await old.remove_member(old_id, 10.0)
+        await old.membership.remove_member(old_id, 10.0)
         rest = {1, 2, 3} - {old_id}
         leader = await g.leader(rest)
         await g.put(b"two")
-        assert [m.id for m in leader.members()] == sorted(rest)
+        assert [m.id for m in leader.membership.members()] == sorted(rest)
         assert not old.is_leader()
         # The removed node's messages are refused from now on (its token and certificate
         # are checked against the same set by the PeerGate).
-        assert old_id not in leader.member_ids()
+        assert old_id not in leader.membership.accepted
         with pytest.raises(InvalidPeerMessage) as refused:
             leader.deliver(Heartbeat(old_id, leader.node_id, leader.term, 0))
         assert refused.value.membership
@@ -214,7 +217,7 @@ def test_removing_the_leader_hands_over_and_membership_survives_restart(tmp_path
         for i in sorted(rest):
             await g.stop(i)
             await g.start(i, [1, 2, 3])
-            assert sorted(m.id for m in g.nodes[i].members()) == sorted(rest)
+            assert sorted(m.id for m in g.nodes[i].membership.members()) == sorted(rest)
         await g.put(b"three")
         for i in rest:
             await caught_up(g, i)
@@ -223,29 +226,29 @@ def test_removing_the_leader_hands_over_and_membership_survives_restart(tmp_path
 
 
 def test_bad_changes_are_refused_and_change_nothing(tmp_path: Path) -> None:
-    async def body(g: Group) -> None:
+    async def body(g: Shard) -> None:
         for i in (1, 2, 3):
             await g.start(i, [1, 2, 3])
         await g.put(b"x")
         leader = await g.leader()
         before = leader.core.last_index
         with pytest.raises(MembershipError, match="already a voter"):
-            await leader.add_member(g.member(2), 5.0)
+            await leader.membership.add_member(g.member(2), 5.0)
         with pytest.raises(MembershipError, match="not a member"):
-            await leader.promote_member(9, 5.0)
+            await leader.membership.promote_member(9, 5.0)
         with pytest.raises(MembershipError, match="not a member"):
-            await leader.remove_member(9, 5.0)
+            await leader.membership.remove_member(9, 5.0)
         follower = next(n for n in g.nodes.values() if not n.is_leader())
         with pytest.raises(NotLeader):
-            await follower.remove_member(3, 5.0)
+            await follower.membership.remove_member(3, 5.0)
         await g.start(4, [1, 2, 3], join=True)
-        first = asyncio.ensure_future(leader.add_member(g.member(4, learner=True), 10.0))
+        first = asyncio.ensure_future(leader.membership.add_member(g.member(4, learner=True), 10.0))
         await asyncio.sleep(0)  # the first change is appended, not yet committed
         with pytest.raises(MembershipError, match="not committed yet"):
-            await leader.remove_member(3, 5.0)
+            await leader.membership.remove_member(3, 5.0)
         await first
         assert leader.core.last_index == before + 1  # only the one good change
-        assert {m.id: m.role for m in leader.members()}[4] == "learner"
+        assert {m.id: m.role for m in leader.membership.members()}[4] == "learner"
 
     run(tmp_path, body)
 
@@ -256,16 +259,16 @@ def test_a_route_in_this_nodes_settings_wins_over_the_config_entrys_address(
     """Node 1 reaches node 4 only through its route (the entry names a dead address):
     how a chaos run keeps a node added later behind its fault proxies."""
 
-    async def body(g: Group) -> None:
+    async def body(g: Shard) -> None:
         real = g.peer(4)
         leader = await g.start(1, [1], routes=(Route(4, real.raft),))
         await g.put(b"before")
         joiner = await g.start(4, [1], join=True)
         dead = f"127.0.0.1:{free_ports(1)[0]}"
-        await leader.add_member(Member(4, dead, real.client, learner=True), 10.0)
+        await leader.membership.add_member(Member(4, dead, real.client, learner=True), 10.0)
         await caught_up(g, 4)
         assert bodies(joiner) == [b"before"]
-        seen = {m.id: (m.raft, m.client) for m in leader.members()}
+        seen = {m.id: (m.raft, m.client) for m in leader.membership.members()}
         assert seen[4] == (real.raft, real.client)  # the route; the entry's client address
 
     run(tmp_path, body)

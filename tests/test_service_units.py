@@ -179,9 +179,9 @@ def test_unusable_settings_are_refused_naming_the_setting(
     assert load_config(path).node_id == 1
 
 
-def test_a_process_may_host_only_a_group_other_than_1(tmp_path: Path) -> None:
-    """One process per group (bench/scaleout.py, docs/scaling.md): a node hosting
-    group 2 alone is a valid config, its group's data under data_dir/groups/2."""
+def test_a_process_may_host_only_a_shard_other_than_1(tmp_path: Path) -> None:
+    """One process per shard (bench/scaleout.py, docs/scaling.md): a node hosting
+    shard 2 alone is a valid config, its shard's data under data_dir/groups/2."""
     path = tmp_path / "n1.toml"
     head = 'node_id = 1\ndata_dir = "d"\npeers = [{id = 1, raft = "h:1", client = "h:2"}]\n'
     path.write_text(f"{head}[shards]\ncount = 3\nhost = [2]\n")

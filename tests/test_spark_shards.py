@@ -31,17 +31,17 @@ from tests.test_spark import spark
 pytestmark = pytest.mark.slow
 assert spark
 
-GROUPS = 3
+SHARDS = 3
 
 
-def grouped_cluster(make_cluster: Callable[..., LocalCluster], name: str) -> LocalCluster:
-    cluster = make_cluster(name, **shards_config(GROUPS))
-    for g in range(1, GROUPS + 1):
-        group_leader(cluster, g)
+def sharded_cluster(make_cluster: Callable[..., LocalCluster], name: str) -> LocalCluster:
+    cluster = make_cluster(name, **shards_config(SHARDS))
+    for g in range(1, SHARDS + 1):
+        shard_leader(cluster, g)
     return cluster
 
 
-def group_leader(cluster: LocalCluster, shard: int, exclude: int = 0) -> int:
+def shard_leader(cluster: LocalCluster, shard: int, exclude: int = 0) -> int:
     """The node that leads `shard` (once one other than `exclude` does)."""
     with Client([s.client for s in cluster], shard=shard) as client:
 
@@ -90,17 +90,17 @@ def placed(results: list[PutResult]) -> dict[str, tuple[int, int, int]]:
     return {r.msg_id: (shard_of_msg_id(r.msg_id), r.queue_id, r.queue_offset) for r in results}
 
 
-def test_a_batch_reads_every_group_of_a_topic_exactly_once(
+def test_a_batch_reads_every_shard_of_a_topic_exactly_once(
     spark: SparkSession, make_cluster: Callable[..., LocalCluster]
 ) -> None:
-    cluster = grouped_cluster(make_cluster, "g3")
+    cluster = sharded_cluster(make_cluster, "g3")
     topic, other = fresh_topic("grp"), fresh_topic("grp")
     servers = ",".join(s.client for s in cluster)
     with RoutedClient(servers.split(",")) as client:
         acked = put_routed(client, topic, 0, 150)
         put_routed(client, other, 0, 12)  # not read
         routes = client.routes()
-    assert routes.shard_count == GROUPS
+    assert routes.shard_count == SHARDS
     want = placed(acked)
     assert {g for g, _, _ in want.values()} == {1, 2, 3}  # the topic spans every shard
     wait_dispatched(cluster, topic, 150)
@@ -117,7 +117,7 @@ def test_a_batch_reads_every_group_of_a_topic_exactly_once(
         assert {
             r["msg_id"]: (r["shard"], r["queue_id"], r["queue_offset"]) for r in rows
         } == want, how
-        assert df.rdd.getNumPartitions() >= GROUPS, how  # a partition never spans shards
+        assert df.rdd.getNumPartitions() >= SHARDS, how  # a partition never spans shards
     # The default schema is unchanged; shard is there when named (a metadata column).
     plain = read(spark, topic, servers=servers)
     assert "shard" not in plain.columns and plain.count() == 150
@@ -174,14 +174,14 @@ def _stream(
         query.stop()  # a failed wait must not leave it running in the shared session
 
 
-def test_a_stream_over_shards_is_exactly_once_across_a_group_leader_kill(
+def test_a_stream_over_shards_is_exactly_once_across_a_shard_leader_kill(
     spark: SparkSession, make_cluster: Callable[..., LocalCluster], tmp_path: Path
 ) -> None:
     """A stream reads a topic of three shards while a writer puts through RoutedClient;
     the node leading shard 2 is killed (SIGKILL), a new leader of shard 2 elected, the
     node restarted: every acknowledged put lands in the sink exactly once, and the sink
     holds exactly the committed messages; the checkpoint keys its offsets "G:Q"."""
-    cluster = grouped_cluster(make_cluster, "g3eo")
+    cluster = sharded_cluster(make_cluster, "g3eo")
     topic = fresh_topic("geo")
     servers = ",".join(s.client for s in cluster)
     sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
@@ -208,9 +208,9 @@ def test_a_stream_over_shards_is_exactly_once_across_a_group_leader_kill(
             )
             t.start()
             assert written.wait(30)
-            victim = group_leader(cluster, 2)
+            victim = shard_leader(cluster, 2)
             cluster.kill(victim)
-            group_leader(cluster, 2, exclude=victim)
+            shard_leader(cluster, 2, exclude=victim)
             done = len(_files(commits))
             wait_until(
                 lambda: len(_files(commits)),
@@ -219,8 +219,8 @@ def test_a_stream_over_shards_is_exactly_once_across_a_group_leader_kill(
                 ok=lambda n: n >= done + 3,
             )
             cluster.start(victim)
-            for g in range(1, GROUPS + 1):
-                group_leader(cluster, g)
+            for g in range(1, SHARDS + 1):
+                shard_leader(cluster, g)
             done = len(_files(commits))
             wait_until(
                 lambda: len(_files(commits)),

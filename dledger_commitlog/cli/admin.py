@@ -290,7 +290,7 @@ def _print_cluster(
     out: dict[str, Any] = {"dir": str(cluster.directory), "nodes": nodes}
     members = leader_members(list(statuses.values()))
     out["members"] = [member_json(m) for m in members]
-    out["removed"] = sorted(cluster.retired)  # nodes that left the group (not started)
+    out["removed"] = sorted(cluster.retired)  # nodes that left the cluster (not started)
     text = with_members(text, list(statuses.values()))
     if started is not None:
         out["started"] = list(started)

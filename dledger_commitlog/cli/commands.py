@@ -186,7 +186,7 @@ def _bool(text: str) -> bool:
 
 
 def _int_list(text: str) -> tuple[int, ...]:
-    """ "0,1,2" -> (0, 1, 2) (`--host-groups`, `--set host_shards=...`)."""
+    """ "0,1,2" -> (0, 1, 2) (`--host-shards`, `--set host_shards=...`)."""
     try:
         return tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:

@@ -26,7 +26,7 @@ from dledger_commitlog.cli import admin as admin  # registers the operator's com
 from dledger_commitlog.cli import groups as groups  # registers the consumer-group commands
 from dledger_commitlog.cli import members as members  # registers the membership commands
 from dledger_commitlog.cli import messages as messages  # registers the message commands
-from dledger_commitlog.cli import scaleout as scaleout  # registers the topic and groups commands
+from dledger_commitlog.cli import scaleout as scaleout  # registers the topic and shard commands
 from dledger_commitlog.cli.commands import (
     _REGISTRY,
     FIELD_TYPES,

@@ -5,8 +5,8 @@ a follower redirects); the runbooks that use them are docs/operations.md. The
 `cluster` ones run a local cluster's processes (`launcher.LocalCluster`) around
 them:
 
-A node of a multi-shard cluster (docs/scaling.md) hosts every group, so these
-add it to, or remove it from, each group in turn (`common.routes.shards`).
+A node of a multi-shard cluster (docs/scaling.md) hosts every shard, so these
+add it to, or remove it from, each shard in turn (`common.routes.shard_ids`).
 
 - `cluster add-node --dir D` picks the next id and ports of D's scheme, records
   the node in D (configured to join, with the current members as its peers; with
@@ -15,7 +15,7 @@ add it to, or remove it from, each group in turn (`common.routes.shards`).
   the leader refuses as things stand is asked again until `--catch-up-timeout`). If
   it could not be added, its process is stopped and its entry marked removed (its id
   is never used again); once added, it stays, and an error names what is left to do.
-- `cluster remove-node --dir D N` removes node N from the group (unless it has
+- `cluster remove-node --dir D N` removes node N from every shard (unless it has
   left already; a refusal as things stand, such as from a leader elected a moment
   ago, is asked again until `--timeout`), stops its process and marks it removed
   in D, so that `cluster up` never starts it again; its files stay for a post-mortem.
@@ -60,7 +60,7 @@ def _timeout_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-@command("member list", "the group's voters and learners, each one's match index and lag")
+@command("member list", "the shard's voters and learners, each one's match index and lag")
 def _member_list(args: argparse.Namespace) -> int:
     with make_client(args) as client:
         members = client.member_list()
@@ -78,7 +78,7 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     _timeout_arg(p)
 
 
-@command("member add", "add a node to the group (start it with raft.join = true)", _add_args)
+@command("member add", "add a node to the shard (start it with raft.join = true)", _add_args)
 def _member_add(args: argparse.Namespace) -> int:
     with make_client(args) as client:
         change = client.member_add(
@@ -104,7 +104,7 @@ def _member_promote(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("member remove", "remove a node from the group", _id_args)
+@command("member remove", "remove a node from the shard", _id_args)
 def _member_remove(args: argparse.Namespace) -> int:
     with make_client(args) as client:
         change = client.member_remove(args.id, timeout_ms=args.timeout_ms)
@@ -137,7 +137,7 @@ def _add_node_args(p: argparse.ArgumentParser) -> None:
 
 @command(
     "cluster add-node",
-    "start one more node of a local cluster and add it to the group",
+    "start one more node of a local cluster and add it to every shard",
     _add_node_args,
 )
 def _add_node(args: argparse.Namespace) -> int:
@@ -150,8 +150,8 @@ def _add_node(args: argparse.Namespace) -> int:
         try:
             cluster.start(spec.id)
             _wait_serving(cluster, client, spec, deadline)
-            for group in shard_ids(cluster.shard_count):  # multi-shard: the node joins every group
-                with cluster.client(timeout_s=args.timeout, shard=group) as each:
+            for shard in shard_ids(cluster.shard_count):  # multi-shard: the node joins every shard
+                with cluster.client(timeout_s=args.timeout, shard=shard) as each:
                     add = partial(each.member_add, spec.id, spec.raft, spec.client, learner=True)
                     _until_accepted(add, deadline)
         except BaseException:
@@ -161,8 +161,8 @@ def _add_node(args: argparse.Namespace) -> int:
         cluster.detach()  # added: it runs beyond this command, whatever comes next
         role = "learner"
         if not args.learner:
-            for group in shard_ids(cluster.shard_count):
-                with cluster.client(timeout_s=args.timeout, shard=group) as each:
+            for shard in shard_ids(cluster.shard_count):
+                with cluster.client(timeout_s=args.timeout, shard=shard) as each:
                     _promote_when_caught_up(each, spec.id, deadline)
             role = "voter"
     doc: dict[str, Any] = {"id": spec.id, "raft": spec.raft, "client": spec.client, "role": role}
@@ -220,7 +220,7 @@ def _remove_node_args(p: argparse.ArgumentParser) -> None:
 
 @command(
     "cluster remove-node",
-    "remove a node of a local cluster from the group and stop it",
+    "remove a node of a local cluster from every shard and stop it",
     _remove_node_args,
 )
 def _remove_node(args: argparse.Namespace) -> int:
@@ -229,8 +229,8 @@ def _remove_node(args: argparse.Namespace) -> int:
         gone = "was removed already" if args.id in cluster.retired else "is not in this cluster"
         raise UsageError(f"node {args.id} {gone}")
     deadline = time.monotonic() + args.timeout
-    for group in shard_ids(cluster.shard_count):  # multi-shard: the node leaves every group
-        with cluster.client(timeout_s=args.timeout, shard=group) as client:
+    for shard in shard_ids(cluster.shard_count):  # multi-shard: the node leaves every shard
+        with cluster.client(timeout_s=args.timeout, shard=shard) as client:
             if args.id in {m.id for m in client.member_list()}:
                 _until_accepted(partial(client.member_remove, args.id, args.timeout_ms), deadline)
     cluster.stop(args.id)

@@ -137,7 +137,7 @@ def _result_doc(r: PutResult) -> dict[str, Any]:
 def _put_target(args: argparse.Namespace) -> tuple[int | None, int | None]:
     """(shard, queue id there) of a put: on a multi-shard cluster without
     --shard, the topic's route decides (docs/scaling.md): --queue numbers the
-    topic's queues across its groups, else one is drawn at random; (None, --queue)
+    topic's queues across its shards, else one is drawn at random; (None, --queue)
     on a single-shard cluster or with --shard."""
     if args.shard is not None:
         return None, args.queue
@@ -161,8 +161,8 @@ def _put(args: argparse.Namespace) -> int:
     deliver_at_ms = args.deliver_at or 0
     if args.deliver_in_ms is not None:
         deliver_at_ms = time.time_ns() // 1_000_000 + args.deliver_in_ms
-    group, queue = _put_target(args)
-    with make_client(args, shard=group) as client:
+    shard, queue = _put_target(args)
+    with make_client(args, shard=shard) as client:
         r = client.put(
             args.topic,
             body,
@@ -175,8 +175,8 @@ def _put(args: argparse.Namespace) -> int:
             deliver_at_ms=deliver_at_ms,
         )
     doc = _result_doc(r)
-    if group is not None:
-        doc["shard"] = group
+    if shard is not None:
+        doc["shard"] = shard
     emit(args, doc, table(tuple(doc), [tuple(doc.values())]))
     return 0
 
@@ -247,11 +247,11 @@ def _get_args(p: argparse.ArgumentParser) -> None:
 
 @command("get", "one message by id or commit-log offset", _get_args)
 def _get(args: argparse.Namespace) -> int:
-    group = None  # a message id names its group (an offset is --shard's)
+    shard = None  # a message id names its shard (an offset is --shard's)
     if args.msg_id is not None and args.shard is None:
         with contextlib.suppress(ValueError):  # no id: the server says why, as ever
-            group = shard_of_msg_id(args.msg_id)
-    with make_client(args, shard=group) as client:
+            shard = shard_of_msg_id(args.msg_id)
+    with make_client(args, shard=shard) as client:
         m = client.get(msg_id=args.msg_id, offset=args.offset, linearizable=args.linearizable)
     doc = message_json(m)
     text = "\n".join(f"{k:<18} {cell(v)}" for k, v in doc.items())
@@ -359,7 +359,7 @@ def _consume_args(p: argparse.ArgumentParser) -> None:
 def _consume(args: argparse.Namespace) -> int:
     """Join the group, print what its coordinator hands this member, ack it; leave at the end.
     On a multi-shard cluster it joins the group in every data shard (one member per
-    group, `RoutedConsumer`; --max counts them all), or in --shard's alone.
+    shard, `RoutedConsumer`; --max counts them all), or in --shard's alone.
 
     Ctrl-C (SIGINT) stops it between calls, never inside one: the handler only asks
     the consumer to stop, and it ends after the call in flight (a long poll waits at

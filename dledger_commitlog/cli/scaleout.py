@@ -2,17 +2,17 @@
 leaders of the shards.
 
 - `topic route [TOPIC]`: the configured routes (or one topic's, configured or
-  default), each group's queues of it and the group's leader.
+  default), each shard's queues of it and the shard's leader.
 - `topic create|update TOPIC --queues G:N[,G:N...]`, `topic delete TOPIC`: a route
-  change through group 0 (the admin right with an ACL).
+  change through shard 0 (the admin right with an ACL).
 - `shard status`: shard x node, each one's role, term and lag behind its leader.
 - `shard balance [--dry-run]`: move leaders by transfer so that each shard is led
   by its preferred node when that one is up (`common.routes.preferred_leader`),
-  else by the live voter leading the fewest groups, so that no node leads more
-  than ceil(groups / nodes); prints each move, and the leaders after.
+  else by the live voter leading the fewest shards, so that no node leads more
+  than ceil(shards / nodes); prints each move, and the leaders after.
 
-Each speaks to the cluster through per-group clients (`Client(shard=g)`): the
-route calls through any node, the status of each group from each node.
+Each speaks to the cluster through per-shard clients (`Client(shard=g)`): the
+route calls through any node, the status of each shard from each node.
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ from dledger_commitlog.common.routes import preferred_leader, shard_ids
 
 
 def _queues(text: str) -> dict[int, int]:
-    """ "2:4,3:2" -> {2: 4, 3: 2} (group: queues)."""
+    """ "2:4,3:2" -> {2: 4, 3: 2} (shard: queues)."""
     out: dict[int, int] = {}
     for part in text.split(","):
-        group, sep, count = part.strip().partition(":")
-        if not sep or not group.isdigit() or not count.isdigit():
-            raise argparse.ArgumentTypeError(f"{part!r} is not GROUP:QUEUES")
-        out[int(group)] = int(count)
+        shard, sep, count = part.strip().partition(":")
+        if not sep or not shard.isdigit() or not count.isdigit():
+            raise argparse.ArgumentTypeError(f"{part!r} is not SHARD:QUEUES")
+        out[int(shard)] = int(count)
     return out
 
 
@@ -60,20 +60,20 @@ def _route_json(route: TopicRoute) -> dict[str, Any]:
     return {
         "topic": route.topic,
         "configured": route.configured,
-        "shards": [{"shard": g, "queues": n} for g, n in route.groups],
+        "shards": [{"shard": g, "queues": n} for g, n in route.shards],
     }
 
 
-def _change(args: argparse.Namespace, op: str, groups: dict[int, int] | None) -> int:
+def _change(args: argparse.Namespace, op: str, shards: dict[int, int] | None) -> int:
     with make_client(args, shard=0) as client:
         try:
-            route = client.topic_update(op, args.topic, groups)
+            route = client.topic_update(op, args.topic, shards)
         except ClientError as exc:
             raise UsageError(str(exc)) from exc
     if route is None:
         emit(args, {"deleted": args.topic}, f"deleted the route of {args.topic}")
     else:
-        spread = ", ".join(f"shard {g}: {n} queues" for g, n in route.groups)
+        spread = ", ".join(f"shard {g}: {n} queues" for g, n in route.shards)
         emit(args, _route_json(route), f"{op}d {args.topic}: {spread}")
     return 0
 
@@ -101,14 +101,14 @@ def _route_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("topic", nargs="?", default="", help="default: every configured topic")
 
 
-@command("topic route", "topics' routes: groups, queues, leaders", _route_args)
+@command("topic route", "topics' routes: shards, queues, leaders", _route_args)
 def _topic_route(args: argparse.Namespace) -> int:
     with make_client(args) as client:
         routes = client.route(args.topic)
     shown = [routes.route(args.topic)] if args.topic else list(routes.routes.values())
     rows = []
     for r in shown:
-        for g, n in r.groups:
+        for g, n in r.shards:
             leader = routes.leaders.get(g)
             who = leader.leader_id if leader is not None else None
             rows.append((r.topic, g, n, who or "-", "configured" if r.configured else "default"))
@@ -131,13 +131,13 @@ def _topic_route(args: argparse.Namespace) -> int:
 
 
 def _statuses(args: argparse.Namespace) -> tuple[list[int], dict[int, dict[int, Any]], list[int]]:
-    """(groups, {group: {node: NodeStatus | StatusError}}, the nodes: members of any group)."""
+    """(shards, {shard: {node: NodeStatus | StatusError}}, the nodes: members of any shard)."""
     with make_client(args) as client:
         routes = client.route()
     members = {n for x in routes.leaders.values() for n in x.members}
-    groups = shard_ids(routes.shard_count)
+    shards = shard_ids(routes.shard_count)
     out: dict[int, dict[int, Any]] = {}
-    for g in groups:
+    for g in shards:
         with make_client(args, shard=g) as client:
             by_node: dict[int, Any] = {}
             for i, st in enumerate(client.status_all(timeout_s=2.0)):
@@ -145,7 +145,7 @@ def _statuses(args: argparse.Namespace) -> tuple[list[int], dict[int, dict[int, 
                 by_node[key] = st
             out[g] = by_node
     nodes = sorted(members | {n for by in out.values() for n in by if n > 0})
-    return groups, out, nodes
+    return shards, out, nodes
 
 
 def _leaders(statuses: dict[int, dict[int, Any]]) -> dict[int, int | None]:
@@ -159,11 +159,11 @@ def _leaders(statuses: dict[int, dict[int, Any]]) -> dict[int, int | None]:
 
 
 @command("shard status", "shards x nodes: roles, terms and lag")
-def _groups_status(args: argparse.Namespace) -> int:
-    groups, statuses, nodes = _statuses(args)
+def _shard_status(args: argparse.Namespace) -> int:
+    shards, statuses, nodes = _statuses(args)
     rows: list[tuple[Any, ...]] = []
     doc: dict[str, dict[str, Any]] = {}
-    for g in groups:
+    for g in shards:
         by = statuses[g]
         top = max((st.last_index for st in by.values() if isinstance(st, NodeStatus)), default=0)
         cells, doc[str(g)] = [], {}
@@ -196,10 +196,10 @@ def _balance_args(p: argparse.ArgumentParser) -> None:
 def plan_moves(
     leaders: dict[int, int | None], candidates: dict[int, list[int]], nodes: list[int]
 ) -> list[tuple[int, int, int]]:
-    """(group, from node, to node) moves: each group to its preferred node (among all
-    `nodes`) when that one serves the group (`candidates[g]`), then, from any node
-    that would lead more than ceil(groups / nodes serving), to the candidate leading
-    fewest. Groups without a leader are left to their election."""
+    """(shard, from node, to node) moves: each shard to its preferred node (among all
+    `nodes`) when that one serves the shard (`candidates[g]`), then, from any node
+    that would lead more than ceil(shards / nodes serving), to the candidate leading
+    fewest. Shards without a leader are left to their election."""
     serving = sorted({n for c in candidates.values() for n in c})
     if not serving:
         return []
@@ -212,8 +212,8 @@ def plan_moves(
     load = Counter(target.values())
     for g in sorted(target):
         here = target[g]
-        # A node prefers at most ceil(groups / nodes) <= cap groups: what exceeds the
-        # cap is groups kept where their preferred node cannot take them.
+        # A node prefers at most ceil(shards / nodes) <= cap shards: what exceeds the
+        # cap is shards kept where their preferred node cannot take them.
         if load[here] <= cap or here == preferred_leader(g, nodes):
             continue
         free = [n for n in candidates.get(g, ()) if load[n] < cap]
@@ -230,10 +230,10 @@ def plan_moves(
 
 
 @command("shard balance", "spread the shards' leaders over the nodes", _balance_args)
-def _groups_balance(args: argparse.Namespace) -> int:
-    groups, statuses, nodes = _statuses(args)
+def _shard_balance(args: argparse.Namespace) -> int:
+    shards, statuses, nodes = _statuses(args)
     candidates = {
-        g: [n for n, st in statuses[g].items() if isinstance(st, NodeStatus)] for g in groups
+        g: [n for n, st in statuses[g].items() if isinstance(st, NodeStatus)] for g in shards
     }
     moves = plan_moves(_leaders(statuses), candidates, nodes)
     lines, done = [], []

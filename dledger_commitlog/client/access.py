@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 import grpc.aio
 
-from dledger_commitlog.common.protocol import group_metadata
+from dledger_commitlog.common.protocol import shard_metadata
 from dledger_commitlog.common.signing import sign
 from proto import dledger_pb2_grpc as pb_grpc
 
@@ -78,10 +78,10 @@ class Access:
         """The signature of a call of RPC `method` made now (None: no credentials)."""
         return sign(*self.credentials, method) if self.credentials else None
 
-    def group_metadata(self, group: int) -> Callable[[str], tuple[tuple[str, str], ...] | None]:
-        """`metadata` for calls of Raft group `group` (docs/scaling.md): the group named
-        in every call's metadata besides the signature (group 1: `metadata` itself)."""
-        named = group_metadata(group)
+    def shard_metadata(self, shard: int) -> Callable[[str], tuple[tuple[str, str], ...] | None]:
+        """`metadata` for calls of shard `shard` (docs/scaling.md): the shard named in
+        every call's metadata besides the signature (shard 1: `metadata` itself)."""
+        named = shard_metadata(shard)
         if not named:
             return self.metadata
 

@@ -3,8 +3,8 @@
 Owns `ClientBase` (a client's settings, its `Router`, its PutFrames pipes) and
 the operations of the API as `@operation`s (`operation.py`): methods that build the
 call's `Op`; each client runs that Op with its own `_run`, so on a `Client` the
-method returns the result and on an `AsyncClient` a coroutine of it. The Raft
-group's administration calls (leadership, membership) are `ClientBase`'s base
+method returns the result and on an `AsyncClient` a coroutine of it. A shard's
+administration calls (leadership, membership) are `ClientBase`'s base
 `MemberOps`, in `member_ops.py`; the consumer-group calls are `groups.GroupOps`.
 What the clients cannot share (sleeping, making a call, asking every server's
 Status, closing) is theirs, in `blocking.py` and `aio.py`.
@@ -121,7 +121,7 @@ class ClientBase(MemberOps):
         one unary Put each, as servers before PutFrames need). `linger_ms`: while earlier
         frames are unanswered, a framed put waits this long for others to share its frame
         (Kafka's linger.ms; a lone sequential put never waits; 0: never). `shard`: the
-        shard (Raft group) every call is for (docs/scaling.md; `routing.RoutedClient`
+        shard (one Raft group) every call is for (docs/scaling.md; `routing.RoutedClient`
         sends each call to its topic's shards); `group` is its old name."""
         if isinstance(servers, str):
             servers = servers.split(",")
@@ -152,7 +152,7 @@ class ClientBase(MemberOps):
         if isinstance(shard, bool) or not isinstance(shard, int) or shard < 0:
             raise ValueError(f"shard must be a shard id (an integer >= 0), not {shard!r}")
         self.shard = shard
-        self._metadata = self.access.group_metadata(shard)
+        self._metadata = self.access.shard_metadata(shard)
         # asyncio channels: the pipes' (and AsyncClient's calls'), opened in their loop
         self._aio = Channels(lambda address: self.access.aio_channel(address, CHANNEL_OPTIONS))
         self._pipes: dict[str, PutPipe] = {}
@@ -161,7 +161,7 @@ class ClientBase(MemberOps):
     @classmethod
     def from_cluster_file(cls, path: str | Path, **kwargs: Any) -> Self:
         """A client of the cluster a `cluster.json` describes (`cli/cluster_layout.py`;
-        nodes marked removed from the group are left out)."""
+        nodes marked removed from the cluster are left out)."""
         servers, kwargs = cluster_file_args(path, kwargs)
         return cls(servers, **kwargs)
 
@@ -463,16 +463,30 @@ class ClientBase(MemberOps):
     @operation
     def route(self, topic: str = "") -> Op[Routes]:
         """The cluster's routes (docs/scaling.md): with `topic`, that topic's (configured
-        or default); without, every configured one. A single-group cluster answers one
-        group and the default route."""
+        or default); without, every configured one. A single-shard cluster answers one
+        shard and the default route."""
         return Op("route", "Route", pb.RouteRequest(cluster=self.cluster, topic=topic), routes)
 
     @operation
     def topic_update(
-        self, op: str, topic: str, groups: Mapping[int, int] | None = None
+        self,
+        op: str,
+        topic: str,
+        shards: Mapping[int, int] | None = None,
+        *,
+        groups: Mapping[int, int] | None = None,
     ) -> Op[TopicRoute | None]:
-        """Create, update or delete (`op`) `topic`'s route through group 0: `groups` maps
-        each group to the topic's queues there. The route made (None: deleted)."""
+        """Create, update or delete (`op`) `topic`'s route through shard 0: `shards` maps
+        each shard to the topic's queues there (`groups`: its old name). The route made
+        (None: deleted)."""
+        if groups is not None:
+            warnings.warn(
+                "topic_update(groups=...) is now topic_update(shards=...) (the old name "
+                "works for one more release)",
+                FutureWarning,
+                stacklevel=3,  # past operation.__call__, which calls this builder
+            )
+            shards = groups
         ops = {
             "create": pb.TopicUpdateRequest.CREATE,
             "update": pb.TopicUpdateRequest.UPDATE,
@@ -484,7 +498,7 @@ class ClientBase(MemberOps):
             cluster=self.cluster,
             topic=topic,
             op=ops[op],
-            groups=[pb.GroupQueues(group=g, queues=n) for g, n in (groups or {}).items()],
+            groups=[pb.GroupQueues(group=g, queues=n) for g, n in (shards or {}).items()],
         )
 
         def convert(r: pb.TopicUpdateResponse) -> TopicRoute | None:

@@ -90,7 +90,7 @@ def new_member_id() -> str:
 async def run_together(
     consumers: Sequence[AsyncConsumer], *, max_messages: int = 0, idle_exit_s: float = 0.0
 ) -> int:
-    """Run `consumers` (e.g. `AsyncRoutedClient.consumers`, one per Raft group) until
+    """Run `consumers` (e.g. `AsyncRoutedClient.consumers`, one per shard) until
     each has ended: `max_messages` handler calls between them, `idle_exit_s` for each.
     One that fails (bad settings, a conflict) stops the others, and the first error is
     raised once they have left their groups (the others are logged). Cancelled, it

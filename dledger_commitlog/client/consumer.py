@@ -50,12 +50,12 @@ class Consumer:
 
     @property
     def leases(self) -> tuple[QueueLease, ...]:
-        """The queues held (of every Raft group consumed: a lease names no group)."""
+        """The queues held (of every shard consumed: a lease names no shard)."""
         return tuple(lease for c in self._consumers for lease in c.leases)
 
     async def _open(self) -> list[AsyncConsumer]:
-        """The consumers to run together: one, of the servers' Raft group
-        (`RoutedConsumer`: one per data group of the cluster)."""
+        """The consumers to run together: one, of the servers' shard
+        (`RoutedConsumer`: one per data shard of the cluster)."""
         return [AsyncConsumer(*self._args, **self._kwargs)]
 
     async def _close(self) -> None:

@@ -1,4 +1,4 @@
-"""The Raft group's administration calls, written once for both clients.
+"""A shard's administration calls, written once for both clients.
 
 Owns `MemberOps` (a base of `api.ClientBase`): `transfer_leadership` and the
 membership calls, `member_list`, `member_add`, `member_promote`, `member_remove`,
@@ -38,7 +38,7 @@ class MemberOps:
 
     @operation
     def member_list(self) -> Op[list[MemberInfo]]:
-        """The group's members as the leader sees them (voters, learners, match and lag)."""
+        """The shard's members as the leader sees them (voters, learners, match and lag)."""
         return Op(
             "member_list",
             "MemberList",
@@ -72,7 +72,7 @@ class MemberOps:
 
     @operation
     def member_remove(self, node_id: int, timeout_ms: int = 10_000) -> Op[MemberChange]:
-        """Remove node `node_id` from the group (ChangeRefused for the last voter)."""
+        """Remove node `node_id` from the shard (ChangeRefused for the last voter)."""
         request = pb.MemberRemoveRequest(id=node_id, timeout_ms=timeout_ms)
         return self._change("member_remove", "MemberRemove", request, timeout_ms)
 

@@ -1,5 +1,5 @@
 """`Quota`: the `max_messages` that consumers run together share (`async_consumer.run_together`,
-one consumer per Raft group of a multi-Raft cluster; a lone consumer has its own).
+one consumer per shard of a multi-shard cluster; a lone consumer has its own).
 
 Invariant: the deliveries taken (being handled, or handled) never exceed the limit;
 one taken and then not handled after all (an orderly run that stopped, a queue that
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 
 class Quota:
-    """The `max_messages` of consumers run together (`run_together`: one per Raft
-    group): the handler calls they may make between them (0: no limit). Each fetch
+    """The `max_messages` of consumers run together (`run_together`: one per
+    shard): the handler calls they may make between them (0: no limit). Each fetch
     asks for the room left; when fetches running at once bring more, what the quota
     cannot `take` is never handled nor acked, and the server hands it out again: at
     once when the consumer leaves its group, as it does at the end, else after the

@@ -1,28 +1,28 @@
-"""Clients of a multi-shard cluster: each call goes to the group that owns its queue.
+"""Clients of a multi-shard cluster: each call goes to the shard that owns its queue.
 
     from dledger_commitlog.client import RoutedClient
     with RoutedClient.from_cluster_file("/tmp/c1/cluster.json") as client:
         result = client.put("orders", b"hello", sharding_key="customer-7")
-        client.get(result.msg_id)          # the id names its group
+        client.get(result.msg_id)          # the id names its shard
 
 A topic's queues lie in one or more shards (docs/scaling.md); the route (topic
--> groups and queues per group) is kept by the cluster's group 0 and served by
+-> shards and queues per shard) is kept by the cluster's shard 0 and served by
 every node (`Route`). `RoutedClient` (blocking) and `AsyncRoutedClient` fetch a
-topic's route once and cache it, number the topic's queues across its groups (the
+topic's route once and cache it, number the topic's queues across its shards (the
 topic's queue k is the k-th of the route's concatenation, `TopicRoute.locate`), and
-send each call through one per-group client (`Client(shard=g)`: it finds and
-follows that group's leader itself). A put goes to the next queue in turn, or to
+send each call through one per-shard client (`Client(shard=g)`: it finds and
+follows that shard's leader itself). A put goes to the next queue in turn, or to
 the queue of its sharding key (crc32 over all the topic's queues: one key, one
-queue of one group, in order), or to the queue it names; so does a transactional
-half message, whose commit or rollback goes to the group its id names. Consumer
+queue of one shard, in order), or to the queue it names; so does a transactional
+half message, whose commit or rollback goes to the shard its id names. Consumer
 groups live in each shard: `RoutedConsumer` (blocking, as `Consumer`) and
 `AsyncRoutedClient.consumers` run one consumer per data shard, with one member id
 and a `max_messages` shared between them (`async_consumer.run_together`). A refusal that
-says the route changed (a queue the group does not have) refreshes the route and tries
+says the route changed (a queue the shard does not have) refreshes the route and tries
 once more; a cached route is asked for again after `route_ttl_s` (30 s, as
 RocketMQ's clients poll their name server), and `refresh_routes` drops the cache.
-A message id names its group, so `get` needs no route. Everything else is a call of
-one group: `client(g)`.
+A message id names its shard, so `get` needs no route. Everything else is a call of
+one shard: `client(g)`.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from dledger_commitlog.common.routes import shard_of_msg_id
 C = TypeVar("C", Client, AsyncClient)
 
 
-def _group_of(msg_id: str) -> int:
+def _shard_of(msg_id: str) -> int:
     try:
         return shard_of_msg_id(msg_id)
     except ValueError as exc:
@@ -76,7 +76,7 @@ _ROUTE_CHANGED = "outside"  # InvalidArgument "queue id N outside [0, M)": the r
 
 
 class _Routing(Generic[C]):
-    """What both routed clients share: the per-group clients, the route cache, the choice."""
+    """What both routed clients share: the per-shard clients, the route cache, the choice."""
 
     _kind: type[C]
 
@@ -102,7 +102,7 @@ class _Routing(Generic[C]):
             shard_servers = old
         self.route_ttl_s = route_ttl_s
         self._servers = servers
-        self._group_servers = dict(shard_servers or {})
+        self._shard_servers = dict(shard_servers or {})
         self._kwargs = kwargs
         self._clients: dict[int, C] = {}
         self._routes: dict[str, tuple[TopicRoute, float]] = {}  # topic -> (route, expiry)
@@ -114,16 +114,21 @@ class _Routing(Generic[C]):
         servers, kwargs = cluster_file_args(path, kwargs)
         return cls(servers, **kwargs)
 
-    def client(self, group: int) -> C:
-        """The client of shard `group` (made once)."""
-        found = self._clients.get(group)
+    def client(self, shard: int | None = None, *, group: int | None = None) -> C:
+        """The client of shard `shard` (made once); `group` is its old name."""
+        if group is not None:
+            _renamed("group", "shard")
+            shard = group
+        if shard is None:
+            raise TypeError("client() needs the shard")
+        found = self._clients.get(shard)
         if found is None:
-            servers = self._group_servers.get(group, self._servers)
-            found = self._clients[group] = self._kind(servers, shard=group, **self._kwargs)
+            servers = self._shard_servers.get(shard, self._servers)
+            found = self._clients[shard] = self._kind(servers, shard=shard, **self._kwargs)
         return found
 
     def _choose(self, route: TopicRoute, queue: int | None, sharding_key: str) -> tuple[int, int]:
-        """(group, queue id there) of a put (see the module doc)."""
+        """(shard, queue id there) of a put (see the module doc)."""
         total = route.total_queues
         if queue is not None:
             if not 0 <= queue < total:
@@ -173,7 +178,7 @@ class RoutedClient(_Routing[Client]):
         return found if found is not None else self._cached(self.routes(topic), topic)
 
     def routes(self, topic: str = "") -> Routes:
-        """The cluster's routes as a node of group 0 answers them now (not cached)."""
+        """The cluster's routes as a node of shard 0 answers them now (not cached)."""
         return self.client(0).route(topic)
 
     def put(
@@ -185,13 +190,13 @@ class RoutedClient(_Routing[Client]):
         sharding_key: str = "",
         **kwargs: Any,
     ) -> PutResult:
-        """Put to the group of the chosen queue (`Client.put`'s other arguments);
-        `queue`: the topic's queue number across its groups. The result's queue_id
-        is the queue id within the group its msg_id names."""
+        """Put to the shard of the chosen queue (`Client.put`'s other arguments);
+        `queue`: the topic's queue number across its shards. The result's queue_id
+        is the queue id within the shard its msg_id names."""
         for attempt in range(2):
-            group, queue_id = self._choose(self.route(topic), queue, sharding_key)
+            shard, queue_id = self._choose(self.route(topic), queue, sharding_key)
             try:
-                return self.client(group).put(topic, body, queue_id=queue_id, **kwargs)
+                return self.client(shard).put(topic, body, queue_id=queue_id, **kwargs)
             except InvalidArgument as exc:
                 if attempt or _ROUTE_CHANGED not in str(exc):
                     raise
@@ -199,27 +204,36 @@ class RoutedClient(_Routing[Client]):
         raise AssertionError("unreachable")
 
     def get(self, msg_id: str, linearizable: bool = False) -> StoredMessage:
-        """The message a message id names, from the group the id names."""
-        return self.client(_group_of(msg_id)).get(msg_id, linearizable=linearizable)
+        """The message a message id names, from the shard the id names."""
+        return self.client(_shard_of(msg_id)).get(msg_id, linearizable=linearizable)
 
     def put_half(self, topic: str, body: bytes | str, **kwargs: Any) -> HalfResult:
-        """A transactional message (`Client.put_half`) in the group of the next queue
-        (or of `queue` / `sharding_key`); its transaction lives in that group."""
+        """A transactional message (`Client.put_half`) in the shard of the next queue
+        (or of `queue` / `sharding_key`); its transaction lives in that shard."""
         queue, key = kwargs.pop("queue", None), kwargs.pop("sharding_key", "")
-        group, queue_id = self._choose(self.route(topic), queue, key)
-        return self.client(group).put_half(topic, body, queue_id=queue_id, **kwargs)
+        shard, queue_id = self._choose(self.route(topic), queue, key)
+        return self.client(shard).put_half(topic, body, queue_id=queue_id, **kwargs)
 
     def end_transaction(self, half: HalfResult, *, commit: bool) -> TransactionEnd:
-        """Commit or roll back in the group the half message lies in."""
-        group = _group_of(half.result.msg_id)
-        return self.client(group).end_transaction(half, commit=commit)
+        """Commit or roll back in the shard the half message lies in."""
+        shard = _shard_of(half.result.msg_id)
+        return self.client(shard).end_transaction(half, commit=commit)
 
     def topic_update(
-        self, op: str, topic: str, groups: Mapping[int, int] | None = None
+        self,
+        op: str,
+        topic: str,
+        shards: Mapping[int, int] | None = None,
+        *,
+        groups: Mapping[int, int] | None = None,
     ) -> TopicRoute | None:
-        """Create, update or delete a topic's route (through group 0; needs the admin
-        right with an ACL); the cached route of `topic` is dropped."""
-        made = self.client(0).topic_update(op, topic, groups)
+        """Create, update or delete a topic's route (through shard 0; needs the admin
+        right with an ACL): `shards` as `Client.topic_update` takes it (`groups`: its
+        old name); the cached route of `topic` is dropped."""
+        if groups is not None:
+            _renamed("groups", "shards")
+            shards = groups
+        made = self.client(0).topic_update(op, topic, shards)
         self._forget(topic)
         return made
 
@@ -257,9 +271,9 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
         **kwargs: Any,
     ) -> PutResult:
         for attempt in range(2):
-            group, queue_id = self._choose(await self.route(topic), queue, sharding_key)
+            shard, queue_id = self._choose(await self.route(topic), queue, sharding_key)
             try:
-                return await self.client(group).put(topic, body, queue_id=queue_id, **kwargs)
+                return await self.client(shard).put(topic, body, queue_id=queue_id, **kwargs)
             except InvalidArgument as exc:
                 if attempt or _ROUTE_CHANGED not in str(exc):
                     raise
@@ -267,16 +281,16 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
         raise AssertionError("unreachable")
 
     async def get(self, msg_id: str, linearizable: bool = False) -> StoredMessage:
-        return await self.client(_group_of(msg_id)).get(msg_id, linearizable=linearizable)
+        return await self.client(_shard_of(msg_id)).get(msg_id, linearizable=linearizable)
 
     async def put_half(self, topic: str, body: bytes | str, **kwargs: Any) -> HalfResult:
         queue, key = kwargs.pop("queue", None), kwargs.pop("sharding_key", "")
-        group, queue_id = self._choose(await self.route(topic), queue, key)
-        return await self.client(group).put_half(topic, body, queue_id=queue_id, **kwargs)
+        shard, queue_id = self._choose(await self.route(topic), queue, key)
+        return await self.client(shard).put_half(topic, body, queue_id=queue_id, **kwargs)
 
     async def end_transaction(self, half: HalfResult, *, commit: bool) -> TransactionEnd:
-        group = _group_of(half.result.msg_id)
-        return await self.client(group).end_transaction(half, commit=commit)
+        shard = _shard_of(half.result.msg_id)
+        return await self.client(shard).end_transaction(half, commit=commit)
 
     async def consumers(
         self,
@@ -289,7 +303,7 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
     ) -> list[AsyncConsumer]:
         """One `AsyncConsumer` of consumer group `group` per data shard of the cluster
         (a consumer group lives in each shard, as a topic's queues do), or per
-        group of `shards`, all with one member id: run them with
+        shard of `shards`, all with one member id: run them with
         `async_consumer.run_together`."""
         old = kwargs.pop("raft_groups", None)
         if old is not None:
@@ -301,9 +315,17 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
         return [AsyncConsumer(self.client(g), group, topics, handler, **kwargs) for g in shards]
 
     async def topic_update(
-        self, op: str, topic: str, groups: Mapping[int, int] | None = None
+        self,
+        op: str,
+        topic: str,
+        shards: Mapping[int, int] | None = None,
+        *,
+        groups: Mapping[int, int] | None = None,
     ) -> TopicRoute | None:
-        made = await self.client(0).topic_update(op, topic, groups)
+        if groups is not None:
+            _renamed("groups", "shards")
+            shards = groups
+        made = await self.client(0).topic_update(op, topic, shards)
         self._forget(topic)
         return made
 
@@ -321,10 +343,10 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
 
 class RoutedConsumer(Consumer):
     """A blocking consumer of every data shard of the cluster (one `AsyncConsumer` per
-    group, run together), or of the groups `shards` names: `Consumer`'s
+    shard, run together), or of the shards `shards` names: `Consumer`'s
     arguments, plus `AsyncRoutedClient`'s `shard_servers` and `route_ttl_s`. It asks
     a node for the routes first (without `shards`): a single-shard cluster
-    answers one group, and a process that does not host group 0 refuses, naming
+    answers one shard, and a process that does not host shard 0 refuses, naming
     why (give `shard_servers`, or `shards`)."""
 
     _routed: AsyncRoutedClient | None = None

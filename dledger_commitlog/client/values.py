@@ -171,7 +171,7 @@ class PeerStatus:
 
 @dataclass(frozen=True, slots=True)
 class MemberInfo:
-    """One member of the group: `role` "voter" or "learner"; `match_index` and `lag`
+    """One member of the shard: `role` "voter" or "learner"; `match_index` and `lag`
     (the leader's last index - match_index) as the leader knows them, -1 elsewhere."""
 
     id: int
@@ -292,7 +292,7 @@ class GroupLeader:
 @dataclass(frozen=True, slots=True)
 class Routes:
     """A multi-shard cluster's routes (docs/scaling.md): the data shards, the queues per
-    topic a group holds by default, the configured routes by topic (a topic asked for
+    topic a shard holds by default, the configured routes by topic (a topic asked for
     by name is here even with the default route), the leaders the answering process
     knows, and the table's version."""
 

@@ -5,7 +5,7 @@ commit log builds it, the clients convert the proto into it) and the limit on a
 message's size that both enforce: a put is one gRPC message (64 MiB limit on
 client and server) and one Raft entry. Also the initial metadata by which a
 server says it accepted a PutFrames stream (`PUT_FRAMES_ACCEPTED`), and the
-metadata that names a call's Raft group (`GROUP_HEADER`), and what a consumer-group
+metadata that names a call's shard (`SHARD_HEADER`), and what a consumer-group
 delivery reads from the message it delivers (`origin_topic`, `reconsume_times`:
 the coordinator writes those properties on a retry's copy, and a fetch's compact
 answer, a DeliveryRun, leaves them to the message).
@@ -24,15 +24,16 @@ MAX_MESSAGE_BYTES_LIMIT = 32 << 20
 # lost write (INTERNAL "Internal error from Core") instead of the server's status.
 PUT_FRAMES_ACCEPTED = "dledger-put-frames-accepted"
 
-# Multi-Raft (docs/scaling.md): the Raft group a call is for, in its metadata. A
-# call without it is for group 1, the only group of a single-group cluster.
-GROUP_HEADER = "dledger-group"
+# Multi-Raft (docs/scaling.md): the shard a call is for, in its metadata (the wire
+# keeps the key's name). A call without it is for shard 1, the only shard of a
+# single-shard cluster.
+SHARD_HEADER = "dledger-group"
 
 
-def group_metadata(group: int) -> tuple[tuple[str, str], ...]:
-    """The metadata that names `group` (none for group 1, the group of a call that
+def shard_metadata(shard: int) -> tuple[tuple[str, str], ...]:
+    """The metadata that names `shard` (none for shard 1, the shard of a call that
     names none)."""
-    return () if group == 1 else ((GROUP_HEADER, str(group)),)
+    return () if shard == 1 else ((SHARD_HEADER, str(shard)),)
 
 
 @dataclass(frozen=True, slots=True)

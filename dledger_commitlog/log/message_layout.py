@@ -112,13 +112,13 @@ def msg_id_of(encoded: bytes, commitlog_offset: int) -> str:
     return (host + _I64.pack(commitlog_offset)).hex().upper()
 
 
-# Multi-Raft (docs/scaling.md): the store host's port field carries the message's Raft
-# group above the port's 16 bits, so that ids of two groups led by one process never
-# collide (a single-shard cluster's ids, group 1's, are RocketMQ's layout unchanged);
+# Multi-Raft (docs/scaling.md): the store host's port field carries the message's
+# shard above the port's 16 bits, so that ids of two shards led by one process never
+# collide (a single-shard cluster's ids, shard 1's, are RocketMQ's layout unchanged);
 # `common.routes.shard_of_msg_id` reads it back.
-def shard_port(port: int, group: int) -> int:
-    """The store host port field of group `group`'s messages stored at `port`."""
-    code = 0 if group == 1 else SHARD_ZERO_CODE if group == 0 else group
+def shard_port(port: int, shard: int) -> int:
+    """The store host port field of shard `shard`'s messages stored at `port`."""
+    code = 0 if shard == 1 else SHARD_ZERO_CODE if shard == 0 else shard
     return port | code << 16
 
 

@@ -1,26 +1,26 @@
-"""Topic routes of a multi-shard cluster, kept in the metadata group 0's log.
+"""Topic routes of a multi-shard cluster, kept in the log of shard 0 (the metadata).
 
 A cluster of several data shards (docs/scaling.md) spreads each topic's queues
-over groups, as RocketMQ spreads a topic over broker groups behind its name
-server. The route of a topic names, per group, how many queues of it that group
+over shards, as RocketMQ spreads a topic over broker groups behind its name
+server. The route of a topic names, per shard, how many queues of it that shard
 holds (queues 0..n-1 there). A topic nobody configured has the default route:
 every data shard, `queues_per_topic` queues each. `TopicUpdate` writes a route
-change as one message of ROUTES_TOPIC in group 0 holding the whole table after
+change as one message of ROUTES_TOPIC in shard 0 holding the whole table after
 it (so the last record is the table, whatever retention removed before it); every
-node that hosts group 0 answers `Route` from its own committed copy, and a new
-leader of group 0 knows every change its predecessor committed.
+node that hosts shard 0 answers `Route` from its own committed copy, and a new
+leader of shard 0 knows every change its predecessor committed.
 
 Owns `RouteTable` (pure: the table a record holds, the validation of a change,
-the default route) and `RouteStore` (group 0's side: reads the committed records
+the default route) and `RouteStore` (shard 0's side: reads the committed records
 through `SystemLog`, writes a change through Raft on the leader).
 
-Invariants: the table is a pure function of group 0's last committed record
+Invariants: the table is a pure function of shard 0's last committed record
 (every replica that dispatched it holds the same table); changes are made one at a
 time on the leader; a change is validated against the table
 the leader holds after `settle` (every earlier committed change applied) and
-refused whole; a group named by a route is one of the cluster's data shards and
+refused whole; a shard named by a route is one of the cluster's data shards and
 never holds more than `queues_per_topic` queues of a topic (the queue bound every
-group's server enforces).
+shard's server enforces).
 """
 
 from __future__ import annotations
@@ -47,20 +47,20 @@ class RouteError(ValueError):
 
 
 class RouteTable:
-    """The route of every topic, as group 0's last record holds it."""
+    """The route of every topic, as shard 0's last record holds it."""
 
     def __init__(self, shard_count: int, queues_per_topic: int) -> None:
         self.shard_count = shard_count
         self.queues_per_topic = queues_per_topic
         self.configured: dict[str, TopicRoute] = {}
-        self.version = 0  # the group-0 queue offset after the last record applied
+        self.version = 0  # the shard-0 queue offset after the last record applied
 
     def route(self, topic: str) -> TopicRoute:
         """`topic`'s configured route, or the default one."""
         found = self.configured.get(topic)
         return found or default_route(topic, self.shard_count, self.queues_per_topic)
 
-    def check(self, op: str, topic: str, groups: Sequence[tuple[int, int]]) -> TopicRoute | None:
+    def check(self, op: str, topic: str, shards: Sequence[tuple[int, int]]) -> TopicRoute | None:
         """The route `op` makes of `topic` (None: deleted); RouteError if it cannot."""
         if op not in OPS:
             raise RouteError(f"unknown route operation {op!r} (one of {', '.join(OPS)})")
@@ -69,7 +69,7 @@ class RouteTable:
         except InvalidMessage as exc:
             raise RouteError(str(exc)) from None
         if reserved_topic(topic):
-            raise RouteError(f"{topic!r}: system topics live in every group; they have no route")
+            raise RouteError(f"{topic!r}: system topics live in every shard; they have no route")
         exists = topic in self.configured
         if op == "create" and exists:
             raise RouteError(f"topic {topic!r} already has a route (update it instead)")
@@ -77,29 +77,29 @@ class RouteTable:
             raise RouteError(f"topic {topic!r} has no configured route to {op}")
         if op == "delete":
             return None
-        if not groups:
-            raise RouteError("a route names at least one group")
+        if not shards:
+            raise RouteError("a route names at least one shard")
         seen: set[int] = set()
-        for group, count in groups:
-            if not 1 <= group <= self.shard_count:
-                raise RouteError(f"shard {group} is not a data shard (1..{self.shard_count})")
-            if group in seen:
-                raise RouteError(f"shard {group} is named twice")
-            seen.add(group)
+        for shard, count in shards:
+            if not 1 <= shard <= self.shard_count:
+                raise RouteError(f"shard {shard} is not a data shard (1..{self.shard_count})")
+            if shard in seen:
+                raise RouteError(f"shard {shard} is named twice")
+            seen.add(shard)
             if not 1 <= count <= self.queues_per_topic:
                 raise RouteError(
-                    f"shard {group}: {count} queues, not in 1..{self.queues_per_topic}"
+                    f"shard {shard}: {count} queues, not in 1..{self.queues_per_topic}"
                     " (store.queues_per_topic)"
                 )
-        return TopicRoute(topic, tuple((int(g), int(n)) for g, n in groups), configured=True)
+        return TopicRoute(topic, tuple((int(g), int(n)) for g, n in shards), configured=True)
 
     def changed(self, route: TopicRoute | None, topic: str) -> dict[str, list[list[int]]]:
         """The whole table after a checked change (what a record holds)."""
-        routes = {t: [list(g) for g in r.groups] for t, r in self.configured.items()}
+        routes = {t: [list(g) for g in r.shards] for t, r in self.configured.items()}
         if route is None:
             routes.pop(topic, None)
         else:
-            routes[topic] = [list(g) for g in route.groups]
+            routes[topic] = [list(g) for g in route.shards]
         return routes
 
     def load(self, record: Mapping[str, object], version: int) -> None:
@@ -110,9 +110,9 @@ class RouteTable:
         if not isinstance(raw, dict):
             return
         table: dict[str, TopicRoute] = {}
-        for topic, groups in raw.items():
+        for topic, shards in raw.items():
             try:
-                pairs = tuple((int(g), int(n)) for g, n in groups)
+                pairs = tuple((int(g), int(n)) for g, n in shards)
                 table[str(topic)] = TopicRoute(str(topic), pairs, configured=True)
             except (TypeError, ValueError):
                 continue
@@ -124,7 +124,7 @@ def encode_table(routes: Mapping[str, list[list[int]]], op: str, topic: str) -> 
 
 
 class RouteStore:
-    """Group 0's routes on one node: the table of its last committed record, and changes."""
+    """Shard 0's routes on one node: the table of its last committed record, and changes."""
 
     def __init__(self, system_log: SystemLog, shard_count: int, queues_per_topic: int) -> None:
         self._log = system_log
@@ -146,14 +146,14 @@ class RouteStore:
         return self.table
 
     async def change(
-        self, op: str, topic: str, groups: Sequence[tuple[int, int]], timeout_s: float
+        self, op: str, topic: str, shards: Sequence[tuple[int, int]], timeout_s: float
     ) -> tuple[TopicRoute | None, int]:
-        """Validate and commit one change on group 0's leader (NotLeader elsewhere);
+        """Validate and commit one change on shard 0's leader (NotLeader elsewhere);
         the route it made (None: deleted) and the table's version with it."""
         async with self._changing:
             await self._log.settle(min(timeout_s, _SETTLE_S))
             table = self.current()
-            route = table.check(op, topic, groups)
+            route = table.check(op, topic, shards)
             body = encode_table(table.changed(route, topic), op, topic)
             spec = self._log.prepare(
                 ROUTES_TOPIC, body, {}, uniq_key=uuid.uuid4().hex.upper(), queue_id=0

@@ -112,7 +112,7 @@ class NodeConfig:
     election_ticks: int = 10
     heartbeat_ticks: int = 2
     preferred_leader: int | None = None
-    # Joining a running group (docs/operations.md): `peers` are its members and this
+    # Joining a running cluster (docs/operations.md): `peers` are its members and this
     # node, which learns its membership from the leader's log once it is added.
     join: bool = False
     # Catch-up throttle per follower (a new node, a wiped one): MB/s of committed entries
@@ -171,11 +171,11 @@ class NodeConfig:
         if self.node_id not in ids:
             raise ConfigError(f"node_id {self.node_id} is not among the peers {ids}")
         if self.join and len(ids) < 2:
-            raise ConfigError("raft.join: peers must name the group's members besides this node")
+            raise ConfigError("raft.join: peers must name the cluster's members besides this node")
         if len(ids) not in (1, 3, 5) and not self.join:
             raise ConfigError(
-                f"peers: a group of 1, 3 or 5 voters, not {len(ids)} (grow a "
-                "running group with `dledger member add`)"
+                f"peers: a cluster of 1, 3 or 5 voters, not {len(ids)} (grow a "
+                "running cluster with `dledger member add`)"
             )
         if self.flush_mode not in ("sync", "async"):
             raise ConfigError(f"flush_mode must be 'sync' or 'async', not {self.flush_mode!r}")
@@ -193,7 +193,7 @@ class NodeConfig:
             for what in (p.raft, p.client):
                 parse_address(what)
         self._check_routes(ids)
-        self._check_groups()
+        self._check_shards()
         self._check_security()
         try:
             levels = parse_levels(self.delay_levels)
@@ -213,7 +213,7 @@ class NodeConfig:
                 raise ConfigError(f"routes: node {r.id} is a peer (its peer entry is its route)")
             parse_address(r.raft)
 
-    def _check_groups(self) -> None:
+    def _check_shards(self) -> None:
         hosted = self.host_shards
         if (
             not isinstance(hosted, tuple)
@@ -303,30 +303,30 @@ class NodeConfig:
         return self.listen_raft or self.me.raft
 
 
-def shard_dir(data_dir: str, group: int) -> str:
-    """Group `group`'s data directory under a node's `data_dir`: group 1 is the
-    directory itself (a single-group node's directory opens as group 1 as it is),
-    any other group `data_dir/groups/<group>`."""
-    return data_dir if group == 1 else str(Path(data_dir) / "groups" / str(group))
+def shard_dir(data_dir: str, shard: int) -> str:
+    """Shard `shard`'s data directory under a node's `data_dir`: shard 1 is the
+    directory itself (a single-shard node's directory opens as shard 1 as it is),
+    any other shard `data_dir/groups/<shard>` (the directories keep their name)."""
+    return data_dir if shard == 1 else str(Path(data_dir) / "groups" / str(shard))
 
 
-def preferred_leader_of(cfg: NodeConfig, group: int) -> int | None:
-    """Group `group`'s preferred leader: the configured one for a single-group cluster,
+def preferred_leader_of(cfg: NodeConfig, shard: int) -> int | None:
+    """Shard `shard`'s preferred leader: the configured one for a single-shard cluster,
     else the bootstrap peers taken in turn (`common.routes.preferred_leader`), so that
-    the leaders of a cluster's groups spread evenly over its nodes (docs/scaling.md)."""
+    the leaders of a cluster's shards spread evenly over its nodes (docs/scaling.md)."""
     if cfg.shard_count == 1 or cfg.join:
         return cfg.preferred_leader
-    return preferred_leader(group, [p.id for p in cfg.peers])
+    return preferred_leader(shard, [p.id for p in cfg.peers])
 
 
-def shard_config(cfg: NodeConfig, group: int) -> NodeConfig:
-    """The config of hosted group `group`: its own data directory and preferred leader,
+def shard_config(cfg: NodeConfig, shard: int) -> NodeConfig:
+    """The config of hosted shard `shard`: its own data directory and preferred leader,
     the process's ports and settings otherwise."""
     return dataclasses.replace(
         cfg,
-        shard=group,
-        data_dir=shard_dir(cfg.data_dir, group),
-        preferred_leader=preferred_leader_of(cfg, group),
+        shard=shard,
+        data_dir=shard_dir(cfg.data_dir, shard),
+        preferred_leader=preferred_leader_of(cfg, shard),
     )
 
 
@@ -443,7 +443,7 @@ _BOUNDS: dict[str, tuple[float, float | None]] = {
     "catch_up_mb_s": (0, None),
     "file_reserved_hours": (0, None),
     "delete_when_hour": (0, 23),
-    "shard_count": (1, 1000),  # message ids carry the group in 15 bits (message_layout)
+    "shard_count": (1, 1000),  # message ids carry the shard in 15 bits (message_layout)
 }
 
 

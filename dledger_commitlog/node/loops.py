@@ -2,7 +2,7 @@
 
 Owns `NodeLoops`, the periodic and event-driven work beside the Ready driver:
 - ticks: wall-clock time reaches the Raft core only here, every `tick_ms` (on
-  multiples of it, so that the groups of a process tick together);
+  multiples of it, so that the shards of a process tick together);
 - dispatch: committed messages go to consume queues and the key index in
   batches as the commit position advances (never past it: see Dispatcher);
 - checkpoints: every second, off the loop, the applied index (entry checkpoint
@@ -107,7 +107,7 @@ class NodeLoops:
 
     async def _tick_loop(self) -> None:
         interval = self._tick_s
-        # On multiples of the interval of the loop's clock: the groups of a multi-Raft
+        # On multiples of the interval of the loop's clock: the shards of a multi-Raft
         # process tick in the same loop iteration, so their heartbeats to a peer leave
         # together in one batch of the shared stream (raftio/multiplex.py).
         now = asyncio.get_running_loop().time()

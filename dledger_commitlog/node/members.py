@@ -1,14 +1,16 @@
-"""A node's view of its group: who the members are, where they listen, and changes.
+"""A node's view of its shard: who the members are, where they listen, and changes.
 
 Owns `NodeMembers`: the live membership as the Raft core has it in effect (the
 last configuration entry in the log, raft/membership.py), the address book (a
 configuration entry's addresses; the bootstrap's from the node's `peers`; a
 member's address in this node's own settings, `peers` or `routes`, wins), one
 peer link per other member (opened when a member comes, closed when it goes),
-the member ids the peer checks accept (`RaftNode.deliver` and the PeerGate), and
-the membership operations (`add`, `promote`, `remove`) that the node's facade
-exposes. Also the read gate of a joining node: it serves no read until it has
-applied the commit index it learnt from the leader when it joined.
+the member ids the peer checks accept (`accepted`: `RaftNode.deliver` and the
+PeerGate), the members as the leader sees them (`members`) and the membership
+operations (`add_member`, `promote_member`, `remove_member`). Also the read gate
+of a joining node (`read_refusal`): it serves no read until it has applied the
+commit index it learnt from the leader when it joined. The node hands this part
+out as `RaftNode.membership`; the service, the process and the tests use it there.
 
 Invariants:
 - `ids` and the links follow the configuration in effect after every Ready
@@ -42,6 +44,8 @@ log = logging.getLogger(__name__)
 
 
 class NodeMembers:
+    """A node's membership: the part of the node it hands out (see the module doc)."""
+
     def __init__(
         self,
         cfg: NodeConfig,
@@ -53,7 +57,7 @@ class NodeMembers:
         links: LinkPool | None = None,
     ) -> None:
         self._cfg = cfg
-        self._pool = links  # multi-Raft: this group's links are views of the process's
+        self._pool = links  # multi-Raft: this shard's links are views of the process's
         self._core = core
         self._kick = kick
         self._wait_for_commit = wait_for_commit
@@ -68,7 +72,9 @@ class NodeMembers:
         self._started = False
         self._was_member = False
         self._synced: tuple[object, ...] = ()
-        self.accepted: frozenset[int] = frozenset()  # whose messages this node takes
+        # Whose Raft messages this node takes: the members in effect, a member being
+        # removed until that commits, a removed leader until another leads.
+        self.accepted: frozenset[int] = frozenset()
         # A joining node: the leader's commit index when it first heard from it.
         self._join_commit: int | None = None if cfg.join else 0
         self.sync()
@@ -176,9 +182,10 @@ class NodeMembers:
             )
         return None
 
-    # -- the facade's view and operations -----------------------------------------
+    # -- the view and the operations callers are handed --------------------------------
 
-    def status(self) -> list[MemberStatus]:
+    def members(self) -> list[MemberStatus]:
+        """Every member: id, role, addresses, and (on the leader) match index and lag."""
         core = self._core
         progress = core.progress
         last = core.last_index
@@ -228,9 +235,10 @@ class NodeMembers:
             )
         return index
 
-    async def add(self, member: Member, timeout_s: float) -> int:
+    async def add_member(self, member: Member, timeout_s: float) -> int:
         """Add `member` as a learner; unless it is to stay one, promote it once it has
-        caught up (within the same `timeout_s`)."""
+        caught up (within the same `timeout_s`). The committed configuration entry's
+        index (NotLeader, MembershipError, TimeoutError)."""
         deadline = time.monotonic() + timeout_s
         change = ConfChange(
             ChangeOp.ADD_LEARNER, member.id, dataclasses.replace(member, learner=True)
@@ -238,9 +246,9 @@ class NodeMembers:
         index = await self.change(change, timeout_s)
         if member.learner:
             return index
-        return await self.promote(member.id, max(0.0, deadline - time.monotonic()))
+        return await self.promote_member(member.id, max(0.0, deadline - time.monotonic()))
 
-    async def promote(self, node_id: int, timeout_s: float) -> int:
+    async def promote_member(self, node_id: int, timeout_s: float) -> int:
         """Promote learner `node_id`, waiting (up to `timeout_s`) for it to catch up."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -256,5 +264,6 @@ class NodeMembers:
                 raise MembershipError(f"leadership moved while node {node_id} caught up; retry")
             await asyncio.sleep(self._cfg.tick_ms / 1000)
 
-    async def remove(self, node_id: int, timeout_s: float) -> int:
+    async def remove_member(self, node_id: int, timeout_s: float) -> int:
+        """Remove a member (the leader itself: it hands over after the commit)."""
         return await self.change(ConfChange(ChangeOp.REMOVE, node_id), timeout_s)

@@ -14,8 +14,8 @@ side services (`messaging/`) use only these:
   the committed log, its consume queues, the groups' offsets), `committed_pos`,
   `dispatched_pos`, `wait_dispatched`, `wait_for_dispatch`, `wait_for_commit`;
 - operations: `status`, `clean_now`, `start`, `close`, `stop_on`;
-- membership (node/members.py): `members`, `member_address`, `add_member`,
-  `promote_member`, `remove_member`, `read_refusal`;
+- membership: `membership` (the part handed out, `members.NodeMembers`: `members`,
+  `add_member`, `promote_member`, `remove_member`, `accepted`, `read_refusal`);
 - the Raft peer port: `deliver` (a peer's message, validated first).
 
 Inside: `recovery.open_log` opens and recovers the data directory; the Ready
@@ -67,10 +67,9 @@ from dledger_commitlog.node.recovery import (
     report_divergence,
 )
 from dledger_commitlog.node.security import NodeSecurity
-from dledger_commitlog.node.views import MemberStatus, NodeState
+from dledger_commitlog.node.views import NodeState
 from raft import HardState, LogDiverged, Message, NotLeader, Role
 from raft.driver import ReadyDriver
-from raft.membership import Member
 from raft.messages import AppendEntries, Snapshot
 from raft.types import EntryKind, ReadState, SnapshotMeta
 from raft.validate import InvalidPeerMessage, check_peer_message
@@ -402,7 +401,8 @@ class RaftNode:
     def leader_client_address(self) -> str | None:
         """The client address of the leader this node knows (None: none known)."""
         leader = self.core.leader_id
-        return None if leader is None else self.member_address(leader)
+        m = None if leader is None else self._members.member(leader)
+        return None if m is None else m.client
 
     async def read_index(self, timeout_s: float) -> int:
         """A read position confirmed by a quorum, once applied here (NotLeader, TimeoutError)."""
@@ -421,39 +421,13 @@ class RaftNode:
             await asyncio.sleep(self.cfg.tick_ms / 1000)
         raise TimeoutError(f"leadership did not move to {target} within {timeout_s}s")
 
-    # -- the facade: membership (node/members.py) -------------------------------------
-
-    def member_ids(self) -> frozenset[int]:
-        """Whose Raft messages this node takes: the members in effect, a member being
-        removed until that commits, a removed leader until another leads."""
-        return self._members.accepted
-
-    def members(self) -> list[MemberStatus]:
-        """Every member: id, role, addresses, and (on the leader) match index and lag."""
-        return self._members.status()
-
-    def member_address(self, node_id: int) -> str | None:
-        """The client address of a member (None: not a member)."""
-        m = self._members.member(node_id)
-        return m.client if m is not None else None
-
-    async def add_member(self, member: Member, timeout_s: float) -> int:
-        """Add a node (a learner; unless `member.learner`, promoted once caught up); the
-        committed configuration entry's index (NotLeader, MembershipError, TimeoutError)."""
-        return await self._members.add(member, timeout_s)
-
-    async def promote_member(self, node_id: int, timeout_s: float) -> int:
-        """Make learner `node_id` a voter once it has caught up (as `add_member`)."""
-        return await self._members.promote(node_id, timeout_s)
-
-    async def remove_member(self, node_id: int, timeout_s: float) -> int:
-        """Remove a member (the leader itself: it hands over after the commit)."""
-        return await self._members.remove(node_id, timeout_s)
+    # -- the facade: membership --------------------------------------------------------
 
     @property
-    def read_refusal(self) -> str | None:
-        """Why this node serves no read now (joining and catching up, or removed)."""
-        return self._members.read_refusal
+    def membership(self) -> NodeMembers:
+        """The part membership callers are handed: the members, changes of them, whose
+        messages this node takes, and why it serves no read now (joining, removed)."""
+        return self._members
 
     # -- the facade: writes ------------------------------------------------------------
 

@@ -134,7 +134,7 @@ def open_log(cfg: NodeConfig, data: Path, on_proposed: Callable[[int], None]) ->
         applied=commit,
         catch_up_to=catch_up_to,
     )
-    host, port = parse_address(cfg.client_address)  # with the group: message ids name it
+    host, port = parse_address(cfg.client_address)  # with the shard: message ids name it
     commitlog = DLedgerCommitLog(
         store,
         store_host=(_ipv4(host), shard_port(port, cfg.shard)),

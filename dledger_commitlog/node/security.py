@@ -115,7 +115,7 @@ def read_common_name(cert_file: str | os.PathLike[str]) -> str:
 def check_exposure(cfg: NodeConfig) -> None:
     """Unless `insecure`, refuse: a port reachable from other machines without TLS and
     client authentication (anyone reaching it could write, read and administer the
-    cluster), and peers of a group that cannot prove who they are (neither TLS nor a
+    cluster), and peers that cannot prove who they are (neither TLS nor a
     cluster secret: any process that reaches a Raft port could pose as a member)."""
     if cfg.insecure:
         return

@@ -1,12 +1,12 @@
-"""The process: its Raft groups and its gRPC servers, from start to a clean shutdown.
+"""The process: its shards and its gRPC servers, from start to a clean shutdown.
 
-`run` is `dledger serve`'s entry point; `serve` opens the groups the config says
-the process hosts (`shards.Shards`: per group a `RaftNode`, its leader-side
-services and its client service; one group, group 1, unless the cluster is
-multi-Raft), binds the Raft peer port (one for every group), the client port (the
-groups' client services, gRPC health; a request there that does not parse is
+`run` is `dledger serve`'s entry point; `serve` opens the shards the config says
+the process hosts (`shards.Shards`: per shard a `RaftNode`, its leader-side
+services and its client service; one shard, shard 1, unless the cluster is
+multi-Raft), binds the Raft peer port (one for every shard), the client port (the
+shards' client services, gRPC health; a request there that does not parse is
 INVALID_ARGUMENT, see `decoding`) and the metrics port, starts them, and on
-SIGTERM/SIGINT (or a fatal failure: of the node, or of every group) stops them in
+SIGTERM/SIGINT (or a fatal failure: of the node, or of every shard) stops them in
 the reverse order.
 
 A port that cannot be bound is a `ListenError` naming the address and the cause,
@@ -43,7 +43,7 @@ _T = TypeVar("_T")
 
 async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseException | None:
     """Run a node process until `stop` is set (or SIGTERM/SIGINT); return what stopped
-    it if fatal. It hosts the Raft groups `cfg.host_shards` (one, group 1, unless the
+    it if fatal. It hosts the shards `cfg.host_shards` (one, shard 1, unless the
     cluster is multi-Raft: docs/scaling.md)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -52,7 +52,7 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
             loop.add_signal_handler(sig, stop.set)
     security = NodeSecurity.load(cfg)  # before anything opens: a bad file is one line
     shards = Shards(cfg, stop, security)
-    await shards.open()  # a group that cannot open: the ones opened before it close again
+    await shards.open()  # a shard that cannot open: the ones opened before it close again
     stop_metrics: Callable[[], None] | None = None
     raft_server: PeerServer | None = None
     client_server: ClientPort | None = None

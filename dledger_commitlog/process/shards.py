@@ -149,7 +149,7 @@ class Shards:
         def members() -> frozenset[int]:
             out: frozenset[int] = frozenset()
             for h in self.hosted.values():
-                out |= frozenset(h.node.member_ids())
+                out |= h.node.membership.accepted
             return out
 
         def deliver_of(shard: int) -> Callable[[Message], None] | None:

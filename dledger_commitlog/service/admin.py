@@ -28,7 +28,7 @@ class AdminRpcs(ServiceBase):
         await self._caller(context, "Status")
         reply = status_pb(self.node.status(), self.cfg)
         reply.loop_lag_max_ms = self.loop_lag.max_ms(reset=request.reset_loop_lag)
-        reply.members.extend(members_pb(self.node.members()))
+        reply.members.extend(members_pb(self.node.membership.members()))
         return reply
 
     # -- transactional messages (docs/delayed-and-transactional.md) ------------------
@@ -40,7 +40,7 @@ class AdminRpcs(ServiceBase):
             context, "TransferLeadership", lambda a: require_admin(a, "TransferLeadership")
         )
         target = request.target_node_id
-        role = {m.id: m.role for m in self.node.members()}.get(target)
+        role = {m.id: m.role for m in self.node.membership.members()}.get(target)
         if role is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"node {target} is not a peer")
         if role != "voter":

@@ -34,7 +34,7 @@ from typing import Any, NoReturn, ParamSpec, Protocol, TypeAlias, TypeVar
 import grpc
 
 from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
-from dledger_commitlog.common.protocol import PutResult, group_metadata
+from dledger_commitlog.common.protocol import PutResult, shard_metadata
 from dledger_commitlog.common.signing import metadata_value
 from dledger_commitlog.log import reads
 from dledger_commitlog.log.message_layout import make_msg_id
@@ -59,7 +59,8 @@ log = logging.getLogger(__name__)
 _FORWARDED = "dledger-forwarded"
 # What a follower sends its leader.
 _FORWARDABLE = frozenset({"PutBatch", "CommitOffset", "PutHalf", "EndTransaction"})
-# What a node that serves no read now (RaftNode.read_refusal) refuses as UNAVAILABLE.
+# What a node that serves no read now (`RaftNode.membership.read_refusal`) refuses as
+# UNAVAILABLE.
 _READS = frozenset(
     {
         "Get",
@@ -160,9 +161,9 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
         A call a follower forwarded carries the follower's token instead of the
         client's signature: made for this RPC and this access key, so a token seen on
         the wire vouches for nothing else. A read is UNAVAILABLE on a node that serves
-        none now (joining and catching up, or removed: `RaftNode.read_refusal`)."""
+        none now (joining and catching up, or removed: `RaftNode.membership.read_refusal`)."""
         if method in _READS:
-            refusal = self.node.read_refusal
+            refusal = self.node.membership.read_refusal
             if refusal is not None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
         acl = self.security.acl
@@ -185,7 +186,7 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
                 )
             except PeerAuthError as exc:
                 raise AuthError(exc.message) from None
-            if src == self.cfg.node_id or src not in self.node.member_ids():
+            if src == self.cfg.node_id or src not in self.node.membership.accepted:
                 raise AuthError(f"forwarded by node {src}, not a peer")
             return acl.account(on_behalf)
         except AuthError as exc:
@@ -214,7 +215,7 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
     ) -> tuple[tuple[str, str], ...]:
         """A forwarded call of RPC `method`: marked (never forwarded again), vouched for
         with the cluster secret, on behalf of the access key this node authenticated."""
-        meta = [(_FORWARDED, str(self.cfg.node_id)), *group_metadata(self.cfg.shard)]
+        meta = [(_FORWARDED, str(self.cfg.node_id)), *shard_metadata(self.cfg.shard)]
         leader = self.node.leader_id
         on_behalf = account.access_key if account is not None else ""
         if self.security.peers is not None and leader is not None:
@@ -315,16 +316,16 @@ class ServiceBase(pb_grpc.DLedgerClientServicer):  # type: ignore[misc]
             await context.abort(grpc.StatusCode.UNAVAILABLE, "dispatch did not catch up in time")
 
     def _routed_queues(self, topic: str) -> int | None:
-        """How many queues of `topic` this group holds by a configured route (None: no
-        route says: a single-group cluster, a process without group 0, or the default
-        route, which is queues_per_topic in every data group)."""
+        """How many queues of `topic` this shard holds by a configured route (None: no
+        route says: a single-shard cluster, a process without shard 0, or the default
+        route, which is queues_per_topic in every data shard)."""
         host = self.shard_map
         if host.routes is None or self.cfg.shard == 0:
             return None
         route = host.routes.current().configured.get(topic)
         if route is None:
             return None
-        return int(dict(route.groups).get(self.cfg.shard, 0))
+        return int(dict(route.shards).get(self.cfg.shard, 0))
 
     def _check_queues(self, topic: str, queue_id: int) -> None:
         """A queue of `topic`, or (-1) every queue of it: InvalidMessage if not."""

@@ -1,7 +1,8 @@
 """Membership RPCs: `dledger member list|add|promote|remove` (docs/operations.md).
 
-Owns `MemberRpcs` and the mapping between the node's membership facade
-(`RaftNode.members`, `add_member`, `promote_member`, `remove_member`) and gRPC:
+Owns `MemberRpcs` and the mapping between the node's membership part
+(`RaftNode.membership`: `members`, `add_member`, `promote_member`, `remove_member`)
+and gRPC:
 
 - the leader answers; a follower redirects (FAILED_PRECONDITION with the leader's
   address in the trailing metadata, as TransferLeadership does), a node that knows
@@ -48,7 +49,7 @@ class MemberRpcs(ServiceBase):
         if not self.node.is_leader():
             await self._redirect(context)
         return pb.MemberListResponse(
-            members=members_pb(self.node.members()), leader_id=self.node.node_id
+            members=members_pb(self.node.membership.members()), leader_id=self.node.node_id
         )
 
     async def MemberAdd(
@@ -60,17 +61,20 @@ class MemberRpcs(ServiceBase):
             timeout_s = change_timeout_s(request.timeout_ms)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        return await self._change(context, lambda: self.node.add_member(member, timeout_s))
+        membership = self.node.membership
+        return await self._change(context, lambda: membership.add_member(member, timeout_s))
 
     async def MemberPromote(
         self, request: pb.MemberPromoteRequest, context: Context
     ) -> pb.MemberChangeResponse:
-        return await self._change_of(context, "MemberPromote", request, self.node.promote_member)
+        promote = self.node.membership.promote_member
+        return await self._change_of(context, "MemberPromote", request, promote)
 
     async def MemberRemove(
         self, request: pb.MemberRemoveRequest, context: Context
     ) -> pb.MemberChangeResponse:
-        return await self._change_of(context, "MemberRemove", request, self.node.remove_member)
+        remove = self.node.membership.remove_member
+        return await self._change_of(context, "MemberRemove", request, remove)
 
     async def _change_of(
         self,
@@ -103,7 +107,7 @@ class MemberRpcs(ServiceBase):
         except TimeoutError as exc:
             why = f"{exc or 'not committed in time'}; it may still commit (`dledger member list`)"
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, why)
-        members = self.node.members() if self.node.is_leader() else []
+        members = self.node.membership.members() if self.node.is_leader() else []
         return pb.MemberChangeResponse(config_index=index, members=members_pb(members))
 
 

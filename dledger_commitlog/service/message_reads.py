@@ -49,10 +49,10 @@ class ReadRpcs(ServiceBase):
         try:
             if which == "msg_id":
                 offset = offset_of_msg_id(request.msg_id)
-                group = shard_of_msg_id(request.msg_id)
-                if group != self.cfg.shard:  # multi-shard: the id names another group
+                shard = shard_of_msg_id(request.msg_id)
+                if shard != self.cfg.shard:  # multi-shard: the id names another shard
                     raise KeyError(
-                        f"message id {request.msg_id} names shard {group}, "
+                        f"message id {request.msg_id} names shard {shard}, "
                         f"not shard {self.cfg.shard}"
                     )
             elif which == "commitlog_offset":

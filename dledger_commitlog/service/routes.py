@@ -1,10 +1,10 @@
 """Routes of a multi-shard cluster: `Route` and `TopicUpdate` (docs/scaling.md).
 
-Owns `RouteRpcs`, over `host.Host` (what one node process knows beyond the group a
-call names: the groups it hosts and, with group 0, the route table). `Route` is
-answered by any group's service of the process (it is the process's answer);
-`TopicUpdate` is a call of group 0 (the dispatcher sends it to group 0's service,
-a follower redirects to group 0's leader) and needs the admin right when the ACL
+Owns `RouteRpcs`, over `shard_map.ShardMap` (what one node process knows beyond the
+shard a call names: the shards it hosts and, with shard 0, the route table). `Route`
+is answered by any shard's service of the process (it is the process's answer);
+`TopicUpdate` is a call of shard 0 (the dispatcher sends it to shard 0's service,
+a follower redirects to shard 0's leader) and needs the admin right when the ACL
 is on. A single-shard cluster answers `Route` with its one default route per topic
 and refuses `TopicUpdate`: every topic lives in shard 1 there.
 """
@@ -31,7 +31,7 @@ def route_pb(route: TopicRoute) -> pb.TopicRoute:
     return pb.TopicRoute(
         topic=route.topic,
         configured=route.configured,
-        groups=[pb.GroupQueues(group=g, queues=n) for g, n in route.groups],
+        groups=[pb.GroupQueues(group=g, queues=n) for g, n in route.shards],
     )
 
 
@@ -75,7 +75,7 @@ class RouteRpcs(ServiceBase):
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "a cluster of one shard: every topic lives in shard 1 "
-                "(start the cluster with --groups N to spread topics)",
+                "(start the cluster with --shards N to spread topics)",
             )
         if self.cfg.shard != 0 or host.routes is None:
             await context.abort(
@@ -88,10 +88,10 @@ class RouteRpcs(ServiceBase):
         if op is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown op {request.op}")
         assert op is not None
-        groups = [(q.group, q.queues) for q in request.groups]
+        shards = [(q.group, q.queues) for q in request.groups]  # the wire's field names
         try:
             route, version = await host.routes.change(
-                op, request.topic, groups, self._timeout(context)
+                op, request.topic, shards, self._timeout(context)
             )
         except RouteError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

@@ -3,7 +3,7 @@
 A node process (docs/scaling.md) runs one client service per hosted shard
 (`client_service.ClientService` over that shard's node). `shard_services` joins
 them into one servicer table for the port: each RPC's handler reads the shard the
-call names (metadata `dledger-group`, `common.protocol.GROUP_HEADER`; absent: shard
+call names (metadata `dledger-group`, `common.protocol.SHARD_HEADER`; absent: shard
 1) and runs that shard's handler (`Route` and `TopicUpdate` go to the process and
 to shard 0 whatever they name, so a client of any shard can make them). A call for
 a shard the process does not host is NOT_FOUND naming the shards it does host; a
@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from dledger_commitlog.common.protocol import GROUP_HEADER
+from dledger_commitlog.common.protocol import SHARD_HEADER
 from dledger_commitlog.service.decoding import Services, handler_table
 
 Add = Callable[[Any, Any], None]
@@ -54,7 +54,7 @@ def shard_services(
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
         server.add_registered_method_handlers(service, handlers)
 
-    add_joined.__name__ = f"{add.__name__}_by_group"
+    add_joined.__name__ = f"{add.__name__}_by_shard"
     return ((add_joined, None),)
 
 
@@ -64,11 +64,11 @@ async def _shard(
     """The behavior of the shard the call names, or abort."""
     shard = 1
     for key, value in context.invocation_metadata() or ():
-        if key == GROUP_HEADER:
+        if key == SHARD_HEADER:
             text = value.decode() if isinstance(value, bytes) else value
             if not text.isdigit():
                 await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"{GROUP_HEADER} {text!r} is no shard id"
+                    grpc.StatusCode.INVALID_ARGUMENT, f"{SHARD_HEADER} {text!r} is no shard id"
                 )
             shard = int(text)
             break
@@ -89,7 +89,7 @@ async def _shard(
         await context.abort(
             grpc.StatusCode.NOT_FOUND,
             f"this node process hosts shards {hosted}, not shard 1 (name "
-            f"the shard in the {GROUP_HEADER} metadata)",
+            f"the shard in the {SHARD_HEADER} metadata)",
         )
     return found
 

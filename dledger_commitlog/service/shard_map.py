@@ -40,7 +40,7 @@ class ShardMap:
                 group=g,
                 leader_id=node.leader_id or 0,
                 leader=node.leader_client_address() or "",
-                members=sorted(m.id for m in node.members()),
+                members=sorted(m.id for m in node.membership.members()),
             )
             for g, node in sorted(self.nodes.items())
         ]

@@ -46,7 +46,7 @@ class WriteRpcs(ServiceBase):
                 f"topic {m.topic!r}: the prefixes {SYSTEM_TOPIC_PREFIX}, "
                 f"{RETRY_PREFIX} and {DLQ_PREFIX} are reserved"
             )
-        routed = self._routed_queues(m.topic)  # multi-Raft: this group's part of the route
+        routed = self._routed_queues(m.topic)  # multi-Raft: this shard's part of the route
         if m.sharding_key:
             if m.has_queue_id:
                 raise InvalidMessage("give a queue id or a sharding key, not both")
