@@ -27,7 +27,9 @@ publish-ack latency (send to the put's result) and end-to-end latency (send to
 the handler's call) p50/p99/max, CPU microseconds per message of the leader,
 each follower, the producer and the consumer process (and of this one, which
 reads their reports), messages per PutFrames frame (the producer's) and per
-proposal (the leader's `dledger_proposal_batch_messages`). Targets: at 1,000/s
+proposal (the leader's `dledger_proposal_batch_messages`), the leader's fsyncs per
+message and their mean duration (`dledger_fsync_seconds`: an inline fsync holds the
+leader's loop that long). Targets: at 1,000/s
 ack p50 <= 5 ms, ack p99 <= 25 ms, e2e p99 <= 30 ms; up to 80% of the closed-loop
 maximum the p50 within 3x the unloaded p50; server CPU per message falling as
 the rate rises; e2e p50 <= 1.5x and e2e p99 <= 3x the same case's ack figure.
@@ -106,21 +108,30 @@ def cpu(pids: dict[str, list[int]]) -> dict[str, float]:
     return out
 
 
-def proposals(cl: LocalCluster, node_id: int) -> tuple[float, float]:
-    """The node's `dledger_proposal_batch_messages` histogram so far: (sum, count)."""
-    want = {"dledger_proposal_batch_messages_sum": 0, "dledger_proposal_batch_messages_count": 1}
-    got = [NAN, NAN]
+_COUNTED = (
+    "dledger_proposal_batch_messages_sum",
+    "dledger_proposal_batch_messages_count",
+    "dledger_fsync_seconds_sum",
+    "dledger_fsync_seconds_count",
+)
+
+
+def proposals(cl: LocalCluster, node_id: int) -> tuple[float, ...]:
+    """The node's `dledger_proposal_batch_messages` and `dledger_fsync_seconds`
+    histograms so far: (messages, proposals, fsync seconds, fsyncs)."""
+    want = {name: i for i, name in enumerate(_COUNTED)}
+    got = [NAN] * len(_COUNTED)
     try:
         with urllib.request.urlopen(f"http://{cl.specs[node_id].metrics}/metrics", timeout=2) as r:
             text = r.read().decode()
     except OSError:
-        return NAN, NAN
+        return tuple(got)
     for line in text.splitlines():
         sample, _, value = line.rpartition(" ")
         name = sample.partition("{")[0]  # labelled with the shard
         if name in want:
             got[want[name]] = float(value)
-    return got[0], got[1]
+    return tuple(got)
 
 
 def first_seen(seen: Iterable[Seen]) -> dict[int, Seen]:
@@ -148,7 +159,7 @@ class Case:
     seen: list[Seen]
     window: tuple[float, float]
     cpu_s: dict[str, float]
-    proposals: tuple[float, float]  # messages, proposals
+    proposals: tuple[float, ...]  # messages, proposals, fsync seconds, fsyncs
     consumers: int
 
     @property
@@ -219,7 +230,7 @@ def run_load(
         [s for w in workers for s in w.seen],
         (w0, w1),
         {k: c1[k] - c0[k] for k in c0},
-        (m1[0] - m0[0], m1[1] - m0[1]),
+        tuple(b - a for a, b in zip(m0, m1, strict=True)),
         consumers,
     )
 
@@ -246,6 +257,10 @@ def load_metrics(p: str, case: Case) -> dict[str, float]:
         f"{p}_msgs_per_frame": sum(r.framed_msgs for r in case.results) / max(1, frames),
         f"{p}_msgs_per_proposal": case.proposals[0] / case.proposals[1]
         if case.proposals[1]
+        else NAN,
+        f"{p}_leader_fsyncs_per_msg": case.proposals[3] / max(1, len(sent)),
+        f"{p}_leader_fsync_mean_us": case.proposals[2] / case.proposals[3] * 1e6
+        if case.proposals[3]
         else NAN,
     } | cpu_metrics(p, case.cpu_s, len(sent))
     if case.consumers:
@@ -372,7 +387,9 @@ def paced(
                 "",
                 "",
                 f"{m[f'{p}_msgs_per_frame']:.1f} msgs/frame, "
-                f"{m[f'{p}_msgs_per_proposal']:.1f} msgs/proposal; behind schedule: max "
+                f"{m[f'{p}_msgs_per_proposal']:.1f} msgs/proposal; leader fsyncs "
+                f"{m[f'{p}_leader_fsyncs_per_msg']:.2f}/msg, "
+                f"{m[f'{p}_leader_fsync_mean_us']:.0f} us each; behind schedule: max "
                 f"{m[f'{p}_behind_max_ms']:.1f} ms, p99 {m[f'{p}_behind_p99_ms']:.1f} ms, "
                 f"{m[f'{p}_late_msgs']:,.0f} msgs > 1 ms late; {check_note(m, p)}",
             ),
