@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest pytest-parallel pytest-serial bench clean check-java proto compile
+.PHONY: run test lint typecheck pytest pytest-parallel pytest-serial bench clean check-java proto compile tools
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required (found " + sys.version.split()[0] + ")"'
@@ -27,6 +27,17 @@ PACKAGES := analytics bench chaos dispatch dledger_commitlog h2grpc netkit proto
 compile: $(STAMP)
 	$(BIN)/python -m compileall -q -j 0 $(PACKAGES)
 
+# What tests use beyond Python: Prometheus and promtool (tests/test_prometheus.py):
+# the system's, else Debian's package unpacked under .venv/tools (no root needed, no
+# service started). Where neither works, those tests skip and say why.
+TOOLS := $(VENV)/tools
+tools: $(STAMP)
+	@command -v promtool >/dev/null 2>&1 || test -x $(TOOLS)/usr/bin/promtool || { \
+	  mkdir -p $(TOOLS)/deb && cd $(TOOLS)/deb && apt-get download prometheus >/dev/null 2>&1 \
+	  && dpkg-deb -x prometheus_*.deb .. && rm -f prometheus_*.deb \
+	  && echo "prometheus: Debian's package unpacked under $(TOOLS)"; } \
+	  || echo "prometheus: not found and 'apt-get download prometheus' failed: its tests will skip"
+
 run: $(STAMP) check-java compile
 	$(BIN)/python -m analytics.demo
 
@@ -44,7 +55,7 @@ typecheck: $(STAMP)
 PYTEST_WORKERS ?= 3
 pytest: pytest-parallel pytest-serial
 
-pytest-parallel: $(STAMP) compile
+pytest-parallel: $(STAMP) compile tools
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not serial"
 
 pytest-serial: $(STAMP) compile

@@ -61,6 +61,12 @@ class TlsIdentity:
     cert: bytes
     key: bytes
 
+    def expires_at(self) -> float:
+        """When this node's certificate expires (Unix time)."""
+        from cryptography import x509  # only a node with TLS loads it
+
+        return x509.load_pem_x509_certificate(self.cert).not_valid_after_utc.timestamp()
+
     def server_credentials(self, *, require_client_cert: bool) -> Any:
         return grpc.ssl_server_credentials(
             [(self.key, self.cert)],

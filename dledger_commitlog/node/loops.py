@@ -175,6 +175,8 @@ class NodeLoops:
         while True:
             await asyncio.sleep(CHECKPOINT_INTERVAL_S)
             self._metrics.update_replication(self._core)
+            retention = self._retention
+            self._metrics.update_disk(retention.usage_ratio, retention.policy.refuse_ratio)
             snap = self._dispatcher.snapshot()
             await loop.run_in_executor(self._executor, self.checkpoint_now, snap)
 

@@ -1,7 +1,9 @@
 """Prometheus metrics of one node, on its own registry (several nodes may share a process).
 
 Put count and latency, proposal batch sizes, commit index, replication lag per
-follower, fsync latency, role and term. Served over HTTP by `serve_metrics`.
+follower, fsync latency, role and term, disk usage against the ratio where writes
+are refused, the node certificate's expiry, consumer groups. Served over HTTP by
+`serve_metrics`; the alert rules and the dashboard built on them ship in deploy/.
 """
 
 from __future__ import annotations
@@ -79,6 +81,22 @@ class NodeMetrics:
             registry=r,
         )
 
+        self.disk_usage = Gauge(
+            "dledger_disk_usage_ratio",
+            "Used share of the data directory's filesystem (checked every retention pass)",
+            registry=r,
+        )
+        self.disk_refuse_ratio = Gauge(
+            "dledger_disk_refuse_ratio",
+            "Disk usage at which this node refuses writes (retention.refuse_ratio)",
+            registry=r,
+        )
+        self.cert_expiry = Gauge(
+            "dledger_tls_certificate_expiry_timestamp_seconds",
+            "When this node's TLS certificate expires (Unix time; absent without TLS)",
+            registry=r,
+        )
+
         self.group_lag = Gauge(
             "dledger_group_lag_messages",
             "Messages past a consumer group's acked offsets (leader)",
@@ -104,6 +122,10 @@ class NodeMetrics:
             registry=r,
         )
 
+    def update_disk(self, usage_ratio: float, refuse_ratio: float) -> None:
+        self.disk_usage.set(usage_ratio)
+        self.disk_refuse_ratio.set(refuse_ratio)
+
     def set_groups(self, summaries: Mapping[str, Mapping[str, object]]) -> None:
         """The consumer groups' gauges from `GroupService.summaries`."""
         for group, s in summaries.items():
@@ -125,6 +147,11 @@ class NodeMetrics:
         self.last_index.set(core.last_index)
 
     def update_replication(self, core: RaftCore) -> None:
+        """Each follower's lag as the leader sees it; none on any other node (a leader
+        that stepped down stops reporting its last figures)."""
+        if core.role is not Role.LEADER:
+            self.replication_lag.clear()
+            return
         for peer, pr in core.progress.items():
             if peer != core.id:
                 self.replication_lag.labels(str(peer)).set(max(0, core.last_index - pr.match))

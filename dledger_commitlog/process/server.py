@@ -59,6 +59,10 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
     health_servicer: health.aio.HealthServicer | None = None
     try:
         _TERM.node = shards.first.node
+        if security.tls is not None:
+            expires = security.tls.expires_at()
+            for hosted in shards.hosted.values():
+                hosted.metrics.cert_expiry.set(expires)
         if cfg.listen_metrics:
             at = cfg.listen_metrics
             stop_metrics = _listen("metrics", at, lambda: serve_metrics(shards.registry(), at))
