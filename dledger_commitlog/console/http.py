@@ -326,6 +326,13 @@ class _Connection:
         if not isinstance(event, h11.Request):
             raise h11.RemoteProtocolError("expected a request", error_status_hint=400)
         headers = tuple((bytes(k).lower(), bytes(v)) for k, v in event.headers)
+        head = len(event.target) + sum(len(k) + len(v) + 4 for k, v in headers)
+        if head > self.limits.head_bytes:  # h11 bounds only a head that arrives in parts
+            raise ApiError(
+                431,
+                "header_too_large",
+                f"the request's head is over {self.limits.head_bytes} bytes",
+            )
         length = next((v for k, v in headers if k == b"content-length"), None)
         if length is not None and int(length) > self.limits.body_bytes:
             raise _too_large(self.limits.body_bytes)
