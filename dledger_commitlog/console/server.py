@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import logging
 import signal
 import ssl
 import sys
@@ -102,7 +103,11 @@ async def serve(settings: ConsoleSettings, announce: Callable[[str], None] = pri
 
 
 def run(settings: ConsoleSettings) -> None:
-    """`dledger console`: serve until SIGINT or SIGTERM."""
+    """`dledger console`: serve until SIGINT or SIGTERM, on uvloop where it is installed
+    (as a node runs), logging to stderr."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s console %(levelname)s %(name)s: %(message)s"
+    )
 
     async def main() -> None:
         task = asyncio.create_task(serve(settings, _announce))
@@ -112,7 +117,16 @@ def run(settings: ConsoleSettings) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(main())
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def _announce(line: str) -> None:
