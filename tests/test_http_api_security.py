@@ -134,6 +134,9 @@ def test_without_a_leader_a_put_is_503_with_retry_after(
         follower = next(n for n in cluster.specs if n != leader)
         for node in (follower, leader):
             cluster.stop(node)
+        shard = api.get("/cluster").json["shards"][0]  # reads: any replica, a view too
+        assert shard["leader"] is None and shard["replicas"][str(leader)] is None
+        assert sum(cell is not None for cell in shard["replicas"].values()) == 1
         reply = api.put("orders", b"nobody leads")
         assert reply.status == 503, reply.body
         assert reply.error["code"] in ("unavailable", "outcome_unknown")

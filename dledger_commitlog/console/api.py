@@ -229,14 +229,16 @@ class MessageApi:
         shards = []
         for g, statuses in zip(every, answers, strict=True):
             by_node = {getattr(s, "node_id", -(i + 1)): s for i, s in enumerate(statuses)}
-            nodes = sorted(n for n in by_node if n > 0)
+            members = leader_members(statuses)
+            # every member, a stopped one too (null: it did not answer)
+            nodes = sorted({n for n in by_node if n > 0} | {m.id for m in members})
             shards.append(
                 {
                     "shard": g,
                     "leader": leader_of(by_node),
                     "nodes": [status_json(s) for s in statuses],
                     "replicas": shard_cells(by_node, nodes),
-                    "members": [member_json(m) for m in leader_members(statuses)],
+                    "members": [member_json(m) for m in members],
                 }
             )
         doc = {"tls": self.tls, "acl": self.callers.access.acl, "shards": shards}
