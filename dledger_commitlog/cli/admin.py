@@ -28,33 +28,14 @@ from dledger_commitlog.cli.commands import (
     emit,
     key_value,
     make_client,
-    member_json,
     members_table,
     table,
 )
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client import ClientError, MemberInfo, NodeStatus, StatusError
+from dledger_commitlog.client import ClientError, NodeStatus, StatusError
+from dledger_commitlog.console.views import leader_members, member_json, status_json
 from dledger_commitlog.log.verify import progress_bar, verify_store
 from dledger_commitlog.node.config import NodeConfig
-
-
-def status_json(s: NodeStatus | StatusError) -> dict[str, Any]:
-    if isinstance(s, StatusError):
-        return {"address": s.address, "error": s.error.message, "code": s.error.code}
-    doc = {"node_id": s.node_id, "role": s.role, "term": s.term, "leader": s.leader_id}
-    doc.update({f.name: getattr(s, f.name) for f in dataclasses.fields(s)})
-    doc["peers"] = [dataclasses.asdict(p) for p in s.peers]
-    doc["members"] = [member_json(m) for m in s.members]
-    return doc
-
-
-def leader_members(statuses: Sequence[NodeStatus | StatusError]) -> tuple[MemberInfo, ...]:
-    """The members as the leader with the highest term reports them (each one's lag),
-    else as any node does (lag unknown), else none."""
-    answers = [s for s in statuses if isinstance(s, NodeStatus) and s.members]
-    leaders = [s for s in answers if s.role == "leader"]
-    best = max(leaders, key=lambda s: s.term) if leaders else answers[0] if answers else None
-    return best.members if best is not None else ()
 
 
 def with_members(text: str, statuses: Sequence[NodeStatus | StatusError]) -> str:

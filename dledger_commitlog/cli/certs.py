@@ -178,6 +178,28 @@ def make_dev_pki(
     return pki
 
 
+def make_server_cert(
+    directory: str | os.PathLike[str], name: str, hosts: Iterable[str], *, days: int = DEFAULT_DAYS
+) -> tuple[Path, Path]:
+    """Issue `D/{name}.pem` + `D/{name}.key` from the CA already in `directory`: a server
+    certificate (serverAuth only, so it never passes for a node or a client) for the
+    default names and `hosts`. (certificate, key). ValueError if the CA is missing."""
+    pki = Pki(Path(directory), clients=(_check_client_name(name),), new_ca=False)
+    dns_names, ips = _parse_hosts(_not_a_string(hosts, "hosts"))
+    now = datetime.datetime.now(datetime.UTC)
+    ca_cert, ca_key = _load_ca(pki, now)
+    not_after = min(now + datetime.timedelta(days=days), ca_cert.not_valid_after_utc)
+    san = x509.SubjectAlternativeName(
+        [x509.DNSName(d) for d in dns_names] + [x509.IPAddress(ip) for ip in ips]
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH]
+    cert = _leaf_certificate(name, key, ca_cert, ca_key, now, not_after, usages, san)
+    write_atomically(pki.client_key(name), _key_pem(key), mode=0o600)
+    write_atomically(pki.client_cert(name), _cert_pem(cert))
+    return pki.client_cert(name), pki.client_key(name)
+
+
 # ---------------------------------------------------------------- certificates
 
 

@@ -15,8 +15,6 @@ the CLI that imports it, and the server package never imports analytics or chaos
 from __future__ import annotations
 
 import argparse
-import base64
-import dataclasses
 import importlib.metadata
 import json
 import os
@@ -232,10 +230,6 @@ def cluster_dir(args: argparse.Namespace) -> Path:
     raise UsageError("which cluster? pass --dir D")
 
 
-def member_json(m: MemberInfo) -> dict[str, Any]:
-    return dataclasses.asdict(m)
-
-
 def members_table(members: Sequence[MemberInfo]) -> str:
     """Voters and learners, each one's match index and lag (-: not known here)."""
     rows = [(m.id, m.role, m.raft, m.client, _known(m.match_index), _known(m.lag)) for m in members]
@@ -244,17 +238,6 @@ def members_table(members: Sequence[MemberInfo]) -> str:
 
 def _known(value: int) -> int | None:
     return None if value < 0 else value
-
-
-def message_json(m: StoredMessage) -> dict[str, Any]:
-    doc = {f.name: getattr(m, f.name) for f in dataclasses.fields(m)}
-    doc["keys"], doc["properties"] = list(m.keys), dict(m.properties)
-    try:
-        doc["body"] = m.body.decode("utf-8")
-    except UnicodeDecodeError:
-        doc["body"] = base64.b64encode(m.body).decode("ascii")
-        doc["body_encoding"] = "base64"
-    return doc
 
 
 def messages_table(msgs: Sequence[StoredMessage]) -> str:

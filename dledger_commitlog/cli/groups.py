@@ -20,7 +20,6 @@ Consuming itself is `dledger consume` (`cli.messages`), a member of the group.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from typing import Any
 
 from dledger_commitlog.cli.commands import (
@@ -28,7 +27,6 @@ from dledger_commitlog.cli.commands import (
     command,
     emit,
     make_client,
-    message_json,
     non_negative,
     positive,
     preview,
@@ -39,27 +37,14 @@ from dledger_commitlog.client.errors import GroupRefused
 from dledger_commitlog.client.groups import (
     DeadLetters,
     GroupDescription,
-    GroupSummary,
     QueueLease,
 )
+from dledger_commitlog.console.views import describe_json, group_mode, message_json, summary_json
 from dledger_commitlog.messaging.groups import (
     PROPERTY_DLQ_REASON,
     PROPERTY_RECONSUME_TIMES,
     PROPERTY_RETRY_TOPIC,
 )
-
-
-def _mode(s: GroupSummary) -> str:
-    """The group's mode ("": not known, nothing on this leader has its settings)."""
-    if not s.strategy:
-        return ""
-    return "orderly" if s.orderly else "concurrent"
-
-
-def summary_json(s: GroupSummary) -> dict[str, Any]:
-    doc = dataclasses.asdict(s)
-    doc["mode"] = _mode(s)
-    return doc
 
 
 def _leases_text(leases: tuple[QueueLease, ...]) -> str:
@@ -71,7 +56,8 @@ def _group_list(args: argparse.Namespace) -> int:
     with make_client(args) as client:
         groups = client.group_list()
     rows = [
-        (s.group, s.members, s.lag, s.retries, s.dead_letters, s.strategy, _mode(s)) for s in groups
+        (s.group, s.members, s.lag, s.retries, s.dead_letters, s.strategy, group_mode(s))
+        for s in groups
     ]
     text = table(("group", "members", "lag", "retries", "dead_letters", "strategy", "mode"), rows)
     emit(args, {"groups": [summary_json(s) for s in groups]}, text if groups else "no groups")
@@ -92,15 +78,6 @@ def _group_describe(args: argparse.Namespace) -> int:
     return 0
 
 
-def describe_json(d: GroupDescription) -> dict[str, Any]:
-    return {
-        "summary": summary_json(d.summary),
-        "subscriptions": [dataclasses.asdict(s) for s in d.subscriptions],
-        "members": [dataclasses.asdict(m) for m in d.members],
-        "queues": [dataclasses.asdict(q) for q in d.queues],
-    }
-
-
 def describe_text(d: GroupDescription) -> str:
     s = d.summary
     subs = ", ".join(f"{x.topic} ({x.kind} {x.expression})" for x in d.subscriptions)
@@ -111,7 +88,7 @@ def describe_text(d: GroupDescription) -> str:
         "retries": s.retries,
         "dead letters": s.dead_letters,
         "strategy": s.strategy,
-        "mode": _mode(s),
+        "mode": group_mode(s),
         "generation": s.generation,
         "subscriptions": subs,
     }

@@ -35,13 +35,13 @@ from dledger_commitlog.cli.commands import (
     command,
     emit,
     make_client,
-    member_json,
     members_table,
     positive,
 )
 from dledger_commitlog.cli.launcher import ClusterError, LocalCluster, NodeSpec
 from dledger_commitlog.client import ChangeRefused, Client, ClientError, MemberChange
 from dledger_commitlog.common.routes import shard_ids
+from dledger_commitlog.console.views import member_json
 
 _POLL_S = 0.2
 

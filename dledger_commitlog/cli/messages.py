@@ -35,7 +35,6 @@ from dledger_commitlog.cli.commands import (
     emit,
     key_value,
     make_client,
-    message_json,
     messages_table,
     non_negative,
     positive,
@@ -47,6 +46,7 @@ from dledger_commitlog.client.consumer import ConsumedMessage
 from dledger_commitlog.client.groups import Subscription
 from dledger_commitlog.client.routing import RoutedConsumer
 from dledger_commitlog.common.routes import shard_of_msg_id
+from dledger_commitlog.console.views import message_json
 from dledger_commitlog.node.config import parse_levels
 
 

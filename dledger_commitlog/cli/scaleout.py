@@ -32,6 +32,7 @@ from dledger_commitlog.cli.commands import (
 )
 from dledger_commitlog.client import ClientError, NodeStatus, TopicRoute
 from dledger_commitlog.common.routes import preferred_leader, shard_ids
+from dledger_commitlog.console.views import leader_of, shard_cells
 
 
 def _queues(text: str) -> dict[int, int]:
@@ -149,13 +150,14 @@ def _statuses(args: argparse.Namespace) -> tuple[list[int], dict[int, dict[int, 
 
 
 def _leaders(statuses: dict[int, dict[int, Any]]) -> dict[int, int | None]:
-    out: dict[int, int | None] = {}
-    for g, nodes in statuses.items():
-        out[g] = next(
-            (n for n, st in nodes.items() if isinstance(st, NodeStatus) and st.role == "leader"),
-            None,
-        )
-    return out
+    return {g: leader_of(nodes) for g, nodes in statuses.items()}
+
+
+def _cell_text(cell: dict[str, Any] | None) -> str:
+    if cell is None:
+        return "down"
+    lag = cell["lag"]
+    return f"{cell['role']} t{cell['term']}" + (f" lag {lag}" if lag else "")
 
 
 @command("shard status", "shards x nodes: roles, terms and lag")
@@ -164,24 +166,8 @@ def _shard_status(args: argparse.Namespace) -> int:
     rows: list[tuple[Any, ...]] = []
     doc: dict[str, dict[str, Any]] = {}
     for g in shards:
-        by = statuses[g]
-        top = max((st.last_index for st in by.values() if isinstance(st, NodeStatus)), default=0)
-        cells, doc[str(g)] = [], {}
-        for n in nodes:
-            st = by.get(n)
-            if not isinstance(st, NodeStatus):
-                cells.append("down")
-                doc[str(g)][str(n)] = None
-                continue
-            lag = top - st.last_index
-            cells.append(f"{st.role} t{st.term}" + (f" lag {lag}" if lag else ""))
-            doc[str(g)][str(n)] = {
-                "role": st.role,
-                "term": st.term,
-                "lag": lag,
-                "last_index": st.last_index,
-            }
-        rows.append((g, *cells))
+        doc[str(g)] = cells = shard_cells(statuses[g], nodes)
+        rows.append((g, *(_cell_text(cells[str(n)]) for n in nodes)))
     led = Counter(n for n in _leaders(statuses).values() if n is not None)
     text = table(("shard", *(f"node {n}" for n in nodes)), rows)
     text += "\nleads: " + ", ".join(f"node {n}: {led.get(n, 0)}" for n in nodes)

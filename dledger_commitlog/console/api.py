@@ -1,0 +1,331 @@
+"""The JSON API's message and view endpoints (docs/http-api.md), over the routed client.
+
+Owns the handlers of `/api/v1`: put a message, get one by id (JSON or its raw
+bytes), query a topic by key or by queue and offset, and the views of the cluster,
+its topics and its consumer groups (the group members over HTTP: `members.py`).
+Each handler reads its inputs strictly (`params`), runs as its caller
+(`callers`), makes the same client calls as the CLI, and writes the CLI's JSON
+views (`views`); a failed call is the HTTP status of `refusals`.
+
+Invariants: a put's inputs are all checked before the cluster is asked, so a
+refused put stores nothing; every put carries an idempotency key (the caller's
+`Idempotency-Key`, else one drawn here), returned with the result, so a retry with
+it is answered with the first result instead of a second copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from dledger_commitlog.client import AsyncRoutedClient, ClientError, StoredMessage
+from dledger_commitlog.client.values import QueueOffset
+from dledger_commitlog.common.routes import shard_ids, shard_of_msg_id
+from dledger_commitlog.console.callers import Callers
+from dledger_commitlog.console.http import ApiError, Request, Response, Router, json_response
+from dledger_commitlog.console.params import (
+    Params,
+    bad,
+    group_name,
+    msg_id_of,
+    require_api_content,
+    topic_name,
+)
+from dledger_commitlog.console.refusals import refusal
+from dledger_commitlog.console.views import (
+    describe_json,
+    leader_members,
+    leader_of,
+    member_json,
+    message_json,
+    shard_cells,
+    status_json,
+    summary_json,
+)
+
+T = TypeVar("T")
+PREFIX = "/api/v1"
+_PUT_PARAMS = (
+    "key",
+    "tag",
+    "property",
+    "delay_level",
+    "deliver_at_ms",
+    "sharding_key",
+    "queue",
+    "uniq_key",
+)
+_MAX_UNIQ_KEY = 128
+_MAX_QUERY = 1024
+_STATUS_TIMEOUT_S = 2.0
+
+
+async def call(work: Awaitable[T]) -> T:
+    """`work`'s result; its ClientError as the HTTP refusal."""
+    try:
+        return await work
+    except ClientError as exc:
+        raise refusal(exc) from None
+
+
+class MessageApi:
+    """The message and view endpoints (see the module doc)."""
+
+    def __init__(self, callers: Callers, *, tls: bool) -> None:
+        self.callers = callers
+        self.tls = tls
+
+    def register(self, router: Router) -> None:
+        routes: Sequence[tuple[str, str, Callable[[Request], Awaitable[Response]]]] = (
+            ("POST", "/topics/{topic}/messages", self.put),
+            ("GET", "/topics/{topic}/messages", self.find),
+            ("GET", "/messages/{msg_id}", self.get),
+            ("GET", "/messages/{msg_id}/raw", self.get_raw),
+            ("GET", "/cluster", self.cluster),
+            ("GET", "/topics", self.topics),
+            ("GET", "/topics/{topic}", self.topic),
+            ("GET", "/groups", self.groups),
+            ("GET", "/groups/{group}", self.group),
+        )
+        for method, path, handler in routes:
+            router.add(method, PREFIX + path, handler)
+
+    # -- messages ----------------------------------------------------------------------
+
+    async def put(self, request: Request) -> Response:
+        require_api_content(request)
+        topic = topic_name(request.params["topic"])
+        p = Params(request, _PUT_PARAMS)
+        keys = p.strings("key")
+        for key in keys:
+            if not key or " " in key:
+                raise bad("key", f"key {key!r} must be non-empty and contain no space")
+        uniq_key = _uniq_key(request, p)
+        queue = p.optional_integer("queue")
+        sharding_key = p.string("sharding_key")
+        if queue is not None and sharding_key:
+            raise bad("queue", "give a queue or a sharding_key, not both")
+        caller = await self.callers.caller(request)
+        result = await call(
+            caller.client.put(
+                topic,
+                request.body,
+                keys=keys,
+                tags=p.string("tag") or None,
+                properties=p.properties(),
+                uniq_key=uniq_key,
+                delay_level=p.integer("delay_level", 0, 0, 1000),
+                deliver_at_ms=p.integer("deliver_at_ms", 0),
+                queue=queue,
+                sharding_key=sharding_key,
+            )
+        )
+        doc = {
+            "msg_id": result.msg_id,
+            "queue_id": result.queue_id,
+            "queue_offset": result.queue_offset,
+            "commitlog_offset": result.commitlog_offset,
+            "store_timestamp_ms": result.store_timestamp_ms,
+            "duplicate": result.duplicate,
+            "shard": shard_of_msg_id(result.msg_id),
+            "topic": topic,
+            "uniq_key": uniq_key,
+        }
+        return json_response(200, doc)
+
+    async def _message(self, request: Request) -> StoredMessage:
+        msg_id = msg_id_of(request.params["msg_id"])
+        caller = await self.callers.caller(request)
+        return await call(caller.client.get(msg_id))
+
+    async def get(self, request: Request) -> Response:
+        if Params(request, ("raw",)).flag("raw"):
+            return await self.get_raw(request)
+        m = await self._message(request)
+        return json_response(200, {**message_json(m), "shard": shard_of_msg_id(m.msg_id)})
+
+    async def get_raw(self, request: Request) -> Response:
+        Params(request, ("raw",))
+        m = await self._message(request)
+        disposition = ("Content-Disposition", f'attachment; filename="{m.msg_id}.bin"')
+        return Response(200, m.body, "application/octet-stream", (disposition,))
+
+    async def find(self, request: Request) -> Response:
+        """By key (`key`, `begin_ms`, `end_ms`, `max`) or by queue and offset (`queue`,
+        `offset`, `count`, `tag_expr`)."""
+        topic = topic_name(request.params["topic"])
+        p = Params(
+            request, ("key", "begin_ms", "end_ms", "max", "queue", "offset", "count", "tag_expr")
+        )
+        names = request.query_names()
+        caller = await self.callers.caller(request)
+        if "key" in names:
+            if names & {"queue", "offset", "count", "tag_expr"}:
+                raise bad("queue", "query by key or by queue and offset, not both")
+            key = p.string("key")
+            if not key:
+                raise bad("key", "key must not be empty")
+            begin, end = p.integer("begin_ms", 0), p.integer("end_ms", 0)
+            most = p.integer("max", 32, 1, _MAX_QUERY)
+            found = await self._by_key(caller.client, topic, key, begin, end, most)
+            return json_response(200, {"messages": [self._json(m) for m in found]})
+        if "queue" not in names or "offset" not in names:
+            raise bad("key", "give key=K, or queue=Q and offset=O")
+        queue = p.integer("queue", 0, 0, 2**31 - 1)
+        route = await call(caller.client.route(topic))
+        try:
+            shard, queue_id = route.locate(queue)
+        except IndexError as exc:
+            raise bad("queue", str(exc)) from None
+        pulled = await call(
+            caller.client.client(shard).pull(
+                topic,
+                queue_id,
+                p.integer("offset", 0),
+                p.integer("count", 32, 1, _MAX_QUERY),
+                p.string("tag_expr") or "*",
+            )
+        )
+        doc = {
+            "messages": [self._json(m) for m in pulled.messages],
+            "next_offset": pulled.next_offset,
+            "min_offset": pulled.min_offset,
+            "max_offset": pulled.max_offset,
+        }
+        return json_response(200, doc)
+
+    async def _by_key(
+        self, client: AsyncRoutedClient, topic: str, key: str, begin: int, end: int, most: int
+    ) -> list[StoredMessage]:
+        route = await call(client.route(topic))
+        found: list[StoredMessage] = []
+        for shard, _ in route.shards:
+            found += await call(client.client(shard).query(topic, key, begin, end, most))
+        found.sort(key=lambda m: (m.store_timestamp_ms, m.msg_id))
+        return found[:most]
+
+    @staticmethod
+    def _json(m: StoredMessage) -> dict[str, Any]:
+        return {**message_json(m), "shard": shard_of_msg_id(m.msg_id)}
+
+    # -- views ---------------------------------------------------------------------------
+
+    async def _shards(self, client: AsyncRoutedClient) -> tuple[list[int], list[int]]:
+        """(every shard, the data shards) of the cluster."""
+        routes = await call(client.routes())
+        every = shard_ids(routes.shard_count)
+        return every, [g for g in every if g != 0]
+
+    async def cluster(self, request: Request) -> Response:
+        """Per shard: each node's status, the leader, the members and each replica's lag."""
+        Params(request, ())
+        client = (await self.callers.caller(request)).client
+        every, _ = await self._shards(client)
+        answers = await asyncio.gather(
+            *(client.client(g).status_all(timeout_s=_STATUS_TIMEOUT_S) for g in every)
+        )
+        shards = []
+        for g, statuses in zip(every, answers, strict=True):
+            by_node = {getattr(s, "node_id", -(i + 1)): s for i, s in enumerate(statuses)}
+            members = leader_members(statuses)
+            # every member, a stopped one too (null: it did not answer)
+            nodes = sorted({n for n in by_node if n > 0} | {m.id for m in members})
+            shards.append(
+                {
+                    "shard": g,
+                    "leader": leader_of(by_node),
+                    "nodes": [status_json(s) for s in statuses],
+                    "replicas": shard_cells(by_node, nodes),
+                    "members": [member_json(m) for m in members],
+                }
+            )
+        doc = {"tls": self.tls, "acl": self.callers.access.acl, "shards": shards}
+        return json_response(200, doc)
+
+    async def _offsets(self, client: AsyncRoutedClient, topic: str) -> list[dict[str, Any]]:
+        _, data = await self._shards(client)
+        answers = await asyncio.gather(*(call(client.client(g).queue_offsets(topic)) for g in data))
+        by_topic: dict[str, list[tuple[int, QueueOffset]]] = {}
+        for g, offsets in zip(data, answers, strict=True):
+            for q in offsets:
+                by_topic.setdefault(q.topic, []).append((g, q))
+        out = []
+        for name, queues in sorted(by_topic.items()):
+            route = await call(client.route(name))
+            base = {g: sum(n for _, n in route.shards[:i]) for i, (g, _) in enumerate(route.shards)}
+            rows: list[dict[str, Any]] = [
+                {
+                    "shard": g,
+                    "queue_id": q.queue_id,
+                    "queue": base.get(g, 0) + q.queue_id if g in base else None,
+                    "min_offset": q.min_offset,
+                    "max_offset": q.max_offset,
+                    "messages": q.max_offset - q.min_offset,
+                }
+                for g, q in sorted(queues, key=lambda x: (x[0], x[1].queue_id))
+            ]
+            total = sum(int(r["messages"]) for r in rows)
+            out.append({"topic": name, "messages": total, "queues": rows})
+        return out
+
+    async def topics(self, request: Request) -> Response:
+        Params(request, ())
+        client = (await self.callers.caller(request)).client
+        return json_response(200, {"topics": await self._offsets(client, "")})
+
+    async def topic(self, request: Request) -> Response:
+        topic = topic_name(request.params["topic"])
+        Params(request, ())
+        client = (await self.callers.caller(request)).client
+        found = await self._offsets(client, topic)
+        if not found:
+            raise ApiError(404, "not_found", f"topic {topic!r} has no messages")
+        return json_response(200, found[0])
+
+    async def groups(self, request: Request) -> Response:
+        Params(request, ())
+        client = (await self.callers.caller(request)).client
+        _, data = await self._shards(client)
+        rows = []
+        for g in data:
+            for s in await call(client.client(g).group_list()):
+                rows.append({**summary_json(s), "shard": g})
+        return json_response(200, {"groups": rows})
+
+    async def group(self, request: Request) -> Response:
+        """Members, the queues each holds, committed offsets and lag, per data shard."""
+        group = group_name(request.params["group"])
+        Params(request, ())
+        client = (await self.callers.caller(request)).client
+        _, data = await self._shards(client)
+        shards = []
+        for g in data:
+            try:
+                described = await client.client(g).group_describe(group)
+            except ClientError as exc:
+                if refusal(exc).status == 404:
+                    continue
+                raise refusal(exc) from None
+            shards.append({"shard": g, **describe_json(described)})
+        if not shards:
+            raise ApiError(404, "not_found", f"group {group!r} has no members or offsets")
+        return json_response(200, {"group": group, "shards": shards})
+
+
+def _uniq_key(request: Request, p: Params) -> str:
+    """The put's idempotency key: `Idempotency-Key`, else `uniq_key`, else a new one."""
+    header = request.header("idempotency-key")
+    if header is not None:
+        try:
+            given = header.decode("ascii")
+        except UnicodeDecodeError:
+            raise bad("uniq_key", "Idempotency-Key must be ASCII") from None
+    else:
+        given = p.string("uniq_key")
+    if not given:
+        return uuid.uuid4().hex.upper()
+    if len(given) > _MAX_UNIQ_KEY or not given.isprintable() or " " in given:
+        raise bad("uniq_key", f"an idempotency key is 1 to {_MAX_UNIQ_KEY} visible characters")
+    return given

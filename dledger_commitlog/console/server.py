@@ -1,0 +1,134 @@
+"""The console process: one asyncio loop, a client of the cluster, serving HTTP/1.1.
+
+Owns `ConsoleSettings` (where to listen, TLS, the body limit, how to reach the
+cluster), `check_bind` (a non-loopback address needs TLS unless `insecure`),
+`build_router` (the JSON API's endpoints; pages and server-sent events are added
+to the same router), `serve` (listen, announce the URL, run until cancelled, then
+close members and clients) and `run`, the entry point of `dledger console`.
+
+Invariants: the console never listens on a non-loopback address in plaintext
+unless told `insecure`; on SIGINT/SIGTERM the HTTP members leave their groups
+(their unanswered messages go to other members) before the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import signal
+import ssl
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dledger_commitlog.console.api import MessageApi
+from dledger_commitlog.console.callers import Callers, ClusterAccess
+from dledger_commitlog.console.http import HttpServer, Limits, Router
+from dledger_commitlog.console.members import MemberApi
+
+DEFAULT_PORT = 7480
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleSettings:
+    access: ClusterAccess
+    bind: str = "127.0.0.1"
+    port: int = DEFAULT_PORT  # 0: any free port (the one taken is announced)
+    tls_cert: str | None = None  # PEM certificate and key: serve HTTPS
+    tls_key: str | None = None
+    insecure: bool = False  # allow plaintext on a non-loopback address
+    max_body_bytes: int = 4 << 20  # the cluster's largest message
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(settings: ConsoleSettings) -> None:
+    """ValueError if the settings would serve plaintext beyond this host."""
+    if not is_loopback(settings.bind) and not settings.tls and not settings.insecure:
+        raise ValueError(
+            f"refusing to serve plaintext HTTP on {settings.bind}: give the console TLS "
+            "(a cluster with TLS, or --tls-cert/--tls-key), bind 127.0.0.1, or pass --insecure"
+        )
+
+
+def build_router(message_api: MessageApi, member_api: MemberApi) -> Router:
+    router = Router()
+    message_api.register(router)
+    member_api.register(router)
+    return router
+
+
+def ssl_context(settings: ConsoleSettings) -> ssl.SSLContext | None:
+    if settings.tls_cert is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(settings.tls_cert, settings.tls_key)
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+async def serve(settings: ConsoleSettings, announce: Callable[[str], None] = print) -> None:
+    """Serve until cancelled; `announce` gets the API's base URL once listening."""
+    check_bind(settings)
+    callers = Callers(settings.access)
+    members = MemberApi(callers, settings.access)
+    router = build_router(MessageApi(callers, tls=settings.tls), members)
+    limits = Limits(body_bytes=settings.max_body_bytes)
+    server = HttpServer(router, limits, ssl_context(settings))
+    port = await server.start(settings.bind, settings.port)
+    members.start()
+    scheme = "https" if settings.tls else "http"
+    host = f"[{settings.bind}]" if ":" in settings.bind else settings.bind
+    announce(f"console: serving {scheme}://{host}:{port}/api/v1")
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await server.stop()
+        await members.close()
+        await callers.close()
+
+
+def run(settings: ConsoleSettings) -> None:
+    """`dledger console`: serve until SIGINT or SIGTERM, on uvloop where it is installed
+    (as a node runs), logging to stderr."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s console %(levelname)s %(name)s: %(message)s"
+    )
+
+    async def main() -> None:
+        task = asyncio.create_task(serve(settings, _announce))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(main())
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def _announce(line: str) -> None:
+    print(line, flush=True)
+    sys.stdout.flush()

@@ -1,0 +1,159 @@
+"""A `dledger console` process of a test, and HTTP calls to it over loopback.
+
+`running_console` starts the console as the CLI does (`dledger console --cluster
+FILE --port 0`), reads the URL it announces, and stops it (SIGTERM, then SIGKILL)
+when the block ends, pass or fail. `Http` makes real HTTP/1.1 requests with
+http.client (TLS with the cluster's CA where the console serves HTTPS) and gives
+back the status, the headers and the body, parsed when it is JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from dledger_commitlog.cli.launcher import LocalCluster
+
+ROOT = Path(__file__).resolve().parent.parent
+START_S = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: int
+    headers: Mapping[str, str]  # names lower-case
+    body: bytes
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def error(self) -> Mapping[str, Any]:
+        doc: Mapping[str, Any] = self.json["error"]
+        return doc
+
+
+def console_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+@contextmanager
+def running_console(cluster: LocalCluster, *extra: str) -> Iterator[Http]:
+    """A console of `cluster` on a free loopback port, stopped when the block ends."""
+    argv = [sys.executable, "-m", "dledger_commitlog", "console"]
+    argv += ["--cluster", str(cluster.cluster_file), "--port", "0", *extra]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=console_env(),
+        cwd=ROOT,
+    )
+    try:
+        url = _announced(proc)
+        yield Http(url, cluster.tls_ca)
+    finally:
+        stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def _announced(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + START_S
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("console: serving "):
+            return line.split()[-1]
+        assert time.monotonic() < deadline, f"the console did not start: {''.join(seen)}"
+    raise AssertionError(f"the console exited ({proc.wait()}): {''.join(seen)}")
+
+
+class Http:
+    """Requests to the console at `base` (its `/api/v1` URL)."""
+
+    def __init__(self, base: str, tls_ca: Path | None = None) -> None:
+        self.base = base
+        parts = urlsplit(base)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 80
+        self.prefix = parts.path
+        self.https = parts.scheme == "https"
+        self.tls_ca = tls_ca
+        self.auth: tuple[str, str] | None = None
+
+    def as_user(self, access_key: str, secret_key: str) -> Http:
+        other = Http(self.base, self.tls_ca)
+        other.auth = (access_key, secret_key)
+        return other
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | Sequence[tuple[str, str]] = (),
+        timeout_s: float = 30.0,
+    ) -> Reply:
+        conn: http.client.HTTPConnection
+        if self.https:
+            context = ssl.create_default_context(cafile=str(self.tls_ca))
+            conn = http.client.HTTPSConnection(
+                self.host, self.port, timeout=timeout_s, context=context
+            )
+        else:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout_s)
+        pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+        if self.auth is not None:
+            token = base64.b64encode(":".join(self.auth).encode()).decode()
+            pairs.append(("Authorization", f"Basic {token}"))
+        try:
+            conn.putrequest(method, self.prefix + path, skip_accept_encoding=True)
+            for name, value in pairs:
+                conn.putheader(name, value)
+            if body is not None:
+                conn.putheader("Content-Length", str(len(body)))
+            conn.endheaders(body)
+            resp = conn.getresponse()
+            return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+        finally:
+            conn.close()
+
+    def put(self, topic: str, body: bytes, query: str = "", **headers: str) -> Reply:
+        sent = {"Content-Type": "application/octet-stream", **headers}
+        return self.request("POST", f"/topics/{topic}/messages{query}", body, sent)
+
+    def get(self, path: str) -> Reply:
+        return self.request("GET", path)
+
+    def post_json(self, path: str, doc: Any) -> Reply:
+        body = json.dumps(doc).encode()
+        return self.request("POST", path, body, {"Content-Type": "application/json"})
