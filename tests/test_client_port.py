@@ -99,7 +99,7 @@ def test_a_grpcio_client_talks_to_the_h2_port_and_back(make_cluster: Any, secure
                     metadata=access.metadata("TransferLeadership"),
                 )
             )
-            assert code == grpc.StatusCode.FAILED_PRECONDITION
+            assert code == grpc.StatusCode.FAILED_PRECONDITION, details
             assert details == f"not the leader; the leader is at {cluster.specs[leader].client}"
             assert trailers["dledger-leader"] == cluster.specs[leader].client
             assert trailers["dledger-leader-id"] == str(leader)
