@@ -192,10 +192,11 @@ class LocalCluster(ClusterLayout):
     # ------------------------------------------------------------ the cluster
 
     def up(self, timeout_s: float = 30.0) -> Self:
-        """Start every node that does not run; return when a leader is elected and every
-        node answers Status. Running nodes are left alone, as long as they run the
-        settings this object would write (else ClusterError: `down` them first). If
-        start-up fails, the nodes this call started are stopped again."""
+        """Start every node that does not run; return when a leader is elected, every
+        node answers Status and knows that leader. Running nodes are left alone, as
+        long as they run the settings this object would write (else ClusterError:
+        `down` them first). If start-up fails, the nodes this call started are stopped
+        again."""
         self._check_usable()
         running = [i for i in self.specs if self.is_running(i)]
         for i in running:
@@ -231,7 +232,10 @@ class LocalCluster(ClusterLayout):
             else:
                 statuses = self.statuses(timeout_s=1.0)
             answered = statuses and all(isinstance(s, NodeStatus) for s in statuses.values())
-            if answered and _leader_of(statuses.values()) is not None:
+            leader = _leader_of(statuses.values())
+            # Ready: every node follows that leader (a node that started after the
+            # election learns of it with the leader's next message).
+            if answered and leader is not None and _all_follow(statuses.values(), leader):
                 return
             if time.monotonic() >= deadline:
                 tails = "\n".join(f"-- n{i}:\n{self.log_tail(i, 10)}" for i in self.specs)
@@ -354,6 +358,10 @@ def converged(statuses: Mapping[int, NodeStatus | StatusError], at_least: int = 
 def _leader_of(statuses: Collection[NodeStatus | StatusError]) -> int | None:
     leaders = [s for s in statuses if isinstance(s, NodeStatus) and s.role == "leader"]
     return max(leaders, key=lambda s: s.term).node_id if leaders else None
+
+
+def _all_follow(statuses: Collection[NodeStatus | StatusError], leader: int) -> bool:
+    return all(isinstance(s, NodeStatus) and s.leader_id == leader for s in statuses)
 
 
 def _alive(pid: int) -> bool:
