@@ -29,9 +29,18 @@ compile: $(STAMP)
 
 # What tests use beyond Python: Prometheus and promtool (tests/test_prometheus.py):
 # the system's, else Debian's package unpacked under .venv/tools (no root needed, no
-# service started). Where neither works, those tests skip and say why.
+# service started); and Chromium for the console's browser tests
+# (tests/test_console_pages.py): the system's, else Debian's `chromium` installed with
+# apt-get when running as root (Playwright, of the dev extra, never downloads a
+# browser). Where neither works, those tests skip and say why.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 TOOLS := $(VENV)/tools
+APT_CHROMIUM := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
 tools: $(STAMP)
+	@command -v chromium >/dev/null 2>&1 || { test "$$(id -u)" = 0 \
+	  && { $(APT_CHROMIUM) >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && $(APT_CHROMIUM) >/dev/null 2>&1; }; } \
+	  && echo "chromium: Debian's package installed with apt-get"; } \
+	  || echo "chromium: not found and not installable with apt-get (needs root): the browser tests will skip"
 	@command -v promtool >/dev/null 2>&1 || test -x $(TOOLS)/usr/bin/promtool || { \
 	  mkdir -p $(TOOLS)/deb && cd $(TOOLS)/deb && apt-get download prometheus >/dev/null 2>&1 \
 	  && dpkg-deb -x prometheus_*.deb .. && rm -f prometheus_*.deb \

@@ -5,13 +5,19 @@ and a get round-trip (text and binary bodies, the raw bytes), a query by key and
 queue and offset, the views; every bad input of the table is its 4xx naming the
 field, and stores nothing (the topic's queue offsets are unchanged after it); an
 unknown message, topic, group or member is 404; a cross-site form's content type
-is refused; an idempotency key given twice stores one message.
+is refused; an idempotency key given twice stores one message. The web console's
+page carries its strict Content-Security-Policy and serves only its own files; the
+event stream sends snapshots of the cluster and topics views (the pages in a
+browser: tests/test_console_pages.py).
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -199,3 +205,51 @@ def test_the_views(api: Http, shared_cluster: LocalCluster) -> None:
     one = api.get("/topics/viewed").json
     queue = next(q for q in one["queues"] if q["queue_id"] == 2)
     assert queue["max_offset"] - queue["min_offset"] == queue["messages"] >= 1
+
+
+def root_of(api: Http) -> str:
+    return api.base.removesuffix("/api/v1") + "/"
+
+
+def test_the_page_and_its_files_carry_a_strict_policy(api: Http) -> None:
+    root = Http(root_of(api).rstrip("/"))
+    index = root.get("/")
+    assert index.status == 200 and index.headers["content-type"].startswith("text/html")
+    policy = index.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "connect-src 'self'" in policy
+    assert "unsafe-inline" not in policy and "default-src 'none'" in policy
+    assert b'<script type="module" src="/static/app.js"></script>' in index.body
+    script = root.get("/static/app.js")
+    assert script.status == 200 and script.headers["content-type"].startswith("text/javascript")
+    for path in ("/static/nope.js", "/static/../api.py", "/static/index.html"):
+        assert root.get(path).status == 404, path
+    reply = api.get("/cluster")
+    assert reply.headers["content-security-policy"].startswith("default-src 'none'")
+
+
+def read_snapshot(api: Http) -> dict[str, Any]:
+    conn = http.client.HTTPConnection(api.host, api.port, timeout=10)
+    try:
+        conn.request("GET", api.prefix + "/events")
+        reply = conn.getresponse()
+        assert reply.status == 200
+        assert reply.getheader("content-type") == "text/event-stream"
+        event = ""
+        while True:
+            line = reply.readline().decode().rstrip("\n")
+            if line.startswith("event: "):
+                event = line.removeprefix("event: ")
+            elif line.startswith("data: ") and event == "snapshot":
+                doc: dict[str, Any] = json.loads(line.removeprefix("data: "))
+                return doc
+    finally:
+        conn.close()
+
+
+def test_events_stream_snapshots_of_the_cluster_and_topics(api: Http) -> None:
+    assert api.put("pages-events", b"one").status == 200
+    doc = read_snapshot(api)
+    assert doc["errors"] == [] and doc["time_ms"] > 0
+    assert 1 in {s["shard"] for s in doc["cluster"]["shards"]}
+    assert doc["cluster"]["tls"] is False and doc["cluster"]["acl"] is False
+    assert "pages-events" in {t["topic"] for t in doc["topics"]}

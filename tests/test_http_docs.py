@@ -50,6 +50,7 @@ def test_the_doc_shows_every_endpoint() -> None:
         "queue=0&offset=0",
         '"$API/cluster"',
         '"$API/topics"',
+        '"$API/events"',
         "/groups/billing/members",
         "/ack",
         "-X DELETE",
@@ -132,6 +133,8 @@ def check(tmp: Path, ran: list[tuple[str, str]]) -> None:
     assert by_offset["messages"] and by_offset["next_offset"] >= 1
     (cluster,) = find('curl -s "$API/cluster"')
     assert cluster["shards"][0]["leader"] is not None
+    (events,) = [out for cmd, out in ran if '"$API/events"' in cmd]
+    assert events.splitlines()[-1].startswith("event: snapshot"), events
     (topics,) = find('curl -s "$API/topics"')
     assert {"orders", "payments"} <= {t["topic"] for t in topics["topics"]}
     (loop,) = [out for cmd, out in ran if cmd.startswith("for i in 1 2 3")]

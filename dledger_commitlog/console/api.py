@@ -219,9 +219,13 @@ class MessageApi:
         return every, [g for g in every if g != 0]
 
     async def cluster(self, request: Request) -> Response:
-        """Per shard: each node's status, the leader, the members and each replica's lag."""
         Params(request, ())
         client = (await self.callers.caller(request)).client
+        return json_response(200, await self.cluster_view(client))
+
+    async def cluster_view(self, client: AsyncRoutedClient) -> dict[str, Any]:
+        """Per shard: each node's status, the leader, the members and each replica's lag;
+        whether TLS and the ACL are on."""
         every, _ = await self._shards(client)
         answers = await asyncio.gather(
             *(client.client(g).status_all(timeout_s=_STATUS_TIMEOUT_S) for g in every)
@@ -241,10 +245,10 @@ class MessageApi:
                     "members": [member_json(m) for m in members],
                 }
             )
-        doc = {"tls": self.tls, "acl": self.callers.access.acl, "shards": shards}
-        return json_response(200, doc)
+        return {"tls": self.tls, "acl": self.callers.access.acl, "shards": shards}
 
-    async def _offsets(self, client: AsyncRoutedClient, topic: str) -> list[dict[str, Any]]:
+    async def topics_view(self, client: AsyncRoutedClient, topic: str) -> list[dict[str, Any]]:
+        """Per topic (every topic, or only `topic`): its queues' offsets and messages."""
         _, data = await self._shards(client)
         answers = await asyncio.gather(*(call(client.client(g).queue_offsets(topic)) for g in data))
         by_topic: dict[str, list[tuple[int, QueueOffset]]] = {}
@@ -273,13 +277,13 @@ class MessageApi:
     async def topics(self, request: Request) -> Response:
         Params(request, ())
         client = (await self.callers.caller(request)).client
-        return json_response(200, {"topics": await self._offsets(client, "")})
+        return json_response(200, {"topics": await self.topics_view(client, "")})
 
     async def topic(self, request: Request) -> Response:
         topic = topic_name(request.params["topic"])
         Params(request, ())
         client = (await self.callers.caller(request)).client
-        found = await self._offsets(client, topic)
+        found = await self.topics_view(client, topic)
         if not found:
             raise ApiError(404, "not_found", f"topic {topic!r} has no messages")
         return json_response(200, found[0])

@@ -12,8 +12,9 @@ Invariants: every read has a deadline (`Limits`): a client that stalls is cut; a
 request's head is at most `head_bytes`, its body at most `body_bytes` (a larger one
 is refused before it is read, and the connection then closes); at most
 `connections` connections are open at once; every response carries the strict
-headers of `SECURITY_HEADERS`; a handler's unexpected exception is a 500 with no
-detail, logged here.
+headers of `SECURITY_HEADERS` (a response may set one of them itself: a page sets
+the Content-Security-Policy its scripts need); a handler's unexpected exception is
+a 500 with no detail, logged here.
 """
 
 from __future__ import annotations
@@ -381,9 +382,10 @@ class _Connection:
             return ApiError(500, "internal", "the console failed; see its log").response()
 
     async def _send(self, response: Response, *, close: bool = False) -> None:
+        own = {name.lower() for name, _ in response.headers}
         headers = [
             ("Server", SERVER_NAME),
-            *SECURITY_HEADERS,
+            *((n, v) for n, v in SECURITY_HEADERS if n.lower() not in own),
             ("Content-Type", response.content_type),
             *response.headers,
         ]

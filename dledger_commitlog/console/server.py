@@ -2,9 +2,9 @@
 
 Owns `ConsoleSettings` (where to listen, TLS, the body limit, how to reach the
 cluster), `check_bind` (a non-loopback address needs TLS unless `insecure`),
-`build_router` (the JSON API's endpoints; pages and server-sent events are added
-to the same router), `serve` (listen, announce the URL, run until cancelled, then
-close members and clients) and `run`, the entry point of `dledger console`.
+`build_router` (the JSON API's endpoints, its server-sent events, and the web
+console's page at `/`), `serve` (listen, announce the URL, run until cancelled,
+then close members and clients) and `run`, the entry point of `dledger console`.
 
 Invariants: the console never listens on a non-loopback address in plaintext
 unless told `insecure`; on SIGINT/SIGTERM the HTTP members leave their groups
@@ -25,8 +25,10 @@ from dataclasses import dataclass
 
 from dledger_commitlog.console.api import MessageApi
 from dledger_commitlog.console.callers import Callers, ClusterAccess
+from dledger_commitlog.console.events import Events
 from dledger_commitlog.console.http import HttpServer, Limits, Router
 from dledger_commitlog.console.members import MemberApi
+from dledger_commitlog.console.pages import Pages
 
 DEFAULT_PORT = 7480
 
@@ -64,10 +66,13 @@ def check_bind(settings: ConsoleSettings) -> None:
         )
 
 
-def build_router(message_api: MessageApi, member_api: MemberApi) -> Router:
+def build_router(message_api: MessageApi, member_api: MemberApi, callers: Callers) -> Router:
+    """The JSON API, its server-sent events, and the web console's page."""
     router = Router()
     message_api.register(router)
     member_api.register(router)
+    Events(callers, message_api).register(router)
+    Pages().register(router)
     return router
 
 
@@ -86,7 +91,7 @@ async def serve(settings: ConsoleSettings, announce: Callable[[str], None] = pri
     check_bind(settings)
     callers = Callers(settings.access)
     members = MemberApi(callers, settings.access)
-    router = build_router(MessageApi(callers, tls=settings.tls), members)
+    router = build_router(MessageApi(callers, tls=settings.tls), members, callers)
     limits = Limits(body_bytes=settings.max_body_bytes)
     server = HttpServer(router, limits, ssl_context(settings))
     port = await server.start(settings.bind, settings.port)

@@ -1,0 +1,65 @@
+// DOM helpers of the console. Every string from the cluster goes into the page as
+// text (textContent, text nodes), never as HTML: a message body "<script>" is shown,
+// not run. Nothing here, nor in the other modules, uses innerHTML.
+
+/** A new element: attrs (class, text, on<event> listeners, other attributes), children. */
+export function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name === "class") node.className = value;
+    else if (name === "text") node.textContent = String(value);
+    else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+    else node.setAttribute(name, String(value));
+  }
+  append(node, children);
+  return node;
+}
+
+/** Append children (nodes, or strings as text nodes), skipping null and undefined. */
+export function append(node, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+/** A time in ms since the epoch as "YYYY-MM-DD HH:MM:SS.mmm UTC". */
+export function utc(ms) {
+  if (!ms) return "";
+  return new Date(ms).toISOString().replace("T", " ").replace("Z", " UTC");
+}
+
+/** A table: column heads (a "#" prefix right-aligns), then rows of cells. */
+export function table(heads, rows) {
+  const num = heads.map((h) => h.startsWith("#"));
+  const head = el("tr", {}, heads.map((h, i) => el("th", { class: num[i] ? "num" : null, text: num[i] ? h.slice(1) : h })));
+  const body = rows.map((row) => {
+    const tr = el("tr", row.attrs ?? {});
+    row.cells.forEach((cell, i) => tr.append(el("td", { class: num[i] ? "num" : null }, cell)));
+    return tr;
+  });
+  return el("table", {}, el("thead", {}, head), el("tbody", {}, body));
+}
+
+/** A list of {view, message} errors (the API's refusals) as <li> text. */
+export function showErrors(list, errors) {
+  list.replaceChildren(...errors.map((e) => el("li", { text: `${e.view ?? "request"}: ${e.message}` })));
+}
+
+/** GET a JSON document of the API; an Error with the API's message on a refusal. */
+export async function getJson(path) {
+  const reply = await fetch(path, { headers: { Accept: "application/json" } });
+  let doc = null;
+  try {
+    doc = await reply.json();
+  } catch {
+    doc = null;
+  }
+  if (!reply.ok) {
+    const message = doc?.error?.message ?? `${reply.status} ${reply.statusText}`;
+    throw new Error(message);
+  }
+  return doc;
+}

@@ -1,0 +1,192 @@
+"""The web console's pages in a real Chromium, against a real three-node cluster.
+
+One cluster, one `dledger console` process and one headless Chromium (Debian's
+`chromium`, driven by Playwright with `executable_path`: nothing is downloaded)
+serve the module. The page runs under its strict Content-Security-Policy with no
+error (nor any failed request); the cluster page shows each shard's leader and, after
+that leader is killed, the new one without a reload; a put shows in the topics
+page's counts; a search by key finds a message whose body is HTML and shows it as
+text (no element is injected); a search by id shows a JSON body pretty-printed and
+in hex, with a link to its raw bytes. Each page's screenshot is written under the
+test's tmp_path. (The page's headers and the event stream over plain HTTP are
+tests of tests/test_http_api.py.)
+
+Without chromium or Playwright the module skips with one line saying which is
+missing (`make tools` installs chromium where it can).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dledger_commitlog.cli.launcher import LocalCluster
+from tests.console_helpers import Http, running_console
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = shutil.which("chromium")
+try:
+    from playwright.sync_api import Browser, Page, sync_playwright
+
+    PLAYWRIGHT = True
+except ImportError:  # the dev extra not installed
+    PLAYWRIGHT = False
+LEADER_S = 30.0  # a new leader, seen by the page's next snapshot
+
+
+def missing_browser() -> str | None:
+    if not PLAYWRIGHT:
+        return "browser tests skip: Playwright for Python is not installed (pip install playwright)"
+    if CHROMIUM is None:
+        return "browser tests skip: no chromium on PATH (apt-get install chromium; see make tools)"
+    return None
+
+
+if (MISSING := missing_browser()) is not None:
+    pytest.skip(MISSING, allow_module_level=True)  # one line, and no cluster started
+
+
+@pytest.fixture(scope="module")
+def console(shared_cluster: LocalCluster) -> Iterator[Http]:
+    shared_cluster.wait_for_leader(timeout_s=10.0)
+    with running_console(shared_cluster) as http:
+        yield http
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    assert CHROMIUM is not None
+    with sync_playwright() as pw:
+        launched = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
+        )
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser, console: Http) -> Iterator[Page]:
+    """A fresh page; the test fails if the page logged an error (a CSP violation is one)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    opened = context.new_page()
+    errors: list[str] = []
+    opened.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+    opened.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    opened.on("response", lambda r: errors.append(f"{r.status} {r.url}") if r.ok is False else None)
+    try:
+        yield opened
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+def root_of(console: Http) -> str:
+    return console.base.removesuffix("/api/v1") + "/"
+
+
+def shot(page: Page, tmp_path: Path, name: str) -> None:
+    path = tmp_path / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 0
+
+
+def wait_text(page: Page, selector: str, pattern: str, timeout_s: float = 15.0) -> str:
+    """The text of `selector` once it matches `pattern` (a regular expression)."""
+    deadline = time.monotonic() + timeout_s
+    seen = ""
+    while time.monotonic() < deadline:
+        found = page.locator(selector)
+        if found.count() > 0:
+            seen = found.first.text_content() or ""
+            if re.search(pattern, seen):
+                return seen
+        page.wait_for_timeout(200)
+    raise AssertionError(f"{selector}: {seen!r} never matched {pattern!r}")
+
+
+def test_a_put_shows_in_the_topics_page(page: Page, console: Http, tmp_path: Path) -> None:
+    page.goto(root_of(console) + "#topics")
+    wait_text(page, "#live", "UTC")  # the first snapshot: the puts below are a rate
+    for i in range(3):
+        assert console.put("pages-topics", f"m{i}".encode()).status == 200
+    card = '[data-topic="pages-topics"]'
+    wait_text(page, f"{card} .messages", r"^3 messages$")
+    assert page.locator(f"{card} tbody tr").count() >= 1
+    chart = page.locator(f"{card} canvas.chart")
+    wait_text(page, f"{card} .rate", r"peak [1-9]")
+    assert float(chart.get_attribute("data-peak") or 0) > 0
+    shot(page, tmp_path, "topics")
+
+
+HOSTILE = '<script>window.pwned = 1</script><img src="x" onerror="window.pwned = 2">'
+
+
+def test_a_search_by_key_shows_a_hostile_body_as_text(
+    page: Page, console: Http, tmp_path: Path
+) -> None:
+    assert console.put("pages-search", HOSTILE.encode(), "?key=hostile-1&tag=t1").status == 200
+    page.goto(root_of(console) + "#search")
+    form = page.locator("#by-key")
+    form.locator('input[name="topic"]').fill("pages-search")
+    form.locator('input[name="key"]').fill("hostile-1")
+    form.locator('button[type="submit"]').click()
+    wait_text(page, "#search-status", r"^1 message found")
+    body = page.locator("#search-results pre.body")
+    assert body.text_content() == HOSTILE
+    assert page.locator("#search-results script, #search-results img").count() == 0
+    assert page.evaluate("window.pwned") is None
+    fields = page.locator("#search-results dl.fields").text_content() or ""
+    assert "hostile-1" in fields and "t1" in fields and "UTC" in fields
+    shot(page, tmp_path, "search-by-key")
+
+
+def test_a_search_by_id_shows_json_pretty_and_hex(
+    page: Page, console: Http, tmp_path: Path
+) -> None:
+    put = console.put("pages-json", b'{"order":42,"items":["a"]}', "?property=region%3Deu").json
+    page.goto(root_of(console) + "#search")
+    page.locator('#by-id input[name="msg_id"]').fill(put["msg_id"])
+    page.locator('#by-id button[type="submit"]').click()
+    wait_text(page, "#search-status", r"^1 message found")
+    body = page.locator("#search-results pre.body")
+    assert body.get_attribute("data-view") == "json"
+    assert body.text_content() == json.dumps({"order": 42, "items": ["a"]}, indent=2)
+    page.locator('#search-results button[data-view="hex"]').click()
+    assert (body.text_content() or "").startswith("00000000  7b 22 6f 72")
+    link = page.locator("#search-results a[download]")
+    assert link.get_attribute("href") == f"/api/v1/messages/{put['msg_id']}/raw"
+    assert "region" in (page.locator("#search-results dl.fields").text_content() or "")
+    shot(page, tmp_path, "search-by-id")
+
+
+def test_the_cluster_page_follows_a_leader_kill_without_a_reload(
+    page: Page, console: Http, shared_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Last of the module: it kills a node (and starts it again)."""
+    page.goto(root_of(console) + "#cluster")
+    leader_of = '[data-shard="1"] .leader'
+    shown = wait_text(page, leader_of, r"^leader: node \d+$")
+    old = int(shown.rsplit(" ", 1)[1])
+    assert "TLS off" in (page.locator("#cluster-summary").text_content() or "")
+    shot(page, tmp_path, "cluster")
+    page.evaluate("window.sameDocument = true")
+    shared_cluster.kill(old)
+    try:
+        shown = wait_text(page, leader_of, rf"^leader: node (?!{old}$)\d+$", LEADER_S)
+        assert page.evaluate("window.sameDocument") is True  # not reloaded
+        wait_text(page, f'[data-shard="1"] tr[data-node="{old}"]', "down")
+        shot(page, tmp_path, "cluster-after-kill")
+    finally:
+        shared_cluster.start(old)
+    assert int(shown.rsplit(" ", 1)[1]) != old
