@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dledger_commitlog.client import Access, Client, MemberInfo, StoredMessage, cluster_security
+from dledger_commitlog.common.extras import MissingExtra
 
 
 class UsageError(Exception):
@@ -105,11 +106,29 @@ def load_plugins() -> None:
     for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP):
         try:
             ep.load()
+        except MissingExtra as exc:  # installed without its extra: its commands say so
+            for name in exc.commands:
+                _missing_extra(name, exc)
         except Exception as exc:  # a broken plugin must not take `dledger put` down
             print(
                 f"dledger: the {ep.name} commands are unavailable ({ep.value}: {exc})",
                 file=sys.stderr,
             )
+
+
+def _missing_extra(name: str, exc: MissingExtra) -> None:
+    """Register `name` as a command that says which extra it needs (once)."""
+    if (name,) in _REGISTRY:
+        return
+
+    def run(args: argparse.Namespace) -> int:
+        print(f"dledger {name}: {exc}", file=sys.stderr)
+        return 2
+
+    def configure(parser: argparse.ArgumentParser) -> None:
+        parser.set_defaults(any_arguments=True)  # whatever follows: it only says the above
+
+    command(name, f"(needs the [{exc.extra}] extra)", configure)(run)
 
 
 def make_client(args: argparse.Namespace, shard: int | None = None) -> Client:

@@ -106,7 +106,9 @@ def _hide(subparsers: Any, name: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if getattr(args, "run", None) is None:
         parser.print_help(sys.stderr)
         return 2
