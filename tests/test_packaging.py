@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +25,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXTRA_LINE = "this needs the [analytics] extra: pip install 'dledger-py[analytics]'"
 HEAVY = ("pyspark", "pyarrow", "matplotlib", "toxiproxy")
+_NOT_SOURCES = (".git", ".venv", "build", "*.egg-info", "__pycache__", "*_cache", ".hypothesis")
+_NOT_SOURCES += ("run-demo", "data", "spark-warehouse", "metastore_db", "tests", "bench")
 
 
 def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 120) -> str:
@@ -39,8 +42,11 @@ def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
     """A fresh venv with this tree's wheel installed without extras."""
     home = tmp_path_factory.mktemp("light-install")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # built from a copy: a build leaves build/ and *.egg-info beside the sources
+    tree = home / "tree"
+    shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(*_NOT_SOURCES))
     run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(home), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(home), str(tree)],
         home,
         env,
         timeout=300,
