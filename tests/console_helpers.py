@@ -157,3 +157,33 @@ class Http:
     def post_json(self, path: str, doc: Any) -> Reply:
         body = json.dumps(doc).encode()
         return self.request("POST", path, body, {"Content-Type": "application/json"})
+
+
+def consume(http: Http, group: str, topic: str, count: int, *, leave: bool = True) -> str:
+    """Join `group` over HTTP, fetch and ack `count` messages of `topic`, then leave
+    (unless not `leave`); the member's id. Fails if they do not come within 30 s."""
+    member = str(http.post_json(f"/groups/{group}/members", {"topic": topic}).json["member_id"])
+    base = f"/groups/{group}/members/{member}"
+    got, deadline = 0, time.monotonic() + 30.0
+    while got < count:
+        assert time.monotonic() < deadline, f"{group} got {got} of {count} messages"
+        batch = http.get(f"{base}/messages?max=64&wait_ms=1000").json["messages"]
+        if batch:
+            handles = [m["handle"] for m in batch]
+            assert http.post_json(f"{base}/ack", {"handles": handles}).status == 200
+            got += len(batch)
+    if leave:
+        assert http.request("DELETE", base).status == 200
+    return member
+
+
+def committed(http: Http, group: str, topic: str) -> dict[tuple[int, int], int]:
+    """The group's committed offset of each (shard, queue id) of `topic`, as GET
+    /groups/{group} shows them."""
+    doc = http.get(f"/groups/{group}").json
+    return {
+        (s["shard"], q["queue_id"]): q["committed"]
+        for s in doc["shards"]
+        for q in s["queues"]
+        if q["topic"] == topic
+    }

@@ -8,8 +8,10 @@ that leader is killed, the new one without a reload; a put shows in the topics
 page's counts; a search by key finds a message whose body is HTML and shows it as
 text (no element is injected); a search by id shows a JSON body pretty-printed and
 in hex, with a link to its raw bytes. Each page's screenshot is written under the
-test's tmp_path. (The page's headers and the event stream over plain HTTP are
-tests of tests/test_http_api.py.)
+test's tmp_path. The groups page shows a group's member, its queue and its lag
+after a consumer ran, and a reset to earliest confirmed in its dialog moves the
+committed offsets (a cancelled one moves nothing). (The page's headers and the
+event stream over plain HTTP are tests of tests/test_http_api.py.)
 
 Without chromium or Playwright the module skips with one line saying which is
 missing (`make tools` installs chromium where it can).
@@ -27,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster
-from tests.console_helpers import Http, running_console
+from tests.console_helpers import Http, committed, consume, running_console
 
 pytestmark = pytest.mark.slow
 
@@ -168,6 +170,41 @@ def test_a_search_by_id_shows_json_pretty_and_hex(
     assert link.get_attribute("href") == f"/api/v1/messages/{put['msg_id']}/raw"
     assert "region" in (page.locator("#search-results dl.fields").text_content() or "")
     shot(page, tmp_path, "search-by-id")
+
+
+def test_the_groups_page_shows_members_and_lag_and_resets_to_earliest(
+    page: Page, console: Http, tmp_path: Path
+) -> None:
+    group, topic, card = "pages-g", "pages-groups", '[data-group="pages-g"]'
+    for i in range(4):
+        assert console.put(topic, f"g{i}".encode(), "?queue=0").status == 200
+    member = consume(console, group, topic, 4, leave=False)
+    page.goto(root_of(console) + "#groups")
+    wait_text(page, f'{card} tr[data-member="{member}"]', topic + "/0")
+    wait_text(page, f"{card} .lag", r"^lag 0 messages$")
+    assert console.request("DELETE", f"/groups/{group}/members/{member}").status == 200
+    for i in range(2):
+        assert console.put(topic, f"late{i}".encode(), "?queue=0").status == 200
+    wait_text(page, f"{card} .lag", r"^lag 2 messages$")
+    wait_text(page, f"{card} .members", r"^0 member")
+    assert page.locator(f'{card} tr[data-topic="{topic}"] td').nth(3).text_content() == "4"
+    shot(page, tmp_path, "groups")
+    actions = page.locator(f"{card} .group-actions")
+    actions.locator('select[name="topic"]').select_option(topic)
+    actions.locator('select[name="to"]').select_option("earliest")
+    actions.locator("button.reset").click()
+    assert "to the earliest offsets" in (page.locator("#confirm-text").text_content() or "")
+    page.locator("#confirm-cancel").click()  # cancelled: nothing moves
+    assert set(committed(console, group, topic).values()) == {4}
+    actions.locator("button.reset").click()
+    shot(page, tmp_path, "groups-confirm")
+    page.locator("#confirm-ok").click()
+    wait_text(page, "#groups-status", "reset to earliest")
+    assert set(committed(console, group, topic).values()) == {0}
+    wait_text(page, f"{card} .lag", r"^lag 6 messages$")
+    actions.locator("button.resend").click()
+    page.locator("#confirm-ok").click()
+    wait_text(page, "#groups-status", "0 dead letter")
 
 
 def test_the_cluster_page_follows_a_leader_kill_without_a_reload(

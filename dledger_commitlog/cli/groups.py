@@ -20,7 +20,6 @@ Consuming itself is `dledger consume` (`cli.messages`), a member of the group.
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from dledger_commitlog.cli.commands import (
     cell,
@@ -39,7 +38,7 @@ from dledger_commitlog.client.groups import (
     GroupDescription,
     QueueLease,
 )
-from dledger_commitlog.console.views import describe_json, group_mode, message_json, summary_json
+from dledger_commitlog.console.views import describe_json, dlq_json, group_mode, summary_json
 from dledger_commitlog.messaging.groups import (
     PROPERTY_DLQ_REASON,
     PROPERTY_RECONSUME_TIMES,
@@ -213,15 +212,6 @@ def _group_dlq(args: argparse.Namespace) -> int:
         )
     emit(args, dlq_json(dead), dlq_text(dead))
     return 0
-
-
-def dlq_json(dead: DeadLetters) -> dict[str, Any]:
-    return {
-        "messages": [message_json(m) for m in dead.messages],
-        "resent": dead.resent,
-        "next_offset": dead.next_offset,
-        "max_offset": dead.max_offset,
-    }
 
 
 def dlq_text(dead: DeadLetters) -> str:

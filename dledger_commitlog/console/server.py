@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from dledger_commitlog.console.api import MessageApi
 from dledger_commitlog.console.callers import Callers, ClusterAccess
 from dledger_commitlog.console.events import Events
+from dledger_commitlog.console.group_admin import GroupAdminApi
 from dledger_commitlog.console.http import HttpServer, Limits, Router
 from dledger_commitlog.console.members import MemberApi
 from dledger_commitlog.console.pages import Pages
@@ -71,6 +72,7 @@ def build_router(message_api: MessageApi, member_api: MemberApi, callers: Caller
     router = Router()
     message_api.register(router)
     member_api.register(router)
+    GroupAdminApi(callers).register(router)
     Events(callers, message_api).register(router)
     Pages().register(router)
     return router

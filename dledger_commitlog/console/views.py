@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dledger_commitlog.client import MemberInfo, NodeStatus, StatusError, StoredMessage
-from dledger_commitlog.client.groups import GroupDescription, GroupSummary
+from dledger_commitlog.client.groups import DeadLetters, GroupDescription, GroupSummary
 
 
 def message_json(m: StoredMessage) -> dict[str, Any]:
@@ -102,4 +102,14 @@ def describe_json(d: GroupDescription) -> dict[str, Any]:
         "subscriptions": [dataclasses.asdict(s) for s in d.subscriptions],
         "members": [dataclasses.asdict(m) for m in d.members],
         "queues": [dataclasses.asdict(q) for q in d.queues],
+    }
+
+
+def dlq_json(dead: DeadLetters) -> dict[str, Any]:
+    """A read of a group's dead-letter queue (and how many of them were resent)."""
+    return {
+        "messages": [message_json(m) for m in dead.messages],
+        "resent": dead.resent,
+        "next_offset": dead.next_offset,
+        "max_offset": dead.max_offset,
     }

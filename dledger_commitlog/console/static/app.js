@@ -1,16 +1,19 @@
-// The console's single page: three views switched by the URL's #fragment, fed live
+// The console's single page: four views switched by the URL's #fragment, fed live
 // by the server-sent events of /api/v1/events (a snapshot of the cluster and its
-// topics each second; the browser reconnects a cut stream by itself).
+// topics each second; the browser reconnects a cut stream by itself); the groups
+// view polls the group views while it is shown.
 
 import { ClusterView } from "./cluster.js";
 import { TopicsView } from "./topics.js";
 import { SearchView } from "./search.js";
+import { GroupsView } from "./groups.js";
 
-const PAGES = ["cluster", "topics", "search"];
+const PAGES = ["cluster", "topics", "groups", "search"];
 const live = document.getElementById("live");
 const cluster = new ClusterView(document.getElementById("page-cluster"));
 const topics = new TopicsView(document.getElementById("page-topics"));
 new SearchView(document.getElementById("page-search"));
+const groups = new GroupsView(document.getElementById("page-groups"));
 
 function show() {
   const wanted = location.hash.slice(1).split("?")[0];
@@ -22,6 +25,7 @@ function show() {
     else link.removeAttribute("aria-current");
   }
   if (page === "topics") topics.redraw();
+  groups.show(page === "groups");
 }
 
 function connect() {

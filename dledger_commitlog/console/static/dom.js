@@ -63,3 +63,27 @@ export async function getJson(path) {
   }
   return doc;
 }
+
+/** POST a JSON document to the API (with the header its CSRF rule asks for); the
+ * answer, or an Error with the API's message. */
+export async function postJson(path, doc) {
+  const reply = await fetch(path, {
+    method: "POST",
+    headers: { Accept: "application/json", "Content-Type": "application/json", "X-Dledger-Request": "1" },
+    body: JSON.stringify(doc),
+  });
+  const answer = await reply.json().catch(() => null);
+  if (!reply.ok) throw new Error(answer?.error?.message ?? `${reply.status} ${reply.statusText}`);
+  return answer;
+}
+
+/** Ask in the page's confirmation dialog; true when the user confirms. */
+export function confirmAction(text) {
+  const dialog = document.getElementById("confirm");
+  document.getElementById("confirm-text").textContent = text;
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
+    dialog.returnValue = "";
+    dialog.showModal();
+  });
+}
