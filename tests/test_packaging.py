@@ -25,8 +25,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXTRA_LINE = "this needs the [analytics] extra: pip install 'dledger-py[analytics]'"
 HEAVY = ("pyspark", "pyarrow", "matplotlib", "toxiproxy")
-_NOT_SOURCES = (".git", ".venv", "build", "*.egg-info", "__pycache__", "*_cache", ".hypothesis")
-_NOT_SOURCES += ("run-demo", "data", "spark-warehouse", "metastore_db", "tests", "bench")
+_NOT_SOURCES: tuple[str, ...] = (".git", ".venv", "build", "*.egg-info", "__pycache__", "*_cache")
+_NOT_SOURCES += (".hypothesis", "run-demo", "data", "spark-warehouse", "metastore_db", "tests")
 
 
 def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 120) -> str:

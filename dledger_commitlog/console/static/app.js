@@ -3,7 +3,7 @@
 // topics each second; the browser reconnects a cut stream by itself); the groups
 // view polls the group views while it is shown.
 
-import { ClusterView } from "./cluster.js";
+import { ClusterView } from "./cluster_view.js";
 import { TopicsView } from "./topics.js";
 import { SearchView } from "./search.js";
 import { GroupsView } from "./groups.js";
