@@ -111,21 +111,23 @@ class Params:
         return out
 
 
+def _checked_name(text: str, what: str) -> str:
+    """`text` as a name of `what` ("topic", "group"); else 400 naming `what`."""
+    try:
+        check_name(text, what)
+    except InvalidMessage as exc:
+        raise bad(what, str(exc)) from None
+    return text
+
+
 def topic_name(text: str) -> str:
     """A topic from the path (400 naming `topic` if it is no topic name)."""
-    try:
-        check_name(text, "topic")
-    except InvalidMessage as exc:
-        raise bad("topic", str(exc)) from None
-    return text
+    return _checked_name(text, "topic")
 
 
 def group_name(text: str) -> str:
-    try:
-        check_name(text, "group")
-    except InvalidMessage as exc:
-        raise bad("group", str(exc)) from None
-    return text
+    """A consumer group from the path (400 naming `group` if it is no group name)."""
+    return _checked_name(text, "group")
 
 
 def msg_id_of(text: str) -> str:
