@@ -29,10 +29,17 @@ _NOT_SOURCES: tuple[str, ...] = (".git", ".venv", "build", "*.egg-info", "__pyca
 _NOT_SOURCES += (".hypothesis", "run-demo", "data", "spark-warehouse", "metastore_db", "tests")
 
 
-def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 120) -> str:
-    done = subprocess.run(
+def call(
+    cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 120) -> str:
+    """`cmd`'s stdout; it must succeed."""
+    done = call(cmd, cwd, env, timeout)
     assert done.returncode == 0, f"{cmd}: {done.stdout}{done.stderr}"
     return done.stdout
 
@@ -94,28 +101,12 @@ def test_a_wheel_without_extras_runs_a_cluster_a_put_a_get_and_a_consumer(
             env,
         )
         assert "hello" in consumed
-        refused = subprocess.run(
-            [dledger, "analytics", "lag", *conn, "--group", "g"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        refused = call([dledger, "analytics", "lag", *conn, "--group", "g"], tmp_path, env)
         assert refused.returncode == 2
         assert refused.stderr.strip().splitlines() == [
             f"dledger analytics: {EXTRA_LINE} (pyspark, pyarrow, matplotlib are not installed)"
         ]
-        imported = subprocess.run(
-            [python, "-c", "import analytics.datasource"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        imported = call([python, "-c", "import analytics.datasource"], tmp_path, env)
         assert imported.returncode == 1 and EXTRA_LINE in imported.stderr.splitlines()[-1]
     finally:
         run([dledger, "cluster", "down", "--dir", str(cluster)], tmp_path, env)
@@ -130,9 +121,7 @@ def test_without_the_extra_only_the_analytics_commands_say_so() -> None:
         "print(main(['analytics', 'lag', '--group', 'g']), main(['export', '--topic', 't']))\n"
         "print('put' in build_parser().format_help())\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
+    done = call([sys.executable, "-c", code])
     assert done.stdout.split() == ["2", "2", "True"], done.stderr
     assert done.stderr.splitlines() == [
         f"dledger {name}: {EXTRA_LINE} (pyspark is not installed)"
