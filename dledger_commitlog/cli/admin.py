@@ -34,7 +34,6 @@ from dledger_commitlog.cli.commands import (
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import ClientError, NodeStatus, StatusError
 from dledger_commitlog.console.views import leader_members, member_json, status_json
-from dledger_commitlog.log.verify import progress_bar, verify_store
 from dledger_commitlog.node.config import NodeConfig
 
 
@@ -94,6 +93,9 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
     _verify_args,
 )
 def _verify(args: argparse.Namespace) -> int:
+    # the store's modules (numpy among them) load only for the command that reads a store
+    from dledger_commitlog.log.verify import progress_bar, verify_store
+
     data_dir = Path(args.data_dir)
     if not data_dir.is_dir():
         raise UsageError(f"{data_dir} is not a directory")
