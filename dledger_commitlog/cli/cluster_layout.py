@@ -48,6 +48,9 @@ from dledger_commitlog.node.config import (
 from dledger_commitlog.node.security import write_secret
 from store.fileio import write_atomically
 
+SECRET_FILE = "cluster.secret"
+PKI_DIR = "pki"
+ACL_FILE = "acl.toml"
 _PER_NODE = frozenset({"node_id", "data_dir", "peers", "routes", "listen_client", "listen_raft"})
 
 
@@ -324,15 +327,8 @@ class ClusterLayout:
         values: dict[str, Any] = {"cluster": self.cluster, "flush_mode": self.flush_mode}
         if spec.join:
             values["join"] = True
-        values["peer_secret_file"] = str(self.secret_path)
-        if self.tls:
-            values.update(
-                tls_ca=str(self.pki_dir / "ca.pem"),
-                tls_cert=str(self.pki_dir / f"node-{node_id}.pem"),
-                tls_key=str(self.pki_dir / f"node-{node_id}.key"),
-            )
-        if self.acl:
-            values["acl_file"] = str(self.directory / "acl.toml")
+        for setting, relative in self.security_files(node_id).items():
+            values[setting] = self._named(relative)
         values.update(self.extra_config)
         routes = tuple(
             Route(dst, addr)
@@ -385,17 +381,35 @@ class ClusterLayout:
         self.configs.pop(node_id, None)
         self._save()
 
+    def security_files(self, node_id: int) -> dict[str, Path]:
+        """The settings of node `node_id` that name a security file, each file's path
+        relative to the directory: the peers' secret; with TLS the CA and the node's
+        certificate and key; with an ACL the accounts."""
+        files = {"peer_secret_file": Path(SECRET_FILE)}
+        if self.tls:
+            pki = Path(PKI_DIR)
+            files |= {"tls_ca": pki / "ca.pem", "tls_cert": pki / f"node-{node_id}.pem"}
+            files["tls_key"] = pki / f"node-{node_id}.key"
+        if self.acl:
+            files["acl_file"] = Path(ACL_FILE)
+        return files
+
+    def _named(self, relative: Path) -> str:
+        """How a node's config names the directory's file `relative`: by its absolute
+        path (the nodes of a local cluster share the directory's files)."""
+        return str(self.directory / relative)
+
     def _check_usable(self) -> None:
         if self._refused is not None:
             raise ConfigError(f"{self.cluster_file}: {self._refused}")
 
     @property
     def secret_path(self) -> Path:
-        return self.directory / "cluster.secret"
+        return self.directory / SECRET_FILE
 
     @property
     def pki_dir(self) -> Path:
-        return self.directory / "pki"
+        return self.directory / PKI_DIR
 
     @property
     def credentials_path(self) -> Path | None:
@@ -420,7 +434,7 @@ class ClusterLayout:
         creds = self.credentials_path
         if creds is not None and not creds.exists():
             secret = secrets.token_hex(24)
-            write_acl(self.directory / "acl.toml", [Account("admin", secret, admin=True)])
+            write_acl(self.directory / ACL_FILE, [Account("admin", secret, admin=True)])
             text = f'access_key = "admin"\nsecret_key = "{secret}"\n'
             write_atomically(creds, text.encode(), mode=0o600)
 
