@@ -51,6 +51,7 @@ from store.fileio import write_atomically
 SECRET_FILE = "cluster.secret"
 PKI_DIR = "pki"
 ACL_FILE = "acl.toml"
+CREDENTIALS_FILE = "admin.credentials"
 _PER_NODE = frozenset({"node_id", "data_dir", "peers", "routes", "listen_client", "listen_raft"})
 
 
@@ -414,7 +415,7 @@ class ClusterLayout:
     @property
     def credentials_path(self) -> Path | None:
         """The admin's access and secret key (a cluster with an ACL)."""
-        return self.directory / "admin.credentials" if self.acl else None
+        return self.directory / CREDENTIALS_FILE if self.acl else None
 
     @property
     def tls_ca(self) -> Path | None:
