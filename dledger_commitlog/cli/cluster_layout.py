@@ -6,6 +6,9 @@ config, in NodeConfig's TOML layout, written by `node_toml` and read back by
 dirs, settings: what the CLI and `Client.from_cluster_file` read), the peers'
 secret `D/cluster.secret`, and with TLS or an ACL `D/pki/`, `D/acl.toml` and
 `D/admin.credentials`. It starts no process: `launcher.LocalCluster` adds that.
+A node's config names those files by their absolute paths in D (`security_files`,
+`_named`); `deploy.HostsLayout`, a cluster whose nodes run on hosts of their own,
+names each node's own copies instead.
 
 Membership (docs/operations.md): the nodes the directory was made with are its
 bootstrap group, each configured with the bootstrap ids as its peers. A node added
