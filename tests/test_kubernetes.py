@@ -15,8 +15,9 @@ its own loopback address (127.X.Y.N+1, the same ports in every pod, as pods on a
 pod network) and DLEDGER_HOSTS_FILE maps each pod's stable DNS name to that
 address, since this machine has no cluster DNS. Small log segments are passed as
 `serve` options. The three form a cluster and serve a put and a get; pod
-dledger-3 then joins by itself as a voter, and a pod whose volume is new under the
-id of a voter is refused.
+dledger-3 then joins by itself as a voter (of every shard, with the shards
+overlay, which runs the same way), and a pod whose volume is new under the id of a
+voter is refused.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from kubernetes_validate.utils import latest_version
 from dledger_commitlog.cli import commands, k8s_entry, probe
 from dledger_commitlog.cli import main as cli
 from dledger_commitlog.client import Client
+from dledger_commitlog.common.routes import shard_ids
 from dledger_commitlog.node.config import ConfigError, NodeConfig
 from tests.conftest import MAX_MESSAGE_BYTES, SMALL_SEGMENTS, wait_until
 from tests.kustomize import KustomizeError, Obj, merge, render
@@ -308,11 +310,13 @@ def kubelet(
 
 
 class Pods:
-    """Pods of the rendered base started as processes (see the module doc)."""
+    """Pods of a rendered layout started as processes (see the module doc)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, layout: str) -> None:
         self.root = root
-        self.objects = rendered("base")
+        self.objects = rendered(layout)
+        node_toml = the(self.objects, "ConfigMap")["data"]["node.toml"]
+        self.shards = shard_ids(tomllib.loads(node_toml).get("shards", {}).get("count", 1))
         self.net = f"127.{random.randint(100, 250)}.{random.randint(0, 255)}"
         self.hosts = root / "hosts"
         self.hosts.write_text(
@@ -380,9 +384,11 @@ class Pods:
                 proc.wait()
 
 
-@pytest.fixture(scope="module")
-def pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pods]:
-    running = Pods(tmp_path_factory.mktemp("pods"))
+@pytest.fixture(scope="module", params=["base", "overlays/shards"])
+def pods(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Pods]:
+    running = Pods(tmp_path_factory.mktemp("pods"), request.param)
     try:
         for ordinal in range(3):
             running.start(ordinal)
@@ -413,10 +419,17 @@ def test_a_fourth_pod_joins_as_a_voter(pods: Pods) -> None:
     with Client(servers, timeout_s=10) as client:
         put = client.put("orders", b"before the fourth")
         pods.start(3)
-        pods.wait(lambda: members(client), 20, "node 4 a voter", lambda m: m.get(4) == "voter")
+    for shard in pods.shards:  # a voter of every shard
+        with Client(servers, timeout_s=10, shard=shard) as client:
+            pods.wait(
+                partial(members, client),
+                20,
+                f"node 4 a voter of shard {shard}",
+                lambda m: m.get(4) == "voter",
+            )
     assert (pods.root / "dledger-3" / "data" / k8s_entry.JOINED_FILE).read_text() == "4\n"
     with Client([pods.client_address(3)], timeout_s=5) as four:
-        got = wait_until(lambda: four.get(put.msg_id), 10, "the get on node 4")
+        got = pods.wait(partial(four.get, put.msg_id), 10, "the get on node 4")
         assert got.body == b"before the fourth"
 
 

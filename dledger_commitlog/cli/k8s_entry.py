@@ -298,6 +298,8 @@ class Joiner(threading.Thread):
                 time.sleep(_RETRY_S)
 
     def _until_done(self, client: Client, shard: int) -> None:
+        """One step after the other (the leader waits for a learner to catch up before
+        it promotes it, within the call's time), a pause only after a refusal."""
         node, cfg = self._cfg.node_id, self._cfg
         while True:
             try:
@@ -305,15 +307,14 @@ class Joiner(threading.Thread):
                 if me is None:
                     client.member_add(node, cfg.me.raft, cfg.me.client, learner=True)
                     self._say(f"added to shard {shard} as a learner")
-                    if shard == 1:
-                        (self._data / JOINED_FILE).write_text(f"{node}\n")
-                elif me.role == "learner" and self._pod.join == "voter":
-                    client.member_promote(node)
-                    self._say(f"a voter of shard {shard}")
-                else:
-                    if shard == 1 and not (self._data / JOINED_FILE).exists():
-                        (self._data / JOINED_FILE).write_text(f"{node}\n")
+                    continue
+                if shard == 1 and not (self._data / JOINED_FILE).exists():
+                    (self._data / JOINED_FILE).write_text(f"{node}\n")
+                if me.role == "voter" or self._pod.join == "learner":
                     return
+                client.member_promote(node)
+                self._say(f"a voter of shard {shard}")
+                continue
             except ChangeRefused as exc:
                 self._say(f"shard {shard} refuses for now: {exc.message}")
             except ClientError as exc:
