@@ -7,17 +7,18 @@ fails) of the oldest and the newest version docs/kubernetes.md supports. The
 invariants a reviewer would check by eye are asserted on the rendered objects.
 
 Then the StatefulSet's own container runs: `pods` plays the kubelet for pods
-dledger-0..2 of the rendered base. It writes the ConfigMap's keys and the Secrets
-into a directory per mount, starts the container's args (`dledger serve
---from-env ...`) with the container's environment (HOSTNAME set, POD_NAMESPACE
-from the downward API), and two variables only a test gives: each pod listens on
-its own loopback address (127.X.Y.N+1, the same ports in every pod, as pods on a
-pod network) and DLEDGER_HOSTS_FILE maps each pod's stable DNS name to that
-address, since this machine has no cluster DNS. Small log segments are passed as
-`serve` options. The three form a cluster and serve a put and a get; pod
-dledger-3 then joins by itself as a voter (of every shard, with the shards
-overlay, which runs the same way), and a pod whose volume is new under the id of a
-voter is refused.
+dledger-0..2 of each rendered layout (base, tls-acl, shards). It writes the
+ConfigMap's keys and the Secrets (for tls-acl: a PKI, an ACL with one admin, its
+credentials) into a directory per mount, starts the container's args (`dledger
+serve --from-env ...`) with the container's environment (HOSTNAME set,
+POD_NAMESPACE from the downward API), and two variables only a test gives: each pod
+listens on its own loopback address (127.X.Y.N+1, the same ports in every pod, as
+pods on a pod network) and DLEDGER_HOSTS_FILE maps each pod's stable DNS name to
+that address, since this machine has no cluster DNS. Small log segments are passed
+as `serve` options. The three form a cluster and serve a put and a get; pod
+dledger-3 then joins by itself as a voter (of every shard with the shards overlay,
+as the admin over TLS with tls-acl), and a pod whose volume is new under the id of
+a voter is refused.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ from kubernetes_validate.utils import latest_version
 
 from dledger_commitlog.cli import commands, k8s_entry, probe
 from dledger_commitlog.cli import main as cli
+from dledger_commitlog.cli.certs import make_dev_pki
 from dledger_commitlog.client import Client
 from dledger_commitlog.common.routes import shard_ids
+from dledger_commitlog.node.acl import Account, write_acl
 from dledger_commitlog.node.config import ConfigError, NodeConfig
 from tests.conftest import MAX_MESSAGE_BYTES, SMALL_SEGMENTS, wait_until
 from tests.kustomize import KustomizeError, Obj, merge, render
@@ -265,7 +268,11 @@ def test_bad_pod_environments_are_one_line_and_exit_2(
 
 
 def kubelet(
-    objects: list[Obj], ordinal: int, root: Path, extra_env: dict[str, str] | None = None
+    objects: list[Obj],
+    ordinal: int,
+    root: Path,
+    extra_env: dict[str, str] | None = None,
+    secrets: dict[str, dict[str, str]] = SECRETS,
 ) -> tuple[list[str], dict[str, str]]:
     """The command and environment of pod `ordinal`'s container, its volumes written
     under `root` (ConfigMap keys and Secrets as files; claims and emptyDirs empty)."""
@@ -281,7 +288,7 @@ def kubelet(
         if "configMap" in volume:
             files = the(objects, "ConfigMap", volume["configMap"]["name"])["data"]
         elif "secret" in volume:
-            files = SECRETS.get(volume["secret"]["secretName"], {})
+            files = secrets.get(volume["secret"]["secretName"], {})
         local[mount["mountPath"]] = where
         for name, text in files.items():
             (where / name).write_text(text)
@@ -326,6 +333,42 @@ class Pods:
             )
         )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.secrets = dict(SECRETS)
+        self.tls_ca = ""
+        self.credentials: tuple[str, str] | None = None
+        if layout == "overlays/tls-acl":
+            self._tls_and_acl()
+
+    def _tls_and_acl(self) -> None:
+        """The Secrets docs/kubernetes.md makes: node certificates naming the pods'
+        addresses, an ACL with one admin, the admin's credentials."""
+        pki = make_dev_pki(self.root / "pki", range(1, 6), [self.ip(i) for i in range(5)])
+        tls = {"ca.pem": pki.ca.read_text()}
+        for i in range(1, 6):
+            tls |= {f"node-{i}.pem": pki.node_cert(i).read_text()}
+            tls |= {f"node-{i}.key": pki.node_key(i).read_text()}
+        secret_key = "k8s-test-admin-secret-key"
+        write_acl(self.root / "acl.toml", [Account("admin", secret_key, admin=True)])
+        self.secrets |= {
+            "dledger-tls": tls,
+            "dledger-acl": {"acl.toml": (self.root / "acl.toml").read_text()},
+            "dledger-admin": {
+                "admin.credentials": f'access_key = "admin"\nsecret_key = "{secret_key}"\n'
+            },
+        }
+        self.tls_ca, self.credentials = str(pki.ca), ("admin", secret_key)
+
+    def client(self, servers: list[str], timeout_s: float, shard: int = 1) -> Client:
+        return Client(
+            servers,
+            timeout_s=timeout_s,
+            shard=shard,
+            tls_ca=self.tls_ca or None,
+            credentials=self.credentials,
+        )
+
+    def probe(self, address: str, *more: str) -> int:
+        return probe.main([address, *more, *(["--tls-ca", self.tls_ca] if self.tls_ca else [])])
 
     def ip(self, ordinal: int) -> str:
         return f"{self.net}.{ordinal + 1}"
@@ -337,7 +380,7 @@ class Pods:
         name = name or f"dledger-{ordinal}"
         home = self.root / name
         test_only = {"DLEDGER_LISTEN_HOST": self.ip(ordinal), "DLEDGER_HOSTS_FILE": str(self.hosts)}
-        argv, env = kubelet(self.objects, ordinal, home, test_only)
+        argv, env = kubelet(self.objects, ordinal, home, test_only, self.secrets)
         small = ["--max-message-bytes", str(MAX_MESSAGE_BYTES)]
         for setting, value in SMALL_SEGMENTS.items():
             small += ["--" + setting.replace("_", "-"), str(value)]
@@ -384,7 +427,7 @@ class Pods:
                 proc.wait()
 
 
-@pytest.fixture(scope="module", params=["base", "overlays/shards"])
+@pytest.fixture(scope="module", params=LAYOUTS)
 def pods(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Pods]:
@@ -403,24 +446,24 @@ def members(client: Client) -> dict[int, str]:
 
 def test_three_pods_form_a_cluster_and_serve(pods: Pods) -> None:
     servers = [pods.client_address(i) for i in range(3)]
-    with Client(servers, timeout_s=20) as client:
+    with pods.client(servers, timeout_s=20) as client:
         put = pods.wait(lambda: client.put("orders", b"hello from a pod"), 20, "a put")
         assert members(client) == {1: "voter", 2: "voter", 3: "voter"}
     for i in range(3):  # every replica serves it (once it has applied it)
-        with Client([pods.client_address(i)], timeout_s=5) as one:
+        with pods.client([pods.client_address(i)], timeout_s=5) as one:
             got = pods.wait(partial(one.get, put.msg_id), 10, f"the get on pod {i}")
             assert got.body == b"hello from a pod"
-    assert probe.main([pods.client_address(0)]) == 0
-    assert probe.main([f"{pods.ip(4)}:7001", "--timeout", "0.5"]) == 1  # nobody there
+    assert pods.probe(pods.client_address(0)) == 0
+    assert pods.probe(f"{pods.ip(4)}:7001", "--timeout", "0.5") == 1  # nobody there
 
 
 def test_a_fourth_pod_joins_as_a_voter(pods: Pods) -> None:
     servers = [pods.client_address(i) for i in range(3)]
-    with Client(servers, timeout_s=10) as client:
+    with pods.client(servers, timeout_s=10) as client:
         put = client.put("orders", b"before the fourth")
         pods.start(3)
     for shard in pods.shards:  # a voter of every shard
-        with Client(servers, timeout_s=10, shard=shard) as client:
+        with pods.client(servers, timeout_s=10, shard=shard) as client:
             pods.wait(
                 partial(members, client),
                 20,
@@ -428,13 +471,13 @@ def test_a_fourth_pod_joins_as_a_voter(pods: Pods) -> None:
                 lambda m: m.get(4) == "voter",
             )
     assert (pods.root / "dledger-3" / "data" / k8s_entry.JOINED_FILE).read_text() == "4\n"
-    with Client([pods.client_address(3)], timeout_s=5) as four:
+    with pods.client([pods.client_address(3)], timeout_s=5) as four:
         got = pods.wait(partial(four.get, put.msg_id), 10, "the get on node 4")
         assert got.body == b"before the fourth"
 
 
 def test_a_new_volume_under_a_voters_id_is_refused(pods: Pods) -> None:
-    with Client([pods.client_address(0)], timeout_s=10) as client:
+    with pods.client([pods.client_address(0)], timeout_s=10) as client:
         if members(client).get(4) != "voter":
             pytest.skip("needs node 4 a voter (test_a_fourth_pod_joins_as_a_voter)")
     proc = pods.start(3, name="dledger-3-new-volume")
