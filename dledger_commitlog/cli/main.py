@@ -24,6 +24,7 @@ from typing import Any
 
 from dledger_commitlog.cli import admin as admin  # registers the operator's commands
 from dledger_commitlog.cli import console as console  # registers `dledger console`
+from dledger_commitlog.cli import deploy as deploy  # registers `dledger cluster init`
 from dledger_commitlog.cli import groups as groups  # registers the consumer-group commands
 from dledger_commitlog.cli import k8s_entry  # `serve --from-env`: a StatefulSet's pod
 from dledger_commitlog.cli import members as members  # registers the membership commands
