@@ -292,11 +292,12 @@ def kubelet(
         local[mount["mountPath"]] = where
         for name, text in files.items():
             (where / name).write_text(text)
-    for where in local.values():  # a path in a ConfigMap's file names a mount too
+    # A path in a ConfigMap's file names a mount too: all replaced in one pass, so a
+    # replaced path is never replaced again (a mount at /tmp, a test's root under /tmp).
+    mounted = re.compile('"(' + "|".join(re.escape(p) for p in sorted(local, key=len)[::-1]) + ")/")
+    for where in local.values():
         for file in where.iterdir():
-            text = file.read_text()
-            for path, there in local.items():
-                text = text.replace(f'"{path}/', f'"{there}/')
+            text = mounted.sub(lambda m: f'"{local[m.group(1)]}/', file.read_text())
             file.write_text(text)
 
     def on_this_machine(text: str) -> str:
