@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -42,7 +42,6 @@ from dledger_commitlog.cli.cluster_layout import ClusterLayout, shards_config
 from dledger_commitlog.cli.snapshot_files import (
     CopyJob,
     Manifest,
-    Readable,
     SavedShard,
     SnapshotError,
     copy_many,
@@ -112,7 +111,7 @@ def _restore_shard(root: Path, shard: SavedShard, dirs: Sequence[Path]) -> None:
     first = dirs[0]
     jobs = [
         CopyJob(
-            _reader(root / f.path),
+            root / f.path,
             first / Path(f.path).relative_to(shard.dir),
             f.size,
             str(root / f.path),
@@ -133,10 +132,6 @@ def _restore_shard(root: Path, shard: SavedShard, dirs: Sequence[Path]) -> None:
     with ThreadPoolExecutor(2, thread_name_prefix="snapshot-clone") as pool:
         for done in [pool.submit(_clone, first, d) for d in dirs[1:]]:
             done.result()
-
-
-def _reader(path: Path) -> Callable[[], Readable]:
-    return lambda: open(path, "rb", buffering=0)
 
 
 def _open_store(data: Path, shard: SavedShard) -> int:

@@ -47,7 +47,6 @@ from dledger_commitlog.cli.cluster_layout import ClusterError, ClusterLayout
 from dledger_commitlog.cli.snapshot_files import (
     CopyJob,
     Manifest,
-    Readable,
     SavedFile,
     SavedShard,
     SnapshotError,
@@ -146,9 +145,9 @@ def _save_shard(
         out = root / f"shard-{shard}"
         for rel, raw in names:
             if raw is not None:
-                jobs.append(_job(out, rel, io.BytesIO(raw), len(raw), str(data / rel)))
+                jobs.append(CopyJob(raw, out / rel, len(raw), str(data / rel)))
         for rel, (f, size) in pinned.items():
-            jobs.append(_job(out, rel, f, size, str(data / rel)))
+            jobs.append(CopyJob(f, out / rel, size, str(data / rel)))
         for d in {j.dest.parent for j in jobs}:
             mkdir_durably(d)
         digests = copy_many(jobs)
@@ -164,10 +163,6 @@ def _save_shard(
     return SavedShard(
         shard, leader.node_id, at.leader.term, at.index, at.pos, first_index, start_pos, files
     )
-
-
-def _job(out: Path, rel: str, source: Readable, size: int, name: str) -> CopyJob:
-    return CopyJob(lambda: source, out / rel, size, name)
 
 
 def _read_small(path: Path) -> bytes | None:
