@@ -281,3 +281,18 @@ def test_restoring_over_a_non_empty_directory_is_refused(
     (tmp_path / "d" / "keep").write_text("mine")
     assert "not empty" in _restore(saved.path, tmp_path / "d", capsys)
     assert [p.name for p in (tmp_path / "d").iterdir()] == ["keep"]
+
+
+def test_saving_into_a_non_empty_directory_is_refused(
+    saved: Saved, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "keep").write_text("mine")
+    args = ["snapshot", "save", "--cluster", str(saved.source.cluster_file), "--to"]
+    assert cli.main([*args, str(tmp_path / "d")]) == 2
+    assert "not an empty directory" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "d").iterdir()] == ["keep"]
+    assert (
+        cli.main(["snapshot", "save", "--cluster", str(tmp_path / "none.json"), "--to", "x"]) == 2
+    )
+    assert "no such cluster file" in capsys.readouterr().err

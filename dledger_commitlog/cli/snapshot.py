@@ -33,6 +33,8 @@ def _save(args: argparse.Namespace) -> int:
         raise UsageError("which cluster? pass --cluster FILE (its cluster.json)")
     if args.servers:
         raise UsageError("save copies the nodes' files: pass --cluster FILE, not --servers")
+    if not Path(cluster_file).is_file():
+        raise UsageError(f"{cluster_file}: no such cluster file")
     layout = ClusterLayout(Path(cluster_file).parent)
 
     def client_of(shard: int) -> Client:
