@@ -442,6 +442,11 @@ class ClusterLayout:
             text = f'access_key = "admin"\nsecret_key = "{secret}"\n'
             write_atomically(creds, text.encode(), mode=0o600)
 
+    def write(self) -> None:
+        """Write the directory's files (node configs, security files, cluster.json) and
+        start nothing: a directory made ready for `dledger cluster up`."""
+        self._write_layout()
+
     def _write_layout(self) -> None:
         self._check_usable()
         self._write_security()

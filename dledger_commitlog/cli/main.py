@@ -30,6 +30,7 @@ from dledger_commitlog.cli import k8s_entry  # `serve --from-env`: a StatefulSet
 from dledger_commitlog.cli import members as members  # registers the membership commands
 from dledger_commitlog.cli import messages as messages  # registers the message commands
 from dledger_commitlog.cli import scaleout as scaleout  # registers the topic and shard commands
+from dledger_commitlog.cli import snapshot as snapshot  # registers the backup commands
 from dledger_commitlog.cli.commands import (
     _REGISTRY,
     FIELD_TYPES,
