@@ -1,11 +1,11 @@
 """The Raft peer link (h2grpc), in one process over real loopback sockets.
 
-Messages arrive whole and in order, with mTLS and peer tokens too; a bad stream is
-refused as gRPC would refuse it, seen by a grpcio client as an outsider would use
-one (a batch that does not parse is INVALID_ARGUMENT, one past 64 MiB
-RESOURCE_EXHAUSTED, a sender of another wire version FAILED_PRECONDITION naming both); a stalled peer neither blocks the loop nor grows a queue; a
-restarted peer is reached again within an election timeout; a connection whose
-pings go unanswered is replaced.
+Messages arrive whole and in order, with mTLS and peer tokens too; a bad stream is refused as
+gRPC would refuse it, seen by a grpcio client as an outsider would use one (a batch
+that does not parse is INVALID_ARGUMENT, one past 64 MiB RESOURCE_EXHAUSTED, a
+sender of another wire version FAILED_PRECONDITION naming both); a stalled peer
+neither blocks the loop nor grows a queue; a restarted peer is reached again within
+an election timeout; a connection whose pings go unanswered is replaced.
 """
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
 """Workloads and checks shared by the integration, dispatch and chaos tests.
 
 `Writers` are threads that put unique messages and record every acknowledged
-put; `read_all` reads everything a node has committed; `check_acked` asserts
-that every acknowledged put is there, once, at its offset, with its body.
+put, with when it started and how long it took; `read_all` reads everything a node
+has committed; `check_acked` asserts that every acknowledged put is there, once, at
+its offset, with its body.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +51,8 @@ def leader_and_follower(cluster: LocalCluster) -> tuple[int, int]:
 class Acked:
     body: bytes
     result: PutResult
+    started: float = 0.0  # time.monotonic() at the put's call
+    seconds: float = 0.0  # until it was acknowledged (retries included)
 
 
 class Writers:
@@ -87,6 +91,7 @@ class Writers:
             i = 0
             while not self._stop.is_set() and (limit is None or i < limit):
                 body = body_for(f"{self.topic}/w{writer}/{i}", self.body_bytes)
+                started = time.monotonic()
                 try:
                     if self.keyed:
                         result = client.put(
@@ -98,8 +103,9 @@ class Writers:
                     with self._lock:
                         self.errors.append(exc)
                 else:
+                    seconds = time.monotonic() - started
                     with self._lock:
-                        self.acked.append(Acked(body, result))
+                        self.acked.append(Acked(body, result, started, seconds))
                 i += 1
 
     def join(self, stop: bool = False) -> list[Acked]:

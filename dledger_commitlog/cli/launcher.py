@@ -93,8 +93,9 @@ class LocalCluster(ClusterLayout):
             return not Path("/proc/self").exists()  # no /proc: trust the record
         return str(self.specs[node_id].config_path).encode() in cmdline
 
-    def start(self, node_id: int) -> None:
-        """Start node `node_id` unless it runs; returns once the process exists."""
+    def start(self, node_id: int, drained: bool = False) -> None:
+        """Start node `node_id` unless it runs; returns once the process exists.
+        `drained`: it starts drained (`dledger serve --drained`, docs/upgrades.md)."""
         if self.is_running(node_id):
             return
         self._check_usable()
@@ -114,6 +115,7 @@ class LocalCluster(ClusterLayout):
             "serve",
             "--config",
             str(spec.config_path),
+            *(["--drained"] if drained else []),
         ]
         with spec.log_path.open("ab") as log:
             log.write(

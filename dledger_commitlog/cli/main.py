@@ -25,6 +25,7 @@ from typing import Any
 from dledger_commitlog.cli import admin as admin  # registers the operator's commands
 from dledger_commitlog.cli import console as console  # registers `dledger console`
 from dledger_commitlog.cli import groups as groups  # registers the consumer-group commands
+from dledger_commitlog.cli import maintenance as maintenance  # registers drain, rolling-restart
 from dledger_commitlog.cli import members as members  # registers the membership commands
 from dledger_commitlog.cli import messages as messages  # registers the message commands
 from dledger_commitlog.cli import scaleout as scaleout  # registers the topic and shard commands
