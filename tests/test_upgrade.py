@@ -62,10 +62,7 @@ def test_an_earlier_release_runs_beside_this_one_and_upgrades_in_place(
             for target in (OLD, 1):  # the old release leads the new ones, then the reverse
                 with cluster.client() as client:
                     assert client.transfer_leadership(target) == target
-                done = writers.count()
-                wait_until(
-                    writers.count, 10.0, f"puts under node {target}", lambda n, d=done: n >= d + 40
-                )
+                writers.wait_for_more(40, 10.0, f"puts under node {target}")
             cluster.stop(OLD)
             del cluster.interpreters[OLD]
             cluster.start(OLD)
@@ -75,8 +72,7 @@ def test_an_earlier_release_runs_beside_this_one_and_upgrades_in_place(
                 "the upgraded node answers",
             )
             assert upgraded is not None and upgraded.version == software_version()
-            done = writers.count()
-            wait_until(writers.count, 10.0, "puts after the upgrade", lambda n: n >= done + 40)
+            writers.wait_for_more(40, 10.0, "puts after the upgrade")
         finally:
             acked = writers.join(stop=True)
         assert acked and writers.errors == []

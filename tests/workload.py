@@ -21,6 +21,7 @@ from dledger_commitlog.client import ClientError, PutResult
 from proto import dledger_pb2 as pb
 from store.entry_format import HEADER_SIZE
 from store.message import StoredMessage, decode_message
+from tests.conftest import wait_until
 
 
 def split_messages(buf: bytes) -> list[StoredMessage]:
@@ -85,6 +86,11 @@ class Writers:
     def count(self) -> int:
         with self._lock:
             return len(self.acked)
+
+    def wait_for_more(self, more: int, timeout_s: float, what: str) -> None:
+        """Wait until `more` puts beyond those acknowledged now are (fail naming `what`)."""
+        target = self.count() + more
+        wait_until(self.count, timeout_s, what, lambda n: n >= target)
 
     def _run(self, writer: int, limit: int | None) -> None:
         with self.cluster.client(timeout_s=10.0) as client:
