@@ -39,6 +39,7 @@ from dledger_commitlog.cli.commands import (
 from dledger_commitlog.cli.launcher import ClusterError, LocalCluster
 from dledger_commitlog.client import ChangeRefused, Client, ClientError, NodeStatus
 from dledger_commitlog.common.routes import shard_ids
+from dledger_commitlog.console.views import leader_of
 
 Clients = Callable[[int], Client]  # shard -> a client of that shard (closed by the caller)
 _POLL_S = 0.1
@@ -105,7 +106,7 @@ def undrain_node(
     """Undrain node `node` in `shards` (default: every shard it hosts); the shards."""
     address = address or node_address(clients, node)
     out = []
-    for g, client in _each(clients, shards or cluster_shards(clients)):
+    for g, client in _each(clients, cluster_shards(clients) if shards is None else shards):
         try:
             client.drain(address, drained=False)
         except ClientError as exc:
@@ -180,10 +181,12 @@ def _committed(cluster: LocalCluster, shard: int, address: str) -> int:
 
 
 def _leader_commit(cluster: LocalCluster, shard: int) -> int | None:
+    """The committed index of `shard`'s leader (None: no leader answers)."""
     with cluster.client(shard=shard) as client:
-        statuses = client.status_all(timeout_s=0.5)
-    leaders = [s for s in statuses if isinstance(s, NodeStatus) and s.role == "leader"]
-    return max(leaders, key=lambda s: s.term).committed_index if leaders else None
+        statuses = dict(enumerate(client.status_all(timeout_s=0.5)))
+    leader = leader_of(statuses)
+    found = [s for s in statuses.values() if isinstance(s, NodeStatus) and s.node_id == leader]
+    return found[0].committed_index if found else None
 
 
 def rolling_restart(
