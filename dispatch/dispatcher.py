@@ -53,6 +53,8 @@ from typing import Protocol
 
 import numpy as np
 
+from dispatch.names import OFFSETS_TOPIC as OFFSETS_TOPIC
+from dispatch.names import SYSTEM_TOPIC_PREFIX as SYSTEM_TOPIC_PREFIX
 from store.arrays import I64s
 from store.checkpoint import AbortMarker, StoreCheckpoint
 from store.consume_queue import UNIT_DTYPE, ConsumeQueue, discover_queues
@@ -65,8 +67,6 @@ from store.message_batch import HeaderBatch, peek_headers
 
 log = logging.getLogger(__name__)
 
-OFFSETS_TOPIC = "%SYS%OFFSETS"
-SYSTEM_TOPIC_PREFIX = "%SYS%"
 _OFFSETS_FILE = "consumer_offsets.json"
 _CHECKPOINT_FILE = "checkpoint"
 _ABORT_FILE = "abort"

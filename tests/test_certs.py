@@ -355,6 +355,7 @@ def test_key_files_are_private_whatever_the_umask(tmp_path: Path) -> None:
         {"hosts": [""]},
         {"hosts": ["fe80::1%eth0"]},
         {"hosts": ["bücher.example"]},
+        {"hosts": ["10.0.0.300"]},  # no IP, and a last label of digits is no DNS name
         {"clients": "client"},
         {"clients": ["ca"]},
         {"clients": ["node-4"]},

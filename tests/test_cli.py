@@ -343,14 +343,14 @@ def test_serve_offers_every_node_setting() -> None:
 
 
 def test_cluster_set_values_and_registry(capsys: pytest.CaptureFixture[str]) -> None:
-    assert admin._extra_config([("tick_ms", "20"), ("force_clean_ratio", "0.5")]) == {
+    assert commands.node_settings([("tick_ms", "20"), ("force_clean_ratio", "0.5")]) == {
         "tick_ms": 20,
         "force_clean_ratio": 0.5,
     }
     with pytest.raises(commands.UsageError, match="not a node setting"):
-        admin._extra_config([("nope", "1")])
+        commands.node_settings([("nope", "1")])
     with pytest.raises(commands.UsageError, match="tick_ms=x"):
-        admin._extra_config([("tick_ms", "x")])
+        commands.node_settings([("tick_ms", "x")])
 
     def configure(p: argparse.ArgumentParser) -> None:
         p.add_argument("--now", action="store_true")

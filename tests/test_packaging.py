@@ -52,16 +52,17 @@ def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
     # built from a copy: a build leaves build/ and *.egg-info beside the sources
     tree = home / "tree"
     shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(*_NOT_SOURCES))
-    run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(home), str(tree)],
-        home,
-        env,
-        timeout=300,
-    )
+    # The build backend is this venv's setuptools (no isolated build env to make: the
+    # wheel is the same), and this venv's pip installs into the new venv (`--python`),
+    # which needs no pip of its own: 14 s less than an isolated build and ensurepip.
+    pip = [sys.executable, "-m", "pip"]
+    wheel_cmd = [*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(home)]
+    run([*wheel_cmd, str(tree)], home, env, timeout=300)
     (wheel,) = home.glob("dledger_py-*.whl")
     venv = home / "venv"
-    run([sys.executable, "-m", "venv", str(venv)], home, env)
-    run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], home, env, timeout=600)
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)], home, env)
+    install = [*pip, "--python", str(venv / "bin" / "python"), "install", "-q", str(wheel)]
+    run(install, home, env, timeout=600)
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     yield venv, env
 

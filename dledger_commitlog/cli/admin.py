@@ -13,14 +13,12 @@ when it runs.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from dledger_commitlog.cli.cluster_layout import saved_extra_config, shards_config
 from dledger_commitlog.cli.commands import (
-    FIELD_TYPES,
     RenamedOption,
     UsageError,
     cluster_dir,
@@ -29,13 +27,12 @@ from dledger_commitlog.cli.commands import (
     key_value,
     make_client,
     members_table,
+    node_settings,
     table,
 )
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import ClientError, NodeStatus, StatusError
 from dledger_commitlog.console.views import leader_members, member_json, status_json
-from dledger_commitlog.log.verify import progress_bar, verify_store
-from dledger_commitlog.node.config import NodeConfig
 
 
 def with_members(text: str, statuses: Sequence[NodeStatus | StatusError]) -> str:
@@ -95,6 +92,9 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
     _verify_args,
 )
 def _verify(args: argparse.Namespace) -> int:
+    # the store's modules (numpy among them) load only for the command that reads a store
+    from dledger_commitlog.log.verify import progress_bar, verify_store
+
     data_dir = Path(args.data_dir)
     if not data_dir.is_dir():
         raise UsageError(f"{data_dir} is not a directory")
@@ -193,24 +193,10 @@ def _dir_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", metavar="D", help="cluster directory (holds cluster.json)")
 
 
-def _extra_config(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
-    kinds = {f.name: FIELD_TYPES.get(str(f.type)) for f in dataclasses.fields(NodeConfig)}
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        kind = kinds.get(key)
-        if kind is None:
-            raise UsageError(f"--set {key}: not a node setting")
-        try:
-            out[key] = kind(value)
-        except ValueError as exc:
-            raise UsageError(f"--set {key}={value}: {exc}") from exc
-    return out
-
-
 @command("cluster up", "start a local cluster (or restart a stopped one)", _cluster_up_args)
 def _cluster_up(args: argparse.Namespace) -> int:
     try:
-        extra = _extra_config(args.set)
+        extra = node_settings(args.set)
         if args.shards is not None:
             saved = saved_extra_config(cluster_dir(args))
             had = int(saved.get("shard_count", 1))

@@ -343,29 +343,38 @@ def _parse_hosts(
     dns_names = list(_DEFAULT_DNS)
     ips = list(_DEFAULT_IPS)
     for host in hosts:
-        if not isinstance(host, str):
-            raise ValueError(f"a host is a string, not {host!r}")
-        text = host.strip()
-        if text.startswith("[") and text.endswith("]"):  # [fd00::1]
-            text = text[1:-1]
-        try:
-            ip = ipaddress.ip_address(text)
-        except ValueError:
-            ip = None
-        if ip is not None:
-            if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id:
-                raise ValueError(f"host {host!r}: a zone index (%...) cannot be in a certificate")
-            if ip not in ips:
-                ips.append(ip)
-            continue
-        if text.count(":") == 1 and text.rsplit(":", 1)[1].isdigit():
-            raise ValueError(f"host {host!r} looks like host:port; give the host alone")
-        name = text.rstrip(".").lower()
-        if len(name) > 253 or not _DNS_NAME.fullmatch(name):
-            raise ValueError(f"host {host!r} is neither an IP address nor a DNS name")
-        if name not in dns_names:
-            dns_names.append(name)
+        value = parse_host(host)
+        if isinstance(value, str):
+            if value not in dns_names:
+                dns_names.append(value)
+        elif value not in ips:
+            ips.append(value)
     return dns_names, ips
+
+
+def parse_host(host: str) -> str | ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """`host` as a certificate names it: an IP address (`[v6]` too; no zone index) or a
+    DNS name (lower case, no trailing dot; a last label of digits only is no name, so
+    10.0.0.300 is refused). ValueError naming `host` otherwise."""
+    if not isinstance(host, str):
+        raise ValueError(f"a host is a string, not {host!r}")
+    text = host.strip()
+    if text.startswith("[") and text.endswith("]"):  # [fd00::1]
+        text = text[1:-1]
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        ip = None
+    if ip is not None:
+        if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id:
+            raise ValueError(f"host {host!r}: a zone index (%...) cannot be in a certificate")
+        return ip
+    if text.count(":") == 1 and text.rsplit(":", 1)[1].isdigit():
+        raise ValueError(f"host {host!r} looks like host:port; give the host alone")
+    name = text.rstrip(".").lower()
+    if len(name) > 253 or not _DNS_NAME.fullmatch(name) or name.rsplit(".", 1)[-1].isdigit():
+        raise ValueError(f"host {host!r} is neither an IP address nor a DNS name")
+    return name
 
 
 # ---------------------------------------------------------------- files

@@ -6,6 +6,9 @@ config, in NodeConfig's TOML layout, written by `node_toml` and read back by
 dirs, settings: what the CLI and `Client.from_cluster_file` read), the peers'
 secret `D/cluster.secret`, and with TLS or an ACL `D/pki/`, `D/acl.toml` and
 `D/admin.credentials`. It starts no process: `launcher.LocalCluster` adds that.
+A node's config names those files by their absolute paths in D (`security_files`,
+`_named`); `deploy.HostsLayout`, a cluster whose nodes run on hosts of their own,
+names each node's own copies instead.
 
 Membership (docs/operations.md): the nodes the directory was made with are its
 bootstrap group, each configured with the bootstrap ids as its peers. A node added
@@ -48,6 +51,10 @@ from dledger_commitlog.node.config import (
 from dledger_commitlog.node.security import write_secret
 from store.fileio import write_atomically
 
+SECRET_FILE = "cluster.secret"
+PKI_DIR = "pki"
+ACL_FILE = "acl.toml"
+CREDENTIALS_FILE = "admin.credentials"
 _PER_NODE = frozenset({"node_id", "data_dir", "peers", "routes", "listen_client", "listen_raft"})
 
 
@@ -324,15 +331,8 @@ class ClusterLayout:
         values: dict[str, Any] = {"cluster": self.cluster, "flush_mode": self.flush_mode}
         if spec.join:
             values["join"] = True
-        values["peer_secret_file"] = str(self.secret_path)
-        if self.tls:
-            values.update(
-                tls_ca=str(self.pki_dir / "ca.pem"),
-                tls_cert=str(self.pki_dir / f"node-{node_id}.pem"),
-                tls_key=str(self.pki_dir / f"node-{node_id}.key"),
-            )
-        if self.acl:
-            values["acl_file"] = str(self.directory / "acl.toml")
+        for setting, relative in self.security_files(node_id).items():
+            values[setting] = self._named(relative)
         values.update(self.extra_config)
         routes = tuple(
             Route(dst, addr)
@@ -385,22 +385,40 @@ class ClusterLayout:
         self.configs.pop(node_id, None)
         self._save()
 
+    def security_files(self, node_id: int) -> dict[str, Path]:
+        """The settings of node `node_id` that name a security file, each file's path
+        relative to the directory: the peers' secret; with TLS the CA and the node's
+        certificate and key; with an ACL the accounts."""
+        files = {"peer_secret_file": Path(SECRET_FILE)}
+        if self.tls:
+            pki = Path(PKI_DIR)
+            files |= {"tls_ca": pki / "ca.pem", "tls_cert": pki / f"node-{node_id}.pem"}
+            files["tls_key"] = pki / f"node-{node_id}.key"
+        if self.acl:
+            files["acl_file"] = Path(ACL_FILE)
+        return files
+
+    def _named(self, relative: Path) -> str:
+        """How a node's config names the directory's file `relative`: by its absolute
+        path (the nodes of a local cluster share the directory's files)."""
+        return str(self.directory / relative)
+
     def _check_usable(self) -> None:
         if self._refused is not None:
             raise ConfigError(f"{self.cluster_file}: {self._refused}")
 
     @property
     def secret_path(self) -> Path:
-        return self.directory / "cluster.secret"
+        return self.directory / SECRET_FILE
 
     @property
     def pki_dir(self) -> Path:
-        return self.directory / "pki"
+        return self.directory / PKI_DIR
 
     @property
     def credentials_path(self) -> Path | None:
         """The admin's access and secret key (a cluster with an ACL)."""
-        return self.directory / "admin.credentials" if self.acl else None
+        return self.directory / CREDENTIALS_FILE if self.acl else None
 
     @property
     def tls_ca(self) -> Path | None:
@@ -420,9 +438,14 @@ class ClusterLayout:
         creds = self.credentials_path
         if creds is not None and not creds.exists():
             secret = secrets.token_hex(24)
-            write_acl(self.directory / "acl.toml", [Account("admin", secret, admin=True)])
+            write_acl(self.directory / ACL_FILE, [Account("admin", secret, admin=True)])
             text = f'access_key = "admin"\nsecret_key = "{secret}"\n'
             write_atomically(creds, text.encode(), mode=0o600)
+
+    def write(self) -> None:
+        """Write the directory's files (node configs, security files, cluster.json) and
+        start nothing: a directory made ready for `dledger cluster up`."""
+        self._write_layout()
 
     def _write_layout(self) -> None:
         self._check_usable()

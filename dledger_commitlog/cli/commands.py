@@ -3,7 +3,8 @@
 Owns `command` (register a subcommand; a space in the name makes a group), the
 client the connection options name (`make_client`, `security_files`, and
 `cluster_dir` for a local cluster's directory), the argument types subcommands
-share (`key_value`, `non_negative`, `positive`, `FIELD_TYPES` for node settings),
+share (`key_value`, `non_negative`, `positive`, `FIELD_TYPES` for node settings and
+`node_settings` for `--set` pairs),
 and the output helpers (`emit`: JSON with --json, else the text; `table`; the
 views of messages and members). Modules that add subcommands import this one:
 the CLI's own (`cli.messages`, `cli.admin`, `cli.main`), and the plugins named by the
@@ -15,6 +16,7 @@ the CLI that imports it, and the server package never imports analytics or chaos
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -26,6 +28,7 @@ from typing import Any
 
 from dledger_commitlog.client import Access, Client, MemberInfo, StoredMessage, cluster_security
 from dledger_commitlog.common.extras import MissingExtra
+from dledger_commitlog.node.config import NodeConfig
 
 
 class UsageError(Exception):
@@ -219,6 +222,21 @@ FIELD_TYPES: dict[str, Callable[[str], Any]] = {
     "bool": _bool,
     "tuple[int, ...]": _int_list,
 }
+
+
+def node_settings(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """`--set FIELD=V` pairs as NodeConfig settings (each value parsed by its field's type)."""
+    kinds = {f.name: FIELD_TYPES.get(str(f.type)) for f in dataclasses.fields(NodeConfig)}
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        kind = kinds.get(key)
+        if kind is None:
+            raise UsageError(f"--set {key}: not a node setting")
+        try:
+            out[key] = kind(value)
+        except ValueError as exc:
+            raise UsageError(f"--set {key}={value}: {exc}") from exc
+    return out
 
 
 def emit(args: argparse.Namespace, doc: Any, text: str) -> None:

@@ -38,12 +38,12 @@ from dledger_commitlog.client.groups import (
     GroupDescription,
     QueueLease,
 )
-from dledger_commitlog.console.views import describe_json, dlq_json, group_mode, summary_json
-from dledger_commitlog.messaging.groups import (
+from dledger_commitlog.common.protocol import (
     PROPERTY_DLQ_REASON,
     PROPERTY_RECONSUME_TIMES,
     PROPERTY_RETRY_TOPIC,
 )
+from dledger_commitlog.console.views import describe_json, dlq_json, group_mode, summary_json
 
 
 def _leases_text(leases: tuple[QueueLease, ...]) -> str:

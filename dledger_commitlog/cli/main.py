@@ -24,11 +24,14 @@ from typing import Any
 
 from dledger_commitlog.cli import admin as admin  # registers the operator's commands
 from dledger_commitlog.cli import console as console  # registers `dledger console`
+from dledger_commitlog.cli import deploy as deploy  # registers `dledger cluster init`
 from dledger_commitlog.cli import groups as groups  # registers the consumer-group commands
+from dledger_commitlog.cli import k8s_entry  # `serve --from-env`: a StatefulSet's pod
 from dledger_commitlog.cli import maintenance as maintenance  # registers drain, rolling-restart
 from dledger_commitlog.cli import members as members  # registers the membership commands
 from dledger_commitlog.cli import messages as messages  # registers the message commands
 from dledger_commitlog.cli import scaleout as scaleout  # registers the topic and shard commands
+from dledger_commitlog.cli import snapshot as snapshot  # registers the backup commands
 from dledger_commitlog.cli.commands import (
     _REGISTRY,
     FIELD_TYPES,
@@ -142,6 +145,12 @@ def _fail(message: str, code: int) -> int:
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="node TOML file (see config.py)")
+    p.add_argument(
+        "--from-env",
+        action="store_true",
+        help="a pod of a Kubernetes StatefulSet: id, peers, ports from its environment "
+        "(docs/kubernetes.md); the config file and options on top",
+    )
     p.add_argument("--peer", action="append", metavar="ID=RAFT/CLIENT", help="repeatable")
     p.add_argument(
         "--route",
@@ -166,21 +175,30 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 @command("serve", "run one node until SIGTERM/SIGINT", _serve_args)
 def _serve(args: argparse.Namespace) -> int:
-    config = serve_config(args)
+    pod = k8s_entry.pod_from_env(os.environ) if args.from_env else None
+    config = serve_config(args, pod.settings() if pod is not None else {})
     from dledger_commitlog.process import server  # lazily: the server's imports are not the CLI's
 
+    if pod is not None:
+        k8s_entry.before_serving(pod, config, os.environ)
     server.run(config)
     return 0
 
 
-def serve_config(args: argparse.Namespace) -> NodeConfig:
-    """The NodeConfig `serve` runs: the --config file with the options on top."""
-    overrides: dict[str, Any] = {
-        name: getattr(args, f"cfg_{name}", None)
-        for name in (*(f.name for f in dataclasses.fields(NodeConfig)), *RETIRED)
-    }
-    overrides["cluster"] = args.cluster_name
-    overrides["tls_ca"] = args.tls_ca
-    overrides["peers"] = tuple(parse_peer(p) for p in args.peer) if args.peer else None
-    overrides["routes"] = tuple(parse_route(r) for r in args.route) if args.route else None
+def serve_config(args: argparse.Namespace, base: dict[str, Any] | None = None) -> NodeConfig:
+    """The NodeConfig `serve` runs: the --config file, `base` (a pod's settings) on top
+    of it, the options on top of both."""
+    overrides: dict[str, Any] = dict(base or {})
+    for name in (*(f.name for f in dataclasses.fields(NodeConfig)), *RETIRED):
+        value = getattr(args, f"cfg_{name}", None)
+        if value is not None:
+            overrides[name] = value
+    if args.cluster_name is not None:
+        overrides["cluster"] = args.cluster_name
+    if args.tls_ca is not None:
+        overrides["tls_ca"] = args.tls_ca
+    if args.peer:
+        overrides["peers"] = tuple(parse_peer(p) for p in args.peer)
+    if args.route:
+        overrides["routes"] = tuple(parse_route(r) for r in args.route)
     return load_config(args.config, overrides)

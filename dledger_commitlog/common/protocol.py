@@ -50,6 +50,7 @@ class PutResult:
 
 PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"  # the producer's topic of a retried message
 PROPERTY_RECONSUME_TIMES = "RECONSUME_TIMES"  # how many times it was retried
+PROPERTY_DLQ_REASON = "DLQ_REASON"  # why a dead letter was dead-lettered
 
 
 def origin_topic(topic: str, properties: Mapping[str, str]) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
+from dispatch.names import SYSTEM_TOPIC_PREFIX
 from dledger_commitlog.messaging.group_lease import Lease
 from dledger_commitlog.messaging.group_state import (
     StaleLease,

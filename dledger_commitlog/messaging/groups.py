@@ -27,7 +27,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
+from dispatch.names import SYSTEM_TOPIC_PREFIX
+from dledger_commitlog.common.protocol import PROPERTY_DLQ_REASON as PROPERTY_DLQ_REASON
 from dledger_commitlog.common.protocol import PROPERTY_RECONSUME_TIMES as PROPERTY_RECONSUME_TIMES
 from dledger_commitlog.common.protocol import PROPERTY_RETRY_TOPIC as PROPERTY_RETRY_TOPIC
 from dledger_commitlog.common.protocol import reconsume_times
@@ -59,7 +60,6 @@ from store.message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Store
 log = logging.getLogger(__name__)
 
 PROPERTY_ORIGIN_MSG_ID = "ORIGIN_MESSAGE_ID"
-PROPERTY_DLQ_REASON = "DLQ_REASON"
 FLUSH_INTERVAL_S = 0.05
 TICK_INTERVAL_S = 0.1
 SETTLE_TIMEOUT_S = 10.0

@@ -30,7 +30,7 @@ import json
 import uuid
 from collections.abc import Mapping, Sequence
 
-from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
+from dispatch.names import SYSTEM_TOPIC_PREFIX
 from dledger_commitlog.common.routes import TopicRoute, default_route
 from dledger_commitlog.messaging.groups import reserved_topic
 from dledger_commitlog.messaging.system_log import SystemLog

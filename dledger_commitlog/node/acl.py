@@ -36,7 +36,7 @@ from typing import Any
 
 import grpc
 
-from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
+from dispatch.names import SYSTEM_TOPIC_PREFIX
 from dledger_commitlog.common.signing import (
     ACCESS_KEY,
     SIGNATURE,

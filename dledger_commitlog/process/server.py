@@ -10,13 +10,16 @@ SIGTERM/SIGINT (or a fatal failure: of the node, or of every shard) stops them i
 the reverse order.
 
 A port that cannot be bound is a `ListenError` naming the address and the cause,
-raised before the node serves anything.
+raised before the node serves anything; an address this host does not have (or a
+port another process holds) is found before the store opens (`check_addresses`),
+so such a start changes nothing on disk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import logging
 import signal
@@ -51,6 +54,7 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     security = NodeSecurity.load(cfg)  # before anything opens: a bad file is one line
+    check_addresses(cfg)  # an address this host lacks: one line, before the store opens
     shards = Shards(cfg, stop, security)
     await shards.open()  # a shard that cannot open: the ones opened before it close again
     stop_metrics: Callable[[], None] | None = None
@@ -172,6 +176,20 @@ def _listen_checked(bind: Callable[[str], object], what: str, address: str) -> N
     _listen(what, address, lambda: bind(address))
 
 
+def check_addresses(cfg: NodeConfig) -> None:
+    """Every address the node listens on binds on this host, or a ListenError names the
+    first that does not and why (an address of another host: the config was copied to
+    the wrong host, or names an address this one does not have)."""
+    for what, address in (
+        ("clients", cfg.client_address),
+        ("Raft peers", cfg.raft_address),
+        ("metrics", cfg.listen_metrics),
+    ):
+        why = _bind_error(address) if address else None
+        if why is not None:
+            raise ListenError(f"cannot listen for {what} on {address}: {why}")
+
+
 def _bind_error(address: str) -> str | None:
     """Why binding `address` fails, found by trying (None: it binds)."""
     host, _, port = address.rpartition(":")
@@ -182,8 +200,12 @@ def _bind_error(address: str) -> str | None:
         with socket.socket(family, kind, proto) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(where)
-    except (OSError, ValueError) as exc:
-        return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+    except OSError as exc:
+        if exc.errno == errno.EADDRNOTAVAIL:
+            return f"{host} is not an address of this host ({exc.strerror})"
+        return exc.strerror or str(exc)
+    except ValueError as exc:
+        return str(exc)
     return None
 
 

@@ -33,7 +33,7 @@ from typing import Any, NoReturn, ParamSpec, Protocol, TypeAlias, TypeVar
 
 import grpc
 
-from dispatch.dispatcher import SYSTEM_TOPIC_PREFIX
+from dispatch.names import SYSTEM_TOPIC_PREFIX
 from dledger_commitlog.common.protocol import PutResult, shard_metadata
 from dledger_commitlog.common.signing import metadata_value
 from dledger_commitlog.log import reads
