@@ -674,7 +674,7 @@ class PeerStatus(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., match_index: _Optional[int] = ..., next_index: _Optional[int] = ..., recent_active: _Optional[bool] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("node_id", "role", "term", "leader_id", "leader_address", "first_index", "last_index", "committed_index", "committed_pos", "flushed_pos", "dispatched_pos", "applied_index", "cluster", "peers", "last_chain_crc", "flush_mode", "loop_lag_max_ms", "members")
+    __slots__ = ("node_id", "role", "term", "leader_id", "leader_address", "first_index", "last_index", "committed_index", "committed_pos", "flushed_pos", "dispatched_pos", "applied_index", "cluster", "peers", "last_chain_crc", "flush_mode", "loop_lag_max_ms", "members", "drained", "version", "wire_versions")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -693,6 +693,9 @@ class StatusResponse(_message.Message):
     FLUSH_MODE_FIELD_NUMBER: _ClassVar[int]
     LOOP_LAG_MAX_MS_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    WIRE_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     role: str
     term: int
@@ -711,7 +714,10 @@ class StatusResponse(_message.Message):
     flush_mode: str
     loop_lag_max_ms: float
     members: _containers.RepeatedCompositeFieldContainer[Member]
-    def __init__(self, node_id: _Optional[int] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., committed_index: _Optional[int] = ..., committed_pos: _Optional[int] = ..., flushed_pos: _Optional[int] = ..., dispatched_pos: _Optional[int] = ..., applied_index: _Optional[int] = ..., cluster: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerStatus, _Mapping]]] = ..., last_chain_crc: _Optional[int] = ..., flush_mode: _Optional[str] = ..., loop_lag_max_ms: _Optional[float] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
+    drained: bool
+    version: str
+    wire_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[int] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., first_index: _Optional[int] = ..., last_index: _Optional[int] = ..., committed_index: _Optional[int] = ..., committed_pos: _Optional[int] = ..., flushed_pos: _Optional[int] = ..., dispatched_pos: _Optional[int] = ..., applied_index: _Optional[int] = ..., cluster: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerStatus, _Mapping]]] = ..., last_chain_crc: _Optional[int] = ..., flush_mode: _Optional[str] = ..., loop_lag_max_ms: _Optional[float] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., drained: _Optional[bool] = ..., version: _Optional[str] = ..., wire_versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TransferLeadershipRequest(_message.Message):
     __slots__ = ("target_node_id", "timeout_ms")
@@ -726,6 +732,26 @@ class TransferLeadershipResponse(_message.Message):
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     leader_id: int
     def __init__(self, leader_id: _Optional[int] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("drained", "dry_run", "timeout_ms")
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    drained: bool
+    dry_run: bool
+    timeout_ms: int
+    def __init__(self, drained: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class DrainResponse(_message.Message):
+    __slots__ = ("drained", "leader_id", "moved")
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    MOVED_FIELD_NUMBER: _ClassVar[int]
+    drained: bool
+    leader_id: int
+    moved: bool
+    def __init__(self, drained: _Optional[bool] = ..., leader_id: _Optional[int] = ..., moved: _Optional[bool] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("id", "raft", "client", "role", "match_index", "lag")
@@ -978,7 +1004,7 @@ class TransactionCheck(_message.Message):
     def __init__(self, transaction_id: _Optional[str] = ..., half_offset: _Optional[int] = ..., check_times: _Optional[int] = ..., message: _Optional[_Union[StoredMessage, _Mapping]] = ...) -> None: ...
 
 class RaftMessage(_message.Message):
-    __slots__ = ("type", "src", "dst", "term", "index", "log_term", "commit", "entries", "reject", "hint_index", "hint_term", "ctx", "pre_vote", "transfer", "granted", "snapshot", "quiet", "conf", "conf_index", "group")
+    __slots__ = ("type", "src", "dst", "term", "index", "log_term", "commit", "entries", "reject", "hint_index", "hint_term", "ctx", "pre_vote", "transfer", "granted", "snapshot", "quiet", "conf", "conf_index", "group", "no_lead")
     class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         APPEND: _ClassVar[RaftMessage.Type]
@@ -1021,6 +1047,7 @@ class RaftMessage(_message.Message):
     CONF_FIELD_NUMBER: _ClassVar[int]
     CONF_INDEX_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    NO_LEAD_FIELD_NUMBER: _ClassVar[int]
     type: RaftMessage.Type
     src: int
     dst: int
@@ -1041,7 +1068,8 @@ class RaftMessage(_message.Message):
     conf: bytes
     conf_index: int
     group: int
-    def __init__(self, type: _Optional[_Union[RaftMessage.Type, str]] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., term: _Optional[int] = ..., index: _Optional[int] = ..., log_term: _Optional[int] = ..., commit: _Optional[int] = ..., entries: _Optional[bytes] = ..., reject: _Optional[bool] = ..., hint_index: _Optional[int] = ..., hint_term: _Optional[int] = ..., ctx: _Optional[bytes] = ..., pre_vote: _Optional[bool] = ..., transfer: _Optional[bool] = ..., granted: _Optional[bool] = ..., snapshot: _Optional[bytes] = ..., quiet: _Optional[bool] = ..., conf: _Optional[bytes] = ..., conf_index: _Optional[int] = ..., group: _Optional[int] = ...) -> None: ...
+    no_lead: bool
+    def __init__(self, type: _Optional[_Union[RaftMessage.Type, str]] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., term: _Optional[int] = ..., index: _Optional[int] = ..., log_term: _Optional[int] = ..., commit: _Optional[int] = ..., entries: _Optional[bytes] = ..., reject: _Optional[bool] = ..., hint_index: _Optional[int] = ..., hint_term: _Optional[int] = ..., ctx: _Optional[bytes] = ..., pre_vote: _Optional[bool] = ..., transfer: _Optional[bool] = ..., granted: _Optional[bool] = ..., snapshot: _Optional[bytes] = ..., quiet: _Optional[bool] = ..., conf: _Optional[bytes] = ..., conf_index: _Optional[int] = ..., group: _Optional[int] = ..., no_lead: _Optional[bool] = ...) -> None: ...
 
 class GroupQueues(_message.Message):
     __slots__ = ("group", "queues")

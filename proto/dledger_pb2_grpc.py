@@ -79,6 +79,11 @@ class DLedgerClientStub:
                 request_serializer=proto_dot_dledger__pb2.TransferLeadershipRequest.SerializeToString,
                 response_deserializer=proto_dot_dledger__pb2.TransferLeadershipResponse.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/Drain',
+                request_serializer=proto_dot_dledger__pb2.DrainRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.DrainResponse.FromString,
+                _registered_method=True)
         self.MemberList = channel.unary_unary(
                 '/dledger.v1.DLedgerClient/MemberList',
                 request_serializer=proto_dot_dledger__pb2.MemberListRequest.SerializeToString,
@@ -263,6 +268,12 @@ class DLedgerClientServicer:
         raise NotImplementedError('Method not implemented!')
 
     def TransferLeadership(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drain(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -482,6 +493,11 @@ def add_DLedgerClientServicer_to_server(servicer, server):
                     servicer.TransferLeadership,
                     request_deserializer=proto_dot_dledger__pb2.TransferLeadershipRequest.FromString,
                     response_serializer=proto_dot_dledger__pb2.TransferLeadershipResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=proto_dot_dledger__pb2.DrainRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.DrainResponse.SerializeToString,
             ),
             'MemberList': grpc.unary_unary_rpc_method_handler(
                     servicer.MemberList,
@@ -857,6 +873,33 @@ class DLedgerClient:
             '/dledger.v1.DLedgerClient/TransferLeadership',
             proto_dot_dledger__pb2.TransferLeadershipRequest.SerializeToString,
             proto_dot_dledger__pb2.TransferLeadershipResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/Drain',
+            proto_dot_dledger__pb2.DrainRequest.SerializeToString,
+            proto_dot_dledger__pb2.DrainResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -165,7 +165,9 @@ class RaftCore(Elections, Replication):
     def progress(self) -> dict[int, PeerProgress]:
         """Per-peer replication state; empty unless this node is the leader."""
         return {
-            p: PeerProgress(pr.match, pr.next, pr.state, pr.recent_active, pr.pending_snapshot)
+            p: PeerProgress(
+                pr.match, pr.next, pr.state, pr.recent_active, pr.pending_snapshot, pr.may_lead
+            )
             for p, pr in self._trk.progress.items()
         }
 
@@ -234,13 +236,16 @@ class RaftCore(Elections, Replication):
 
     def transfer_leadership(self, target: int) -> None:
         """Hand leadership to `target` once it is caught up; aborts after an
-        election timeout. Proposals are refused while the transfer is pending."""
+        election timeout. Proposals are refused while the transfer is pending.
+        ValueError for a target that is no voter, or that said it will not campaign."""
         if self._role is not Role.LEADER:
             raise NotLeader(self._leader_id)
         if target not in self._trk.voters:
             raise ValueError(f"{target} is not a voter")
         if target in (self._id, self._transferee):
             return
+        if self._trk.progress[target].may_lead is False:
+            raise ValueError(f"node {target} takes no leadership now (drained)")
         self._start_transfer(target)
 
     def read_index(self, ctx: bytes) -> None:

@@ -80,12 +80,14 @@ class Heartbeat:
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatResponse:
-    """Follower -> leader: echoes the heartbeat's `ctx`."""
+    """Follower -> leader: echoes the heartbeat's `ctx`; `no_lead`: the follower will
+    not campaign now (drained, or a log it cannot serve), so no transfer goes to it."""
 
     src: int
     dst: int
     term: int
     ctx: bytes = b""
+    no_lead: bool = False
 
 
 @dataclass(frozen=True, slots=True)

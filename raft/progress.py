@@ -72,6 +72,7 @@ class Progress:
         "budget",
         "inflights",
         "match",
+        "may_lead",
         "next",
         "pending_snapshot",
         "probe_sent",
@@ -87,6 +88,9 @@ class Progress:
         self.state = ProgressState.PROBE
         self.probe_sent = False
         self.recent_active = False
+        # Whether the peer's last heartbeat answer said it may campaign (None: no answer
+        # yet in this leadership): a transfer goes only to a peer known to take it.
+        self.may_lead: bool | None = None
         self.sent_commit = 0  # the highest commit index sent to the peer
         self.pending_snapshot = 0  # SNAPSHOT: the index the follower restarts after
         self.snapshot_wait = 0  # SNAPSHOT: heartbeat responses seen without its ack
@@ -171,3 +175,4 @@ class PeerProgress:
     state: ProgressState
     recent_active: bool
     pending_snapshot: int = 0  # in SNAPSHOT: the index the follower restarts after
+    may_lead: bool | None = None  # its last heartbeat answer: it may campaign (None: no answer)

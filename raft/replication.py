@@ -18,8 +18,9 @@ election side is raft/election.py, and the two never call each other).
   once a quorum has acknowledged a heartbeat sent after it; the queues are a
   `ReadOnly` (raft/readonly.py).
 - Leadership transfer: bring the target up to date, then `TimeoutNow`; the
-  preferred leader, to which a leader hands over once it is caught up; and a
-  removed leader's hand-over to the most caught-up voter.
+  preferred leader, to which a leader hands over once it is caught up and its
+  heartbeat answers say it may campaign (`HeartbeatResponse.no_lead`: a drained
+  node); and a removed leader's hand-over to the most caught-up voter.
 - A configuration change under a leader (`_follow_conf_as_leader`): new members
   are tracked at once, removed ones once their removal commits.
 
@@ -135,7 +136,8 @@ class Replication(CoreState):
         if m.commit > last:
             # Tell the leader where our log ends, as a rejected append would.
             self._send(AppendResponse(self._id, m.src, self._term, m.commit, True, last, 0))
-        self._send(HeartbeatResponse(self._id, m.src, self._term, m.ctx))
+        no_lead = not self.may_campaign or bool(self._catch_up_to)
+        self._send(HeartbeatResponse(self._id, m.src, self._term, m.ctx, no_lead))
 
     # --- leader side: acknowledgements ---
 
@@ -182,6 +184,7 @@ class Replication(CoreState):
         """The follower is alive: probe it if it lags (its reads: `_handle_read_ack`)."""
         pr = self._trk.progress[m.src]
         pr.recent_active = True
+        pr.may_lead = not m.no_lead
         pr.probe_sent = False
         if pr.state is ProgressState.SNAPSHOT:
             # The follower is alive but has not acknowledged the snapshot within
@@ -415,7 +418,7 @@ class Replication(CoreState):
         if pref not in self._trk.voters:
             return
         pr = self._trk.progress[pref]
-        if pr.recent_active and pr.match == self._log.last_index():
+        if pr.recent_active and pr.may_lead and pr.match == self._log.last_index():
             self._start_transfer(pref)
 
     # --- leaving the group ---
@@ -428,7 +431,9 @@ class Replication(CoreState):
         """Transfer to the most up-to-date voter (it campaigns once caught up)."""
         if self._transferee is not None:
             return
-        target = max(self._trk.vote_peers, key=lambda p: self._trk.progress[p].match, default=None)
+        trk = self._trk
+        willing = [p for p in trk.vote_peers if trk.progress[p].may_lead is not False]
+        target = max(willing or trk.vote_peers, key=lambda p: trk.progress[p].match, default=None)
         if target is not None:
             self._start_transfer(target)
 

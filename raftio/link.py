@@ -40,7 +40,16 @@ from netkit.tasks import cancel_and_wait
 from proto import dledger_pb2 as pb
 from raft.messages import Message
 from raft.validate import InvalidPeerMessage
-from raftio.wire import BATCHES_READ, MAX_BATCH, MAX_BATCH_BYTES, MAX_QUEUED, PEER_ID, from_proto
+from raftio.wire import (
+    BATCHES_READ,
+    MAX_BATCH,
+    MAX_BATCH_BYTES,
+    MAX_QUEUED,
+    PEER_ID,
+    WIRE,
+    WIRE_VERSIONS,
+    from_proto,
+)
 
 log = logging.getLogger(__name__)
 
@@ -174,9 +183,10 @@ class PeerLink:
         self._ready.set()  # what waits for the stream that ended returns
 
     def metadata(self) -> list[tuple[str, str]]:
-        """What a new stream opens with: the id we claim and, with a cluster secret, a
-        fresh token proving it (a token is good for one stream only)."""
-        meta = [(PEER_ID, str(self._me))]
+        """What a new stream opens with: the id we claim, the wire versions we speak
+        and, with a cluster secret, a fresh token proving it (a token is good for one
+        stream only)."""
+        meta = [(PEER_ID, str(self._me)), (WIRE, ",".join(map(str, WIRE_VERSIONS)))]
         if self._security.peers is not None:
             meta.append((NODE_AUTH, self._security.peers.token(self._me, self.peer_id)))
         return meta
@@ -247,7 +257,9 @@ class PeerGate:
 
     A stream is accepted only from a member: the one its mTLS certificate names
     (TLS on), the one its peer token proves (cluster secret), or any member in
-    open mode; every message on it must then come from that member.
+    open mode; every message on it must then come from that member. A stream whose
+    sender speaks none of this node's wire versions (metadata WIRE) is refused
+    FAILED_PRECONDITION, naming both.
     `deliver` raises InvalidPeerMessage for a message it refuses: the stream
     ends with INVALID_ARGUMENT (PERMISSION_DENIED for a membership violation),
     logged and counted by `on_reject(reason)`, and nothing of its batch reaches
@@ -312,6 +324,7 @@ class PeerGate:
                 "identity",
                 f"claims to be node {claimed} but is node {sender}",
             )
+        self._check_wire(metadata.get(WIRE), claimed if sender is None else sender, peer)
         if sender is not None and (sender not in self._members() or sender == self._me):
             raise self.refuse(
                 peer,
@@ -320,6 +333,21 @@ class PeerGate:
                 f"node {sender} is not a peer of node {self._me}",
             )
         return sender
+
+    def _check_wire(self, text: str | None, node: int | None, peer: str) -> None:
+        """Refuse a stream whose sender speaks no wire version this node speaks
+        (absent: version 1, a node older than the field)."""
+        theirs = [int(v) for v in (text or "1").split(",") if v.strip().isdigit()]
+        if set(theirs) & set(WIRE_VERSIONS):
+            return
+        who = f"node {node}" if node is not None else peer
+        raise self.refuse(
+            peer,
+            "FAILED_PRECONDITION",
+            "wire",
+            f"{who} speaks Raft wire version {_versions(theirs)}, node {self._me} speaks "
+            f"{_versions(WIRE_VERSIONS)}: they cannot run side by side (docs/upgrades.md)",
+        )
 
     def receive(self, raw: bytes, sender: int | None, peer: str) -> None:
         """Parse one RaftBatch, check it and deliver its messages: all or none of them."""
@@ -380,3 +408,7 @@ class PeerGate:
                 )
             out.append(deliver)
         return out
+
+
+def _versions(versions: Sequence[int]) -> str:
+    return ",".join(map(str, versions)) or "(none)"

@@ -36,6 +36,12 @@ from raft.types import KINDS, Entry
 _ENTRY_HEAD = struct.Struct(">qqiI")
 _T = pb.RaftMessage
 PEER_ID = "dledger-peer-id"  # stream metadata: the node id the sender claims
+# Stream metadata: the Raft wire versions the sender speaks, comma-separated. A stream
+# without it speaks version 1 (nodes older than the field). A version is a set of
+# messages and fields whose meaning a node relies on; fields that an older node may
+# ignore (protobuf's unknown fields) do not make a new one (docs/upgrades.md).
+WIRE = "dledger-wire"
+WIRE_VERSIONS = (1,)  # the versions this node speaks
 # A refusal's trailing metadata: how many batches of the stream the peer took off it
 # (0 for a stream refused as it opened); the link sends the rest again.
 BATCHES_READ = "dledger-batches-read"
@@ -132,7 +138,14 @@ def to_proto(m: Message) -> pb.RaftMessage:
                 type=_T.HEARTBEAT, src=m.src, dst=m.dst, term=m.term, commit=m.commit, ctx=m.ctx
             )
         case HeartbeatResponse():
-            return _T(type=_T.HEARTBEAT_RESPONSE, src=m.src, dst=m.dst, term=m.term, ctx=m.ctx)
+            return _T(
+                type=_T.HEARTBEAT_RESPONSE,
+                src=m.src,
+                dst=m.dst,
+                term=m.term,
+                ctx=m.ctx,
+                no_lead=m.no_lead,
+            )
         case RequestVote():
             return _T(
                 type=_T.VOTE,
@@ -184,7 +197,7 @@ def from_proto(p: pb.RaftMessage) -> Message:
     if t == _T.HEARTBEAT:
         return Heartbeat(p.src, p.dst, p.term, p.commit, p.ctx)
     if t == _T.HEARTBEAT_RESPONSE:
-        return HeartbeatResponse(p.src, p.dst, p.term, p.ctx)
+        return HeartbeatResponse(p.src, p.dst, p.term, p.ctx, p.no_lead)
     if t == _T.VOTE:
         return RequestVote(p.src, p.dst, p.term, p.index, p.log_term, p.pre_vote, p.transfer)
     if t == _T.VOTE_RESPONSE:

@@ -184,7 +184,8 @@ def fmt_message(m: Message) -> str:
             return f"{head} MsgHeartbeat term={m.term} commit={m.commit}{ctx}"
         case HeartbeatResponse():
             ctx = f" ctx={quote(m.ctx)}" if m.ctx else ""
-            return f"{head} MsgHeartbeatResp term={m.term}{ctx}"
+            no_lead = " nolead" if m.no_lead else ""
+            return f"{head} MsgHeartbeatResp term={m.term}{ctx}{no_lead}"
         case RequestVote():
             kind = "MsgPreVote" if m.pre_vote else "MsgVote"
             transfer = " transfer" if m.transfer else ""

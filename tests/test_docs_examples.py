@@ -385,6 +385,24 @@ def check_transfer(run: DocRun, args: list[str], out: str) -> None:
     assert {s.node_id for s in statuses if s.role == "leader"} == {target}
 
 
+def check_drain(run: DocRun, args: list[str], out: str) -> None:
+    node = int(option(args, "--node"))
+    assert out.endswith(f"node {node} is drained: it leads nothing and will not campaign\n"), out
+    with run.client() as c:
+        statuses = {s.node_id: s for s in c.status_all() if isinstance(s, NodeStatus)}
+    assert statuses[node].drained and statuses[node].role == "follower", statuses
+
+
+def check_rolling_restart(run: DocRun, args: list[str], out: str) -> None:
+    steps, table = out.split("node  handed over")  # a line per step, then the table
+    assert steps.count("caught up in") == 3, out
+    rows = table_rows("node  handed over" + table)
+    assert sorted(r["node"] for r in rows) == ["1", "2", "3"], out
+    with run.client() as c:
+        statuses = [s for s in c.status_all() if isinstance(s, NodeStatus)]
+    assert len(statuses) == 3 and not any(s.drained for s in statuses), statuses
+
+
 def check_pull(run: DocRun, args: list[str], out: str) -> None:
     topic, queue, offset = (
         option(args, "--topic"),
@@ -514,6 +532,8 @@ CHECKS: dict[tuple[str, ...], Callable[[DocRun, list[str], str], None]] = {
     ("get",): check_get,
     ("status",): check_status,
     ("transfer-leader",): check_transfer,
+    ("node", "drain"): check_drain,
+    ("cluster", "rolling-restart"): check_rolling_restart,
     ("pull",): check_pull,
     ("query",): check_query,
     ("admin", "clean-now"): check_clean_now,

@@ -18,6 +18,8 @@ shard, all on 127.0.0.1.
   (never handed more), `--shard` one shard alone; `AsyncRoutedClient.consumers`
   run together with one member id.
 - Metrics of a multi-shard node carry a `shard` label, one series per shard.
+- A drained node hands over every shard it leads and follows in all of them; once
+  undrained, the shards' preferred leaders take theirs back (docs/upgrades.md).
 """
 
 from __future__ import annotations
@@ -36,16 +38,18 @@ import pytest
 
 from dledger_commitlog.cli.cluster_layout import shards_config
 from dledger_commitlog.cli.launcher import LocalCluster
+from dledger_commitlog.cli.maintenance import drain_node, undrain_node
 from dledger_commitlog.client import (
     AsyncRoutedClient,
     Client,
     ConsumedMessage,
     InvalidArgument,
+    NodeStatus,
     RoutedClient,
 )
 from dledger_commitlog.client.async_consumer import run_together
 from dledger_commitlog.common.protocol import shard_metadata
-from dledger_commitlog.common.routes import shard_of_msg_id
+from dledger_commitlog.common.routes import preferred_leader, shard_of_msg_id
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 from tests.conftest import SHARED_CONFIG, register, wait_until
@@ -329,3 +333,26 @@ def test_metrics_carry_the_shard_label(cluster: LocalCluster) -> None:
     for name in ("dledger_term", "dledger_commit_index", "dledger_role"):
         shards = {s.split('shard="')[1].split('"')[0] for s in samples if s.startswith(name + "{")}
         assert shards == {str(g) for g in range(SHARDS + 1)}, (name, shards)
+
+
+def test_a_drained_node_hands_over_every_shard_it_leads(cluster: LocalCluster) -> None:
+    shards, node = range(SHARDS + 1), 1
+    led = {g for g, n in shard_leaders(cluster, shards).items() if n == node}
+    assert led, "node 1 is some shard's preferred leader"
+
+    def clients(shard: int) -> Client:
+        return cluster.client(shard=shard)
+
+    try:
+        moves = drain_node(clients, node)
+        assert [m["shard"] for m in moves] == list(shards)
+        assert {m["shard"] for m in moves if m["moved"]} == led
+        for g in shards:
+            mine = shard_statuses(cluster, g)[node]
+            assert isinstance(mine, NodeStatus) and mine.drained and mine.role == "follower"
+    finally:
+        assert undrain_node(clients, node) == list(shards)
+    preferred = {g: preferred_leader(g, [s.id for s in cluster]) for g in shards}
+    wait_until(
+        lambda: shard_leaders(cluster, shards), 10.0, "the preferred leaders back", preferred.__eq__
+    )

@@ -1,11 +1,11 @@
 """The Raft peer link (h2grpc), in one process over real loopback sockets.
 
-Messages arrive whole and in order, with mTLS and peer tokens too; a bad stream is
-refused as gRPC would refuse it, seen by a grpcio client as an outsider would use
-one (a batch that does not parse is INVALID_ARGUMENT, one past 64 MiB
-RESOURCE_EXHAUSTED); a stalled peer neither blocks the loop nor grows a queue; a
-restarted peer is reached again within an election timeout; a connection whose
-pings go unanswered is replaced.
+Messages arrive whole and in order, with mTLS and peer tokens too; a bad stream is refused as
+gRPC would refuse it, seen by a grpcio client as an outsider would use one (a batch
+that does not parse is INVALID_ARGUMENT, one past 64 MiB RESOURCE_EXHAUSTED, a
+sender of another wire version FAILED_PRECONDITION naming both); a stalled peer
+neither blocks the loop nor grows a queue; a restarted peer is reached again within
+an election timeout; a connection whose pings go unanswered is replaced.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from raftio.wire import (
     BATCHES_READ,
     MAX_QUEUED,
     PEER_ID,
+    WIRE,
     to_proto,
     to_wire,
 )
@@ -211,6 +212,50 @@ def test_a_bad_stream_is_refused_as_grpc_would(case: str) -> None:
     assert asyncio.run(main()).name == status
     assert rejects == ([label] if label else [])
     assert got == []
+
+
+@pytest.mark.parametrize(
+    ("wire", "status"),
+    [
+        ("2", "FAILED_PRECONDITION"),
+        ("2,3", "FAILED_PRECONDITION"),
+        ("1,2", "OK"),  # a newer node that still speaks version 1
+        (None, "OK"),  # a node older than the field speaks version 1
+    ],
+)
+def test_a_peer_of_another_wire_version_is_refused_naming_both(
+    wire: str | None, status: str
+) -> None:
+    """The Raft stream's metadata says which wire versions the sender speaks (absent:
+    1); a node refuses a stream it has no version in common with, and says why."""
+    got: list[Message] = []
+    rejects: list[str] = []
+
+    async def main() -> tuple[grpc.StatusCode, str]:
+        gate = PeerGate(CLUSTER, got.append, me=2, members=(1, 2, 3), on_reject=rejects.append)
+        async with (
+            peer_server(gate) as port,
+            grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+        ):
+            meta = [(PEER_ID, "1")] + ([(WIRE, wire)] if wire is not None else [])
+            call = channel.stream_unary(METHOD, response_deserializer=pb.RaftAck.FromString)
+            raw = batch(CLUSTER, [Heartbeat(1, 2, 3, 0)])
+            try:
+                await call(raw_batches(raw)(), metadata=meta, timeout=5)
+            except grpc.aio.AioRpcError as exc:
+                return exc.code(), exc.details() or ""
+            return grpc.StatusCode.OK, ""
+
+    code, details = asyncio.run(main())
+    assert code.name == status
+    if status == "OK":
+        assert got == [Heartbeat(1, 2, 3, 0)] and rejects == []
+    else:
+        assert details == (
+            f"node 1 speaks Raft wire version {wire}, node 2 speaks 1: "
+            "they cannot run side by side (docs/upgrades.md)"
+        )
+        assert got == [] and rejects == ["wire"]
 
 
 def test_a_batch_past_the_message_limit_is_refused() -> None:

@@ -1,4 +1,4 @@
-"""Leadership transfer, the preferred leader, and ReadIndex."""
+"""Leadership transfer, the preferred leader, a drained node, and ReadIndex."""
 
 from __future__ import annotations
 
@@ -6,7 +6,16 @@ from typing import Any
 
 import pytest
 
-from raft import AppendEntries, Heartbeat, NotLeader, ReadIndexRequest, ReadState, Role, TimeoutNow
+from raft import (
+    AppendEntries,
+    Heartbeat,
+    HeartbeatResponse,
+    NotLeader,
+    ReadIndexRequest,
+    ReadState,
+    Role,
+    TimeoutNow,
+)
 from tests.sim.harness import Cluster
 
 
@@ -95,6 +104,28 @@ def test_preferred_leader_takes_over_when_healthy_and_caught_up() -> None:
     c.propose(2, b"b")
     c.stabilize()
     assert c.applied_data(1) == [b"a", b"b"]
+
+
+def test_a_node_that_may_not_campaign_gets_no_transfer_not_even_as_preferred() -> None:
+    """A drained node (the driver forbids it campaigns) says so in its heartbeat answers:
+    the leader neither hands over to it as the preferred leader nor on request, and its
+    proposals never stall behind a transfer that could not finish."""
+    c = elected(preferred_leader=2)
+    c.core(2).may_campaign = False
+    c.propose(1, b"a")
+    c.tick_all(30)
+    assert c.core(1).role is Role.LEADER, "no hand-over to a drained preferred leader"
+    answers = [m for m in c.sent if isinstance(m, HeartbeatResponse) and m.src == 2]
+    assert answers and all(m.no_lead for m in answers)
+    assert c.core(1).progress[2].may_lead is False
+    with pytest.raises(ValueError, match="node 2 takes no leadership now"):
+        c.core(1).transfer_leadership(2)
+    assert c.core(1).lead_transferee is None
+    c.propose(1, b"b")
+    c.core(2).may_campaign = True  # undrained: the preferred leader takes over again
+    c.tick_all(10)
+    assert c.core(2).role is Role.LEADER
+    assert c.applied_data(3) == [b"a", b"b"]
 
 
 # --- ReadIndex ---

@@ -1,13 +1,15 @@
 """Workloads and checks shared by the integration, dispatch and chaos tests.
 
 `Writers` are threads that put unique messages and record every acknowledged
-put; `read_all` reads everything a node has committed; `check_acked` asserts
-that every acknowledged put is there, once, at its offset, with its body.
+put, with when it started and how long it took; `read_all` reads everything a node
+has committed; `check_acked` asserts that every acknowledged put is there, once, at
+its offset, with its body.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +21,7 @@ from dledger_commitlog.client import ClientError, PutResult
 from proto import dledger_pb2 as pb
 from store.entry_format import HEADER_SIZE
 from store.message import StoredMessage, decode_message
+from tests.conftest import wait_until
 
 
 def split_messages(buf: bytes) -> list[StoredMessage]:
@@ -49,6 +52,8 @@ def leader_and_follower(cluster: LocalCluster) -> tuple[int, int]:
 class Acked:
     body: bytes
     result: PutResult
+    started: float = 0.0  # time.monotonic() at the put's call
+    seconds: float = 0.0  # until it was acknowledged (retries included)
 
 
 class Writers:
@@ -82,11 +87,17 @@ class Writers:
         with self._lock:
             return len(self.acked)
 
+    def wait_for_more(self, more: int, timeout_s: float, what: str) -> None:
+        """Wait until `more` puts beyond those acknowledged now are (fail naming `what`)."""
+        target = self.count() + more
+        wait_until(self.count, timeout_s, what, lambda n: n >= target)
+
     def _run(self, writer: int, limit: int | None) -> None:
         with self.cluster.client(timeout_s=10.0) as client:
             i = 0
             while not self._stop.is_set() and (limit is None or i < limit):
                 body = body_for(f"{self.topic}/w{writer}/{i}", self.body_bytes)
+                started = time.monotonic()
                 try:
                     if self.keyed:
                         result = client.put(
@@ -98,8 +109,9 @@ class Writers:
                     with self._lock:
                         self.errors.append(exc)
                 else:
+                    seconds = time.monotonic() - started
                     with self._lock:
-                        self.acked.append(Acked(body, result))
+                        self.acked.append(Acked(body, result, started, seconds))
                 i += 1
 
     def join(self, stop: bool = False) -> list[Acked]:

@@ -53,7 +53,8 @@ def status_table(statuses: Sequence[NodeStatus | StatusError]) -> str:
             rows.append(["?", s.address, "-", "-", "-", "-", "-", "-", s.error.message[:60]])
         else:
             rows.append([s.node_id, s.address, s.role, s.term, s.leader_id or None])
-            rows[-1] += [s.last_index, s.committed_index, s.applied_index, s.flush_mode]
+            note = s.flush_mode + (", drained" if s.drained else "")
+            rows[-1] += [s.last_index, s.committed_index, s.applied_index, note]
     return table(headers, rows)
 
 

@@ -58,9 +58,12 @@ class LocalCluster(ClusterLayout):
     ) -> None:
         """The layout (`ClusterLayout`), and: `command_prefix(i)` is put before node i's
         command line (`ip netns exec NS`, say); `env` is added to the nodes'
-        environment."""
+        environment. `interpreters[i]`, when set, is the Python of another installation
+        that runs node i (an earlier release: its own packages, this tree kept off its
+        path); the others run this Python on this tree."""
         self.command_prefix = command_prefix
         self.env = dict(env or {})
+        self.interpreters: dict[int, str] = {}
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._client: Client | None = None
         self._atexit = False
@@ -93,8 +96,9 @@ class LocalCluster(ClusterLayout):
             return not Path("/proc/self").exists()  # no /proc: trust the record
         return str(self.specs[node_id].config_path).encode() in cmdline
 
-    def start(self, node_id: int) -> None:
-        """Start node `node_id` unless it runs; returns once the process exists."""
+    def start(self, node_id: int, drained: bool = False) -> None:
+        """Start node `node_id` unless it runs; returns once the process exists.
+        `drained`: it starts drained (`dledger serve --drained`, docs/upgrades.md)."""
         if self.is_running(node_id):
             return
         self._check_usable()
@@ -103,17 +107,22 @@ class LocalCluster(ClusterLayout):
         if not spec.config_path.exists():
             self._write_layout()
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
-        env["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(_PROJECT_ROOT), env.get("PYTHONPATH")])
-        )
+        python = self.interpreters.get(node_id)
+        if python is None:
+            env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [str(_PROJECT_ROOT), env.get("PYTHONPATH")])
+            )
+        else:
+            env.pop("PYTHONPATH", None)
         cmd = [
             *(self.command_prefix(node_id) if self.command_prefix else []),
-            sys.executable,
+            python or sys.executable,
             "-m",
             "dledger_commitlog",
             "serve",
             "--config",
             str(spec.config_path),
+            *(["--drained"] if drained else []),
         ]
         with spec.log_path.open("ab") as log:
             log.write(

@@ -27,6 +27,7 @@ from dledger_commitlog.cli import console as console  # registers `dledger conso
 from dledger_commitlog.cli import deploy as deploy  # registers `dledger cluster init`
 from dledger_commitlog.cli import groups as groups  # registers the consumer-group commands
 from dledger_commitlog.cli import k8s_entry  # `serve --from-env`: a StatefulSet's pod
+from dledger_commitlog.cli import maintenance as maintenance  # registers drain, rolling-restart
 from dledger_commitlog.cli import members as members  # registers the membership commands
 from dledger_commitlog.cli import messages as messages  # registers the message commands
 from dledger_commitlog.cli import scaleout as scaleout  # registers the topic and shard commands

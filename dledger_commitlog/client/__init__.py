@@ -50,6 +50,7 @@ from dledger_commitlog.client.tx_producer import (
 )
 from dledger_commitlog.client.values import (
     CleanResult,
+    DrainResult,
     GroupLeader,
     HalfResult,
     MemberChange,
@@ -85,6 +86,7 @@ __all__ = [
     "Consumer",
     "DeadLetters",
     "Delivery",
+    "DrainResult",
     "GroupDescription",
     "GroupLeader",
     "GroupRefused",

@@ -56,8 +56,9 @@ class ResourceExhausted(ClientError):
 
 class ChangeRefused(ClientError):
     """The cluster refused a membership change as things stand (an id that exists, the
-    last voter, an unknown node, a learner still behind, a change pending): nothing
-    changed. The message says why."""
+    last voter, an unknown node, a learner still behind, a change pending), or a drain
+    that would leave a shard without a voter that may lead: nothing changed. The
+    message says why."""
 
 
 class GroupRefused(ClientError):

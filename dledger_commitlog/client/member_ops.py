@@ -1,10 +1,11 @@
 """A shard's administration calls, written once for both clients.
 
-Owns `MemberOps` (a base of `api.ClientBase`): `transfer_leadership` and the
-membership calls, `member_list`, `member_add`, `member_promote`, `member_remove`,
-each an `operation.operation`. A membership change's answer is awaited past its
-own timeout; a refusal is `ChangeRefused`, and a timeout is never repeated
-(`OutcomeUnknown`: the change may still commit, see `member_list`).
+Owns `MemberOps` (a base of `api.ClientBase`): `transfer_leadership`, `drain` (one
+node's, docs/upgrades.md) and the membership calls, `member_list`, `member_add`,
+`member_promote`, `member_remove`, each an `operation.operation`. A membership
+change's answer is awaited past its own timeout; a refusal is `ChangeRefused`, and a
+timeout is never repeated (`OutcomeUnknown`: the change may still commit, see
+`member_list`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from typing import Any
 from dledger_commitlog.client.errors import ChangeRefused
 from dledger_commitlog.client.operation import operation
 from dledger_commitlog.client.retry import Op
-from dledger_commitlog.client.values import MemberChange, MemberInfo, member_change, member_infos
+from dledger_commitlog.client.values import (
+    DrainResult,
+    MemberChange,
+    MemberInfo,
+    member_change,
+    member_infos,
+)
 from proto import dledger_pb2 as pb
 
 
@@ -33,6 +40,28 @@ class MemberOps:
             request,
             lambda r: int(r.leader_id),
             floor_s=1 + timeout_ms / 1000,
+            forgets_leader=True,
+            refusal=ChangeRefused,  # the target is drained
+        )
+
+    @operation
+    def drain(
+        self, server: str, drained: bool = True, dry_run: bool = False, timeout_ms: int = 5000
+    ) -> Op[DrainResult]:
+        """Drain (`drained`) or undrain the node at `server` in this client's shard: it
+        stops campaigning and, if it leads, hands the leadership to a voter that may
+        lead. `dry_run`: only check. ChangeRefused: it would leave the shard without a
+        voter that may lead (nothing changed)."""
+        request = pb.DrainRequest(drained=drained, dry_run=dry_run, timeout_ms=timeout_ms)
+        return Op(
+            "drain",
+            "Drain",
+            request,
+            lambda r: DrainResult(r.drained, int(r.leader_id), r.moved),
+            pinned=server,
+            floor_s=2 + timeout_ms / 1000,  # a new leader waits up to an election timeout
+            timeout_s=2 + timeout_ms / 1000,
+            refusal=ChangeRefused,
             forgets_leader=True,
         )
 

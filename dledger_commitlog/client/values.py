@@ -211,6 +211,19 @@ class NodeStatus:
     flush_mode: str
     loop_lag_max_ms: float = 0.0  # longest the node's event loop was late (see loop_probe)
     members: tuple[MemberInfo, ...] = ()  # voters and learners, lag known on the leader
+    drained: bool = False  # campaigns for nothing, takes no leadership (docs/upgrades.md)
+    version: str = ""  # the node's software version ("": a node older than the field)
+    wire_versions: tuple[int, ...] = (1,)  # the Raft wire versions it speaks
+
+
+@dataclass(frozen=True, slots=True)
+class DrainResult:
+    """`drain`'s answer: the node's drained flag, the shard's leader it knows (0: none)
+    and whether it handed the leadership over."""
+
+    drained: bool
+    leader_id: int
+    moved: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +280,14 @@ def node_status(address: str, msg: pb.StatusResponse) -> NodeStatus:
     peers = tuple(cast(PeerStatus, _convert(PeerStatus, p)) for p in msg.peers)
     return cast(
         NodeStatus,
-        _convert(NodeStatus, msg, address=address, peers=peers, members=member_infos(msg.members)),
+        _convert(
+            NodeStatus,
+            msg,
+            address=address,
+            peers=peers,
+            members=member_infos(msg.members),
+            wire_versions=tuple(msg.wire_versions) or (1,),  # absent: a version-1 node
+        ),
     )
 
 

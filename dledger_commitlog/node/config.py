@@ -115,6 +115,9 @@ class NodeConfig:
     # Joining a running cluster (docs/operations.md): `peers` are its members and this
     # node, which learns its membership from the leader's log once it is added.
     join: bool = False
+    # Start drained (docs/upgrades.md): follow and vote, campaign for nothing, until
+    # `dledger node undrain` (a rolling restart starts a node so, until it caught up).
+    drained: bool = False
     # Catch-up throttle per follower (a new node, a wiped one): MB/s of committed entries
     # sent to a follower far behind; 0: as fast as it goes. DLedger's peerPushQuota is 20.
     catch_up_mb_s: float = 20.0
@@ -367,6 +370,7 @@ _SECTIONS = {
         "heartbeat_ticks": "heartbeat_ticks",
         "preferred_leader": "preferred_leader",
         "join": "join",
+        "drained": "drained",
         "catch_up_mb_s": "catch_up_mb_s",
         "max_append_entries": "max_append_entries",
         "max_append_bytes": "max_append_bytes",

@@ -2,7 +2,9 @@
 
 Put count and latency, proposal batch sizes, commit index, replication lag per
 follower, fsync latency, role and term, disk usage against the ratio where writes
-are refused, the node certificate's expiry, consumer groups. Served over HTTP by
+are refused, the node certificate's expiry, consumer groups, whether the node is
+drained, and `dledger_build_info{version, wire}` (always 1: the labels are the
+point, `versions`). Served over HTTP by
 `serve_metrics`; the alert rules and the dashboard built on them ship in deploy/.
 """
 
@@ -17,6 +19,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
+from dledger_commitlog.node.versions import WIRE_VERSIONS, software_version
 from raft import RaftCore, Role
 
 _ROLES = {Role.FOLLOWER: 0, Role.PRE_CANDIDATE: 1, Role.CANDIDATE: 2, Role.LEADER: 3}
@@ -50,6 +53,16 @@ class NodeMetrics:
             "dledger_role", "0 follower, 1 pre-candidate, 2 candidate, 3 leader", registry=r
         )
         self.leader = Gauge("dledger_leader_id", "Known leader (0: none)", registry=r)
+        self.drained = Gauge(
+            "dledger_drained", "1: campaigns for nothing (drained, or a damaged log)", registry=r
+        )
+        build = Gauge(
+            "dledger_build_info",
+            "The node's software version and the Raft wire versions it speaks",
+            ["version", "wire"],
+            registry=r,
+        )
+        build.labels(software_version(), ",".join(map(str, WIRE_VERSIONS))).set(1)
         self.replication_lag = Gauge(
             "dledger_replication_lag_entries",
             "Leader's last index minus the follower's match index",
@@ -143,6 +156,7 @@ class NodeMetrics:
         self.term.set(core.term)
         self.role.set(_ROLES[core.role])
         self.leader.set(core.leader_id or 0)
+        self.drained.set(int(not core.may_campaign))
         self.commit_index.set(core.commit_index)
         self.last_index.set(core.last_index)
 

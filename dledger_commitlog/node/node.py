@@ -6,7 +6,8 @@ else reaches through the node. The client service (`service/`) and the leader-
 side services (`messaging/`) use only these:
 
 - leadership: `node_id`, `term`, `leader_id`, `is_leader`, `leader_client_address`,
-  `leading_term`, `read_index` (a quorum-confirmed read position), `transfer_leadership`;
+  `leading_term`, `read_index` (a quorum-confirmed read position), `transfer_leadership`,
+  `drained` and `drain` (out of elections, the leadership handed over: `drain`);
 - writes: `write_refusal`, `prepare` (check and encode a `Draft`), `put` (propose
   and wait for the commit; the commit log batches concurrent puts), `submit` (the
   same, answered through a future, for callers that answer from a callback);
@@ -56,6 +57,7 @@ from dledger_commitlog.log.snapshot_check import check_snapshot
 from dledger_commitlog.log.snapshot_extra import decode_extra, encode_extra
 from dledger_commitlog.node.committed_reads import CommittedReads
 from dledger_commitlog.node.config import NodeConfig
+from dledger_commitlog.node.drain import Drain
 from dledger_commitlog.node.loops import NodeLoops, next_call
 from dledger_commitlog.node.members import NodeMembers
 from dledger_commitlog.node.metrics import NodeMetrics
@@ -165,6 +167,14 @@ class RaftNode:
             defer=lambda later: asyncio.get_running_loop().call_later(COMMIT_LINGER_S, later),
         )
         self._kick = self.driver.wakeup.set
+        self._drain = Drain(
+            self.core,
+            drained=cfg.drained,
+            damaged=lambda: bool(self.commitlog.damaged),
+            transfer=self.transfer_leadership,
+            election_timeout_s=cfg.tick_ms * cfg.election_ticks / 1000,
+            tick_s=cfg.tick_ms / 1000,
+        )
         self._read_index = ReadIndexWaiter(
             cfg.node_id, self.core, self._kick, self.wait_for_commit, self._committed_index
         )
@@ -418,8 +428,23 @@ class RaftNode:
         while time.monotonic() < deadline:
             if self.core.leader_id == target and self.core.role is not Role.LEADER:
                 return target
+            if self.core.role is Role.LEADER and self.core.lead_transferee is None:
+                break  # the core gave the transfer up (an election timeout passed)
             await asyncio.sleep(self.cfg.tick_ms / 1000)
-        raise TimeoutError(f"leadership did not move to {target} within {timeout_s}s")
+        raise TimeoutError(
+            f"leadership did not move to {target} (given up, or not in {timeout_s}s)"
+        )
+
+    @property
+    def drained(self) -> bool:
+        """Whether this node is drained in this shard: it campaigns for nothing and
+        takes no leadership (`drain`)."""
+        return self._drain.drained
+
+    async def drain(self, drained: bool, timeout_s: float, dry_run: bool = False) -> bool:
+        """Drain (`drained`) or undrain this node in this shard; a drained leader hands
+        over first (True: it did). DrainRefused (nothing changed), TimeoutError."""
+        return await self._drain.drain(drained, timeout_s, dry_run)
 
     # -- the facade: membership --------------------------------------------------------
 
@@ -501,6 +526,7 @@ class RaftNode:
             dispatched_pos=self.dispatcher.dispatched_pos,
             last_chain_crc=store.last_chain_crc,
             progress=core.progress,
+            drained=self._drain.drained,
         )
 
     async def clean_now(self, force: bool) -> tuple[int, int, str]:
@@ -556,6 +582,8 @@ class RaftNode:
         await asyncio.get_running_loop().run_in_executor(self._executor, self.state_file.save, hs)
 
     def _send(self, messages: Sequence[Message]) -> None:
+        if self._drain.waiting:
+            self._drain.sent(messages)
         by_peer: dict[int, list[Message]] = {}
         for m in messages:
             by_peer.setdefault(m.dst, []).append(m)

@@ -26,6 +26,7 @@ class NodeState:
     dispatched_pos: int
     last_chain_crc: int
     progress: Mapping[int, PeerProgress]  # per peer; empty unless this node leads
+    drained: bool = False  # out of elections, takes no leadership (node/drain.py)
 
 
 @dataclass(frozen=True, slots=True)

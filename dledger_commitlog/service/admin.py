@@ -1,9 +1,13 @@
-"""Status and maintenance: `dledger status`, `admin clean-now`, `transfer-leader`.
+"""Status and maintenance: `dledger status`, `admin clean-now`, `transfer-leader`,
+`node drain` and `node undrain`.
 
 Owns `AdminRpcs` and `status_pb`, the node's state as the Status RPC reports it
-(with the members, voters and learners, and each one's lag as this node knows it).
-CleanNow and TransferLeadership need the admin right when the ACL is on; a
-leadership goes only to a voter of the live membership.
+(with the members, voters and learners, and each one's lag as this node knows it;
+whether it is drained; its software version and wire versions). CleanNow,
+TransferLeadership and Drain need the admin right when the ACL is on; a
+leadership goes only to a voter of the live membership that is not drained. Drain
+is this node's own (never forwarded): a refused drain is FAILED_PRECONDITION and
+changed nothing (docs/upgrades.md).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import grpc
 
 from dledger_commitlog.node.acl import require_admin
 from dledger_commitlog.node.config import NodeConfig
+from dledger_commitlog.node.drain import DrainRefused
+from dledger_commitlog.node.versions import WIRE_VERSIONS, software_version
 from dledger_commitlog.node.views import NodeState
 from dledger_commitlog.service.base import Context, ServiceBase
 from dledger_commitlog.service.members import members_pb
@@ -56,7 +62,23 @@ class AdminRpcs(ServiceBase):
             )
         except TimeoutError as exc:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+        except ValueError as exc:  # the target is drained
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return pb.TransferLeadershipResponse(leader_id=leader_id)
+
+    async def Drain(self, request: pb.DrainRequest, context: Context) -> pb.DrainResponse:
+        await self._allow(context, "Drain", lambda a: require_admin(a, "Drain"))
+        try:
+            moved = await self.node.drain(
+                request.drained, (request.timeout_ms or 5000) / 1000, request.dry_run
+            )
+        except DrainRefused as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except TimeoutError as exc:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+        return pb.DrainResponse(
+            drained=self.node.drained, leader_id=self.node.leader_id or 0, moved=moved
+        )
 
 
 def status_pb(state: NodeState, cfg: NodeConfig) -> pb.StatusResponse:
@@ -83,4 +105,7 @@ def status_pb(state: NodeState, cfg: NodeConfig) -> pb.StatusResponse:
         peers=peers,
         last_chain_crc=state.last_chain_crc,
         flush_mode=cfg.flush_mode,
+        drained=state.drained,
+        version=software_version(),
+        wire_versions=WIRE_VERSIONS,
     )
