@@ -356,6 +356,62 @@ class GroupDlqResponse(_message.Message):
     max_offset: int
     def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ..., resent: _Optional[int] = ..., next_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
 
+class MessageTraceRequest(_message.Message):
+    __slots__ = ("msg_id",)
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    msg_id: str
+    def __init__(self, msg_id: _Optional[str] = ...) -> None: ...
+
+class TraceEvent(_message.Message):
+    __slots__ = ("time_ms", "kind", "group", "topic", "queue_id", "queue_offset", "commitlog_offset", "member_id", "delivery_count", "delay_level", "reconsume_times", "outcome", "reason", "due_ms")
+    TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMITLOG_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DELAY_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DUE_MS_FIELD_NUMBER: _ClassVar[int]
+    time_ms: int
+    kind: str
+    group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    member_id: str
+    delivery_count: int
+    delay_level: int
+    reconsume_times: int
+    outcome: str
+    reason: str
+    due_ms: int
+    def __init__(self, time_ms: _Optional[int] = ..., kind: _Optional[str] = ..., group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commitlog_offset: _Optional[int] = ..., member_id: _Optional[str] = ..., delivery_count: _Optional[int] = ..., delay_level: _Optional[int] = ..., reconsume_times: _Optional[int] = ..., outcome: _Optional[str] = ..., reason: _Optional[str] = ..., due_ms: _Optional[int] = ...) -> None: ...
+
+class TraceGroup(_message.Message):
+    __slots__ = ("group", "consumed", "history_since_ms")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    consumed: bool
+    history_since_ms: int
+    def __init__(self, group: _Optional[str] = ..., consumed: _Optional[bool] = ..., history_since_ms: _Optional[int] = ...) -> None: ...
+
+class MessageTraceResponse(_message.Message):
+    __slots__ = ("events", "groups")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[TraceEvent]
+    groups: _containers.RepeatedCompositeFieldContainer[TraceGroup]
+    def __init__(self, events: _Optional[_Iterable[_Union[TraceEvent, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[TraceGroup, _Mapping]]] = ...) -> None: ...
+
 class PutRequest(_message.Message):
     __slots__ = ("message", "cluster")
     MESSAGE_FIELD_NUMBER: _ClassVar[int]

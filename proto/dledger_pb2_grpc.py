@@ -199,6 +199,11 @@ class DLedgerClientStub:
                 request_serializer=proto_dot_dledger__pb2.GroupDlqRequest.SerializeToString,
                 response_deserializer=proto_dot_dledger__pb2.GroupDlqResponse.FromString,
                 _registered_method=True)
+        self.MessageTrace = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/MessageTrace',
+                request_serializer=proto_dot_dledger__pb2.MessageTraceRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.MessageTraceResponse.FromString,
+                _registered_method=True)
         self.Route = channel.unary_unary(
                 '/dledger.v1.DLedgerClient/Route',
                 request_serializer=proto_dot_dledger__pb2.RouteRequest.SerializeToString,
@@ -419,6 +424,12 @@ class DLedgerClientServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MessageTrace(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Route(self, request, context):
         """Multi-Raft (docs/scaling.md). Every call names its Raft group in the metadata
         "dledger-group" (absent: group 1). Route: topics -> groups and queues, and the
@@ -602,6 +613,11 @@ def add_DLedgerClientServicer_to_server(servicer, server):
                     servicer.GroupDlq,
                     request_deserializer=proto_dot_dledger__pb2.GroupDlqRequest.FromString,
                     response_serializer=proto_dot_dledger__pb2.GroupDlqResponse.SerializeToString,
+            ),
+            'MessageTrace': grpc.unary_unary_rpc_method_handler(
+                    servicer.MessageTrace,
+                    request_deserializer=proto_dot_dledger__pb2.MessageTraceRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.MessageTraceResponse.SerializeToString,
             ),
             'Route': grpc.unary_unary_rpc_method_handler(
                     servicer.Route,
@@ -1505,6 +1521,33 @@ class DLedgerClient:
             '/dledger.v1.DLedgerClient/GroupDlq',
             proto_dot_dledger__pb2.GroupDlqRequest.SerializeToString,
             proto_dot_dledger__pb2.GroupDlqResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MessageTrace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/MessageTrace',
+            proto_dot_dledger__pb2.MessageTraceRequest.SerializeToString,
+            proto_dot_dledger__pb2.MessageTraceResponse.FromString,
             options,
             channel_credentials,
             insecure,

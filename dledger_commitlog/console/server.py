@@ -30,6 +30,7 @@ from dledger_commitlog.console.group_admin import GroupAdminApi
 from dledger_commitlog.console.http import HttpServer, Limits, Router
 from dledger_commitlog.console.members import MemberApi
 from dledger_commitlog.console.pages import Pages
+from dledger_commitlog.console.trace import TraceApi
 
 DEFAULT_PORT = 7480
 
@@ -73,6 +74,7 @@ def build_router(message_api: MessageApi, member_api: MemberApi, callers: Caller
     message_api.register(router)
     member_api.register(router)
     GroupAdminApi(callers).register(router)
+    TraceApi(callers).register(router)
     Events(callers, message_api).register(router)
     Pages().register(router)
     return router

@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dledger_commitlog.client import MemberInfo, NodeStatus, StatusError, StoredMessage
-from dledger_commitlog.client.groups import DeadLetters, GroupDescription, GroupSummary
+from dledger_commitlog.client.groups import (
+    DeadLetters,
+    GroupDescription,
+    GroupSummary,
+    MessageTrace,
+)
 
 
 def message_json(m: StoredMessage) -> dict[str, Any]:
@@ -112,4 +118,30 @@ def dlq_json(dead: DeadLetters) -> dict[str, Any]:
         "resent": dead.resent,
         "next_offset": dead.next_offset,
         "max_offset": dead.max_offset,
+    }
+
+
+def utc(ms: int) -> str:
+    """A time in ms since the epoch as ISO 8601 UTC, to the millisecond ("...Z")."""
+    when = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def trace_json(msg_id: str, shard: int, trace: MessageTrace) -> dict[str, Any]:
+    """A message's trace: its events in time order, each with its UTC `time`; per group
+    whether it consumed the message and from when its delivery history is known
+    (`history_complete`: since before the message was stored)."""
+    stored = trace.events[0].time_ms if trace.events else 0
+    return {
+        "msg_id": msg_id,
+        "shard": shard,
+        "events": [{"time": utc(e.time_ms), **dataclasses.asdict(e)} for e in trace.events],
+        "groups": [
+            {
+                **dataclasses.asdict(g),
+                "history_since": utc(g.history_since_ms),
+                "history_complete": g.history_since_ms <= stored,
+            }
+            for g in trace.groups
+        ],
     }
