@@ -231,7 +231,7 @@ class GroupListRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GroupSummary(_message.Message):
-    __slots__ = ("group", "members", "lag", "retries", "dead_letters", "strategy", "orderly", "generation")
+    __slots__ = ("group", "members", "lag", "retries", "dead_letters", "strategy", "orderly", "generation", "oldest_unconsumed_ms")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
@@ -240,6 +240,7 @@ class GroupSummary(_message.Message):
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     ORDERLY_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_UNCONSUMED_MS_FIELD_NUMBER: _ClassVar[int]
     group: str
     members: int
     lag: int
@@ -248,7 +249,8 @@ class GroupSummary(_message.Message):
     strategy: str
     orderly: bool
     generation: int
-    def __init__(self, group: _Optional[str] = ..., members: _Optional[int] = ..., lag: _Optional[int] = ..., retries: _Optional[int] = ..., dead_letters: _Optional[int] = ..., strategy: _Optional[str] = ..., orderly: _Optional[bool] = ..., generation: _Optional[int] = ...) -> None: ...
+    oldest_unconsumed_ms: int
+    def __init__(self, group: _Optional[str] = ..., members: _Optional[int] = ..., lag: _Optional[int] = ..., retries: _Optional[int] = ..., dead_letters: _Optional[int] = ..., strategy: _Optional[str] = ..., orderly: _Optional[bool] = ..., generation: _Optional[int] = ..., oldest_unconsumed_ms: _Optional[int] = ...) -> None: ...
 
 class GroupListResponse(_message.Message):
     __slots__ = ("groups",)
@@ -275,7 +277,7 @@ class GroupMemberInfo(_message.Message):
     def __init__(self, member_id: _Optional[str] = ..., client: _Optional[str] = ..., last_seen_ms_ago: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueLease, _Mapping]]] = ...) -> None: ...
 
 class GroupQueueInfo(_message.Message):
-    __slots__ = ("topic", "queue_id", "committed", "max_offset", "lag", "owner", "epoch", "in_flight", "revoking")
+    __slots__ = ("topic", "queue_id", "committed", "max_offset", "lag", "owner", "epoch", "in_flight", "revoking", "oldest_unconsumed_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +287,7 @@ class GroupQueueInfo(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     REVOKING_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_UNCONSUMED_MS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     committed: int
@@ -294,7 +297,8 @@ class GroupQueueInfo(_message.Message):
     epoch: int
     in_flight: int
     revoking: bool
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., committed: _Optional[int] = ..., max_offset: _Optional[int] = ..., lag: _Optional[int] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ..., in_flight: _Optional[int] = ..., revoking: _Optional[bool] = ...) -> None: ...
+    oldest_unconsumed_ms: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., committed: _Optional[int] = ..., max_offset: _Optional[int] = ..., lag: _Optional[int] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ..., in_flight: _Optional[int] = ..., revoking: _Optional[bool] = ..., oldest_unconsumed_ms: _Optional[int] = ...) -> None: ...
 
 class GroupDescribeResponse(_message.Message):
     __slots__ = ("summary", "members", "queues", "subscriptions")

@@ -30,6 +30,7 @@ import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import Client
+from tests.conftest import wait_until
 from tests.console_helpers import Http, committed, consume, nack_and_retry, running_console
 
 pytestmark = pytest.mark.slow
@@ -193,6 +194,12 @@ def test_the_groups_page_shows_members_and_lag_and_resets_to_earliest(
     for i in range(2):
         assert console.put(topic, f"late{i}".encode(), "?queue=0").status == 200
     wait_text(page, f"{card} .lag", r"^lag 2 messages$")
+    wait_text(page, f"{card} .age", r"^oldest unconsumed [0-9.]+ (ms|s) ago$")
+    chart = page.locator(f"{card} canvas.chart")
+    wait_until(
+        lambda: int(chart.get_attribute("data-samples") or 0), 10.0, "2 samples", lambda n: n >= 2
+    )
+    assert float(chart.get_attribute("data-last") or 0) == 2  # the lag, sampled
     wait_text(page, f"{card} .members", r"^0 member")
     assert page.locator(f'{card} tr[data-topic="{topic}"] td').nth(3).text_content() == "4"
     shot(page, tmp_path, "groups")

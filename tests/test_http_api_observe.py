@@ -5,10 +5,15 @@ level 1, retried and acked shows those events in time order with the member and 
 level; one whose retries ran out shows it dead-lettered with its reason and, after
 a resend, resent. The members are raw client ops (`tests.console_helpers.
 nack_and_retry`), so the test decides every ack and nack.
+
+A group behind on a topic shows the age of its oldest unconsumed message (at least
+the time since the put, at most the time since just before it) in `GET /groups`,
+per queue in `GET /groups/{group}`, and in the samples of its history.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +21,7 @@ import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import Client
+from tests.conftest import wait_until
 from tests.console_helpers import Http, nack_and_retry, running_console
 
 pytestmark = pytest.mark.slow
@@ -91,3 +97,34 @@ def test_a_trace_of_a_bad_or_unknown_id_is_refused(api: Http) -> None:
     unknown = put["msg_id"][:-8] + "7FFFFFF0"
     got = api.get(f"/messages/{unknown}/trace")
     assert got.status == 404, got.body
+
+
+def test_the_oldest_unconsumed_age_and_the_group_history(api: Http, client: Client) -> None:
+    before_ms = time.time() * 1000
+    for i in range(2):
+        assert api.put("age-t", f"m{i}".encode(), "?queue=0").status == 200
+    put_ms = time.time() * 1000
+    client.commit_offset("age-g", "age-t", 0, 0)  # a group that consumed nothing yet
+
+    def row() -> dict[str, Any]:
+        [found] = [r for r in api.get("/groups").json["groups"] if r["group"] == "age-g"]
+        return found
+
+    seen = wait_until(row, 10.0, "an age of 0.3 s", lambda r: r["oldest_unconsumed_age_ms"] > 300)
+    assert seen["lag"] == 2
+    assert before_ms <= seen["oldest_unconsumed_ms"] <= put_ms
+    assert seen["oldest_unconsumed_age_ms"] <= time.time() * 1000 - before_ms
+    [shard] = api.get("/groups/age-g").json["shards"]
+    [queue] = [q for q in shard["queues"] if q["topic"] == "age-t" and q["queue_id"] == 0]
+    assert queue["oldest_unconsumed_ms"] == seen["oldest_unconsumed_ms"]
+    assert queue["oldest_unconsumed_age_ms"] >= seen["oldest_unconsumed_age_ms"]
+    history = wait_until(
+        lambda: (row(), api.get("/groups/age-g/history").json["samples"])[1],
+        10.0,
+        "two samples",
+        lambda samples: len(samples) >= 2,
+    )
+    assert [s["lag"] for s in history] == [2] * len(history)
+    ages = [s["oldest_unconsumed_age_ms"] for s in history]
+    assert ages == sorted(ages) and ages[-1] > ages[0]
+    assert api.get("/groups/no-such-g/history").status == 404

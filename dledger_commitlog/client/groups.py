@@ -149,6 +149,7 @@ class GroupSummary:
     strategy: str
     orderly: bool
     generation: int
+    oldest_unconsumed_ms: int = 0  # store time of its oldest unconsumed message (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +163,7 @@ class GroupQueue:
     epoch: int
     in_flight: int
     revoking: bool
+    oldest_unconsumed_ms: int = 0  # store time of the message at its frontier (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +229,15 @@ def _leases(items: Sequence[pb.QueueLease]) -> tuple[QueueLease, ...]:
 
 def _summary(s: pb.GroupSummary) -> GroupSummary:
     return GroupSummary(
-        s.group, s.members, s.lag, s.retries, s.dead_letters, s.strategy, s.orderly, s.generation
+        s.group,
+        s.members,
+        s.lag,
+        s.retries,
+        s.dead_letters,
+        s.strategy,
+        s.orderly,
+        s.generation,
+        s.oldest_unconsumed_ms,
     )
 
 
@@ -396,6 +406,7 @@ class GroupOps:
                         q.epoch,
                         q.in_flight,
                         q.revoking,
+                        q.oldest_unconsumed_ms,
                     )
                     for q in r.queues
                 ),

@@ -4,7 +4,8 @@ HTTP API alike.
 Owns how a message, a node's status, the members of a shard, a consumer group
 and the shards x nodes table are written as JSON documents (plain dicts of str,
 int, bool, lists). The CLI prints them; the console serves them. Invariants: a
-view is a pure function of client values (no I/O here); a message body that is
+view is a pure function of client values and the time it is given (no I/O here;
+an age is computed at `now_ms`, the clock's now when none is given); a message body that is
 not UTF-8 is base64 with `"body_encoding": "base64"`, never lossy text.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -89,10 +91,21 @@ def shard_cells(
     return out
 
 
-def summary_json(s: GroupSummary) -> dict[str, Any]:
+def summary_json(s: GroupSummary, now_ms: int | None = None) -> dict[str, Any]:
+    """A group's figures, with the age of its oldest unconsumed message at `now_ms`
+    (default: now)."""
     doc = dataclasses.asdict(s)
     doc["mode"] = group_mode(s)
+    doc["oldest_unconsumed_age_ms"] = age_ms(s.oldest_unconsumed_ms, now_ms)
     return doc
+
+
+def age_ms(stored_ms: int, now_ms: int | None = None) -> int:
+    """How long ago `stored_ms` was at `now_ms` (default: now); 0 for no time (0)."""
+    if not stored_ms:
+        return 0
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    return max(0, now - stored_ms)
 
 
 def group_mode(s: GroupSummary) -> str:
@@ -102,12 +115,19 @@ def group_mode(s: GroupSummary) -> str:
     return "orderly" if s.orderly else "concurrent"
 
 
-def describe_json(d: GroupDescription) -> dict[str, Any]:
+def describe_json(d: GroupDescription, now_ms: int | None = None) -> dict[str, Any]:
+    now = int(time.time() * 1000) if now_ms is None else now_ms
     return {
-        "summary": summary_json(d.summary),
+        "summary": summary_json(d.summary, now),
         "subscriptions": [dataclasses.asdict(s) for s in d.subscriptions],
         "members": [dataclasses.asdict(m) for m in d.members],
-        "queues": [dataclasses.asdict(q) for q in d.queues],
+        "queues": [
+            {
+                **dataclasses.asdict(q),
+                "oldest_unconsumed_age_ms": age_ms(q.oldest_unconsumed_ms, now),
+            }
+            for q in d.queues
+        ],
     }
 
 

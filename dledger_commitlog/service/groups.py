@@ -171,7 +171,7 @@ class GroupRpcs(ServiceBase):
         groups = self.services.groups
         await self._run(context, "list", groups.state_of(""))  # leader only, settled
         out = []
-        for group, s in self.services.group_admin.summaries().items():
+        for group, s in self.services.group_admin.summaries(ages=True).items():
             if _may_use(account, group):
                 out.append(_summary_pb(group, s))
         return pb.GroupListResponse(groups=out)
@@ -187,7 +187,8 @@ class GroupRpcs(ServiceBase):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         groups = self.services.groups
         state = await self._run(context, "describe", groups.state_of(r.group))
-        summary = self.services.group_admin.summaries().get(r.group)
+        admin = self.services.group_admin
+        summary = admin.summaries(ages=True).get(r.group)
         if summary is None:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
@@ -230,6 +231,7 @@ class GroupRpcs(ServiceBase):
                     epoch=lease.epoch if lease else 0,
                     in_flight=lease.in_flight_count() if lease else 0,
                     revoking=bool(lease and lease.target is not None),
+                    oldest_unconsumed_ms=admin.stored_ms(topic, q, done) if done < high else 0,
                 )
             )
         return reply
@@ -366,6 +368,7 @@ def _summary_pb(group: str, s: dict[str, int | str | bool]) -> pb.GroupSummary:
         lag=int(s["lag"]),
         retries=int(s["retries"]),
         dead_letters=int(s["dead_letters"]),
+        oldest_unconsumed_ms=int(s["oldest_unconsumed_ms"]),
         strategy=str(s["strategy"]),
         orderly=bool(s["orderly"]),
         generation=int(s["generation"]),
