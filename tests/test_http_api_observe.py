@@ -107,7 +107,8 @@ def test_the_oldest_unconsumed_age_and_the_group_history(api: Http, client: Clie
     client.commit_offset("age-g", "age-t", 0, 0)  # a group that consumed nothing yet
 
     def row() -> dict[str, Any]:
-        [found] = [r for r in api.get("/groups").json["groups"] if r["group"] == "age-g"]
+        rows: list[dict[str, Any]] = api.get("/groups").json["groups"]
+        [found] = [r for r in rows if r["group"] == "age-g"]
         return found
 
     seen = wait_until(row, 10.0, "an age of 0.3 s", lambda r: r["oldest_unconsumed_age_ms"] > 300)

@@ -13,7 +13,9 @@ Raft log, as the OFFSETS system topic, so a new leader resumes from them).
 
 Every change a consumer can observe after a failover is in the log: offsets,
 retries (messages), dead letters (messages); leases and deliveries in flight are
-the leader's memory, rebuilt from the members' heartbeats (see group_state).
+the leader's memory, rebuilt from the members' heartbeats (see group_state). The
+recent deliveries, acks and nacks with their member and time (`deliveries`, for a
+message's trace) are memory only, and start afresh with each leadership.
 """
 
 from __future__ import annotations
