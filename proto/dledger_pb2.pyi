@@ -360,6 +360,40 @@ class GroupDlqResponse(_message.Message):
     max_offset: int
     def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ..., resent: _Optional[int] = ..., next_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
 
+class BacklogRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DelayedBacklog(_message.Message):
+    __slots__ = ("level", "delay_ms", "messages", "oldest_stored_ms")
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_STORED_MS_FIELD_NUMBER: _ClassVar[int]
+    level: int
+    delay_ms: int
+    messages: int
+    oldest_stored_ms: int
+    def __init__(self, level: _Optional[int] = ..., delay_ms: _Optional[int] = ..., messages: _Optional[int] = ..., oldest_stored_ms: _Optional[int] = ...) -> None: ...
+
+class HalfBacklog(_message.Message):
+    __slots__ = ("producer_group", "messages", "oldest_stored_ms")
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_STORED_MS_FIELD_NUMBER: _ClassVar[int]
+    producer_group: str
+    messages: int
+    oldest_stored_ms: int
+    def __init__(self, producer_group: _Optional[str] = ..., messages: _Optional[int] = ..., oldest_stored_ms: _Optional[int] = ...) -> None: ...
+
+class BacklogResponse(_message.Message):
+    __slots__ = ("delayed", "halves")
+    DELAYED_FIELD_NUMBER: _ClassVar[int]
+    HALVES_FIELD_NUMBER: _ClassVar[int]
+    delayed: _containers.RepeatedCompositeFieldContainer[DelayedBacklog]
+    halves: _containers.RepeatedCompositeFieldContainer[HalfBacklog]
+    def __init__(self, delayed: _Optional[_Iterable[_Union[DelayedBacklog, _Mapping]]] = ..., halves: _Optional[_Iterable[_Union[HalfBacklog, _Mapping]]] = ...) -> None: ...
+
 class MessageTraceRequest(_message.Message):
     __slots__ = ("msg_id",)
     MSG_ID_FIELD_NUMBER: _ClassVar[int]

@@ -136,6 +136,7 @@ def test_a_put_shows_in_the_topics_page(page: Page, console: Http, tmp_path: Pat
     chart = page.locator(f"{card} canvas.chart")
     wait_text(page, f"{card} .rate", r"peak [1-9]")
     assert float(chart.get_attribute("data-peak") or 0) > 0
+    wait_text(page, "#backlog-body", r"delay|No delayed message waiting")
     shot(page, tmp_path, "topics")
 
 

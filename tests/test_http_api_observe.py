@@ -6,6 +6,9 @@ level; one whose retries ran out shows it dead-lettered with its reason and, aft
 a resend, resent. The members are raw client ops (`tests.console_helpers.
 nack_and_retry`), so the test decides every ack and nack.
 
+Delayed messages waiting (`GET /backlog`) are counted per level with the age of the
+oldest, and a half message per producer group.
+
 A group behind on a topic shows the age of its oldest unconsumed message (at least
 the time since the put, at most the time since just before it) in `GET /groups`,
 per queue in `GET /groups/{group}`, and in the samples of its history.
@@ -129,3 +132,31 @@ def test_the_oldest_unconsumed_age_and_the_group_history(api: Http, client: Clie
     ages = [s["oldest_unconsumed_age_ms"] for s in history]
     assert ages == sorted(ages) and ages[-1] > ages[0]
     assert api.get("/groups/no-such-g/history").status == 404
+
+
+def test_the_backlog_counts_delayed_and_half_messages_and_their_age(
+    api: Http, client: Client
+) -> None:
+    before_ms = time.time() * 1000
+    for i in range(2):
+        assert api.put("wait-t", f"later{i}".encode(), "?delay_level=5").status == 200
+    client.put_half("wait-t", b"undecided", producer_group="wait-pg")
+    put_ms = time.time() * 1000
+
+    def waiting() -> tuple[dict[str, Any], dict[str, Any]]:
+        doc = api.get("/backlog").json
+        [level] = [d for d in doc["delayed"] if d["level"] == 5]
+        [half] = [h for h in doc["halves"] if h["producer_group"] == "wait-pg"]
+        return level, half
+
+    level, half = wait_until(
+        waiting, 10.0, "2 delayed, 1 half", lambda x: (x[0]["messages"], x[1]["messages"]) == (2, 1)
+    )
+    assert level["delay_ms"] == 60_000 and level["shard"] == 1
+    for w in (level, half):
+        assert before_ms <= w["oldest_stored_ms"] <= put_ms
+        assert 0 <= w["oldest_age_ms"] <= time.time() * 1000 - before_ms
+    level, half = wait_until(
+        waiting, 10.0, "an age of 0.3 s", lambda x: x[0]["oldest_age_ms"] > 300
+    )
+    assert level["messages"] == 2 and half["oldest_age_ms"] > 300

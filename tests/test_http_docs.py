@@ -56,6 +56,7 @@ def test_the_doc_shows_every_endpoint() -> None:
         "-X DELETE",
         "/trace",
         "/history",
+        "/backlog",
         "-u ",
     ):
         assert needed in text, needed
@@ -148,6 +149,8 @@ def check(tmp: Path, ran: list[tuple[str, str]]) -> None:
     assert trace["events"][0]["kind"] == "stored" and trace["events"][0]["time"].endswith("Z")
     delivered = [e for e in trace["events"] if e["kind"] == "delivered"]
     assert delivered and delivered[0]["group"] == "billing" and delivered[0]["member_id"]
+    (backlog,) = find("/backlog")
+    assert {"delayed", "halves"} <= backlog.keys() and backlog["delayed"][0]["level"] >= 0
     (history,) = find("/history")
     assert history["samples"] and "oldest_unconsumed_age_ms" in history["samples"][-1]
     (left,) = find("-X DELETE")

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dledger_commitlog.console.api import MessageApi
+from dledger_commitlog.console.backlog import BacklogApi
 from dledger_commitlog.console.callers import Callers, ClusterAccess
 from dledger_commitlog.console.events import Events
 from dledger_commitlog.console.group_admin import GroupAdminApi
@@ -79,6 +80,7 @@ def build_router(message_api: MessageApi, member_api: MemberApi, callers: Caller
     member_api.register(router)
     GroupAdminApi(callers).register(router)
     TraceApi(callers).register(router)
+    BacklogApi(callers).register(router)
     Events(callers, message_api).register(router)
     Pages().register(router)
     return router
