@@ -231,7 +231,7 @@ class GroupListRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GroupSummary(_message.Message):
-    __slots__ = ("group", "members", "lag", "retries", "dead_letters", "strategy", "orderly", "generation")
+    __slots__ = ("group", "members", "lag", "retries", "dead_letters", "strategy", "orderly", "generation", "oldest_unconsumed_ms")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
@@ -240,6 +240,7 @@ class GroupSummary(_message.Message):
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     ORDERLY_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_UNCONSUMED_MS_FIELD_NUMBER: _ClassVar[int]
     group: str
     members: int
     lag: int
@@ -248,7 +249,8 @@ class GroupSummary(_message.Message):
     strategy: str
     orderly: bool
     generation: int
-    def __init__(self, group: _Optional[str] = ..., members: _Optional[int] = ..., lag: _Optional[int] = ..., retries: _Optional[int] = ..., dead_letters: _Optional[int] = ..., strategy: _Optional[str] = ..., orderly: _Optional[bool] = ..., generation: _Optional[int] = ...) -> None: ...
+    oldest_unconsumed_ms: int
+    def __init__(self, group: _Optional[str] = ..., members: _Optional[int] = ..., lag: _Optional[int] = ..., retries: _Optional[int] = ..., dead_letters: _Optional[int] = ..., strategy: _Optional[str] = ..., orderly: _Optional[bool] = ..., generation: _Optional[int] = ..., oldest_unconsumed_ms: _Optional[int] = ...) -> None: ...
 
 class GroupListResponse(_message.Message):
     __slots__ = ("groups",)
@@ -275,7 +277,7 @@ class GroupMemberInfo(_message.Message):
     def __init__(self, member_id: _Optional[str] = ..., client: _Optional[str] = ..., last_seen_ms_ago: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueLease, _Mapping]]] = ...) -> None: ...
 
 class GroupQueueInfo(_message.Message):
-    __slots__ = ("topic", "queue_id", "committed", "max_offset", "lag", "owner", "epoch", "in_flight", "revoking")
+    __slots__ = ("topic", "queue_id", "committed", "max_offset", "lag", "owner", "epoch", "in_flight", "revoking", "oldest_unconsumed_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +287,7 @@ class GroupQueueInfo(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     REVOKING_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_UNCONSUMED_MS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     committed: int
@@ -294,7 +297,8 @@ class GroupQueueInfo(_message.Message):
     epoch: int
     in_flight: int
     revoking: bool
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., committed: _Optional[int] = ..., max_offset: _Optional[int] = ..., lag: _Optional[int] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ..., in_flight: _Optional[int] = ..., revoking: _Optional[bool] = ...) -> None: ...
+    oldest_unconsumed_ms: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., committed: _Optional[int] = ..., max_offset: _Optional[int] = ..., lag: _Optional[int] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ..., in_flight: _Optional[int] = ..., revoking: _Optional[bool] = ..., oldest_unconsumed_ms: _Optional[int] = ...) -> None: ...
 
 class GroupDescribeResponse(_message.Message):
     __slots__ = ("summary", "members", "queues", "subscriptions")
@@ -355,6 +359,96 @@ class GroupDlqResponse(_message.Message):
     next_offset: int
     max_offset: int
     def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ..., resent: _Optional[int] = ..., next_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+
+class BacklogRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DelayedBacklog(_message.Message):
+    __slots__ = ("level", "delay_ms", "messages", "oldest_stored_ms")
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_STORED_MS_FIELD_NUMBER: _ClassVar[int]
+    level: int
+    delay_ms: int
+    messages: int
+    oldest_stored_ms: int
+    def __init__(self, level: _Optional[int] = ..., delay_ms: _Optional[int] = ..., messages: _Optional[int] = ..., oldest_stored_ms: _Optional[int] = ...) -> None: ...
+
+class HalfBacklog(_message.Message):
+    __slots__ = ("producer_group", "messages", "oldest_stored_ms")
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_STORED_MS_FIELD_NUMBER: _ClassVar[int]
+    producer_group: str
+    messages: int
+    oldest_stored_ms: int
+    def __init__(self, producer_group: _Optional[str] = ..., messages: _Optional[int] = ..., oldest_stored_ms: _Optional[int] = ...) -> None: ...
+
+class BacklogResponse(_message.Message):
+    __slots__ = ("delayed", "halves")
+    DELAYED_FIELD_NUMBER: _ClassVar[int]
+    HALVES_FIELD_NUMBER: _ClassVar[int]
+    delayed: _containers.RepeatedCompositeFieldContainer[DelayedBacklog]
+    halves: _containers.RepeatedCompositeFieldContainer[HalfBacklog]
+    def __init__(self, delayed: _Optional[_Iterable[_Union[DelayedBacklog, _Mapping]]] = ..., halves: _Optional[_Iterable[_Union[HalfBacklog, _Mapping]]] = ...) -> None: ...
+
+class MessageTraceRequest(_message.Message):
+    __slots__ = ("msg_id",)
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    msg_id: str
+    def __init__(self, msg_id: _Optional[str] = ...) -> None: ...
+
+class TraceEvent(_message.Message):
+    __slots__ = ("time_ms", "kind", "group", "topic", "queue_id", "queue_offset", "commitlog_offset", "member_id", "delivery_count", "delay_level", "reconsume_times", "outcome", "reason", "due_ms")
+    TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMITLOG_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DELAY_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DUE_MS_FIELD_NUMBER: _ClassVar[int]
+    time_ms: int
+    kind: str
+    group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    member_id: str
+    delivery_count: int
+    delay_level: int
+    reconsume_times: int
+    outcome: str
+    reason: str
+    due_ms: int
+    def __init__(self, time_ms: _Optional[int] = ..., kind: _Optional[str] = ..., group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commitlog_offset: _Optional[int] = ..., member_id: _Optional[str] = ..., delivery_count: _Optional[int] = ..., delay_level: _Optional[int] = ..., reconsume_times: _Optional[int] = ..., outcome: _Optional[str] = ..., reason: _Optional[str] = ..., due_ms: _Optional[int] = ...) -> None: ...
+
+class TraceGroup(_message.Message):
+    __slots__ = ("group", "consumed", "history_since_ms")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    consumed: bool
+    history_since_ms: int
+    def __init__(self, group: _Optional[str] = ..., consumed: _Optional[bool] = ..., history_since_ms: _Optional[int] = ...) -> None: ...
+
+class MessageTraceResponse(_message.Message):
+    __slots__ = ("events", "groups")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[TraceEvent]
+    groups: _containers.RepeatedCompositeFieldContainer[TraceGroup]
+    def __init__(self, events: _Optional[_Iterable[_Union[TraceEvent, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[TraceGroup, _Mapping]]] = ...) -> None: ...
 
 class PutRequest(_message.Message):
     __slots__ = ("message", "cluster")

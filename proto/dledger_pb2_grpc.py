@@ -204,6 +204,16 @@ class DLedgerClientStub:
                 request_serializer=proto_dot_dledger__pb2.GroupDlqRequest.SerializeToString,
                 response_deserializer=proto_dot_dledger__pb2.GroupDlqResponse.FromString,
                 _registered_method=True)
+        self.MessageTrace = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/MessageTrace',
+                request_serializer=proto_dot_dledger__pb2.MessageTraceRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.MessageTraceResponse.FromString,
+                _registered_method=True)
+        self.Backlog = channel.unary_unary(
+                '/dledger.v1.DLedgerClient/Backlog',
+                request_serializer=proto_dot_dledger__pb2.BacklogRequest.SerializeToString,
+                response_deserializer=proto_dot_dledger__pb2.BacklogResponse.FromString,
+                _registered_method=True)
         self.Route = channel.unary_unary(
                 '/dledger.v1.DLedgerClient/Route',
                 request_serializer=proto_dot_dledger__pb2.RouteRequest.SerializeToString,
@@ -430,6 +440,20 @@ class DLedgerClientServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MessageTrace(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Backlog(self, request, context):
+        """Delayed messages per level and half messages per producer group, not yet
+        delivered or decided (any replica answers, from its log; no right beyond signing in).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Route(self, request, context):
         """Multi-Raft (docs/scaling.md). Every call names its Raft group in the metadata
         "dledger-group" (absent: group 1). Route: topics -> groups and queues, and the
@@ -618,6 +642,16 @@ def add_DLedgerClientServicer_to_server(servicer, server):
                     servicer.GroupDlq,
                     request_deserializer=proto_dot_dledger__pb2.GroupDlqRequest.FromString,
                     response_serializer=proto_dot_dledger__pb2.GroupDlqResponse.SerializeToString,
+            ),
+            'MessageTrace': grpc.unary_unary_rpc_method_handler(
+                    servicer.MessageTrace,
+                    request_deserializer=proto_dot_dledger__pb2.MessageTraceRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.MessageTraceResponse.SerializeToString,
+            ),
+            'Backlog': grpc.unary_unary_rpc_method_handler(
+                    servicer.Backlog,
+                    request_deserializer=proto_dot_dledger__pb2.BacklogRequest.FromString,
+                    response_serializer=proto_dot_dledger__pb2.BacklogResponse.SerializeToString,
             ),
             'Route': grpc.unary_unary_rpc_method_handler(
                     servicer.Route,
@@ -1548,6 +1582,60 @@ class DLedgerClient:
             '/dledger.v1.DLedgerClient/GroupDlq',
             proto_dot_dledger__pb2.GroupDlqRequest.SerializeToString,
             proto_dot_dledger__pb2.GroupDlqResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MessageTrace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/MessageTrace',
+            proto_dot_dledger__pb2.MessageTraceRequest.SerializeToString,
+            proto_dot_dledger__pb2.MessageTraceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Backlog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedgerClient/Backlog',
+            proto_dot_dledger__pb2.BacklogRequest.SerializeToString,
+            proto_dot_dledger__pb2.BacklogResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -26,6 +26,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from dledger_commitlog.cli.launcher import LocalCluster
+from dledger_commitlog.client import Client
+from dledger_commitlog.client.groups import Delivery, Subscription
 
 ROOT = Path(__file__).resolve().parent.parent
 START_S = 20.0
@@ -187,3 +189,32 @@ def committed(http: Http, group: str, topic: str) -> dict[tuple[int, int], int]:
         for q in s["queues"]
         if q["topic"] == topic
     }
+
+
+def fetch_one(client: Client, group: str, member: str, topic: str) -> Delivery:
+    """The next delivery to `member` (heartbeating as it waits); fails after 20 s."""
+    deadline = time.monotonic() + 20.0
+    while True:
+        assert time.monotonic() < deadline, f"{member} got nothing of {group}"
+        client.group_heartbeat(group, member, [Subscription(topic)], max_reconsume=1)
+        got = client.group_fetch(group, member, 1, wait_ms=500).deliveries
+        if got:
+            return got[0]
+
+
+def nack_and_retry(client: Client, group: str, topic: str, *, then_ack: bool) -> str:
+    """A member of `group` (max_reconsume 1) takes the one message of `topic`, nacks it
+    on delay level 1 (1 s), takes its retry and acks it, or nacks it too (the retries
+    are spent: a dead letter); then leaves. The member's id."""
+    member = f"{group}-member"
+    first = fetch_one(client, group, member, topic)
+    assert first.message.topic == topic
+    assert client.group_nack(group, member, first.handle, delay_level=1)[0] == "retry"
+    retry = fetch_one(client, group, member, topic)
+    assert retry.message.topic == "%RETRY%" + group and retry.reconsume_times == 1
+    if then_ack:
+        assert client.group_ack(group, member, [retry.handle]) == 1
+    else:
+        assert client.group_nack(group, member, retry.handle)[0] == "dead-letter"
+    client.group_leave(group, member)
+    return member

@@ -29,7 +29,9 @@ from pathlib import Path
 import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster
-from tests.console_helpers import Http, committed, consume, running_console
+from dledger_commitlog.client import Client
+from tests.conftest import wait_until
+from tests.console_helpers import Http, committed, consume, nack_and_retry, running_console
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +62,12 @@ def console(shared_cluster: LocalCluster) -> Iterator[Http]:
     shared_cluster.wait_for_leader(timeout_s=10.0)
     with running_console(shared_cluster) as http:
         yield http
+
+
+@pytest.fixture(scope="module")
+def client(shared_cluster: LocalCluster) -> Iterator[Client]:
+    with shared_cluster.client() as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +136,7 @@ def test_a_put_shows_in_the_topics_page(page: Page, console: Http, tmp_path: Pat
     chart = page.locator(f"{card} canvas.chart")
     wait_text(page, f"{card} .rate", r"peak [1-9]")
     assert float(chart.get_attribute("data-peak") or 0) > 0
+    wait_text(page, "#backlog-body", r"delay|No delayed message waiting")
     shot(page, tmp_path, "topics")
 
 
@@ -186,6 +195,12 @@ def test_the_groups_page_shows_members_and_lag_and_resets_to_earliest(
     for i in range(2):
         assert console.put(topic, f"late{i}".encode(), "?queue=0").status == 200
     wait_text(page, f"{card} .lag", r"^lag 2 messages$")
+    wait_text(page, f"{card} .age", r"^oldest unconsumed [0-9.]+ (ms|s) ago$")
+    chart = page.locator(f"{card} canvas.chart")
+    wait_until(
+        lambda: int(chart.get_attribute("data-samples") or 0), 10.0, "2 samples", lambda n: n >= 2
+    )
+    assert float(chart.get_attribute("data-last") or 0) == 2  # the lag, sampled
     wait_text(page, f"{card} .members", r"^0 member")
     assert page.locator(f'{card} tr[data-topic="{topic}"] td').nth(3).text_content() == "4"
     shot(page, tmp_path, "groups")
@@ -205,6 +220,36 @@ def test_the_groups_page_shows_members_and_lag_and_resets_to_earliest(
     actions.locator("button.resend").click()
     page.locator("#confirm-ok").click()
     wait_text(page, "#groups-status", "0 dead letter")
+
+
+def test_a_message_trace_shows_its_delivery_a_nack_its_retry_and_its_ack(
+    page: Page, console: Http, client: Client, tmp_path: Path
+) -> None:
+    put = console.put("pages-trace", b"traced", "?queue=0").json
+    member = nack_and_retry(client, "pages-trace-g", "pages-trace", then_ack=True)
+    page.goto(root_of(console) + "#search")
+    page.locator('#by-id input[name="msg_id"]').fill(put["msg_id"])
+    page.locator('#by-id button[type="submit"]').click()
+    wait_text(page, "#search-status", r"^1 message found")
+    rows = "#search-results .trace tbody tr"
+    wait_text(page, f'{rows}[data-kind="acked"]', member)
+    kinds = [r.get_attribute("data-kind") for r in page.locator(rows).all()]
+    assert kinds == [
+        "stored",
+        "delivered",
+        "nacked",
+        "retry",
+        "retry_stored",
+        "delivered",
+        "acked",
+    ]
+    texts = [r.text_content() or "" for r in page.locator(rows).all()]
+    assert member in texts[1] and "delivery 1 of pages-trace queue 0" in texts[1]
+    assert "retry, delay level 1" in texts[2] and "delay level 1, retry 1" in texts[3]
+    assert "%RETRY%pages-trace-g" in texts[5] and all(" UTC" in t for t in texts)
+    notes = page.locator("#search-results .trace-groups").text_content() or ""
+    assert "group pages-trace-g: consumed" in notes and "not known" not in notes
+    shot(page, tmp_path, "trace")
 
 
 def test_the_cluster_page_follows_a_leader_kill_without_a_reload(

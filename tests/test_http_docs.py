@@ -54,6 +54,9 @@ def test_the_doc_shows_every_endpoint() -> None:
         "/groups/billing/members",
         "/ack",
         "-X DELETE",
+        "/trace",
+        "/history",
+        "/backlog",
         "-u ",
     ):
         assert needed in text, needed
@@ -142,6 +145,14 @@ def check(tmp: Path, ran: list[tuple[str, str]]) -> None:
     assert sum(acked) >= 3, loop  # the three orders messages, at least once
     (group,) = find('"$API/groups/billing"')
     assert group["shards"][0]["members"], group
+    (trace,) = find("/trace")
+    assert trace["events"][0]["kind"] == "stored" and trace["events"][0]["time"].endswith("Z")
+    delivered = [e for e in trace["events"] if e["kind"] == "delivered"]
+    assert delivered and delivered[0]["group"] == "billing" and delivered[0]["member_id"]
+    (backlog,) = find("/backlog")
+    assert {"delayed", "halves"} <= backlog.keys() and backlog["delayed"][0]["level"] >= 0
+    (history,) = find("/history")
+    assert history["samples"] and "oldest_unconsumed_age_ms" in history["samples"][-1]
     (left,) = find("-X DELETE")
     assert "left" in left
     (bad_topic,) = find("bad%20topic")

@@ -39,6 +39,7 @@ from dledger_commitlog.client.operation import AsyncCalls, BlockingCalls, operat
 from dledger_commitlog.client.put_pipe import PipeFailure, PutPipe
 from dledger_commitlog.client.retry import NO_ANSWER, Attempt, Failure, Op, Router
 from dledger_commitlog.client.values import (
+    Backlog,
     CleanResult,
     HalfResult,
     MessageSpec,
@@ -51,6 +52,7 @@ from dledger_commitlog.client.values import (
     StoredMessage,
     TopicRoute,
     TransactionEnd,
+    Waiting,
     node_status,
     put_result,
     routes,
@@ -315,6 +317,23 @@ class ClientBase(MemberOps):
 
         # Retried like a put: ending a transaction twice the same way changes nothing.
         return Op("end_transaction", "EndTransaction", request, convert, True, (tx,))
+
+    @operation
+    def backlog(self) -> Op[Backlog]:
+        """Delayed messages per level and half messages per producer group, waiting."""
+
+        def convert(r: pb.BacklogResponse) -> Backlog:
+            return Backlog(
+                tuple(
+                    (d.level, d.delay_ms, Waiting(d.messages, d.oldest_stored_ms))
+                    for d in r.delayed
+                ),
+                tuple(
+                    (h.producer_group, Waiting(h.messages, h.oldest_stored_ms)) for h in r.halves
+                ),
+            )
+
+        return Op("backlog", "Backlog", pb.BacklogRequest(), convert)
 
     @operation
     def put_batch(self, messages: Sequence[MessageSpec]) -> Op[list[PutResult]]:

@@ -149,6 +149,7 @@ class GroupSummary:
     strategy: str
     orderly: bool
     generation: int
+    oldest_unconsumed_ms: int = 0  # store time of its oldest unconsumed message (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +163,7 @@ class GroupQueue:
     epoch: int
     in_flight: int
     revoking: bool
+    oldest_unconsumed_ms: int = 0  # store time of the message at its frontier (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,13 +190,54 @@ class DeadLetters:
     max_offset: int
 
 
+@dataclass(frozen=True, slots=True)
+class TraceEvent:
+    """One event of a message's life (`message_trace`; proto TraceEvent says each field)."""
+
+    time_ms: int
+    kind: str  # stored, delivered, acked, nacked, retry, retry_stored, dead_lettered, resent
+    group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    member_id: str
+    delivery_count: int
+    delay_level: int
+    reconsume_times: int
+    outcome: str
+    reason: str
+    due_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TraceGroup:
+    group: str
+    consumed: bool  # its acked frontier is past the last copy of the message it reads
+    history_since_ms: int  # the leader holds its delivery events from then on
+
+
+@dataclass(frozen=True, slots=True)
+class MessageTrace:
+    events: tuple[TraceEvent, ...]  # ordered by time
+    groups: tuple[TraceGroup, ...]
+
+
 def _leases(items: Sequence[pb.QueueLease]) -> tuple[QueueLease, ...]:
     return tuple(QueueLease(x.topic, x.queue_id, x.epoch) for x in items)
 
 
 def _summary(s: pb.GroupSummary) -> GroupSummary:
     return GroupSummary(
-        s.group, s.members, s.lag, s.retries, s.dead_letters, s.strategy, s.orderly, s.generation
+        s.group,
+        s.members,
+        s.lag,
+        s.retries,
+        s.dead_letters,
+        s.strategy,
+        s.orderly,
+        s.generation,
+        s.oldest_unconsumed_ms,
     )
 
 
@@ -363,6 +406,7 @@ class GroupOps:
                         q.epoch,
                         q.in_flight,
                         q.revoking,
+                        q.oldest_unconsumed_ms,
                     )
                     for q in r.queues
                 ),
@@ -421,3 +465,19 @@ class GroupOps:
             )
 
         return Op("group_dlq", "GroupDlq", request, convert, write=bool(resend or resend_all))
+
+    @operation
+    def message_trace(self, msg_id: str) -> Op[MessageTrace]:
+        """What happened to a message: stored, delivered to which member of which group,
+        acked, nacked, retried, dead-lettered, resent (the leader of its shard answers;
+        NotFound: no such message)."""
+
+        def convert(r: pb.MessageTraceResponse) -> MessageTrace:
+            names = TraceEvent.__dataclass_fields__
+            return MessageTrace(
+                tuple(TraceEvent(**{n: getattr(e, n) for n in names}) for e in r.events),
+                tuple(TraceGroup(g.group, g.consumed, g.history_since_ms) for g in r.groups),
+            )
+
+        request = pb.MessageTraceRequest(msg_id=msg_id)
+        return Op("message_trace", "MessageTrace", request, convert)

@@ -124,6 +124,23 @@ class HalfResult:
 
 
 @dataclass(frozen=True, slots=True)
+class Waiting:
+    """Messages waiting: how many, and the store time of the oldest (0: none)."""
+
+    messages: int
+    oldest_stored_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """Delayed messages not yet delivered, per level (1..N; 0: deliver-at times) with
+    its delay in ms, and half messages not yet decided, per producer group."""
+
+    delayed: tuple[tuple[int, int, Waiting], ...]  # (level, delay ms, waiting)
+    halves: tuple[tuple[str, Waiting], ...]  # (producer group, waiting)
+
+
+@dataclass(frozen=True, slots=True)
 class TransactionEnd:
     committed: bool
     result: PutResult | None  # the real message's, on commit

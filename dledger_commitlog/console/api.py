@@ -16,6 +16,7 @@ it is answered with the first result instead of a second copy.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -73,9 +74,12 @@ async def call(work: Awaitable[T]) -> T:
 class MessageApi:
     """The message and view endpoints (see the module doc)."""
 
-    def __init__(self, callers: Callers, *, tls: bool) -> None:
+    def __init__(
+        self, callers: Callers, *, tls: bool, on_groups: Callable[[list[Any]], None] | None = None
+    ) -> None:
         self.callers = callers
         self.tls = tls
+        self.on_groups = on_groups  # gets the rows of each GET /groups (the group history)
 
     def register(self, router: Router) -> None:
         routes: Sequence[tuple[str, str, Callable[[Request], Awaitable[Response]]]] = (
@@ -293,9 +297,12 @@ class MessageApi:
         client = (await self.callers.caller(request)).client
         _, data = await self._shards(client)
         rows = []
+        now_ms = int(time.time() * 1000)
         for g in data:
             for s in await call(client.client(g).group_list()):
-                rows.append({**summary_json(s), "shard": g})
+                rows.append({**summary_json(s, now_ms), "shard": g})
+        if self.on_groups is not None:
+            self.on_groups(rows)
         return json_response(200, {"groups": rows})
 
     async def group(self, request: Request) -> Response:
@@ -312,7 +319,7 @@ class MessageApi:
                 if refusal(exc).status == 404:
                     continue
                 raise refusal(exc) from None
-            shards.append({"shard": g, **describe_json(described)})
+            shards.append({"shard": g, **describe_json(described, int(time.time() * 1000))})
         if not shards:
             raise ApiError(404, "not_found", f"group {group!r} has no members or offsets")
         return json_response(200, {"group": group, "shards": shards})

@@ -24,12 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dledger_commitlog.console.api import MessageApi
+from dledger_commitlog.console.backlog import BacklogApi
 from dledger_commitlog.console.callers import Callers, ClusterAccess
 from dledger_commitlog.console.events import Events
 from dledger_commitlog.console.group_admin import GroupAdminApi
+from dledger_commitlog.console.group_history import GroupHistory, GroupHistoryApi
 from dledger_commitlog.console.http import HttpServer, Limits, Router
 from dledger_commitlog.console.members import MemberApi
 from dledger_commitlog.console.pages import Pages
+from dledger_commitlog.console.trace import TraceApi
 
 DEFAULT_PORT = 7480
 
@@ -70,9 +73,14 @@ def check_bind(settings: ConsoleSettings) -> None:
 def build_router(message_api: MessageApi, member_api: MemberApi, callers: Callers) -> Router:
     """The JSON API, its server-sent events, and the web console's page."""
     router = Router()
+    history = GroupHistory()
+    message_api.on_groups = history.record
+    GroupHistoryApi(callers, history).register(router)
     message_api.register(router)
     member_api.register(router)
     GroupAdminApi(callers).register(router)
+    TraceApi(callers).register(router)
+    BacklogApi(callers).register(router)
     Events(callers, message_api).register(router)
     Pages().register(router)
     return router

@@ -4,7 +4,8 @@ HTTP API alike.
 Owns how a message, a node's status, the members of a shard, a consumer group
 and the shards x nodes table are written as JSON documents (plain dicts of str,
 int, bool, lists). The CLI prints them; the console serves them. Invariants: a
-view is a pure function of client values (no I/O here); a message body that is
+view is a pure function of client values and the time it is given (no I/O here;
+an age is computed at `now_ms`, the clock's now when none is given); a message body that is
 not UTF-8 is base64 with `"body_encoding": "base64"`, never lossy text.
 """
 
@@ -12,11 +13,18 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import datetime
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dledger_commitlog.client import MemberInfo, NodeStatus, StatusError, StoredMessage
-from dledger_commitlog.client.groups import DeadLetters, GroupDescription, GroupSummary
+from dledger_commitlog.client.groups import (
+    DeadLetters,
+    GroupDescription,
+    GroupSummary,
+    MessageTrace,
+)
 
 
 def message_json(m: StoredMessage) -> dict[str, Any]:
@@ -83,10 +91,21 @@ def shard_cells(
     return out
 
 
-def summary_json(s: GroupSummary) -> dict[str, Any]:
+def summary_json(s: GroupSummary, now_ms: int | None = None) -> dict[str, Any]:
+    """A group's figures, with the age of its oldest unconsumed message at `now_ms`
+    (default: now)."""
     doc = dataclasses.asdict(s)
     doc["mode"] = group_mode(s)
+    doc["oldest_unconsumed_age_ms"] = age_ms(s.oldest_unconsumed_ms, now_ms)
     return doc
+
+
+def age_ms(stored_ms: int, now_ms: int | None = None) -> int:
+    """How long ago `stored_ms` was at `now_ms` (default: now); 0 for no time (0)."""
+    if not stored_ms:
+        return 0
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    return max(0, now - stored_ms)
 
 
 def group_mode(s: GroupSummary) -> str:
@@ -96,12 +115,19 @@ def group_mode(s: GroupSummary) -> str:
     return "orderly" if s.orderly else "concurrent"
 
 
-def describe_json(d: GroupDescription) -> dict[str, Any]:
+def describe_json(d: GroupDescription, now_ms: int | None = None) -> dict[str, Any]:
+    now = int(time.time() * 1000) if now_ms is None else now_ms
     return {
-        "summary": summary_json(d.summary),
+        "summary": summary_json(d.summary, now),
         "subscriptions": [dataclasses.asdict(s) for s in d.subscriptions],
         "members": [dataclasses.asdict(m) for m in d.members],
-        "queues": [dataclasses.asdict(q) for q in d.queues],
+        "queues": [
+            {
+                **dataclasses.asdict(q),
+                "oldest_unconsumed_age_ms": age_ms(q.oldest_unconsumed_ms, now),
+            }
+            for q in d.queues
+        ],
     }
 
 
@@ -112,4 +138,30 @@ def dlq_json(dead: DeadLetters) -> dict[str, Any]:
         "resent": dead.resent,
         "next_offset": dead.next_offset,
         "max_offset": dead.max_offset,
+    }
+
+
+def utc(ms: int) -> str:
+    """A time in ms since the epoch as ISO 8601 UTC, to the millisecond ("...Z")."""
+    when = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def trace_json(msg_id: str, shard: int, trace: MessageTrace) -> dict[str, Any]:
+    """A message's trace: its events in time order, each with its UTC `time`; per group
+    whether it consumed the message and from when its delivery history is known
+    (`history_complete`: since before the message was stored)."""
+    stored = trace.events[0].time_ms if trace.events else 0
+    return {
+        "msg_id": msg_id,
+        "shard": shard,
+        "events": [{"time": utc(e.time_ms), **dataclasses.asdict(e)} for e in trace.events],
+        "groups": [
+            {
+                **dataclasses.asdict(g),
+                "history_since": utc(g.history_since_ms),
+                "history_complete": g.history_since_ms <= stored,
+            }
+            for g in trace.groups
+        ],
     }

@@ -9,7 +9,8 @@ hands out (`Delivered`, `Fetched`). A fetch goes in three steps:
    cursor or redeliveries due, and only what is new is read; the snapshots to read
    with (`SystemLog.queue_view`, `log_view`); what retention removed is skipped.
 2. In the read pool: each queue's run read as stored and filtered (`group_reads`).
-3. On the loop: each run recorded (`GroupState.record`). What changed meanwhile
+3. On the loop: each run recorded (`GroupState.record`, and `on_delivered`: the
+   coordinator's recent deliveries, `deliveries.DeliveryLog`). What changed meanwhile
    wins: a run whose lease moved (`record` drops it) or whose cursor moved (an
    operator's reset) is dropped, and so is a redelivery that was acked, or handed
    out again by a concurrent fetch, meanwhile.
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -49,6 +50,8 @@ MAX_FETCH_BYTES = 8 << 20  # of messages per fetch, about (one at least): one gR
 DEFAULT_FETCH = 32
 WATCH_IDLE_S = 1.0  # the dispatch watch ends after this long without waiting fetches
 INLINE_READ_MAX = 64  # a fetch of at most this many messages reads them on the loop
+# (group, member, topic, queue, offsets, delivery counts) of each run handed out
+OnDelivered = Callable[[str, str, str, int, Sequence[int], Sequence[int]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +91,15 @@ class _Waiter:
 class Fetcher:
     """The fetches of one coordinator (see the module docstring)."""
 
-    def __init__(self, log: SystemLog, filter_of: Callable[[str, str], MessageFilter]) -> None:
+    def __init__(
+        self,
+        log: SystemLog,
+        filter_of: Callable[[str, str], MessageFilter],
+        on_delivered: OnDelivered = lambda *_: None,
+    ) -> None:
         self._log = log
         self._filter_of = filter_of
+        self._on_delivered = on_delivered
         self._waiting: set[_Waiter] = set()
         self._watch: asyncio.Task[None] | None = None
         self._pokes: dict[str, int] = {}  # per group, pokes so far
@@ -189,6 +198,9 @@ class Fetcher:
                 continue
             moved = moved or bool(lost or batch.skipped) or lease.cursor != cursor
             if offsets:
+                self._on_delivered(
+                    state.group, member_id, read.topic, read.queue_id, offsets, counts
+                )
                 retries = [lease.attempts.get(o, -1) for o in offsets] if lease.attempts else []
                 out.append(
                     Delivered(read.topic, read.queue_id, read.epoch, messages, counts, retries)

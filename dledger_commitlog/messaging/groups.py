@@ -13,7 +13,9 @@ Raft log, as the OFFSETS system topic, so a new leader resumes from them).
 
 Every change a consumer can observe after a failover is in the log: offsets,
 retries (messages), dead letters (messages); leases and deliveries in flight are
-the leader's memory, rebuilt from the members' heartbeats (see group_state).
+the leader's memory, rebuilt from the members' heartbeats (see group_state). The
+recent deliveries, acks and nacks with their member and time (`deliveries`, for a
+message's trace) are memory only, and start afresh with each leadership.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from dledger_commitlog.common.protocol import PROPERTY_RECONSUME_TIMES as PROPER
 from dledger_commitlog.common.protocol import PROPERTY_RETRY_TOPIC as PROPERTY_RETRY_TOPIC
 from dledger_commitlog.common.protocol import reconsume_times
 from dledger_commitlog.log.commitlog import PutSpec
+from dledger_commitlog.messaging.deliveries import DeliveryLog
 from dledger_commitlog.messaging.filters import MessageFilter, compile_filter
 from dledger_commitlog.messaging.group_fetch import Fetched, Fetcher
 from dledger_commitlog.messaging.group_lease import Lease
@@ -71,6 +74,7 @@ class NackOutcome:
     outcome: str  # "retry", "in-place" or "dead-letter"
     reconsume_times: int
     delay_ms: int
+    delay_level: int = 0  # the level it is retried on (0: none, a dead letter)
 
 
 def sharding_queue(key: str, queues: int) -> int:
@@ -110,13 +114,18 @@ class GroupService:
         self._ready: asyncio.Future[None] | None = None
         self._changed = asyncio.Event()  # acks to commit, leases that moved
         self._source = QueueSource(self.queue_count, self._start_offset)
-        self._fetcher = Fetcher(system_log, self._filter)
+        self.deliveries = DeliveryLog()  # recent deliveries, acks and nacks (this term's)
+        self._fetcher = Fetcher(system_log, self._filter, self.deliveries.delivered)
 
     # -- the state of this term ----------------------------------------------------------
 
     @property
     def log(self) -> SystemLog:
         return self._log
+
+    @property
+    def levels(self) -> tuple[int, ...]:
+        return self._levels
 
     def live_states(self) -> dict[str, GroupState]:
         """The groups of the term this node leads now ({} when it does not)."""
@@ -134,6 +143,8 @@ class GroupService:
             self._term = term
             self._groups = {}
             self._epochs = Epochs(term)
+            # nothing was delivered here in this term before its first group call
+            self.deliveries.reset(int(time.time() * 1000) - (_now_ms() - self._led_since_ms()))
             self._ready = asyncio.get_running_loop().create_task(self._settle(term))
         assert self._ready is not None
         await asyncio.shield(self._ready)
@@ -286,9 +297,13 @@ class GroupService:
                     touched.append((lease, len(lease.in_flight)))
                 high = functools.partial(self.queue_end, topic, queue_id)  # for a refusal
                 try:
-                    acked += state.ack(member_id, topic, queue_id, epoch, offset, end, high, now)
+                    news = state.ack(member_id, topic, queue_id, epoch, offset, end, high, now)
                 except GroupError as exc:  # the others still count: the first is reported
                     refused = refused or exc
+                    continue
+                if news:
+                    acked += news
+                    self.deliveries.acked(group, member_id, topic, queue_id, offset, end)
         finally:
             self._changed.set()
             if _freed(touched, state.settings.orderly):
@@ -301,12 +316,23 @@ class GroupService:
         self, group: str, member_id: str, handle: tuple[str, int, int, int], delay_level: int
     ) -> NackOutcome:
         """Retry a delivered message later (see the module docstring)."""
+        began_ms = int(time.time() * 1000)  # the nack's time, before the copy it puts
         topic, queue_id, offset, epoch = handle
         state = await self._group(group)
         lease = state.check_lease(member_id, topic, queue_id, epoch)
         state.delivered(lease, offset)
         if delay_level and not 1 <= delay_level <= len(self._levels):
             raise InvalidMessage(f"delay level {delay_level} outside [1, {len(self._levels)}]")
+        out = await self._nack(group, state, lease, offset, delay_level)
+        self.deliveries.nacked(
+            group, member_id, topic, queue_id, offset, out.outcome, out.delay_level, began_ms
+        )
+        return out
+
+    async def _nack(
+        self, group: str, state: GroupState, lease: Lease, offset: int, delay_level: int
+    ) -> NackOutcome:
+        topic, queue_id = lease.topic, lease.queue_id
         units = self._log.units(topic, queue_id, offset, 1)
         if not units:
             raise UnknownMessage(f"{topic}/{queue_id} offset {offset} is no longer stored")
@@ -318,7 +344,7 @@ class GroupService:
             tries = state.retry_in_place(lease, offset, delay_ms, _now_ms())
             if tries < settings.max_reconsume:
                 self._moved(group)
-                return NackOutcome("in-place", tries, delay_ms)
+                return NackOutcome("in-place", tries, delay_ms, level)
             await self._dead_letter(group, msg, units[0].commitlog_offset, tries, "orderly")
             lease.suspended_until_ms = 0
             lease.mark_acked(offset)
@@ -335,7 +361,7 @@ class GroupService:
         await self._log.put([spec], _PUT_TIMEOUT_S)
         lease.mark_acked(offset)
         self._moved(group)
-        return NackOutcome("retry", times, self._levels[level - 1])
+        return NackOutcome("retry", times, self._levels[level - 1], level)
 
     def _retry_spec(
         self, group: str, msg: StoredMessage, commitlog_offset: int, times: int, level: int

@@ -51,6 +51,7 @@ PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 SCHEDULED_KEY_PREFIX = "sched:"
 _POLL_S = 0.05
 _BATCH = 256
+WAITING_SCAN = 2_000  # deliver-at messages `waiting` reads at most
 _SCHEDULE_PROPS = (
     PROPERTY_REAL_TOPIC,
     PROPERTY_REAL_QID,
@@ -168,6 +169,34 @@ class ScheduleService:
     @property
     def timer_queue(self) -> int:
         return len(self._levels)
+
+    def waiting(self) -> list[tuple[int, int, int]]:
+        """Per queue of the schedule topic (level L at L-1, deliver-at times last): the
+        delayed messages stored and not yet delivered, and the store time of the oldest
+        (0: none), as this node's log says (the committed progress; past it, a message
+        of the deliver-at queue whose copy is in its real topic already is delivered).
+        At most WAITING_SCAN messages of the deliver-at queue are looked at."""
+        out = []
+        for q in range(len(self._levels) + 1):
+            low, end = self._log.queue_bounds(SCHEDULE_TOPIC, q)
+            start = max(low, self._log.group_offset(SCHEDULE_GROUP, SCHEDULE_TOPIC, q))
+            if start >= end:
+                out.append((0, 0))
+                continue
+            if q < len(self._levels):  # a level's queue is delivered in store order
+                first = self._log.units(SCHEDULE_TOPIC, q, start, 1)
+                oldest = self._log.message(first[0]).store_timestamp_ms if first else 0
+                out.append((end - start, oldest))
+                continue
+            count, oldest = 0, 0
+            for unit in self._log.units(SCHEDULE_TOPIC, q, start, WAITING_SCAN):
+                msg = self._log.message(unit)
+                topic, _qid, _props, uniq = delivery_of(msg)
+                if self._log.find(topic, uniq) is None:
+                    count += 1
+                    oldest = oldest or msg.store_timestamp_ms
+            out.append((count + max(0, end - start - WAITING_SCAN), oldest))
+        return [(q, n, oldest) for q, (n, oldest) in enumerate(out)]
 
     def backlog(self) -> int:
         """Stored delayed messages not yet delivered (as this node sees the log)."""

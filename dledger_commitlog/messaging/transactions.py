@@ -46,6 +46,8 @@ from store.message import PROPERTY_UNIQ_KEY, StoredMessage
 
 log = logging.getLogger(__name__)
 
+WAITING_SCAN = 2_000  # halves `waiting` reads at most
+
 HALF_TOPIC = "%SYS%TRANS_HALF"
 OP_TOPIC = "%SYS%TRANS_OP"
 TRANS_GROUP = "%SYS%TRANS"
@@ -197,6 +199,24 @@ class TransactionService:
                 f"no half message of transaction {transaction_id!r} at offset {half_offset}"
             )
         return msg
+
+    def waiting(self) -> dict[str, tuple[int, int]]:
+        """Per producer group: the half messages not decided yet and the store time of
+        the oldest, as this node's log says (past the committed progress, a half whose
+        op message or real message is there is decided). At most WAITING_SCAN halves
+        are looked at."""
+        low, _end = self._log.queue_bounds(HALF_TOPIC, 0)
+        start = max(low, self._log.group_offset(TRANS_GROUP, HALF_TOPIC, 0))
+        out: dict[str, tuple[int, int]] = {}
+        for unit in self._log.units(HALF_TOPIC, 0, start, WAITING_SCAN):
+            half = self._log.message(unit)
+            tx = (half.uniq_key or "").removeprefix(HALF_KEY_PREFIX)
+            if self._decided_as(tx, half)[0] is not None:
+                continue
+            group = half.properties.get(PROPERTY_PRODUCER_GROUP, "")
+            count, oldest = out.get(group, (0, 0))
+            out[group] = (count + 1, oldest or half.store_timestamp_ms)
+        return out
 
     def _decided_as(self, transaction_id: str, half: StoredMessage) -> tuple[str | None, bool]:
         """(outcome so far, whether its op message is in the log)."""

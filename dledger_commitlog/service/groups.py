@@ -12,13 +12,16 @@ never delivered to the group, or an unknown group in describe.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import TypeVar
 
 import grpc
 
 from dledger_commitlog.common.protocol import origin_topic, reconsume_times
+from dledger_commitlog.common.routes import shard_of_msg_id
 from dledger_commitlog.log.commitlog import OutcomeUnknown, Overloaded, PutFailed
+from dledger_commitlog.log.message_layout import offset_of_msg_id
 from dledger_commitlog.messaging.group_fetch import Delivered
 from dledger_commitlog.messaging.group_lease import Lease
 from dledger_commitlog.messaging.group_state import (
@@ -31,7 +34,14 @@ from dledger_commitlog.messaging.group_state import (
     StaleLease,
     UnknownMessage,
 )
-from dledger_commitlog.node.acl import Account, AuthError, Perm, require_group, require_topics
+from dledger_commitlog.messaging.message_trace import trace
+from dledger_commitlog.node.acl import (
+    Account,
+    AuthError,
+    Perm,
+    require_group,
+    require_topics,
+)
 from dledger_commitlog.service.base import Context, ServiceBase, stored_message_pb
 from proto import dledger_pb2 as pb
 from raft import NotLeader
@@ -161,13 +171,9 @@ class GroupRpcs(ServiceBase):
         groups = self.services.groups
         await self._run(context, "list", groups.state_of(""))  # leader only, settled
         out = []
-        for group, s in self.services.group_admin.summaries().items():
-            if account is not None:
-                try:
-                    require_group(account, group)
-                except AuthError:
-                    continue
-            out.append(_summary_pb(group, s))
+        for group, s in self.services.group_admin.summaries(ages=True).items():
+            if _may_use(account, group):
+                out.append(_summary_pb(group, s))
         return pb.GroupListResponse(groups=out)
 
     async def GroupDescribe(
@@ -181,7 +187,8 @@ class GroupRpcs(ServiceBase):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         groups = self.services.groups
         state = await self._run(context, "describe", groups.state_of(r.group))
-        summary = self.services.group_admin.summaries().get(r.group)
+        admin = self.services.group_admin
+        summary = admin.summaries(ages=True).get(r.group)
         if summary is None:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
@@ -224,6 +231,7 @@ class GroupRpcs(ServiceBase):
                     epoch=lease.epoch if lease else 0,
                     in_flight=lease.in_flight_count() if lease else 0,
                     revoking=bool(lease and lease.target is not None),
+                    oldest_unconsumed_ms=admin.stored_ms(topic, q, done) if done < high else 0,
                 )
             )
         return reply
@@ -267,6 +275,50 @@ class GroupRpcs(ServiceBase):
             next_offset=next_offset,
             max_offset=high,
         )
+
+    async def MessageTrace(
+        self, request: pb.MessageTraceRequest, context: Context
+    ) -> pb.MessageTraceResponse:
+        """A message's trace (messaging.message_trace): SUB on its topic; the groups the
+        caller may use. NOT_FOUND for an id that names no message here."""
+        account = await self._caller(context, "MessageTrace")
+        try:
+            offset = offset_of_msg_id(request.msg_id)
+        except InvalidMessage as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        groups = self.services.groups
+        await self._run(context, "trace", groups.states())  # the leader, its view settled
+        msg = groups.log.message_at(offset)
+        if msg is None or shard_of_msg_id(request.msg_id) != self.cfg.shard:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no message with id {request.msg_id}")
+        assert msg is not None
+        await self._check(context, account, lambda a: require_topics(a, [msg.topic], Perm.SUB))
+        found = trace(groups, offset, msg)
+        allowed = {g.group for g in found.groups if _may_use(account, g.group)}
+        return pb.MessageTraceResponse(
+            events=[
+                pb.TraceEvent(**dataclasses.asdict(e))
+                for e in found.events
+                if not e.group or e.group in allowed
+            ],
+            groups=[
+                pb.TraceGroup(
+                    group=g.group, consumed=g.consumed, history_since_ms=g.history_since_ms
+                )
+                for g in found.groups
+                if g.group in allowed
+            ],
+        )
+
+
+def _may_use(account: Account | None, group: str) -> bool:
+    if account is None:
+        return True
+    try:
+        require_group(account, group)
+    except AuthError:
+        return False
+    return True
 
 
 def group_rights(account: Account, group: str, topics: Sequence[str]) -> None:
@@ -316,6 +368,7 @@ def _summary_pb(group: str, s: dict[str, int | str | bool]) -> pb.GroupSummary:
         lag=int(s["lag"]),
         retries=int(s["retries"]),
         dead_letters=int(s["dead_letters"]),
+        oldest_unconsumed_ms=int(s["oldest_unconsumed_ms"]),
         strategy=str(s["strategy"]),
         orderly=bool(s["orderly"]),
         generation=int(s["generation"]),

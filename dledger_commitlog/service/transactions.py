@@ -35,6 +35,30 @@ log = logging.getLogger(__name__)
 
 
 class TransactionRpcs(WriteRpcs):
+    async def Backlog(self, request: pb.BacklogRequest, context: Context) -> pb.BacklogResponse:
+        """Delayed messages per level and halves per producer group, waiting (counts and
+        the oldest's store time; no message content: any signed-in caller)."""
+        await self._caller(context, "Backlog")
+        schedule, levels = self.services.schedule, self.services.schedule.levels
+        waiting = schedule.waiting()  # on the loop, as the services read the log (bounded)
+        halves = self.services.transactions.waiting()
+        delayed = [
+            pb.DelayedBacklog(
+                level=q + 1 if q < len(levels) else 0,
+                delay_ms=levels[q] if q < len(levels) else 0,
+                messages=n,
+                oldest_stored_ms=oldest,
+            )
+            for q, n, oldest in waiting
+        ]
+        return pb.BacklogResponse(
+            delayed=delayed,
+            halves=[
+                pb.HalfBacklog(producer_group=g, messages=n, oldest_stored_ms=oldest)
+                for g, (n, oldest) in sorted(halves.items())
+            ],
+        )
+
     async def PutHalf(self, request: pb.PutHalfRequest, context: Context) -> pb.PutHalfResponse:
         m = request.message
         account = await self._allow(

@@ -7,6 +7,7 @@ import { ClusterView } from "./cluster_view.js";
 import { TopicsView } from "./topics.js";
 import { SearchView } from "./search.js";
 import { GroupsView } from "./groups.js";
+import { BacklogView } from "./backlog.js";
 
 const PAGES = ["cluster", "topics", "groups", "search"];
 const live = document.getElementById("live");
@@ -14,6 +15,7 @@ const cluster = new ClusterView(document.getElementById("page-cluster"));
 const topics = new TopicsView(document.getElementById("page-topics"));
 new SearchView(document.getElementById("page-search"));
 const groups = new GroupsView(document.getElementById("page-groups"));
+const backlog = new BacklogView(document.getElementById("backlog"));
 
 function show() {
   const wanted = location.hash.slice(1).split("?")[0];
@@ -26,6 +28,7 @@ function show() {
   }
   if (page === "topics") topics.redraw();
   groups.show(page === "groups");
+  backlog.show(page === "topics");
 }
 
 function connect() {

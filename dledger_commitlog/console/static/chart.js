@@ -1,7 +1,8 @@
-// A line chart on a <canvas>, drawn here: values over a UTC time axis, for the put
-// rate of a topic. No library: ticks every 15 s of the window, a "nice" value scale.
+// A line chart on a <canvas>, drawn here: values over a UTC time axis (the put rate
+// of a topic, a group's figures). No library: a tick every 15 s, 1 min, ... (at most
+// about 10 in the window), a "nice" value scale.
 
-const TICK_MS = 15000;
+const TICKS_MS = [15_000, 30_000, 60_000, 120_000, 300_000, 600_000, 1_800_000, 3_600_000];
 const PAD = { left: 48, right: 30, top: 16, bottom: 26 };
 
 function niceMax(value) {
@@ -40,7 +41,8 @@ export function drawLine(canvas, points, end, windowMs, unit) {
   }
   g.textAlign = "center";
   g.textBaseline = "top";
-  for (let t = Math.ceil(begin / TICK_MS) * TICK_MS; t <= end; t += TICK_MS) {
+  const tick = TICKS_MS.find((ms) => windowMs / ms <= 10) ?? TICKS_MS[TICKS_MS.length - 1];
+  for (let t = Math.ceil(begin / tick) * tick; t <= end; t += tick) {
     g.beginPath();
     g.moveTo(x(t), height - PAD.bottom);
     g.lineTo(x(t), height - PAD.bottom + 4);

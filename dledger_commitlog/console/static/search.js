@@ -1,9 +1,11 @@
 // The message search: by id, by key (and a UTC time range), by queue and offset.
 // Each message found is shown with its properties, tags, keys and store time, and
-// its body as text, pretty-printed JSON, or hex, with a link to its raw bytes. The
+// its body as text, pretty-printed JSON, or hex, with a link to its raw bytes, and
+// its trace (GET /messages/{id}/trace: stored, delivered, acked, nacked, retried,
+// dead-lettered, resent), loaded at once when the search found one message. The
 // body is put into the page as text only.
 
-import { el, getJson, utc } from "./dom.js";
+import { el, getJson, table, utc } from "./dom.js";
 
 const API = "/api/v1";
 const HEX_MAX_BYTES = 64 * 1024;
@@ -80,13 +82,13 @@ export class SearchView {
       const found = doc.messages ?? [doc];
       const range = doc.next_offset !== undefined ? ` (queue offsets ${doc.min_offset} to ${doc.max_offset}; next ${doc.next_offset})` : "";
       this.status.textContent = `${found.length} message${found.length === 1 ? "" : "s"} found${range}`;
-      this.results.replaceChildren(...found.map((m) => this.message(m)));
+      this.results.replaceChildren(...found.map((m) => this.message(m, found.length === 1)));
     } catch (error) {
       this.status.textContent = `not found: ${error.message}`;
     }
   }
 
-  message(m) {
+  message(m, traced) {
     const fields = [
       ["message id", m.msg_id],
       ["topic", m.topic],
@@ -115,12 +117,72 @@ export class SearchView {
     }
     choose(views.json !== null ? "json" : views.text !== null ? "text" : "hex");
     const raw = `${API}/messages/${encodeURIComponent(m.msg_id)}/raw`;
+    const trace = el("div", { class: "trace" });
+    const load = () => showTrace(trace, m.msg_id);
+    if (traced) load();
     return el(
       "div",
       { class: "card message", "data-msg-id": m.msg_id },
       el("dl", { class: "fields" }, fields.map(([name, value]) => [el("dt", { text: name }), el("dd", { text: value })])),
       el("div", { class: "body-views" }, "Body: ", buttons, " ", el("a", { href: raw, download: `${m.msg_id}.bin`, text: "download raw bytes" })),
       pre,
+      el("div", { class: "trace-actions" }, el("button", { type: "button", class: "trace-load", text: "Trace", onclick: load })),
+      trace,
     );
+  }
+}
+
+const EVENT_NAMES = {
+  stored: "stored",
+  delivered: "delivered",
+  acked: "acked",
+  nacked: "nacked",
+  retry: "retry scheduled",
+  retry_stored: "retry stored",
+  dead_lettered: "dead-lettered",
+  resent: "resent",
+};
+
+/** What an event says beyond its kind, group and member. */
+function eventDetail(e) {
+  const where = `${e.topic} queue ${e.queue_id} offset ${e.queue_offset}`;
+  switch (e.kind) {
+    case "stored":
+    case "retry_stored":
+      return where;
+    case "delivered":
+      return `delivery ${e.delivery_count} of ${where}`;
+    case "nacked":
+      return e.outcome === "dead-letter" ? "retries spent: to the dead-letter topic" : `${e.outcome}, delay level ${e.delay_level}`;
+    case "retry":
+      return `delay level ${e.delay_level}, retry ${e.reconsume_times}, due ${utc(e.due_ms)}`;
+    case "dead_lettered":
+      return `reason ${e.reason}, after ${e.reconsume_times} retries: ${where}`;
+    case "resent":
+      return `to ${where}`;
+    default:
+      return where;
+  }
+}
+
+async function showTrace(box, msgId) {
+  box.replaceChildren(el("p", { class: "summary", text: "tracing…" }));
+  try {
+    const doc = await getJson(`${API}/messages/${encodeURIComponent(msgId)}/trace`);
+    const rows = doc.events.map((e) => ({
+      attrs: { "data-kind": e.kind, "data-group": e.group },
+      cells: [utc(e.time_ms), EVENT_NAMES[e.kind] ?? e.kind, e.group, e.member_id, eventDetail(e)],
+    }));
+    const notes = doc.groups.map((g) => {
+      const gaps = g.history_complete ? "" : `; its deliveries before ${utc(g.history_since_ms)} are not known (another leader, or too long ago)`;
+      return el("li", { text: `group ${g.group}: ${g.consumed ? "consumed" : "not consumed yet"}${gaps}` });
+    });
+    box.replaceChildren(
+      el("h3", { text: "Trace" }),
+      table(["time (UTC)", "event", "group", "member", "detail"], rows),
+      el("ul", { class: "trace-groups" }, notes),
+    );
+  } catch (error) {
+    box.replaceChildren(el("p", { class: "summary", text: `no trace: ${error.message}` }));
   }
 }
