@@ -20,7 +20,13 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from dledger_commitlog.client import AsyncRoutedClient, ClientError, StoredMessage
+from dledger_commitlog.client import (
+    AsyncRoutedClient,
+    ClientError,
+    NodeStatus,
+    StatusError,
+    StoredMessage,
+)
 from dledger_commitlog.client.values import QueueOffset
 from dledger_commitlog.common.routes import shard_ids, shard_of_msg_id
 from dledger_commitlog.console.callers import Callers
@@ -226,13 +232,9 @@ class MessageApi:
     async def cluster_view(self, client: AsyncRoutedClient) -> dict[str, Any]:
         """Per shard: each node's status, the leader, the members and each replica's lag;
         whether TLS and the ACL are on."""
-        every, _ = await self._shards(client)
-        answers = await asyncio.gather(
-            *(client.client(g).status_all(timeout_s=_STATUS_TIMEOUT_S) for g in every)
-        )
         shards = []
-        for g, statuses in zip(every, answers, strict=True):
-            by_node = {getattr(s, "node_id", -(i + 1)): s for i, s in enumerate(statuses)}
+        for g, by_node in (await shard_statuses(client)).items():
+            statuses = list(by_node.values())
             members = leader_members(statuses)
             # every member, a stopped one too (null: it did not answer)
             nodes = sorted({n for n in by_node if n > 0} | {m.id for m in members})
@@ -316,6 +318,22 @@ class MessageApi:
         if not shards:
             raise ApiError(404, "not_found", f"group {group!r} has no members or offsets")
         return json_response(200, {"group": group, "shards": shards})
+
+
+async def shard_statuses(
+    client: AsyncRoutedClient,
+) -> dict[int, dict[int, NodeStatus | StatusError]]:
+    """Each shard's Status from each node, by node id (a node that did not answer under
+    a negative key of its own), asked of all at once."""
+    routes = await call(client.routes())
+    every = shard_ids(routes.shard_count)
+    answers = await asyncio.gather(
+        *(client.client(g).status_all(timeout_s=_STATUS_TIMEOUT_S) for g in every)
+    )
+    return {
+        g: {getattr(s, "node_id", -(i + 1)): s for i, s in enumerate(statuses)}
+        for g, statuses in zip(every, answers, strict=True)
+    }
 
 
 def _uniq_key(request: Request, p: Params) -> str:

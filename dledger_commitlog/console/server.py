@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from dledger_commitlog.console.api import MessageApi
 from dledger_commitlog.console.callers import Callers, ClusterAccess
+from dledger_commitlog.console.cluster_admin import ClusterAdminApi
 from dledger_commitlog.console.events import Events
 from dledger_commitlog.console.group_admin import GroupAdminApi
 from dledger_commitlog.console.http import HttpServer, Limits, Router
@@ -73,6 +74,7 @@ def build_router(message_api: MessageApi, member_api: MemberApi, callers: Caller
     message_api.register(router)
     member_api.register(router)
     GroupAdminApi(callers).register(router)
+    ClusterAdminApi(callers).register(router)
     Events(callers, message_api).register(router)
     Pages().register(router)
     return router
