@@ -1,6 +1,7 @@
 // The cluster page: per shard (a Raft group of the cluster) its leader, and per node
 // its role, term, commit and applied index, lag and membership; TLS and ACL; the
-// leader changes this page has seen in the last hour. Redrawn at each snapshot.
+// leader changes this page has seen in the last hour; per node the buttons of its
+// admin actions (cluster_admin.js acts on them). Redrawn at each snapshot.
 
 import { el, showErrors, table, utc } from "./dom.js";
 
@@ -52,6 +53,13 @@ export class ClusterView {
       const cell = shard.replicas[id];
       const lag = m && m.lag >= 0 ? m.lag : cell ? cell.lag : "";
       const role = s ? s.role : "down";
+      const act = (action, text) =>
+        el("button", { type: "button", class: action, "data-action": action, "data-shard": shard.shard, "data-node": id, "data-leader": shard.leader ?? "", text });
+      const actions = [
+        m?.role === "voter" && shard.leader !== null && String(shard.leader) !== id ? act("transfer", "Make leader…") : null,
+        m?.role === "learner" ? act("promote", "Promote…") : null,
+        m ? act("remove", "Remove…") : null,
+      ];
       return {
         attrs: { class: s ? `role-${role}` : "down", "data-node": id },
         cells: [
@@ -64,6 +72,7 @@ export class ClusterView {
           s ? s.last_index : "",
           lag,
           m ? m.client : s ? s.address : "",
+          actions,
         ],
       };
     });
@@ -74,7 +83,7 @@ export class ClusterView {
       "div",
       { class: "card shard", "data-shard": shard.shard },
       el("h2", {}, title, el("span", { class: shard.leader === null ? "leader none" : "leader", "data-leader": shard.leader ?? "", text: leader })),
-      table(["node", "role", "member", "#term", "#commit", "#applied", "#last index", "#lag (entries)", "client address"], rows),
+      table(["node", "role", "member", "#term", "#commit", "#applied", "#last index", "#lag (entries)", "client address", "admin"], rows),
       el("p", { class: "note", text: `leader changes seen in the last hour: ${changes.length}${changes.length ? ` (last ${utc(changes[changes.length - 1])})` : ""}` }),
       failed.map((s) => el("p", { class: "note", text: `${s.address}: ${s.error}` })),
     );
