@@ -289,13 +289,18 @@ def test_the_cluster_page_follows_a_leader_kill_without_a_reload(
     shown = wait_text(page, leader_of, r"^leader: node \d+$")
     old = int(shown.rsplit(" ", 1)[1])
     assert "TLS off" in (page.locator("#cluster-summary").text_content() or "")
+    for node in shared_cluster.specs:  # each node's disk use, from its metrics port
+        wait_text(page, f'.nodes tr[data-node="{node}"] td:nth-child(4)', r"^\d+\.\d %$")
     shot(page, tmp_path, "cluster")
     page.evaluate("window.sameDocument = true")
     shared_cluster.kill(old)
     try:
         shown = wait_text(page, leader_of, rf"^leader: node (?!{old}$)\d+$", LEADER_S)
         assert page.evaluate("window.sameDocument") is True  # not reloaded
-        wait_text(page, f'[data-shard="1"] tr[data-node="{old}"]', "down")
+        down = f'[data-shard="1"] tr[data-node="{old}"]'
+        wait_text(page, down, "down")
+        # it lacks the new leader's entries: behind by seconds (9th column, lag (s))
+        wait_text(page, f"{down} td:nth-child(9)", r"^[1-9]\d*\.\d$")
         shot(page, tmp_path, "cluster-after-kill")
     finally:
         shared_cluster.start(old)

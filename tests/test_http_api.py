@@ -8,7 +8,9 @@ unknown message, topic, group or member is 404; a cross-site form's content type
 is refused; an idempotency key given twice stores one message. The web console's
 page carries its strict Content-Security-Policy and serves only its own files; the
 event stream sends snapshots of the cluster and topics views (the pages in a
-browser: tests/test_console_pages.py).
+browser: tests/test_console_pages.py). The cluster view has each node's disk use
+and put latency (its metrics port) and each replica's lag in seconds, which grows
+while a follower is paused.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import Client
-from tests.conftest import MAX_MESSAGE_BYTES
+from tests.conftest import MAX_MESSAGE_BYTES, wait_until
 from tests.console_helpers import Http, running_console
 
 pytestmark = pytest.mark.slow
@@ -253,3 +255,34 @@ def test_events_stream_snapshots_of_the_cluster_and_topics(api: Http) -> None:
     assert 1 in {s["shard"] for s in doc["cluster"]["shards"]}
     assert doc["cluster"]["tls"] is False and doc["cluster"]["acl"] is False
     assert "pages-events" in {t["topic"] for t in doc["topics"]}
+
+
+def test_the_cluster_view_has_disk_use_put_latency_and_lag_in_seconds(
+    api: Http, shared_cluster: LocalCluster
+) -> None:
+    """Disk and put latency from the nodes' metrics ports (the puts of the window
+    between two scrapes), the replicas' lag in seconds (0: caught up; a lagging one:
+    tests/test_console_figures.py and the browser's killed leader)."""
+    leader = shared_cluster.leader_id()
+    api.get("/cluster")  # a first scrape: the puts below fall in the next one's window
+    for i in range(5):
+        assert api.put("figures", f"f{i}".encode()).status == 200
+
+    def of_leader() -> dict[str, Any]:
+        rows = api.get("/cluster").json["node_metrics"]
+        return next(r for r in rows if r["node_id"] == leader)
+
+    got = wait_until(of_leader, 10, "the leader's put latency", lambda r: r["puts"] >= 5)
+    assert 0 < got["put_p50_ms"] <= got["put_p99_ms"] and got["window_s"] > 0
+    cluster = api.get("/cluster").json
+    rows = cluster["node_metrics"]
+    assert sorted(r["node_id"] for r in rows) == sorted(shared_cluster.specs)
+    assert all(0 < r["disk_usage_ratio"] < 1 and "error" not in r for r in rows), rows
+    assert {r["metrics"] for r in rows} == {s.metrics for s in shared_cluster}
+
+    def lags() -> list[Any]:
+        shard = api.get("/cluster").json["shards"][0]
+        cells = [c["lag_seconds"] for c in shard["replicas"].values()]
+        return cells + [m["lag_seconds"] for m in shard["members"]]
+
+    wait_until(lags, 10, "every replica caught up", lambda s: s == [0.0] * 6)

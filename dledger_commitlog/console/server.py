@@ -30,6 +30,7 @@ from dledger_commitlog.console.events import Events
 from dledger_commitlog.console.group_admin import GroupAdminApi
 from dledger_commitlog.console.http import HttpServer, Limits, Router
 from dledger_commitlog.console.members import MemberApi
+from dledger_commitlog.console.node_metrics import NodeMetricsScraper
 from dledger_commitlog.console.pages import Pages
 
 DEFAULT_PORT = 7480
@@ -95,7 +96,9 @@ async def serve(settings: ConsoleSettings, announce: Callable[[str], None] = pri
     check_bind(settings)
     callers = Callers(settings.access)
     members = MemberApi(callers, settings.access)
-    router = build_router(MessageApi(callers, tls=settings.tls), members, callers)
+    scraper = NodeMetricsScraper(dict(settings.access.metrics)) if settings.access.metrics else None
+    views = MessageApi(callers, tls=settings.tls, scraper=scraper)
+    router = build_router(views, members, callers)
     limits = Limits(body_bytes=settings.max_body_bytes)
     server = HttpServer(router, limits, ssl_context(settings))
     port = await server.start(settings.bind, settings.port)
