@@ -59,7 +59,8 @@ def app(consoles: tuple[Http, Http]) -> Http:
 
 def leader(http: Http) -> int | None:
     shard: dict[str, Any] = http.get("/cluster").json["shards"][0]
-    return shard["leader"]
+    found: int | None = shard["leader"]
+    return found
 
 
 def transfer(http: Http, to: Any, shard: int = 1) -> Any:
@@ -68,7 +69,8 @@ def transfer(http: Http, to: Any, shard: int = 1) -> Any:
 
 def settled_leader(http: Http) -> int:
     """The shard's leader, once there is one."""
-    found: int = wait_until(lambda: leader(http), 10, "a leader", lambda n: n is not None)
+    found = wait_until(lambda: leader(http), 10, "a leader", lambda n: n is not None)
+    assert found is not None
     return found
 
 

@@ -29,7 +29,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from dledger_commitlog.client import AsyncRoutedClient, ClientError
 from dledger_commitlog.console.api import PREFIX, MessageApi
@@ -41,6 +41,7 @@ from dledger_commitlog.console.refusals import refusal
 log = logging.getLogger(__name__)
 
 INTERVAL_S = 1.0
+C = TypeVar("C")
 _RETRY_MS = 2000  # how long a browser waits before it reconnects a cut stream
 
 
@@ -60,31 +61,30 @@ class Listener:
         return await self.queue.get()
 
 
-class _Poller:
+class _Poller(Generic[C]):
     """One identity's poll: a task reading a snapshot each `interval_s` while it has
     listeners, each snapshot encoded once and offered to all of them."""
 
-    def __init__(self, hub: SnapshotHub, identity: str, client: AsyncRoutedClient) -> None:
+    def __init__(self, hub: SnapshotHub[C], identity: str, client: C) -> None:
         self.listeners: set[Listener] = set()
         self.last: bytes | None = None
         self.task = asyncio.create_task(hub.run(self, client), name=f"console-events-{identity}")
 
 
-class SnapshotHub:
+class SnapshotHub(Generic[C]):
     """The pollers of the event streams: one per identity, shared by its open streams,
-    running while at least one is open (see the module doc). `read` makes a snapshot."""
+    running while at least one is open (see the module doc). `read` makes a snapshot
+    with the identity's client (C: the console's `AsyncRoutedClient`)."""
 
     def __init__(
-        self,
-        read: Callable[[AsyncRoutedClient], Awaitable[dict[str, Any]]],
-        interval_s: float = INTERVAL_S,
+        self, read: Callable[[C], Awaitable[dict[str, Any]]], interval_s: float = INTERVAL_S
     ) -> None:
         self.read = read
         self.interval_s = interval_s
-        self.pollers: dict[str, _Poller] = {}
+        self.pollers: dict[str, _Poller[C]] = {}
 
     @contextlib.asynccontextmanager
-    async def listen(self, identity: str, client: AsyncRoutedClient) -> AsyncIterator[Listener]:
+    async def listen(self, identity: str, client: C) -> AsyncIterator[Listener]:
         """A listener of `identity`'s snapshots (its poller started if none runs, and
         the last snapshot offered at once), for the block."""
         poller = self.pollers.get(identity)
@@ -102,7 +102,7 @@ class SnapshotHub:
                 del self.pollers[identity]
                 poller.task.cancel()
 
-    async def run(self, poller: _Poller, client: AsyncRoutedClient) -> None:
+    async def run(self, poller: _Poller[C], client: C) -> None:
         while True:
             began = time.monotonic()
             try:
@@ -122,7 +122,7 @@ class Events:
     def __init__(self, callers: Callers, views: MessageApi, interval_s: float = INTERVAL_S):
         self.callers = callers
         self.views = views
-        self.hub = SnapshotHub(self.snapshot, interval_s)
+        self.hub: SnapshotHub[AsyncRoutedClient] = SnapshotHub(self.snapshot, interval_s)
 
     def register(self, router: Router) -> None:
         router.add("GET", PREFIX + "/events", self.stream)
