@@ -1,5 +1,6 @@
 """A `dledger console` process of a test, and HTTP calls to it over loopback.
 
+`with_accounts` gives a cluster with an ACL accounts beside its admin one.
 `running_console` starts the console as the CLI does (`dledger console --cluster
 FILE --port 0`), reads the URL it announces, and stops it (SIGTERM, then SIGKILL)
 when the block ends, pass or fail. `Http` makes real HTTP/1.1 requests with
@@ -26,8 +27,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from dledger_commitlog.cli.launcher import LocalCluster
-from dledger_commitlog.client import Client
+from dledger_commitlog.client import Client, load_credentials
 from dledger_commitlog.client.groups import Delivery, Subscription
+from dledger_commitlog.node.acl import Account, write_acl
 
 ROOT = Path(__file__).resolve().parent.parent
 START_S = 20.0
@@ -47,6 +49,15 @@ class Reply:
     def error(self) -> Mapping[str, Any]:
         doc: Mapping[str, Any] = self.json["error"]
         return doc
+
+
+def with_accounts(cluster: LocalCluster, *accounts: Account) -> tuple[str, str]:
+    """Write the layout of `cluster` (made with `acl=True`, not started) with an ACL of
+    its admin account and `accounts`; the admin's (access key, secret key)."""
+    cluster._write_layout()  # the admin account, then ours beside it
+    admin = load_credentials(cluster.directory / "admin.credentials")
+    write_acl(cluster.directory / "acl.toml", [Account(*admin, admin=True), *accounts])
+    return admin
 
 
 def console_env() -> dict[str, str]:

@@ -10,7 +10,11 @@ text (no element is injected); a search by id shows a JSON body pretty-printed a
 in hex, with a link to its raw bytes. Each page's screenshot is written under the
 test's tmp_path. The groups page shows a group's member, its queue and its lag
 after a consumer ran, and a reset to earliest confirmed in its dialog moves the
-committed offsets (a cancelled one moves nothing). (The page's headers and the
+committed offsets (a cancelled one moves nothing). On the cluster page a leadership
+transfer confirmed in its dialog moves the leader, and the page shows the new one
+without a reload (a cancelled one moves nothing); on a cluster with an ACL, a user
+without the admin right who tries is refused, and the page says so (its own console
+and cluster, started only for that test). (The page's headers and the
 event stream over plain HTTP are tests of tests/test_http_api.py.)
 
 Without chromium or Playwright the module skips with one line saying which is
@@ -25,13 +29,22 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import Client
-from tests.conftest import wait_until
-from tests.console_helpers import Http, committed, consume, nack_and_retry, running_console
+from dledger_commitlog.node.acl import Account
+from tests.conftest import SHARED_CONFIG, wait_until
+from tests.console_helpers import (
+    Http,
+    committed,
+    consume,
+    nack_and_retry,
+    running_console,
+    with_accounts,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -43,6 +56,7 @@ try:
 except ImportError:  # the dev extra not installed
     PLAYWRIGHT = False
 LEADER_S = 30.0  # a new leader, seen by the page's next snapshot
+APP_SECRET = "app-secret-of-at-least-16"  # a user without the admin right
 
 
 def missing_browser() -> str | None:
@@ -68,6 +82,17 @@ def console(shared_cluster: LocalCluster) -> Iterator[Http]:
 def client(shared_cluster: LocalCluster) -> Iterator[Client]:
     with shared_cluster.client() as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def acl_console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Http]:
+    """A console of a cluster with an ACL, as its admin (`app` has no admin right)."""
+    directory = tmp_path_factory.mktemp("pages-acl")
+    with LocalCluster(directory, extra_config=SHARED_CONFIG, acl=True) as cluster:
+        admin = with_accounts(cluster, Account("app", APP_SECRET))
+        cluster.up()
+        with running_console(cluster) as http:
+            yield http.as_user(*admin)
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +134,14 @@ def shot(page: Page, tmp_path: Path, name: str) -> None:
     path = tmp_path / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     assert path.stat().st_size > 0
+
+
+def shard_one(console: Http) -> dict[str, Any]:
+    """Shard 1 of `GET /cluster`, once it has a leader."""
+    shard: dict[str, Any] = wait_until(
+        lambda: console.get("/cluster").json["shards"][-1], 10, "a leader", lambda s: s["leader"]
+    )
+    return shard
 
 
 def wait_text(page: Page, selector: str, pattern: str, timeout_s: float = 15.0) -> str:
@@ -252,6 +285,52 @@ def test_a_message_trace_shows_its_delivery_a_nack_its_retry_and_its_ack(
     shot(page, tmp_path, "trace")
 
 
+def test_a_confirmed_transfer_moves_the_leader_and_a_cancelled_one_nothing(
+    page: Page, console: Http, tmp_path: Path
+) -> None:
+    page.goto(root_of(console) + "#cluster")
+    page.evaluate("window.sameDocument = true")
+    leader_of = '[data-shard="1"] .leader'
+    old = int(wait_text(page, leader_of, r"^leader: node \d+$").rsplit(" ", 1)[1])
+    to = next(int(n["node_id"]) for n in shard_one(console)["nodes"] if n["node_id"] != old)
+    button = page.locator(f'[data-shard="1"] tr[data-node="{to}"] button.transfer')
+    button.click()
+    assert f"from node {old} to node {to}" in (page.locator("#confirm-text").text_content() or "")
+    page.locator("#confirm-cancel").click()  # cancelled: the leader stays
+    assert shard_one(console)["leader"] == old
+    assert page.locator("#cluster-status").text_content() == ""
+    button.click()
+    shot(page, tmp_path, "cluster-transfer-confirm")
+    page.locator("#confirm-ok").click()
+    wait_text(page, "#cluster-status", rf"^shard 1: node {to} leads$")
+    wait_text(page, leader_of, rf"^leader: node {to}$")
+    assert shard_one(console)["leader"] == to
+    assert page.evaluate("window.sameDocument") is True  # not reloaded
+
+
+def test_a_user_without_the_admin_right_is_refused_a_transfer(
+    browser: Browser, acl_console: Http, tmp_path: Path
+) -> None:
+    context = browser.new_context(http_credentials={"username": "app", "password": APP_SECRET})
+    page = context.new_page()
+    failed: list[str] = []
+    page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if not r.ok else None)
+    try:
+        page.goto(root_of(acl_console) + "#cluster")
+        leader_of = '[data-shard="1"] .leader'
+        old = int(wait_text(page, leader_of, r"^leader: node \d+$").rsplit(" ", 1)[1])
+        page.locator('[data-shard="1"] button.transfer').first.click()
+        page.locator("#confirm-ok").click()
+        refused = wait_text(page, "#cluster-status", "transfer to node .* failed: .*admin")
+        assert shard_one(acl_console)["leader"] == old, refused
+        shot(page, tmp_path, "cluster-transfer-refused")
+    finally:
+        context.close()
+    # the refusal, and no other failed request than the sign-in's challenge
+    assert any(f.startswith("403 ") and "transfer-leader" in f for f in failed), failed
+    assert all(f.split()[0] in ("401", "403") for f in failed), failed
+
+
 def test_the_cluster_page_follows_a_leader_kill_without_a_reload(
     page: Page, console: Http, shared_cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -261,13 +340,18 @@ def test_the_cluster_page_follows_a_leader_kill_without_a_reload(
     shown = wait_text(page, leader_of, r"^leader: node \d+$")
     old = int(shown.rsplit(" ", 1)[1])
     assert "TLS off" in (page.locator("#cluster-summary").text_content() or "")
+    for node in shared_cluster.specs:  # each node's disk use, from its metrics port
+        wait_text(page, f'.nodes tr[data-node="{node}"] td:nth-child(4)', r"^\d+\.\d %$")
     shot(page, tmp_path, "cluster")
     page.evaluate("window.sameDocument = true")
     shared_cluster.kill(old)
     try:
         shown = wait_text(page, leader_of, rf"^leader: node (?!{old}$)\d+$", LEADER_S)
         assert page.evaluate("window.sameDocument") is True  # not reloaded
-        wait_text(page, f'[data-shard="1"] tr[data-node="{old}"]', "down")
+        down = f'[data-shard="1"] tr[data-node="{old}"]'
+        wait_text(page, down, "down")
+        # it lacks the new leader's entries: behind by seconds (9th column, lag (s))
+        wait_text(page, f"{down} td:nth-child(9)", r"^[1-9]\d*\.\d$")
         shot(page, tmp_path, "cluster-after-kill")
     finally:
         shared_cluster.start(old)

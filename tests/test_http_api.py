@@ -8,7 +8,10 @@ unknown message, topic, group or member is 404; a cross-site form's content type
 is refused; an idempotency key given twice stores one message. The web console's
 page carries its strict Content-Security-Policy and serves only its own files; the
 event stream sends snapshots of the cluster and topics views (the pages in a
-browser: tests/test_console_pages.py).
+browser: tests/test_console_pages.py), two streams open at once the same snapshots
+(one poller: tests/test_console_events.py). The cluster view has each node's disk use
+and put latency (its metrics port) and each replica's lag in seconds, which grows
+while a follower is paused.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import Client
-from tests.conftest import MAX_MESSAGE_BYTES
+from tests.conftest import MAX_MESSAGE_BYTES, wait_until
 from tests.console_helpers import Http, running_console
 
 pytestmark = pytest.mark.slow
@@ -227,23 +230,36 @@ def test_the_page_and_its_files_carry_a_strict_policy(api: Http) -> None:
     assert reply.headers["content-security-policy"].startswith("default-src 'none'")
 
 
-def read_snapshot(api: Http) -> dict[str, Any]:
-    conn = http.client.HTTPConnection(api.host, api.port, timeout=10)
-    try:
-        conn.request("GET", api.prefix + "/events")
-        reply = conn.getresponse()
-        assert reply.status == 200
-        assert reply.getheader("content-type") == "text/event-stream"
+class EventStream:
+    """An open `GET /events` stream, read a snapshot at a time."""
+
+    def __init__(self, api: Http) -> None:
+        self.conn = http.client.HTTPConnection(api.host, api.port, timeout=10)
+        self.conn.request("GET", api.prefix + "/events")
+        self.reply = self.conn.getresponse()
+        assert self.reply.status == 200
+        assert self.reply.getheader("content-type") == "text/event-stream"
+
+    def snapshot(self) -> dict[str, Any]:
         event = ""
         while True:
-            line = reply.readline().decode().rstrip("\n")
+            line = self.reply.readline().decode().rstrip("\n")
             if line.startswith("event: "):
                 event = line.removeprefix("event: ")
             elif line.startswith("data: ") and event == "snapshot":
                 doc: dict[str, Any] = json.loads(line.removeprefix("data: "))
                 return doc
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def read_snapshot(api: Http) -> dict[str, Any]:
+    stream = EventStream(api)
+    try:
+        return stream.snapshot()
     finally:
-        conn.close()
+        stream.close()
 
 
 def test_events_stream_snapshots_of_the_cluster_and_topics(api: Http) -> None:
@@ -253,3 +269,47 @@ def test_events_stream_snapshots_of_the_cluster_and_topics(api: Http) -> None:
     assert 1 in {s["shard"] for s in doc["cluster"]["shards"]}
     assert doc["cluster"]["tls"] is False and doc["cluster"]["acl"] is False
     assert "pages-events" in {t["topic"] for t in doc["topics"]}
+
+
+def test_the_cluster_view_has_disk_use_put_latency_and_lag_in_seconds(
+    api: Http, shared_cluster: LocalCluster
+) -> None:
+    """Disk and put latency from the nodes' metrics ports (the puts of the window
+    between two scrapes), the replicas' lag in seconds (0: caught up; a lagging one:
+    tests/test_console_figures.py and the browser's killed leader)."""
+    leader = shared_cluster.leader_id()
+    api.get("/cluster")  # a first scrape: the puts below fall in the next one's window
+    for i in range(5):
+        assert api.put("figures", f"f{i}".encode()).status == 200
+
+    def of_leader() -> dict[str, Any]:
+        rows = api.get("/cluster").json["node_metrics"]
+        return next(r for r in rows if r["node_id"] == leader)
+
+    got = wait_until(of_leader, 10, "the leader's put latency", lambda r: r["puts"] >= 5)
+    assert 0 < got["put_p50_ms"] <= got["put_p99_ms"] and got["window_s"] > 0
+    cluster = api.get("/cluster").json
+    rows = cluster["node_metrics"]
+    assert sorted(r["node_id"] for r in rows) == sorted(shared_cluster.specs)
+    assert all(0 < r["disk_usage_ratio"] < 1 and "error" not in r for r in rows), rows
+    assert {r["metrics"] for r in rows} == {s.metrics for s in shared_cluster}
+
+    def lags() -> list[Any]:
+        shard = api.get("/cluster").json["shards"][0]
+        cells = [c["lag_seconds"] for c in shard["replicas"].values()]
+        return cells + [m["lag_seconds"] for m in shard["members"]]
+
+    wait_until(lags, 10, "every replica caught up", lambda s: s == [0.0] * 6)
+
+
+def test_two_streams_get_the_same_snapshots(api: Http) -> None:
+    """One poller for both: they see the same snapshots (the same `time_ms`), where two
+    pollers would each read the cluster at times of their own."""
+    first, second = EventStream(api), EventStream(api)
+    try:
+        seen = [(first.snapshot()["time_ms"], second.snapshot()["time_ms"]) for _ in range(2)]
+    finally:
+        first.close()
+        second.close()
+    firsts, seconds = {a for a, _ in seen}, {b for _, b in seen}
+    assert firsts & seconds, seen

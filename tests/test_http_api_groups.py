@@ -73,8 +73,7 @@ def test_a_reset_to_an_offset_of_one_queue_and_to_a_time(api: Http) -> None:
 
 
 def test_a_reset_with_a_live_member_is_refused_unless_forced(api: Http) -> None:
-    # to latest: the member gets nothing to hold (an HTTP member holding deliveries
-    # it never answers leaves only when their ack wait ends)
+    # to latest: the member gets nothing to hold
     assert reset(api, {"topic": TOPIC, "to": "latest"}).status == 200
     member = consume(api, GROUP, TOPIC, 0, leave=False)
     try:

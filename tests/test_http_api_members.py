@@ -5,7 +5,8 @@ join, long-poll fetch, ack or nack, leave) and a Python `AsyncConsumer` in one
 group divide the topic's queues, and every message put is handled (at least once,
 none lost), also those the HTTP member fetched and never answered (its ack wait
 passes and they come again) and one it nacked (retried through the group's retry
-topic). A member that makes no request for its idle timeout is dropped; a member
+topic). A member holding deliveries leaves at once, and its messages go to the next
+member. A member that makes no request for its idle timeout is dropped; a member
 is seen only by the credentials that made it.
 """
 
@@ -22,6 +23,7 @@ import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import AsyncConsumer, ConsumedMessage
+from dledger_commitlog.console.members import CONCURRENCY
 from tests.conftest import wait_until
 from tests.console_helpers import Http, running_console
 
@@ -168,3 +170,38 @@ def test_an_idle_member_is_dropped(api: Http) -> None:
 def test_a_bad_join_is_a_400(api: Http, doc: dict[str, Any], field: str) -> None:
     reply = api.post_json("/groups/j-g/members", doc)
     assert reply.status == 400 and reply.error["field"] == field, reply.body
+
+
+def test_a_member_holding_deliveries_leaves_at_once(api: Http) -> None:
+    """Deliveries fetched and unanswered, others parked unfetched, and more in the
+    consumers' fetches while they stop: the leave answers at once (not after the ack
+    wait), and the next member gets every message again."""
+    group, topic = "leave-g", "leave-t"
+    joined = api.post_json(f"/groups/{group}/members", {"topic": topic, "ack_wait_ms": 60_000})
+    base = f"/groups/{group}/members/{joined.json['member_id']}"
+    wait_until(lambda: members_of(api, group), 10, "the member in its group", bool)
+    bodies = {f"l{i}" for i in range(2 * CONCURRENCY + 8)}  # more than it may hold at once
+    for body in sorted(bodies):
+        assert api.put(topic, body.encode()).status == 200
+    fetched = wait_until(
+        lambda: api.get(f"{base}/messages?max=2&wait_ms=1000").json["messages"], 20, "a delivery"
+    )
+    assert fetched
+    began = time.monotonic()
+    left = api.request("DELETE", base, timeout_s=10)
+    took = time.monotonic() - began
+    assert left.status == 200, left.body
+    assert took < 3.0, f"the leave took {took:.1f} s"
+    again = api.post_json(f"/groups/{group}/members", {"topic": topic})
+    base = f"/groups/{group}/members/{again.json['member_id']}"
+    got: set[str] = set()
+
+    def fetch() -> set[str]:
+        batch = api.get(f"{base}/messages?max=16&wait_ms=500").json["messages"]
+        if batch:
+            api.post_json(f"{base}/ack", {"handles": [m["handle"] for m in batch]})
+        got.update(m["body"] for m in batch)
+        return got
+
+    wait_until(fetch, 20, "every message again", lambda s: s >= bodies)
+    assert api.request("DELETE", base).status == 200

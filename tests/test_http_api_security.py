@@ -20,8 +20,8 @@ import pytest
 
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import Client, load_credentials
-from dledger_commitlog.node.acl import Account, Perm, write_acl
-from tests.console_helpers import ROOT, console_env, running_console
+from dledger_commitlog.node.acl import Account, Perm
+from tests.console_helpers import ROOT, console_env, running_console, with_accounts
 
 pytestmark = pytest.mark.slow
 
@@ -32,16 +32,11 @@ NOBODY_SECRET = "nobody-secret-of-16-char"
 
 def acl_cluster(make_cluster: Callable[..., LocalCluster]) -> LocalCluster:
     cluster = make_cluster("acl", acl=True, start=False)
-    cluster._write_layout()  # the admin account, then ours beside it
-    admin = load_credentials(cluster.directory / "admin.credentials")
-    write_acl(
-        cluster.directory / "acl.toml",
-        [
-            Account(admin[0], admin[1], admin=True),
-            Account("app", APP_SECRET, topic_perms={"orders": Perm.PUB}),
-            Account("reader", READER_SECRET, topic_perms={"orders": Perm.SUB}),
-            Account("nobody", NOBODY_SECRET, default_group_perm=Perm.DENY),
-        ],
+    with_accounts(
+        cluster,
+        Account("app", APP_SECRET, topic_perms={"orders": Perm.PUB}),
+        Account("reader", READER_SECRET, topic_perms={"orders": Perm.SUB}),
+        Account("nobody", NOBODY_SECRET, default_group_perm=Perm.DENY),
     )
     return cluster.up()
 

@@ -57,6 +57,9 @@ def test_the_doc_shows_every_endpoint() -> None:
         "/trace",
         "/history",
         "/backlog",
+        "/transfer-leader",
+        "/shards/balance",
+        "/cluster/clean-now",
         "-u ",
     ):
         assert needed in text, needed
@@ -155,6 +158,12 @@ def check(tmp: Path, ran: list[tuple[str, str]]) -> None:
     assert history["samples"] and "oldest_unconsumed_age_ms" in history["samples"][-1]
     (left,) = find("-X DELETE")
     assert "left" in left
+    (moved,) = find("/transfer-leader")
+    assert moved == {"shard": 1, "leader": 2}
+    (plan,) = find("/shards/balance")
+    assert plan["dry_run"] is True and plan["moves"] == []  # node 2 is shard 1's preferred
+    (cleaned,) = find("/cluster/clean-now")
+    assert len(cleaned["nodes"]) == 3 and all("reason" in n for n in cleaned["nodes"])
     (bad_topic,) = find("bad%20topic")
     assert bad_topic["error"]["field"] == "topic"
     (bad_id,) = find("not-an-id")

@@ -14,7 +14,7 @@ its clients are built of.
   tests the pool's bookkeeping, not a transport.
 - `raftio.link.PeerGate(shards=...)`: each message of a mixed batch to its
   shard; an unknown shard's dropped without holding up the rest.
-- `cli.scaleout.plan_moves` (property): within ceil(shards / serving nodes) per
+- `common.balance.plan_moves` (property): within ceil(shards / serving nodes) per
   node, preferred leaders used when they serve, nothing planned onto a down node.
 - `client.quota.Quota`: the `max_messages` of one consumer per shard, shared.
 - `client.routing`: the keywords renamed to `shard`/`shards` still take their old
@@ -35,10 +35,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dledger_commitlog.cli.scaleout import plan_moves
 from dledger_commitlog.client import Client, RoutedClient
 from dledger_commitlog.client.quota import Quota
 from dledger_commitlog.client.retry import Op
+from dledger_commitlog.common.balance import plan_moves
 from dledger_commitlog.common.routes import (
     SHARD_ZERO_CODE,
     TopicRoute,
@@ -404,7 +404,7 @@ def test_gate_delivers_each_message_to_its_shard_and_drops_an_unknown_shard() ->
     assert got[1][-1] == Heartbeat(1, 2, 3, 100)
 
 
-# --- cli/scaleout.py: plan_moves ---
+# --- common/balance.py: plan_moves ---
 
 
 @st.composite

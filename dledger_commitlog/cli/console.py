@@ -2,10 +2,11 @@
 
 Owns the command's options and how they become `console.server.ConsoleSettings`:
 the cluster's servers, CA and ACL from `--cluster FILE` (or `--servers`,
-`--tls-ca`), the largest body from the cluster's `max_message_bytes`, and the
-console's own certificate where the cluster uses TLS: `--tls-cert/--tls-key`,
-else `console.pem`/`console.key` beside the cluster's CA, issued from a local
-cluster's development CA on first use (serverAuth only). A non-loopback `--bind`
+`--tls-ca`), the nodes' metrics ports from the cluster file, the largest body from
+the cluster's `max_message_bytes`, and the console's own certificate where the
+cluster uses TLS: `--tls-cert/--tls-key`, else `console.pem`/`console.key` beside
+the cluster's CA, issued from a local cluster's development CA on first use
+(serverAuth only). A non-loopback `--bind`
 without TLS is refused unless `--insecure` (exit 2).
 """
 
@@ -82,6 +83,7 @@ def console_settings(args: argparse.Namespace) -> ConsoleSettings:
             credentials=access.credentials,
             acl=bool(security.get("acl")),
             timeout_s=args.timeout,
+            metrics=_metrics_ports(doc, servers),
         ),
         bind=args.bind,
         port=args.port,
@@ -89,6 +91,17 @@ def console_settings(args: argparse.Namespace) -> ConsoleSettings:
         tls_key=key,
         insecure=args.insecure,
         max_body_bytes=max_body,
+    )
+
+
+def _metrics_ports(doc: dict[str, Any], servers: list[str]) -> tuple[tuple[str, str], ...]:
+    """(client address, metrics address) of each node of the cluster file the console
+    reaches (none without a cluster file, or for a node without a metrics port)."""
+    nodes = doc.get("nodes") or []
+    return tuple(
+        (str(n["client"]), str(n["metrics"]))
+        for n in nodes
+        if n.get("metrics") and str(n.get("client")) in servers and not n.get("removed")
     )
 
 

@@ -9,7 +9,8 @@ leaders of the shards.
 - `shard balance [--dry-run]`: move leaders by transfer so that each shard is led
   by its preferred node when that one is up (`common.routes.preferred_leader`),
   else by the live voter leading the fewest shards, so that no node leads more
-  than ceil(shards / nodes); prints each move, and the leaders after.
+  than ceil(shards / nodes) (`common.balance.plan_moves`, the plan the console's
+  balance makes too); prints each move, and the leaders after.
 
 Each speaks to the cluster through per-shard clients (`Client(shard=g)`): the
 route calls through any node, the status of each shard from each node.
@@ -18,7 +19,6 @@ route calls through any node, the status of each shard from each node.
 from __future__ import annotations
 
 import argparse
-import math
 from collections import Counter
 from typing import Any
 
@@ -31,7 +31,8 @@ from dledger_commitlog.cli.commands import (
     table,
 )
 from dledger_commitlog.client import ClientError, NodeStatus, TopicRoute
-from dledger_commitlog.common.routes import preferred_leader, shard_ids
+from dledger_commitlog.common.balance import plan_moves
+from dledger_commitlog.common.routes import shard_ids
 from dledger_commitlog.console.views import leader_of, shard_cells
 
 
@@ -177,42 +178,6 @@ def _shard_status(args: argparse.Namespace) -> int:
 
 def _balance_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the moves, make none")
-
-
-def plan_moves(
-    leaders: dict[int, int | None], candidates: dict[int, list[int]], nodes: list[int]
-) -> list[tuple[int, int, int]]:
-    """(shard, from node, to node) moves: each shard to its preferred node (among all
-    `nodes`) when that one serves the shard (`candidates[g]`), then, from any node
-    that would lead more than ceil(shards / nodes serving), to the candidate leading
-    fewest. Shards without a leader are left to their election."""
-    serving = sorted({n for c in candidates.values() for n in c})
-    if not serving:
-        return []
-    cap = math.ceil(len(leaders) / len(serving))
-    target: dict[int, int] = {}
-    for g, now in leaders.items():
-        if now is not None:
-            want = preferred_leader(g, nodes)
-            target[g] = want if want in candidates.get(g, ()) else now
-    load = Counter(target.values())
-    for g in sorted(target):
-        here = target[g]
-        # A node prefers at most ceil(shards / nodes) <= cap shards: what exceeds the
-        # cap is shards kept where their preferred node cannot take them.
-        if load[here] <= cap or here == preferred_leader(g, nodes):
-            continue
-        free = [n for n in candidates.get(g, ()) if load[n] < cap]
-        if free:
-            to = min(free, key=lambda n: (load[n], n))
-            load[here] -= 1
-            load[to] += 1
-            target[g] = to
-    return [
-        (g, now, target[g])
-        for g, now in sorted(leaders.items())
-        if now is not None and target[g] != now
-    ]
 
 
 @command("shard balance", "spread the shards' leaders over the nodes", _balance_args)

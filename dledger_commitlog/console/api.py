@@ -3,7 +3,9 @@
 Owns the handlers of `/api/v1`: put a message, get one by id (JSON or its raw
 bytes), query a topic by key or by queue and offset, and the views of the cluster,
 its topics and its consumer groups (the group members over HTTP: `members.py`).
-Each handler reads its inputs strictly (`params`), runs as its caller
+The cluster view adds what Status does not say: each replica's lag in seconds
+(`lag_clock`) and each node's disk use and put latency from its metrics port
+(`node_metrics`). Each handler reads its inputs strictly (`params`), runs as its caller
 (`callers`), makes the same client calls as the CLI, and writes the CLI's JSON
 views (`views`); a failed call is the HTTP status of `refusals`.
 
@@ -21,11 +23,19 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from dledger_commitlog.client import AsyncRoutedClient, ClientError, StoredMessage
+from dledger_commitlog.client import (
+    AsyncRoutedClient,
+    ClientError,
+    NodeStatus,
+    StatusError,
+    StoredMessage,
+)
 from dledger_commitlog.client.values import QueueOffset
 from dledger_commitlog.common.routes import shard_ids, shard_of_msg_id
 from dledger_commitlog.console.callers import Callers
 from dledger_commitlog.console.http import ApiError, Request, Response, Router, json_response
+from dledger_commitlog.console.lag_clock import LagClock
+from dledger_commitlog.console.node_metrics import NodeMetricsScraper
 from dledger_commitlog.console.params import (
     Params,
     bad,
@@ -75,11 +85,18 @@ class MessageApi:
     """The message and view endpoints (see the module doc)."""
 
     def __init__(
-        self, callers: Callers, *, tls: bool, on_groups: Callable[[list[Any]], None] | None = None
+        self,
+        callers: Callers,
+        *,
+        tls: bool,
+        on_groups: Callable[[list[Any]], None] | None = None,
+        scraper: NodeMetricsScraper | None = None,
     ) -> None:
         self.callers = callers
         self.tls = tls
         self.on_groups = on_groups  # gets the rows of each GET /groups (the group history)
+        self.scraper = scraper  # the nodes' metrics ports, where the cluster file names them
+        self.lag_clock = LagClock()
 
     def register(self, router: Router) -> None:
         routes: Sequence[tuple[str, str, Callable[[Request], Awaitable[Response]]]] = (
@@ -230,26 +247,43 @@ class MessageApi:
     async def cluster_view(self, client: AsyncRoutedClient) -> dict[str, Any]:
         """Per shard: each node's status, the leader, the members and each replica's lag;
         whether TLS and the ACL are on."""
-        every, _ = await self._shards(client)
-        answers = await asyncio.gather(
-            *(client.client(g).status_all(timeout_s=_STATUS_TIMEOUT_S) for g in every)
-        )
-        shards = []
-        for g, statuses in zip(every, answers, strict=True):
-            by_node = {getattr(s, "node_id", -(i + 1)): s for i, s in enumerate(statuses)}
+        scrape = None if self.scraper is None else asyncio.ensure_future(self.scraper.figures())
+        try:
+            statuses_of = await shard_statuses(client)
+        except BaseException:
+            if scrape is not None:
+                scrape.cancel()
+            raise
+        shards: list[dict[str, Any]] = []
+        for g, by_node in statuses_of.items():
+            statuses = list(by_node.values())
             members = leader_members(statuses)
             # every member, a stopped one too (null: it did not answer)
             nodes = sorted({n for n in by_node if n > 0} | {m.id for m in members})
+            replicas = shard_cells(by_node, nodes)
+            member_docs = [member_json(m) for m in members]
+            self.lag_clock.annotate(g, by_node, member_docs, replicas)
             shards.append(
                 {
                     "shard": g,
                     "leader": leader_of(by_node),
                     "nodes": [status_json(s) for s in statuses],
-                    "replicas": shard_cells(by_node, nodes),
-                    "members": [member_json(m) for m in members],
+                    "replicas": replicas,
+                    "members": member_docs,
                 }
             )
-        return {"tls": self.tls, "acl": self.callers.access.acl, "shards": shards}
+        doc: dict[str, Any] = {"tls": self.tls, "acl": self.callers.access.acl, "shards": shards}
+        if scrape is not None:  # read beside the statuses: a node down costs one timeout
+            ids = {m["client"]: m["id"] for g in shards for m in g["members"]}  # one down too
+            for by_node in statuses_of.values():
+                ids.update(
+                    (s.address, s.node_id) for s in by_node.values() if isinstance(s, NodeStatus)
+                )
+            found = await scrape
+            doc["node_metrics"] = [
+                {"node_id": ids.get(a), "address": a, **figures} for a, figures in found.items()
+            ]
+        return doc
 
     async def topics_view(self, client: AsyncRoutedClient, topic: str) -> list[dict[str, Any]]:
         """Per topic (every topic, or only `topic`): its queues' offsets and messages."""
@@ -323,6 +357,22 @@ class MessageApi:
         if not shards:
             raise ApiError(404, "not_found", f"group {group!r} has no members or offsets")
         return json_response(200, {"group": group, "shards": shards})
+
+
+async def shard_statuses(
+    client: AsyncRoutedClient,
+) -> dict[int, dict[int, NodeStatus | StatusError]]:
+    """Each shard's Status from each node, by node id (a node that did not answer under
+    a negative key of its own), asked of all at once."""
+    routes = await call(client.routes())
+    every = shard_ids(routes.shard_count)
+    answers = await asyncio.gather(
+        *(client.client(g).status_all(timeout_s=_STATUS_TIMEOUT_S) for g in every)
+    )
+    return {
+        g: {getattr(s, "node_id", -(i + 1)): s for i, s in enumerate(statuses)}
+        for g, statuses in zip(every, answers, strict=True)
+    }
 
 
 def _uniq_key(request: Request, p: Params) -> str:

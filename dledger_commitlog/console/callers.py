@@ -1,7 +1,8 @@
 """Who an HTTP request runs as, and the cluster client it runs with.
 
 Owns `ClusterAccess` (how the console reaches the cluster: servers, cluster name,
-CA, its own credentials, whether the cluster has an ACL, the client deadline),
+CA, its own credentials, whether the cluster has an ACL, the client deadline, the
+nodes' metrics ports),
 `Caller` (one request's identity and its `AsyncRoutedClient`) and `Callers` (the
 clients by credentials, a bounded cache). With an ACL every request must sign in
 with HTTP Basic (`Authorization: Basic base64(access_key:secret_key)`, `curl -u
@@ -40,6 +41,7 @@ class ClusterAccess:
     credentials: tuple[str, str] | None = None  # the console's own (used without an ACL)
     acl: bool = False
     timeout_s: float = 10.0
+    metrics: tuple[tuple[str, str], ...] = ()  # (client address, metrics HOST:PORT) per node
 
     def client(self, credentials: tuple[str, str] | None) -> AsyncRoutedClient:
         """A routed client of the cluster signing with `credentials`."""

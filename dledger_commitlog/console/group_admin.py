@@ -28,7 +28,8 @@ from dledger_commitlog.console.params import (
     Params,
     bad,
     group_name,
-    json_body,
+    json_bool,
+    json_fields,
     json_int,
     json_str,
     require_api_content,
@@ -65,7 +66,7 @@ class GroupAdminApi:
         require_api_content(request)
         group = group_name(request.params["group"])
         Params(request, ())
-        doc = _body(request, _RESET_FIELDS)
+        doc = json_fields(request, _RESET_FIELDS)
         topic = topic_name(json_str(doc, "topic"))
         to = json_str(doc, "to")
         if to not in _TO:
@@ -79,9 +80,7 @@ class GroupAdminApi:
             elif name in doc:
                 raise bad(name, f"{name} is only for a reset to {wanted}")
         queue = json_int(doc, "queue", -1, 0, 2**31 - 1) if "queue" in doc else None
-        force = doc.get("force", False)
-        if not isinstance(force, bool):
-            raise bad("force", "force must be true or false")
+        force = json_bool(doc, "force")
         client = (await self.callers.caller(request)).client
         known = await _described(client, group)
         live = sum(d.summary.members for d in known.values())
@@ -137,7 +136,7 @@ class GroupAdminApi:
         require_api_content(request)
         group = group_name(request.params["group"])
         Params(request, ())
-        doc = _body(request, _RESEND_FIELDS)
+        doc = json_fields(request, _RESEND_FIELDS)
         shard = json_int(doc, "shard", 0, 1, 2**31 - 1) if "shard" in doc else None
         offsets = _offsets(doc)
         if offsets and shard is None:
@@ -189,14 +188,6 @@ async def _described(
     if not found:
         raise ApiError(404, "not_found", f"group {group!r} has no members or offsets")
     return found
-
-
-def _body(request: Request, allowed: frozenset[str]) -> dict[str, Any]:
-    doc = json_body(request)
-    unknown = sorted(set(doc) - allowed)
-    if unknown:
-        raise bad(unknown[0], f"unknown field {unknown[0]!r}")
-    return doc
 
 
 def _offsets(doc: dict[str, Any]) -> list[int]:

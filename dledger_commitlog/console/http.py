@@ -402,10 +402,15 @@ class _Connection:
             if body:
                 w.write(self.conn.send(h11.Data(data=body)))
         else:
-            async for chunk in body:
-                w.write(self.conn.send(h11.Data(data=chunk)))
-                async with asyncio.timeout(self.limits.read_timeout_s):
-                    await w.drain()
+            try:
+                async for chunk in body:
+                    w.write(self.conn.send(h11.Data(data=chunk)))
+                    async with asyncio.timeout(self.limits.read_timeout_s):
+                        await w.drain()
+            finally:  # a stream whose client left ends now, not when collected
+                aclose = getattr(body, "aclose", None)
+                if aclose is not None:
+                    await aclose()
         w.write(self.conn.send(h11.EndOfMessage()))
         async with asyncio.timeout(self.limits.read_timeout_s):
             await w.drain()

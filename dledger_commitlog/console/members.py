@@ -13,7 +13,10 @@ its delay level (the group's retry topic). A handle not acked within the member'
 `ack_wait_ms` is nacked (retried later). When the member leaves, or makes no
 request for `idle_timeout_ms`, its consumers stop: messages it fetched and never
 answered are not acked, so the group delivers them again (to whichever member then
-holds their queue): at least once, nothing lost.
+holds their queue): at least once, nothing lost. A leave answers once the consumers
+have left (within about a second, the longest fetch they may have in flight): what
+the member held, fetched or not, ends unanswered at once, its queues go back to the
+group, and no ack wait is waited for.
 
 Invariants: a member is used only by the credentials that made it (anyone else
 gets 404); a handle is answered once (a second answer, or one after the ack wait,
@@ -92,11 +95,16 @@ class HttpMember:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[int] | None = None
     handles: itertools.count[int] = field(default_factory=itertools.count)
+    stopping: bool = False
 
     async def handle(self, m: ConsumedMessage) -> HandlerResult:
-        """The consumers' handler: park the message until an ack or nack answers it."""
+        """The consumers' handler: park the message until an ack or nack answers it (a
+        member that is stopping parks nothing: the handler ends unanswered at once)."""
         pending = _Pending(m, asyncio.get_running_loop().create_future())
-        self.ready.append(pending)
+        if self.stopping:
+            pending.answer.cancel()
+        else:
+            self.ready.append(pending)
         self.arrived.set()
         try:
             return await pending.answer
@@ -119,7 +127,11 @@ class HttpMember:
         return taken
 
     async def stop(self) -> None:
-        """Stop the consumers; what they hold unanswered is delivered again elsewhere."""
+        """Stop the consumers; what they hold unanswered is delivered again elsewhere.
+        Every delivery the member holds, and any the consumers hand it while they stop
+        (a fetch in flight brings more), ends unanswered at once, so the consumers leave
+        the group without waiting for an ack wait."""
+        self.stopping = True
         for pending in [*self.ready, *self.delivered.values()]:
             pending.answer.cancel()  # the handler ends without an ack or a nack
         self.ready.clear()

@@ -2,7 +2,8 @@
 
 Owns `Params` (a request's query parameters, and the `X-Dledger-*` headers that may
 stand for them: `key` is `?key=` or `X-Dledger-Key`), `topic_name`, `msg_id_of`,
-`json_body`, and the CSRF rule of state-changing requests (`require_api_content`).
+`json_body` and its fields (`json_fields`, `json_int`, `json_str`, `json_bool`), and
+the CSRF rule of state-changing requests (`require_api_content`).
 Invariants: every text is UTF-8 (else 400 naming the field), every integer a
 decimal in its range; a query parameter a handler does not name is refused, so a
 typo (`?delay=3`) never passes silently; nothing here does I/O.
@@ -147,6 +148,22 @@ def json_body(request: Request) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise bad("body", "the body must be a JSON object")
     return doc
+
+
+def json_fields(request: Request, allowed: frozenset[str]) -> dict[str, Any]:
+    """The request's JSON object, refusing a field not in `allowed` (400 naming it)."""
+    doc = json_body(request)
+    unknown = sorted(set(doc) - allowed)
+    if unknown:
+        raise bad(unknown[0], f"unknown field {unknown[0]!r}")
+    return doc
+
+
+def json_bool(doc: dict[str, Any], name: str, default: bool = False) -> bool:
+    value = doc.get(name, default)
+    if not isinstance(value, bool):
+        raise bad(name, f"{name} must be true or false")
+    return value
 
 
 def json_int(doc: dict[str, Any], name: str, default: int, low: int, high: int) -> int:

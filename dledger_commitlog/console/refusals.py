@@ -7,6 +7,8 @@ Owns `refusal` (a `ClientError` -> `ApiError`) and the table behind it:
 - NotFound (NOT_FOUND): 404 not_found
 - GroupRefused (FAILED_PRECONDITION: a stale lease, an ended session): 409 stale_lease
 - TransactionConflict (ABORTED): 409 conflict
+- ChangeRefused (a membership change refused as things stand: the last voter, an
+  unknown node, a learner still behind, a change pending): 409 change_refused
 - Unauthenticated: 401 unauthenticated (with WWW-Authenticate: Basic)
 - PermissionDenied: 403 permission_denied
 - ResourceExhausted: 429 resource_exhausted, Retry-After
@@ -22,6 +24,7 @@ starts with one (`topic ...`, `keys ...`), so a 400 says what to fix.
 from __future__ import annotations
 
 from dledger_commitlog.client import (
+    ChangeRefused,
     ClientError,
     GroupRefused,
     InvalidArgument,
@@ -73,6 +76,8 @@ def refusal(exc: ClientError) -> ApiError:
         return ApiError(409, "stale_lease", text)
     if isinstance(exc, TransactionConflict):
         return ApiError(409, "conflict", text)
+    if isinstance(exc, ChangeRefused):
+        return ApiError(409, "change_refused", text)
     if isinstance(exc, Unauthenticated):
         return ApiError(401, "unauthenticated", text, headers=_AUTH_HEADERS)
     if isinstance(exc, PermissionDenied):

@@ -26,11 +26,13 @@ from dataclasses import dataclass
 from dledger_commitlog.console.api import MessageApi
 from dledger_commitlog.console.backlog import BacklogApi
 from dledger_commitlog.console.callers import Callers, ClusterAccess
+from dledger_commitlog.console.cluster_admin import ClusterAdminApi
 from dledger_commitlog.console.events import Events
 from dledger_commitlog.console.group_admin import GroupAdminApi
 from dledger_commitlog.console.group_history import GroupHistory, GroupHistoryApi
 from dledger_commitlog.console.http import HttpServer, Limits, Router
 from dledger_commitlog.console.members import MemberApi
+from dledger_commitlog.console.node_metrics import NodeMetricsScraper
 from dledger_commitlog.console.pages import Pages
 from dledger_commitlog.console.trace import TraceApi
 
@@ -81,6 +83,7 @@ def build_router(message_api: MessageApi, member_api: MemberApi, callers: Caller
     GroupAdminApi(callers).register(router)
     TraceApi(callers).register(router)
     BacklogApi(callers).register(router)
+    ClusterAdminApi(callers).register(router)
     Events(callers, message_api).register(router)
     Pages().register(router)
     return router
@@ -101,7 +104,9 @@ async def serve(settings: ConsoleSettings, announce: Callable[[str], None] = pri
     check_bind(settings)
     callers = Callers(settings.access)
     members = MemberApi(callers, settings.access)
-    router = build_router(MessageApi(callers, tls=settings.tls), members, callers)
+    scraper = NodeMetricsScraper(dict(settings.access.metrics)) if settings.access.metrics else None
+    views = MessageApi(callers, tls=settings.tls, scraper=scraper)
+    router = build_router(views, members, callers)
     limits = Limits(body_bytes=settings.max_body_bytes)
     server = HttpServer(router, limits, ssl_context(settings))
     port = await server.start(settings.bind, settings.port)

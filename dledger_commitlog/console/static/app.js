@@ -3,6 +3,7 @@
 // topics each second; the browser reconnects a cut stream by itself); the groups
 // view polls the group views while it is shown.
 
+import { ClusterAdmin } from "./cluster_admin.js";
 import { ClusterView } from "./cluster_view.js";
 import { TopicsView } from "./topics.js";
 import { SearchView } from "./search.js";
@@ -12,6 +13,7 @@ import { BacklogView } from "./backlog.js";
 const PAGES = ["cluster", "topics", "groups", "search"];
 const live = document.getElementById("live");
 const cluster = new ClusterView(document.getElementById("page-cluster"));
+new ClusterAdmin(document.getElementById("page-cluster"));
 const topics = new TopicsView(document.getElementById("page-topics"));
 new SearchView(document.getElementById("page-search"));
 const groups = new GroupsView(document.getElementById("page-groups"));

@@ -64,17 +64,22 @@ export async function getJson(path) {
   return doc;
 }
 
-/** POST a JSON document to the API (with the header its CSRF rule asks for); the
- * answer, or an Error with the API's message. */
-export async function postJson(path, doc) {
+/** Send a JSON document to the API with `method` (with the header its CSRF rule asks
+ * for); the answer, or an Error with the API's message. */
+export async function sendJson(method, path, doc) {
   const reply = await fetch(path, {
-    method: "POST",
+    method,
     headers: { Accept: "application/json", "Content-Type": "application/json", "X-Dledger-Request": "1" },
-    body: JSON.stringify(doc),
+    body: doc === undefined ? undefined : JSON.stringify(doc),
   });
   const answer = await reply.json().catch(() => null);
   if (!reply.ok) throw new Error(answer?.error?.message ?? `${reply.status} ${reply.statusText}`);
   return answer;
+}
+
+/** POST a JSON document to the API (see sendJson). */
+export function postJson(path, doc) {
+  return sendJson("POST", path, doc);
 }
 
 /** Ask in the page's confirmation dialog; true when the user confirms. */
