@@ -177,15 +177,17 @@ def _listen_checked(bind: Callable[[str], object], what: str, address: str) -> N
 
 
 def check_addresses(cfg: NodeConfig) -> None:
-    """Every address the node listens on binds on this host, or a ListenError names the
-    first that does not and why (an address of another host: the config was copied to
-    the wrong host, or names an address this one does not have)."""
+    """Every host the node listens on is an address of this host, or a ListenError names
+    the first that is not and why (an address of another host: the config was copied
+    to the wrong host, or names an address this one does not have). Only the host is
+    tried (port 0): a port in use is said at the bind, after the data directory's lock,
+    so a second copy of a running node hears that its directory is in use."""
     for what, address in (
         ("clients", cfg.client_address),
         ("Raft peers", cfg.raft_address),
         ("metrics", cfg.listen_metrics),
     ):
-        why = _bind_error(address) if address else None
+        why = _bind_error(address.rpartition(":")[0] + ":0") if address else None
         if why is not None:
             raise ListenError(f"cannot listen for {what} on {address}: {why}")
 
