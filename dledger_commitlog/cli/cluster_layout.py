@@ -20,8 +20,10 @@ the start lives in the Raft log, not in these files.
 
 Invariants: a directory keeps its ports and settings once cluster.json exists
 (a stopped cluster restarts from its data); ports are chosen outside the kernel's
-ephemeral range; per-node settings never come from `extra_config`; the security
-files are made once and then kept; a node id is never used twice in a directory.
+ephemeral range; per-node settings never come from `extra_config`, nor what the
+layout owns (ids, directories, peers, client and Raft addresses) from a node's own
+settings (`node_config`); the security files are made once and then kept; a node
+id is never used twice in a directory.
 """
 
 from __future__ import annotations
@@ -188,6 +190,7 @@ class LayoutOptions(TypedDict, total=False):
     base_port: int | None
     flush_mode: str | None
     extra_config: dict[str, Any] | None
+    node_config: Mapping[int, Mapping[str, Any]] | None
     cluster: str
     links: Mapping[tuple[int, int], str] | None
     hosts: Mapping[int, str] | None
@@ -200,7 +203,8 @@ class ClusterLayout:
 
     def __init__(self, directory: str | Path, **options: Unpack[LayoutOptions]) -> None:
         """`nodes` (3), `base_port` (None: free ports), `flush_mode`, `extra_config`
-        (NodeConfig settings of every node), `cluster` (its name, "dledger").
+        (NodeConfig settings of every node), `node_config[i]` (node i's own, on top:
+        `{1: {"listen_console": "127.0.0.1:7480"}}`), `cluster` (its name, "dledger").
         `links[(i, j)]` is the address node i dials for node j's Raft port (a fault
         proxy, say; default: j's own address); j may be a node not made yet (one
         added later), and i too: node i's config names it as a route. `hosts[i]` is
@@ -213,6 +217,7 @@ class ClusterLayout:
         and the CLI's `--cluster D/cluster.json` use them). None: as saved, else off."""
         nodes, base_port = options.get("nodes", 3), options.get("base_port")
         flush_mode, extra_config = options.get("flush_mode"), options.get("extra_config")
+        node_config = options.get("node_config")
         cluster, links = options.get("cluster", "dledger"), options.get("links")
         hosts, tls, acl = options.get("hosts"), options.get("tls"), options.get("acl")
         self.directory = Path(directory).resolve()
@@ -226,6 +231,8 @@ class ClusterLayout:
             self.extra_config = renamed_fields(
                 dict(extra_config or saved.get("extra_config") or {})
             )
+            was_set = {int(i): v for i, v in (saved.get("node_config") or {}).items()}
+            node_config = was_set if node_config is None else node_config
             every = {n["id"]: self._spec(n) for n in saved["nodes"]}
             gone = {n["id"] for n in saved["nodes"] if n.get("removed")}
             self.specs = {i: spec for i, spec in every.items() if i not in gone}
@@ -251,6 +258,10 @@ class ClusterLayout:
         bad = _PER_NODE & set(self.extra_config)
         if bad:
             raise ValueError(f"extra_config cannot set per-node settings: {sorted(bad)}")
+        self.node_config = {int(i): dict(v) for i, v in (node_config or {}).items()}
+        bad = _PER_NODE & {k for v in self.node_config.values() for k in v}
+        if bad:
+            raise ValueError(f"node_config cannot set what the layout owns: {sorted(bad)}")
         self._refused: ConfigError | None = None
         try:
             self.configs = {i: self._config(i) for i in self.specs}  # validates early
@@ -334,6 +345,7 @@ class ClusterLayout:
         for setting, relative in self.security_files(node_id).items():
             values[setting] = self._named(relative)
         values.update(self.extra_config)
+        values.update(self.node_config.get(node_id, {}))
         routes = tuple(
             Route(dst, addr)
             for (src, dst), addr in sorted(self.links.items())
@@ -473,6 +485,8 @@ class ClusterLayout:
         }
         if self.base_port is not None:
             doc["base_port"] = self.base_port
+        if self.node_config:
+            doc["node_config"] = {str(i): v for i, v in sorted(self.node_config.items())}
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.cluster_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=2) + "\n")

@@ -3,8 +3,10 @@
 Owns `ConsoleSettings` (where to listen, TLS, the body limit, how to reach the
 cluster), `check_bind` (a non-loopback address needs TLS unless `insecure`),
 `build_router` (the JSON API's endpoints, its server-sent events, and the web
-console's page at `/`), `serve` (listen, announce the URL, run until cancelled,
-then close members and clients) and `run`, the entry point of `dledger console`.
+console's page at `/`), `Console` (those parts on a loop: start, stop; what a node
+process with `[listen] console` runs too), `serve` (listen, announce the URL, run
+until cancelled, then close members and clients) and `run`, the entry point of
+`dledger console`.
 
 Invariants: the console never listens on a non-loopback address in plaintext
 unless told `insecure`; on SIGINT/SIGTERM the HTTP members leave their groups
@@ -99,27 +101,51 @@ def ssl_context(settings: ConsoleSettings) -> ssl.SSLContext | None:
     return context
 
 
+class Console:
+    """The console's parts on the running loop: its clients, members and HTTP server.
+
+    Made (the bind rule checked: ValueError) before it listens; `start` listens,
+    `stop` stops listening, then the HTTP members leave and the clients close. Both
+    `serve` (the `dledger console` process) and a node process with `[listen]
+    console` run it; it holds no process-wide state (no signal handler, no logging
+    set-up), so it can share a loop with other servers."""
+
+    def __init__(self, settings: ConsoleSettings) -> None:
+        check_bind(settings)
+        self.settings = settings
+        self._callers = Callers(settings.access)
+        self._members = MemberApi(self._callers, settings.access)
+        metrics = dict(settings.access.metrics)
+        scraper = NodeMetricsScraper(metrics) if metrics else None
+        views = MessageApi(self._callers, tls=settings.tls, scraper=scraper)
+        router = build_router(views, self._members, self._callers)
+        limits = Limits(body_bytes=settings.max_body_bytes)
+        self._server = HttpServer(router, limits, ssl_context(settings))
+
+    async def start(self) -> str:
+        """Listen (OSError if it cannot); the API's base URL."""
+        port = await self._server.start(self.settings.bind, self.settings.port)
+        self._members.start()
+        scheme = "https" if self.settings.tls else "http"
+        bind = self.settings.bind
+        host = f"[{bind}]" if ":" in bind else bind
+        return f"{scheme}://{host}:{port}/api/v1"
+
+    async def stop(self) -> None:
+        await self._server.stop()
+        await self._members.close()
+        await self._callers.close()
+
+
 async def serve(settings: ConsoleSettings, announce: Callable[[str], None] = print) -> None:
     """Serve until cancelled; `announce` gets the API's base URL once listening."""
-    check_bind(settings)
-    callers = Callers(settings.access)
-    members = MemberApi(callers, settings.access)
-    scraper = NodeMetricsScraper(dict(settings.access.metrics)) if settings.access.metrics else None
-    views = MessageApi(callers, tls=settings.tls, scraper=scraper)
-    router = build_router(views, members, callers)
-    limits = Limits(body_bytes=settings.max_body_bytes)
-    server = HttpServer(router, limits, ssl_context(settings))
-    port = await server.start(settings.bind, settings.port)
-    members.start()
-    scheme = "https" if settings.tls else "http"
-    host = f"[{settings.bind}]" if ":" in settings.bind else settings.bind
-    announce(f"console: serving {scheme}://{host}:{port}/api/v1")
+    console = Console(settings)
+    url = await console.start()
+    announce(f"console: serving {url}")
     try:
         await asyncio.Event().wait()
     finally:
-        await server.stop()
-        await members.close()
-        await callers.close()
+        await console.stop()
 
 
 def run(settings: ConsoleSettings) -> None:

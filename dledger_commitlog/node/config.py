@@ -10,6 +10,7 @@ The TOML layout (every key optional but `node_id`, `data_dir` and `peers`):
     client = "127.0.0.1:7001"      # defaults to this node's peer entry
     raft = "127.0.0.1:7101"
     metrics = "127.0.0.1:7201"     # empty string: no metrics endpoint
+    console = "127.0.0.1:7480"     # the web console and JSON API (docs/console.md); empty: off
     [[peers]]
     id = 1
     raft = "127.0.0.1:7101"
@@ -107,6 +108,7 @@ class NodeConfig:
     listen_client: str = ""
     listen_raft: str = ""
     listen_metrics: str = ""
+    listen_console: str = ""  # the node's own console (docs/console.md); "": none
     # raft
     tick_ms: int = 50
     election_ticks: int = 10
@@ -195,6 +197,12 @@ class NodeConfig:
         for p in self.peers:
             for what in (p.raft, p.client):
                 parse_address(what)
+        console = self.listen_console
+        if console:
+            try:
+                parse_address(console if isinstance(console, str) else "")
+            except ConfigError:
+                raise ConfigError(f"listen.console {console!r} is not HOST:PORT") from None
         self._check_routes(ids)
         self._check_shards()
         self._check_security()
@@ -362,6 +370,7 @@ _SECTIONS = {
         "client": "listen_client",
         "raft": "listen_raft",
         "metrics": "listen_metrics",
+        "console": "listen_console",
         "client_transport": "client_transport",
     },
     "raft": {

@@ -125,8 +125,12 @@ def check_exposure(cfg: NodeConfig) -> None:
             "secret file on every member; `dledger cluster up` makes one) or [tls], or pass "
             "--insecure (security.insecure = true) to accept any process as a member"
         )
-    for what, address in (("listen.client", cfg.client_address), ("listen.raft", cfg.raft_address)):
-        if not is_loopback(address) and not (cfg.tls_ca and cfg.acl_file):
+    for what, address in (
+        ("listen.client", cfg.client_address),
+        ("listen.raft", cfg.raft_address),
+        ("listen.console", cfg.listen_console),
+    ):
+        if address and not is_loopback(address) and not (cfg.tls_ca and cfg.acl_file):
             raise ConfigError(
                 f"{what} {address} is reachable from other machines, but TLS ([tls]) and "
                 "client authentication (security.acl_file) are not both on: anyone who "

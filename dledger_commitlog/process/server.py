@@ -5,7 +5,8 @@ the process hosts (`shards.Shards`: per shard a `RaftNode`, its leader-side
 services and its client service; one shard, shard 1, unless the cluster is
 multi-Raft), binds the Raft peer port (one for every shard), the client port (the
 shards' client services, gRPC health; a request there that does not parse is
-INVALID_ARGUMENT, see `decoding`) and the metrics port, starts them, and on
+INVALID_ARGUMENT, see `decoding`), the metrics port and the console's
+(`console_port`), starts them, and on
 SIGTERM/SIGINT (or a fatal failure: of the node, or of every shard) stops them in
 the reverse order.
 
@@ -24,7 +25,7 @@ import gc
 import logging
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -33,6 +34,7 @@ from dledger_commitlog.node.config import ListenError, NodeConfig
 from dledger_commitlog.node.metrics import serve_metrics
 from dledger_commitlog.node.node import RaftNode
 from dledger_commitlog.node.security import NodeSecurity
+from dledger_commitlog.process.console_port import node_console
 from dledger_commitlog.process.shards import Shards
 from dledger_commitlog.service import h2_port
 from dledger_commitlog.service.decoding import Services
@@ -55,6 +57,7 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
             loop.add_signal_handler(sig, stop.set)
     security = NodeSecurity.load(cfg)  # before anything opens: a bad file is one line
     check_addresses(cfg)  # an address this host lacks: one line, before the store opens
+    console = node_console(cfg, security)  # its bind rule: one line, before the store opens
     shards = Shards(cfg, stop, security)
     await shards.open()  # a shard that cannot open: the ones opened before it close again
     stop_metrics: Callable[[], None] | None = None
@@ -81,9 +84,14 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
             (health_pb2_grpc.add_HealthServicer_to_server, health_servicer),
         )
         client_server = ClientPort(cfg, client_services, tls)
+        if console is not None:
+            _check_port("the console", cfg.listen_console)
         await raft_server.start()
         await shards.start()
         await client_server.start()
+        if console is not None:
+            url = await _start("the console", cfg.listen_console, console.start)
+            log.info("node %d serving the console on %s", cfg.node_id, url)
         # What start-up made (modules, classes, the recovered state) lives as long as
         # the process: out of the collector's sight, a full collection, which runs on
         # whatever thread allocates (the loop, most often), takes ~10 ms, not ~40.
@@ -120,6 +128,8 @@ async def serve(cfg: NodeConfig, stop: asyncio.Event | None = None) -> BaseExcep
         await stop.wait()
     finally:  # also after a failed start: the recovered nodes close cleanly
         log.info("node %d shutting down", cfg.node_id)
+        if console is not None:  # first: its HTTP members leave their groups
+            await console.stop()
         if health_servicer is not None:
             await health_servicer.enter_graceful_shutdown()
         if client_server is not None:
@@ -137,18 +147,11 @@ class ClientPort:
 
     def __init__(self, cfg: NodeConfig, services: Services, tls: TlsIdentity | None) -> None:
         self._address = cfg.client_address
-        why = _bind_error(self._address)  # the cause, before the loop's own error
-        if why is not None:
-            raise ListenError(f"cannot listen for clients on {self._address}: {why}")
+        _check_port("clients", self._address)  # the cause, before the loop's own error
         self._h2 = h2_port.ClientServer(services, h2_port.ssl_context(cfg) if tls else None)
 
     async def start(self) -> None:
-        try:
-            await self._h2.start(self._address)
-        except OSError as exc:
-            raise ListenError(
-                f"cannot listen for clients on {self._address}: {exc.strerror or exc}"
-            ) from None
+        await _start("clients", self._address, lambda: self._h2.start(self._address))
 
     async def stop(self, grace_s: float) -> None:
         """Refuse new calls; calls in progress get `grace_s` to end, then are cancelled."""
@@ -164,16 +167,27 @@ def _listen(what: str, address: str, bind: Callable[[], _T]) -> _T:
         raise ListenError(f"cannot listen for {what} on {address}: {why or exc}") from None
 
 
-def _listen_checked(bind: Callable[[str], object], what: str, address: str) -> None:
-    """`bind(address)`, checked first with a plain socket.
+async def _start(what: str, address: str, start: Callable[[], Awaitable[_T]]) -> _T:
+    """`await start()`; an OSError becomes a ListenError that names the address."""
+    try:
+        return await start()
+    except OSError as exc:
+        raise ListenError(f"cannot listen for {what} on {address}: {exc.strerror or exc}") from None
 
-    The check gives the cause, and it refuses a port another server holds with
-    SO_REUSEPORT, which would share the port with a second copy of this node.
-    """
+
+def _listen_checked(bind: Callable[[str], object], what: str, address: str) -> None:
+    """`bind(address)`, checked first (`_check_port`)."""
+    _check_port(what, address)
+    _listen(what, address, lambda: bind(address))
+
+
+def _check_port(what: str, address: str) -> None:
+    """A ListenError naming `address` and why it cannot be bound, found with a plain
+    socket: that gives the cause, and it refuses a port another server holds with
+    SO_REUSEPORT, which would share the port with a second copy of this node."""
     why = _bind_error(address)
     if why is not None:
         raise ListenError(f"cannot listen for {what} on {address}: {why}")
-    _listen(what, address, lambda: bind(address))
 
 
 def check_addresses(cfg: NodeConfig) -> None:
@@ -186,6 +200,7 @@ def check_addresses(cfg: NodeConfig) -> None:
         ("clients", cfg.client_address),
         ("Raft peers", cfg.raft_address),
         ("metrics", cfg.listen_metrics),
+        ("the console", cfg.listen_console),
     ):
         why = _bind_error(address.rpartition(":")[0] + ":0") if address else None
         if why is not None:
