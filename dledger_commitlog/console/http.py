@@ -8,9 +8,10 @@ refusal, sent as `{"error": {"code", "message", "field"?}}`), the `Router`
 (method + path pattern with `{name}` segments, and path prefixes for static files),
 and the headers every response carries.
 
-Invariants: every read has a deadline (`Limits`): a client that stalls is cut; a
-request's head is at most `head_bytes`, its body at most `body_bytes` (a larger one
-is refused before it is read, and the connection then closes); at most
+Invariants: every read has a deadline (`Limits`), and so has a connection's close: a
+client that stalls is cut; a request's head is at most `head_bytes`, its body at
+most `body_bytes` (a larger one is refused before it is read, and the connection
+then closes); at most
 `connections` connections are open at once; every response carries the strict
 headers of `SECURITY_HEADERS` (a response may set one of them itself: a page sets
 the Content-Security-Policy its scripts need); a handler's unexpected exception is
@@ -45,6 +46,7 @@ SERVER_NAME = "dledger-console"
 _READ_CHUNK = 65536
 _DISCARD_BYTES = 8 << 20  # read after a refusal mid-request, so the client sees it
 _DISCARD_S = 1.0
+_CLOSE_S = 1.0  # a TLS close_notify's answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +214,7 @@ class HttpServer:
         self.limits = limits
         self.ssl_context = ssl_context
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (0: a free port); the port listened on."""
@@ -229,7 +231,8 @@ class HttpServer:
         """Stop listening and cut the connections open now."""
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
+        for task, writer in list(self._connections.items()):
+            writer.transport.abort()  # cut: no TLS close to wait for
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
         if self._server is not None:
@@ -241,16 +244,14 @@ class HttpServer:
         if len(self._connections) >= self.limits.connections:
             writer.close()
             return
-        self._connections.add(task)
+        self._connections[task] = writer
         try:
             await _Connection(self, reader, writer).serve()
         except asyncio.CancelledError:
             pass
         finally:
-            self._connections.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            self._connections.pop(task, None)
+            await _close(writer)
 
 
 class _Connection:
@@ -414,6 +415,19 @@ class _Connection:
         w.write(self.conn.send(h11.EndOfMessage()))
         async with asyncio.timeout(self.limits.read_timeout_s):
             await w.drain()
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    """Close a connection; one whose TLS peer does not answer the close (a client that
+    does not read) within `_CLOSE_S` is cut, so that `HttpServer.stop` ends."""
+    writer.close()
+    try:
+        async with asyncio.timeout(_CLOSE_S):
+            await writer.wait_closed()
+    except TimeoutError:
+        writer.transport.abort()
+    except Exception:  # the connection is gone either way
+        pass
 
 
 def _reason(status: int) -> bytes:
