@@ -58,6 +58,10 @@ PKI_DIR = "pki"
 ACL_FILE = "acl.toml"
 CREDENTIALS_FILE = "admin.credentials"
 _PER_NODE = frozenset({"node_id", "data_dir", "peers", "routes", "listen_client", "listen_raft"})
+# Settings a node.toml names even when empty. Any other is left out at its default, so
+# a node of an earlier release, which refuses a setting it does not know, reads the
+# file (tests/test_upgrade.py) unless the cluster uses what that release lacks.
+_SHOWN = frozenset({"listen_client", "listen_raft", "listen_metrics"})
 
 
 class ClusterError(RuntimeError):
@@ -160,7 +164,7 @@ def node_toml(config: NodeConfig) -> str:
             if field in RETIRED:
                 continue
             value = getattr(config, field)
-            if value is not None and (section == "listen" or value != defaults[field].default):
+            if value is not None and (field in _SHOWN or value != defaults[field].default):
                 body.append(f"{key} = {_toml_value(value)}")
         if body:
             lines += ["", f"[{section}]", *body]
