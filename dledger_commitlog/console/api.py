@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from dledger_commitlog.client import AsyncRoutedClient, ClientError, StoredMessage
-from dledger_commitlog.client.values import QueueOffset
+from dledger_commitlog.client.values import QueueOffset, Routes
 from dledger_commitlog.common.routes import shard_ids, shard_of_msg_id
 from dledger_commitlog.console.callers import Callers
 from dledger_commitlog.console.http import ApiError, Request, Response, Router, json_response
@@ -214,9 +214,7 @@ class MessageApi:
 
     async def _shards(self, client: AsyncRoutedClient) -> tuple[list[int], list[int]]:
         """(every shard, the data shards) of the cluster."""
-        routes = await call(client.routes())
-        every = shard_ids(routes.shard_count)
-        return every, [g for g in every if g != 0]
+        return _split(await call(client.routes()))
 
     async def cluster(self, request: Request) -> Response:
         Params(request, ())
@@ -248,8 +246,11 @@ class MessageApi:
         return {"tls": self.tls, "acl": self.callers.access.acl, "shards": shards}
 
     async def topics_view(self, client: AsyncRoutedClient, topic: str) -> list[dict[str, Any]]:
-        """Per topic (every topic, or only `topic`): its queues' offsets and messages."""
-        _, data = await self._shards(client)
+        """Per topic (every topic, or only `topic`): its queues' offsets and messages.
+        One Route call for every topic (the configured routes, the others the default),
+        not one per topic: a cluster may have thousands."""
+        routes = await call(client.routes())
+        _, data = _split(routes)
         answers = await asyncio.gather(*(call(client.client(g).queue_offsets(topic)) for g in data))
         by_topic: dict[str, list[tuple[int, QueueOffset]]] = {}
         for g, offsets in zip(data, answers, strict=True):
@@ -257,7 +258,7 @@ class MessageApi:
                 by_topic.setdefault(q.topic, []).append((g, q))
         out = []
         for name, queues in sorted(by_topic.items()):
-            route = await call(client.route(name))
+            route = routes.route(name)
             base = {g: sum(n for _, n in route.shards[:i]) for i, (g, _) in enumerate(route.shards)}
             rows: list[dict[str, Any]] = [
                 {
@@ -316,6 +317,12 @@ class MessageApi:
         if not shards:
             raise ApiError(404, "not_found", f"group {group!r} has no members or offsets")
         return json_response(200, {"group": group, "shards": shards})
+
+
+def _split(routes: Routes) -> tuple[list[int], list[int]]:
+    """(every shard, the data shards) of the cluster `routes` describes."""
+    every = shard_ids(routes.shard_count)
+    return every, [g for g in every if g != 0]
 
 
 def _uniq_key(request: Request, p: Params) -> str:
