@@ -4,9 +4,11 @@
 (a) one sequential client and (b) 32 puts in flight, each through the Python gRPC
 client (`Client.put`; `AsyncClient.put` x 32 tasks) and through the console's
 `POST /api/v1/topics/{topic}/messages` (one keep-alive connection; 32 keep-alive
-connections, one request in flight on each). Issue 33's target: HTTP at least 60%
-of the gRPC rates. Run: `.venv/bin/python bench/http_put.py [--count N]`; writes
-bench/results/http_put.json.
+connections, one request in flight on each), in rounds run A B A B (gRPC, HTTP in
+turn). Issue 33's target: HTTP at least 60% of the gRPC rates. Run:
+`.venv/bin/python bench/http_put.py [--count N] [--rounds R]`; writes
+bench/results/http_put.json. bench/console.py runs the same measurement
+(`interleaved`) beside the console's other targets.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import http.client
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._proc import process_usage
 from bench._report import report
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import AsyncClient, Client
@@ -121,9 +125,62 @@ async def timed(count: int, worker: Callable[[int], Awaitable[None]]) -> float:
     return count / (time.perf_counter() - started)
 
 
+def interleaved(
+    cluster: LocalCluster, console_pid: int, port: int, count: int, rounds: int
+) -> dict[str, float]:
+    """The four rates and the two HTTP/gRPC ratios, over `rounds` rounds run A B A B
+    (gRPC then HTTP, sequential then 32 in flight), so that a change in the machine's
+    load falls on both sides alike: each rate is the median of its rounds, each ratio
+    the median of the rounds' ratios. Beside each rate, the CPU per put of every
+    process of the path (the nodes, the console, this client): on a busy host that is
+    the bound of the rate."""
+    pids = [p for p in (cluster.pid(n) for n in cluster.specs) if p is not None]
+    pids += [console_pid, os.getpid()]
+    runs: dict[str, list[float]] = {}
+    workloads: tuple[tuple[str, Callable[[], float]], ...] = (
+        ("grpc_seq", lambda: grpc_sequential(cluster, count)),
+        ("http_seq", lambda: http_sequential(port, count)),
+        ("grpc_inflight32", lambda: grpc_inflight(cluster, count)),
+        ("http_inflight32", lambda: http_inflight(port, count)),
+    )
+    for _ in range(rounds):
+        for name, measure in workloads:
+            before = sum(process_usage(p)[0] for p in pids)
+            runs.setdefault(f"{name}_msgs_per_s", []).append(measure())
+            spent = sum(process_usage(p)[0] for p in pids) - before
+            runs.setdefault(f"{name}_cpu_us_per_put", []).append(spent / count * 1e6)
+    rates = {name: statistics.median(values) for name, values in runs.items()}
+    for kind in ("seq", "inflight32"):
+        pairs = zip(runs[f"http_{kind}_msgs_per_s"], runs[f"grpc_{kind}_msgs_per_s"], strict=True)
+        rates[f"http_vs_grpc_{kind}"] = statistics.median(h / g for h, g in pairs)
+    return rates
+
+
+def rows(rates: dict[str, float]) -> list[tuple[str, str, str]]:
+    """The table rows of `interleaved`'s figures."""
+    out = []
+    for kind, label in (("seq", "(a) sequential"), ("inflight32", "(b) 32 in flight")):
+        for side, name in (("grpc", "gRPC client"), ("http", "HTTP")):
+            rate, cpu = rates[f"{side}_{kind}_msgs_per_s"], rates[f"{side}_{kind}_cpu_us_per_put"]
+            out.append((f"{label}, {name}", f"{rate:.0f}", f"msgs/s, {cpu:.0f} us CPU a put"))
+        ratio = f"{rates[f'http_vs_grpc_{kind}']:.2f}"
+        out.append((f"{label}, HTTP / gRPC", ratio, "target >= 0.60"))
+    return out
+
+
+def stop_console(console: subprocess.Popen[str]) -> None:
+    console.send_signal(signal.SIGTERM)
+    try:
+        console.wait(10)
+    except subprocess.TimeoutExpired:
+        console.kill()
+        console.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--count", type=int, default=2000, help="puts per workload")
+    parser.add_argument("--count", type=int, default=2000, help="puts per workload and round")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of A B A B")
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory(prefix="http-put-") as tmp,
@@ -132,28 +189,10 @@ def main() -> None:
         cluster.up()
         console, port = start_console(cluster)
         try:
-            rates = {
-                "grpc_seq_msgs_per_s": grpc_sequential(cluster, args.count),
-                "http_seq_msgs_per_s": http_sequential(port, args.count),
-                "grpc_inflight32_msgs_per_s": grpc_inflight(cluster, args.count),
-                "http_inflight32_msgs_per_s": http_inflight(port, args.count),
-            }
+            rates = interleaved(cluster, console.pid, port, args.count, args.rounds)
         finally:
-            console.send_signal(signal.SIGTERM)
-            console.wait(10)
-    rates["http_vs_grpc_seq"] = rates["http_seq_msgs_per_s"] / rates["grpc_seq_msgs_per_s"]
-    rates["http_vs_grpc_inflight32"] = (
-        rates["http_inflight32_msgs_per_s"] / rates["grpc_inflight32_msgs_per_s"]
-    )
-    rows = [
-        ("(a) sequential, gRPC client", f"{rates['grpc_seq_msgs_per_s']:.0f}", "msgs/s"),
-        ("(a) sequential, HTTP", f"{rates['http_seq_msgs_per_s']:.0f}", "msgs/s"),
-        ("(a) HTTP / gRPC", f"{rates['http_vs_grpc_seq']:.2f}", "target >= 0.60"),
-        ("(b) 32 in flight, gRPC client", f"{rates['grpc_inflight32_msgs_per_s']:.0f}", "msgs/s"),
-        ("(b) 32 in flight, HTTP", f"{rates['http_inflight32_msgs_per_s']:.0f}", "msgs/s"),
-        ("(b) HTTP / gRPC", f"{rates['http_vs_grpc_inflight32']:.2f}", "target >= 0.60"),
-    ]
-    report("http_put", rows, rates)
+            stop_console(console)
+    report("http_put", rows(rates), rates)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 A two-shard cluster and a console: puts spread over the shards (a message id
 names its shard, and a get finds it there), a sharding key keeps one queue, a
 query by key gathers every shard's matches, the topic's queues are numbered across
-its shards in a query by queue, the cluster view shows each shard with its leader,
+its shards in a query by queue and in the topics view (a configured route's too, in
+its route's order), the cluster view shows each shard with its leader,
 and an HTTP member takes messages of both shards.
 """
 
@@ -15,6 +16,7 @@ import pytest
 
 from dledger_commitlog.cli.cluster_layout import shards_config
 from dledger_commitlog.cli.launcher import LocalCluster
+from dledger_commitlog.client import RoutedClient
 from tests.conftest import SHARED_CONFIG, wait_until
 from tests.console_helpers import Http, running_console
 from tests.multiraft_helpers import shard_leaders
@@ -25,13 +27,18 @@ SHARDS = 2
 
 
 @pytest.fixture(scope="module")
-def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Http]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     config = {**SHARED_CONFIG, **shards_config(SHARDS)}
-    with LocalCluster(tmp_path_factory.mktemp("shards"), extra_config=config) as cluster:
-        cluster.up()
-        shard_leaders(cluster, range(SHARDS + 1))
-        with running_console(cluster) as http:
-            yield http
+    with LocalCluster(tmp_path_factory.mktemp("shards"), extra_config=config) as made:
+        made.up()
+        shard_leaders(made, range(SHARDS + 1))
+        yield made
+
+
+@pytest.fixture(scope="module")
+def api(cluster: LocalCluster) -> Iterator[Http]:
+    with running_console(cluster) as http:
+        yield http
 
 
 def test_puts_spread_over_the_shards_and_are_found_again(api: Http) -> None:
@@ -56,6 +63,22 @@ def test_the_topics_queues_are_numbered_across_its_shards(api: Http) -> None:
         page = api.get(f"/topics/numbered/messages?queue={q['queue']}&offset=0").json
         assert [m["body"] for m in page["messages"]] == [f"n{q['queue']}"]
         assert page["messages"][0]["shard"] == q["shard"]
+
+
+def test_the_topics_view_numbers_a_configured_route_as_its_route_orders_the_shards(
+    api: Http, cluster: LocalCluster
+) -> None:
+    with RoutedClient.from_cluster_file(cluster.cluster_file) as client:
+        route = client.topic_update("create", "configured", {2: 1, 1: 2})
+    assert route is not None and route.total_queues == 3
+    for queue in range(3):
+        assert api.put("configured", f"c{queue}".encode(), f"?queue={queue}").status == 200
+    topics = {t["topic"]: t for t in api.get("/topics").json["topics"]}
+    queues = topics["configured"]["queues"]
+    assert sorted((q["queue"], q["shard"], q["queue_id"]) for q in queues) == [
+        (n, *route.locate(n)) for n in range(3)
+    ]
+    assert topics["configured"]["messages"] == 3
 
 
 def test_the_cluster_view_shows_every_shard(api: Http) -> None:

@@ -5,13 +5,19 @@ streamed (chunked) response, and the bounds every connection keeps: a head too
 large is 431, a body over the limit is refused before it is read (by length or,
 chunked, as it arrives), a stalled client is cut at the read deadline, garbage is
 400, a connection past the cap is closed, and the strict headers are on every
-answer, refusals included.
+answer, refusals included; a client that resets a stream's connection ends the
+stream without an error (on uvloop, as the console runs, too).
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import uvloop
 
 from dledger_commitlog.console.http import (
     HttpServer,
@@ -167,3 +173,41 @@ def test_connections_past_the_cap_are_closed() -> None:
         held.close()
 
     serving(test, Limits(connections=1, read_timeout_s=0.5, idle_timeout_s=5.0))
+
+
+async def forever(request: Request) -> Response:
+    async def chunks() -> AsyncIterator[bytes]:
+        n = 0
+        while True:
+            yield f"data: {n}\n\n".encode()
+            n += 1
+            await asyncio.sleep(0.01)
+
+    return Response(200, chunks(), "text/event-stream")
+
+
+@pytest.mark.parametrize("loop_factory", [asyncio.new_event_loop, uvloop.new_event_loop])
+def test_a_stream_whose_client_left_ends_without_an_error(
+    loop_factory: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    async def main() -> None:
+        router = Router()
+        router.add("GET", "/forever", forever)
+        server = HttpServer(router, LIMITS)
+        port = await server.start("127.0.0.1", 0)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /forever HTTP/1.1\r\nHost: x\r\n\r\n")
+            await reader.readuntil(b"data: 1")
+            connections = set(server._connections)
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.close()  # a reset: the server's next writes find the connection gone
+            done, _ = await asyncio.wait(connections, timeout=2.0)
+            assert done == connections, "the stream went on after its client left"
+            assert [t.exception() for t in done] == [None]
+        finally:
+            await server.stop()
+
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(main())

@@ -30,7 +30,7 @@ from dledger_commitlog.client import (
     StatusError,
     StoredMessage,
 )
-from dledger_commitlog.client.values import QueueOffset
+from dledger_commitlog.client.values import QueueOffset, Routes
 from dledger_commitlog.common.routes import shard_ids, shard_of_msg_id
 from dledger_commitlog.console.callers import Callers
 from dledger_commitlog.console.http import ApiError, Request, Response, Router, json_response
@@ -235,9 +235,7 @@ class MessageApi:
 
     async def _shards(self, client: AsyncRoutedClient) -> tuple[list[int], list[int]]:
         """(every shard, the data shards) of the cluster."""
-        routes = await call(client.routes())
-        every = shard_ids(routes.shard_count)
-        return every, [g for g in every if g != 0]
+        return _split(await call(client.routes()))
 
     async def cluster(self, request: Request) -> Response:
         Params(request, ())
@@ -286,8 +284,11 @@ class MessageApi:
         return doc
 
     async def topics_view(self, client: AsyncRoutedClient, topic: str) -> list[dict[str, Any]]:
-        """Per topic (every topic, or only `topic`): its queues' offsets and messages."""
-        _, data = await self._shards(client)
+        """Per topic (every topic, or only `topic`): its queues' offsets and messages.
+        One Route call for every topic (the configured routes, the others the default),
+        not one per topic: a cluster may have thousands."""
+        routes = await call(client.routes())
+        _, data = _split(routes)
         answers = await asyncio.gather(*(call(client.client(g).queue_offsets(topic)) for g in data))
         by_topic: dict[str, list[tuple[int, QueueOffset]]] = {}
         for g, offsets in zip(data, answers, strict=True):
@@ -295,7 +296,7 @@ class MessageApi:
                 by_topic.setdefault(q.topic, []).append((g, q))
         out = []
         for name, queues in sorted(by_topic.items()):
-            route = await call(client.route(name))
+            route = routes.route(name)
             base = {g: sum(n for _, n in route.shards[:i]) for i, (g, _) in enumerate(route.shards)}
             rows: list[dict[str, Any]] = [
                 {
@@ -364,8 +365,7 @@ async def shard_statuses(
 ) -> dict[int, dict[int, NodeStatus | StatusError]]:
     """Each shard's Status from each node, by node id (a node that did not answer under
     a negative key of its own), asked of all at once."""
-    routes = await call(client.routes())
-    every = shard_ids(routes.shard_count)
+    every, _ = _split(await call(client.routes()))
     answers = await asyncio.gather(
         *(client.client(g).status_all(timeout_s=_STATUS_TIMEOUT_S) for g in every)
     )
@@ -373,6 +373,12 @@ async def shard_statuses(
         g: {getattr(s, "node_id", -(i + 1)): s for i, s in enumerate(statuses)}
         for g, statuses in zip(every, answers, strict=True)
     }
+
+
+def _split(routes: Routes) -> tuple[list[int], list[int]]:
+    """(every shard, the data shards) of the cluster `routes` describes."""
+    every = shard_ids(routes.shard_count)
+    return every, [g for g in every if g != 0]
 
 
 def _uniq_key(request: Request, p: Params) -> str:

@@ -405,6 +405,8 @@ class _Connection:
         else:
             try:
                 async for chunk in body:
+                    if w.is_closing():  # the client left: a write would raise RuntimeError
+                        raise ConnectionResetError("the client closed the connection")
                     w.write(self.conn.send(h11.Data(data=chunk)))
                     async with asyncio.timeout(self.limits.read_timeout_s):
                         await w.drain()

@@ -36,14 +36,11 @@ class OffsetRpcs(GroupRpcs):
         if request.linearizable:
             await self._dispatched_linearizable(context)
         queues = self.node.committed
-        reply = pb.QueueOffsetsResponse(
-            queues=[
-                pb.QueueOffset(topic=t, queue_id=q, min_offset=lo, max_offset=hi)
-                for t, q, lo, hi in queues.queue_offsets(topic)
-                if account is None or Perm.SUB in account.topic_perm(t)
-            ],
-            dispatched_offset=queues.dispatched_pos,
-        )
+        reply = pb.QueueOffsetsResponse(dispatched_offset=queues.dispatched_pos)
+        add = reply.queues.add  # in place: half the time of messages made, then copied in
+        for t, q, lo, hi in queues.queue_offsets(topic):
+            if account is None or Perm.SUB in account.topic_perm(t):
+                add(topic=t, queue_id=q, min_offset=lo, max_offset=hi)
         if self._local is not None and (account is None or account.reads_everything):
             # The files hold every topic: only for a caller who may read them all.
             reply.local_files.CopyFrom(self._local)
