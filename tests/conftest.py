@@ -36,6 +36,7 @@ from dledger_commitlog.client import (
 )
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
+from tests.console_helpers import Http, running_console
 
 V = TypeVar("V")
 
@@ -280,6 +281,21 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCl
     with LocalCluster(tmp_path_factory.mktemp("shared"), extra_config=SHARED_CONFIG) as cluster:
         cluster.up()
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def api(shared_cluster: LocalCluster) -> Iterator[Http]:
+    """A `dledger console` of the module's shared cluster, as its HTTP client."""
+    shared_cluster.wait_for_leader(timeout_s=10.0)
+    with running_console(shared_cluster) as http:
+        yield http
+
+
+@pytest.fixture(scope="module")
+def client(shared_cluster: LocalCluster) -> Iterator[Client]:
+    """A client of the module's shared cluster."""
+    with shared_cluster.client() as c:
+        yield c
 
 
 @pytest.fixture

@@ -79,12 +79,6 @@ def console(shared_cluster: LocalCluster) -> Iterator[Http]:
 
 
 @pytest.fixture(scope="module")
-def client(shared_cluster: LocalCluster) -> Iterator[Client]:
-    with shared_cluster.client() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def acl_console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Http]:
     """A console of a cluster with an ACL, as its admin (`app` has no admin right)."""
     directory = tmp_path_factory.mktemp("pages-acl")

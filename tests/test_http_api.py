@@ -19,7 +19,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,22 +26,9 @@ import pytest
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import Client
 from tests.conftest import MAX_MESSAGE_BYTES, wait_until
-from tests.console_helpers import Http, running_console
+from tests.console_helpers import Http
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def api(shared_cluster: LocalCluster) -> Iterator[Http]:
-    shared_cluster.wait_for_leader(timeout_s=10.0)
-    with running_console(shared_cluster) as http:
-        yield http
-
-
-@pytest.fixture(scope="module")
-def client(shared_cluster: LocalCluster) -> Iterator[Client]:
-    with shared_cluster.client() as c:
-        yield c
 
 
 def stored(client: Client, topic: str) -> list[tuple[int, int]]:

@@ -17,30 +17,15 @@ per queue in `GET /groups/{group}`, and in the samples of its history.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.client import Client
 from tests.conftest import wait_until
-from tests.console_helpers import Http, nack_and_retry, running_console
+from tests.console_helpers import Http, nack_and_retry
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def api(shared_cluster: LocalCluster) -> Iterator[Http]:
-    shared_cluster.wait_for_leader(timeout_s=10.0)
-    with running_console(shared_cluster) as http:
-        yield http
-
-
-@pytest.fixture(scope="module")
-def client(shared_cluster: LocalCluster) -> Iterator[Client]:
-    with shared_cluster.client() as c:
-        yield c
 
 
 def kinds(events: list[dict[str, Any]], group: str) -> list[str]:

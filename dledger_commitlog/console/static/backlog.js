@@ -2,7 +2,7 @@
 // level, and half messages not yet decided per producer group, each with the age of
 // the oldest (GET /api/v1/backlog), polled every 2 s while the page is shown.
 
-import { el, getJson, table, utc } from "./dom.js";
+import { Polled, el, getJson, table, utc } from "./dom.js";
 
 const POLL_MS = 2000;
 
@@ -14,21 +14,13 @@ function levelName(d) {
   return d.level === 0 ? "deliver-at times" : `level ${d.level} (${seconds(d.delay_ms)} s)`;
 }
 
-export class BacklogView {
+export class BacklogView extends Polled {
   constructor(card) {
+    super(POLL_MS);
     this.body = card.querySelector("#backlog-body");
-    this.timer = null;
-  }
-
-  show(visible) {
-    if (!visible) {
-      clearTimeout(this.timer);
-      this.timer = null;
-    } else if (this.timer === null) this.poll();
   }
 
   async poll() {
-    this.timer = setTimeout(() => this.poll(), POLL_MS);
     try {
       this.render(await getJson("/api/v1/backlog"));
     } catch (error) {

@@ -92,3 +92,24 @@ export function confirmAction(text) {
     dialog.showModal();
   });
 }
+
+// A view read again every `ms` while it is shown: `show(visible)` starts and stops
+// the timer; the subclass's `poll()` reads and renders once.
+export class Polled {
+  constructor(ms) {
+    this.ms = ms;
+    this.timer = null;
+  }
+
+  show(visible) {
+    if (!visible) {
+      clearTimeout(this.timer);
+      this.timer = null;
+    } else if (this.timer === null) this.tick();
+  }
+
+  tick() {
+    this.timer = setTimeout(() => this.tick(), this.ms);
+    this.poll();
+  }
+}

@@ -8,7 +8,7 @@
 // of a topic (earliest, latest, a UTC time) and resend the dead letters.
 
 import { drawLine } from "./chart.js";
-import { confirmAction, el, getJson, postJson, showErrors, table } from "./dom.js";
+import { Polled, confirmAction, el, getJson, postJson, showErrors, table } from "./dom.js";
 
 const POLL_MS = 2000;
 const WINDOW_MS = 10 * 60_000; // of the chart
@@ -28,26 +28,18 @@ function duration(ms) {
 }
 const RESEND_ROUNDS = 64; // pages of at most 256 dead letters per shard
 
-export class GroupsView {
+export class GroupsView extends Polled {
   constructor(root) {
+    super(POLL_MS);
     this.root = root;
     this.errors = root.querySelector("#groups-errors");
     this.empty = root.querySelector("#groups-empty");
     this.list = root.querySelector("#groups-list");
     this.status = root.querySelector("#groups-status");
     this.cards = new Map(); // group -> {card, body, form}
-    this.timer = null;
-  }
-
-  show(visible) {
-    if (!visible) {
-      clearTimeout(this.timer);
-      this.timer = null;
-    } else if (this.timer === null) this.poll();
   }
 
   async poll() {
-    this.timer = setTimeout(() => this.poll(), POLL_MS);
     try {
       await this.refresh();
       showErrors(this.errors, []);
