@@ -76,6 +76,13 @@ class HostPorts:
         return f"{self.host}:{port}"
 
 
+MAX_PORT = 65535
+
+
+def is_port(n: int) -> bool:
+    return 0 < n <= MAX_PORT
+
+
 def parse_host(text: str) -> tuple[str, int | None]:
     """`HOST` or `HOST:PORT` -> (HOST as an address names it, PORT or None); an IPv6
     address takes brackets (a bare one has no port). UsageError naming `text`."""
@@ -85,8 +92,8 @@ def parse_host(text: str) -> tuple[str, int | None]:
     head, sep, tail = raw.rpartition(":")
     bare_ipv6 = raw.count(":") > 1 and not raw.startswith("[")
     if sep and not bare_ipv6 and (not head.startswith("[") or head.endswith("]")):
-        if not (tail.isascii() and tail.isdigit() and 0 < int(tail) < 65536):
-            raise UsageError(f"--hosts: {text!r}: the port is not a number in 1..65535")
+        if not (tail.isascii() and tail.isdigit() and is_port(int(tail))):
+            raise UsageError(f"--hosts: {text!r}: the port is not a number in 1..{MAX_PORT}")
         raw, port = head, int(tail)
     try:
         value = host_name(raw)
@@ -115,8 +122,8 @@ def host_ports(
         c = port or client
         r = raft if raft is not None else c + RAFT_OFFSET
         m = metrics if metrics is not None else c + METRICS_OFFSET
-        if max(c, r, m) > 65535:
-            raise UsageError(f"--hosts: {text!r}: its ports {c}, {r}, {m} run past 65535")
+        if not all(map(is_port, (c, r, m))):
+            raise UsageError(f"--hosts: {text!r}: its ports {c}, {r}, {m} run past {MAX_PORT}")
         each = HostPorts(host, c, r, m)
         for p in (c, r, m):
             other = seen.setdefault(each.address(p), i)
@@ -194,8 +201,8 @@ class HostsLayout(ClusterLayout):
 
 def _port(text: str) -> int:
     port = int(text)
-    if not 0 < port < 65536:
-        raise argparse.ArgumentTypeError(f"{text} is not a port (1..65535)")
+    if not is_port(port):
+        raise argparse.ArgumentTypeError(f"{text} is not a port (1..{MAX_PORT})")
     return port
 
 
