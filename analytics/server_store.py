@@ -44,6 +44,7 @@ from analytics.file_store import LocalFiles, NotHere, OfflineStore, this_boot_id
 from analytics.log_stream import LogStream
 from analytics.rows import BATCH_ROWS, Rows, Units, batch_slices, span_from_ends
 from analytics.sources import GroupOffset, LogPiece, QueueInfo, Slice
+from netkit.reconnect import reconnect_options
 from store.consume_queue import UNIT_DTYPE
 from store.entry_format import HEADER_SIZE
 from store.message import FIXED_PART_SIZE
@@ -56,9 +57,7 @@ _PULL_MESSAGES = 65_536
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 256 << 20),
     ("grpc.max_send_message_length", 16 << 20),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    *reconnect_options(100, 1000),
 ]
 _FLUSH_WAIT_S = 3.0  # a local replica's files lag its committed end by about a flush interval
 

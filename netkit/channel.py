@@ -13,6 +13,7 @@ from __future__ import annotations
 import grpc
 
 from netkit.peer_auth import PeerSecurity
+from netkit.reconnect import reconnect_options
 
 MAX_MESSAGE_BYTES = 64 << 20
 GRPC_OPTIONS = [
@@ -25,9 +26,7 @@ GRPC_OPTIONS = [
     # gRPC's default reconnect backoff (1 s growing to 120 s, shared between channels
     # through the global subchannel pool) would keep a forwarded call waiting for
     # seconds after the leader restarts.
-    ("grpc.initial_reconnect_backoff_ms", 50),
-    ("grpc.min_reconnect_backoff_ms", 50),
-    ("grpc.max_reconnect_backoff_ms", 300),
+    *reconnect_options(50, 300),
     ("grpc.use_local_subchannel_pool", 1),
 ]
 

@@ -34,6 +34,7 @@ from dledger_commitlog.client import (
     NodeStatus,
     StatusError,
 )
+from netkit.reconnect import reconnect_options
 from proto import dledger_pb2 as pb
 from proto import dledger_pb2_grpc as pb_grpc
 from tests.console_helpers import Http, running_console
@@ -50,11 +51,9 @@ SHARED_CONFIG: Final[dict[str, Any]] = {**SMALL_SEGMENTS, "max_message_bytes": M
 CHAOS_DAY_ENV: Final = "DLEDGER_CHAOS_DAY"  # the UTC day that picks the rotating chaos scenario
 LOG_TAIL_LINES: Final = 40
 CONVERGE_S: Final = 20.0  # replicas of a quiet cluster agree within this
-_CHANNEL_OPTIONS: Final = [
+CHANNEL_OPTIONS: Final = [
     ("grpc.max_receive_message_length", 64 << 20),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 500),
+    *reconnect_options(100, 500),
 ]
 
 _CLUSTERS = pytest.StashKey[list[LocalCluster]]()
@@ -168,7 +167,7 @@ def small_filesystem(directory: Path, size_mib: int) -> Iterator[Callable[[int],
 @contextmanager
 def node_stubs(cluster: LocalCluster) -> Iterator[dict[int, Any]]:
     """A raw DLedgerClient stub per node: calls reach exactly that node (no redirects)."""
-    channels = {s.id: grpc.insecure_channel(s.client, options=_CHANNEL_OPTIONS) for s in cluster}
+    channels = {s.id: grpc.insecure_channel(s.client, options=CHANNEL_OPTIONS) for s in cluster}
     try:
         yield {i: pb_grpc.DLedgerClientStub(ch) for i, ch in channels.items()}
     finally:

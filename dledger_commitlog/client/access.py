@@ -21,6 +21,7 @@ import grpc.aio
 
 from dledger_commitlog.common.protocol import shard_metadata
 from dledger_commitlog.common.signing import sign
+from netkit.reconnect import reconnect_options
 from proto import dledger_pb2_grpc as pb_grpc
 
 C = TypeVar("C", grpc.Channel, grpc.aio.Channel)
@@ -30,9 +31,7 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
     # A node that restarts is back within an election timeout or two: reconnect
     # within a third of a second of it (gRPC's own default grows to 120 s).
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 300),
+    *reconnect_options(100, 300),
     ("grpc.keepalive_time_ms", 10_000),
 ]
 
