@@ -24,11 +24,13 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dledger_commitlog.client import Access, Client, MemberInfo, StoredMessage, cluster_security
 from dledger_commitlog.common.extras import MissingExtra
 from dledger_commitlog.node.config import NodeConfig
+
+if TYPE_CHECKING:  # the client is loaded by the commands that make one: `serve` never does
+    from dledger_commitlog.client import Client, MemberInfo, StoredMessage
 
 
 class UsageError(Exception):
@@ -137,6 +139,8 @@ def _missing_extra(name: str, exc: MissingExtra) -> None:
 def make_client(args: argparse.Namespace, shard: int | None = None) -> Client:
     """The client the connection options (or DLEDGER_SERVERS / DLEDGER_CLUSTER) name,
     of shard `shard` (default: --shard, else 1)."""
+    from dledger_commitlog.client import Access, Client
+
     kw: dict[str, Any] = {"timeout_s": args.timeout, "cluster": args.cluster_name}
     kw["shard"] = shard if shard is not None else getattr(args, "shard", None) or 1
     servers = args.servers or os.environ.get("DLEDGER_SERVERS")
@@ -165,6 +169,8 @@ def security_files(args: argparse.Namespace) -> tuple[str | None, str | None]:
     credentials = args.credentials or os.environ.get("DLEDGER_CREDENTIALS")
     cluster_file = args.cluster or os.environ.get("DLEDGER_CLUSTER")
     if cluster_file and not (args.servers or os.environ.get("DLEDGER_SERVERS")):
+        from dledger_commitlog.client import cluster_security
+
         try:
             recorded = cluster_security(json.loads(Path(cluster_file).read_text()))
         except (OSError, ValueError, AttributeError) as exc:

@@ -17,21 +17,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from dledger_commitlog.cli import admin as admin  # registers the operator's commands
-from dledger_commitlog.cli import console as console  # registers `dledger console`
-from dledger_commitlog.cli import deploy as deploy  # registers `dledger cluster init`
-from dledger_commitlog.cli import groups as groups  # registers the consumer-group commands
-from dledger_commitlog.cli import k8s_entry  # `serve --from-env`: a StatefulSet's pod
-from dledger_commitlog.cli import maintenance as maintenance  # registers drain, rolling-restart
-from dledger_commitlog.cli import members as members  # registers the membership commands
-from dledger_commitlog.cli import messages as messages  # registers the message commands
-from dledger_commitlog.cli import scaleout as scaleout  # registers the topic and shard commands
-from dledger_commitlog.cli import snapshot as snapshot  # registers the backup commands
+from dledger_commitlog.cli.cluster_layout import ClusterError
 from dledger_commitlog.cli.commands import (
     _REGISTRY,
     FIELD_TYPES,
@@ -40,8 +32,6 @@ from dledger_commitlog.cli.commands import (
     command,
     load_plugins,
 )
-from dledger_commitlog.cli.launcher import ClusterError
-from dledger_commitlog.client import ClientError
 from dledger_commitlog.node.config import (
     RETIRED,
     ConfigError,
@@ -53,9 +43,34 @@ from dledger_commitlog.node.config import (
 )
 from store.errors import CorruptEntry, DirectoryInUse
 
+# The modules that register the CLI's own subcommands besides `serve` (defined here).
+# A node process (`dledger serve`) loads none of them, nor the client they are built
+# on, nor the plugins: a third of its start-up CPU, paid by every node that starts.
+COMMAND_MODULES = (
+    "admin",  # the operator's commands
+    "console",  # `dledger console`
+    "deploy",  # `dledger cluster init`
+    "groups",  # the consumer-group commands
+    "maintenance",  # drain, rolling-restart
+    "members",  # the membership commands
+    "messages",  # the message commands
+    "scaleout",  # the topic and shard commands
+    "snapshot",  # the backup commands
+)
 
-def build_parser() -> argparse.ArgumentParser:
+
+def load_commands() -> None:
+    """Register every subcommand: the CLI's own modules and the plugins'."""
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"dledger_commitlog.cli.{name}")
     load_plugins()  # analytics, chaos: their modules register their subcommands
+
+
+def build_parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
+    """The whole command tree (`serve_only`: whatever is registered, without loading
+    the other commands' modules: a node's own start)."""
+    if not serve_only:
+        load_commands()
     common = argparse.ArgumentParser(add_help=False)
     conn = common.add_argument_group("connection and output")
     conn.add_argument("--cluster", metavar="FILE", help="cluster.json of a cluster")
@@ -109,7 +124,8 @@ def _hide(subparsers: Any, name: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(serve_only=words[:1] == ["serve"])
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "any_arguments", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
@@ -120,9 +136,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
     except (UsageError, ConfigError) as exc:
         return _fail(f"error: {exc}", 2)
-    except ClientError as exc:
-        where = f" ({exc.address})" if exc.address else ""
-        return _fail(f"{exc.code or type(exc).__name__}{where}: {exc.message}", 1)
     except ClusterError as exc:
         return _fail(f"cluster: {exc}", 1)
     except (ListenError, DirectoryInUse, CorruptEntry) as exc:
@@ -132,7 +145,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `dledger ... | head`: the reader left; so do we, quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except Exception as exc:
+        client_error = _client_error(exc)
+        if client_error is None:
+            raise
+        return _fail(client_error, 1)
     return code
+
+
+def _client_error(exc: Exception) -> str | None:
+    """The line for a client's error (None: `exc` is none). The client is loaded by the
+    commands that call a cluster; where it was never loaded, nothing raised one."""
+    errors = sys.modules.get("dledger_commitlog.client.errors")
+    if errors is None or not isinstance(exc, errors.ClientError):
+        return None
+    where = f" ({exc.address})" if exc.address else ""
+    return f"{exc.code or type(exc).__name__}{where}: {exc.message}"
 
 
 def _fail(message: str, code: int) -> int:
@@ -175,6 +203,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 @command("serve", "run one node until SIGTERM/SIGINT", _serve_args)
 def _serve(args: argparse.Namespace) -> int:
+    from dledger_commitlog.cli import k8s_entry  # a StatefulSet's pod: it calls the cluster
+
     pod = k8s_entry.pod_from_env(os.environ) if args.from_env else None
     config = serve_config(args, pod.settings() if pod is not None else {})
     from dledger_commitlog.process import server  # lazily: the server's imports are not the CLI's

@@ -21,10 +21,13 @@ check_exposure` also wants the ACL there), refused before the store opens.
 
 from __future__ import annotations
 
-from dledger_commitlog.console.callers import ClusterAccess
-from dledger_commitlog.console.server import Console, ConsoleSettings
+from typing import TYPE_CHECKING
+
 from dledger_commitlog.node.config import ConfigError, NodeConfig, parse_address
 from dledger_commitlog.node.security import NodeSecurity
+
+if TYPE_CHECKING:
+    from dledger_commitlog.console.server import Console
 
 
 def node_console(cfg: NodeConfig, security: NodeSecurity) -> Console | None:
@@ -32,6 +35,11 @@ def node_console(cfg: NodeConfig, security: NodeSecurity) -> Console | None:
     when its address breaks the console's bind rule."""
     if not cfg.listen_console:
         return None
+    # Only a node that serves the console loads it (and the client it is built on):
+    # a fifth of a node's start-up CPU otherwise.
+    from dledger_commitlog.console.callers import ClusterAccess
+    from dledger_commitlog.console.server import Console, ConsoleSettings
+
     host, port = parse_address(cfg.listen_console)
     metrics = ((cfg.me.client, cfg.listen_metrics),) if cfg.listen_metrics else ()
     access = ClusterAccess(
