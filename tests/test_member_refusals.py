@@ -18,13 +18,14 @@ import pytest
 from dledger_commitlog.cli.launcher import LocalCluster
 from dledger_commitlog.cli.main import main
 from dledger_commitlog.client import ChangeRefused, Client, ClientError, InvalidArgument
+from tests.conftest import SHARED_CONFIG
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(tmp_path_factory.mktemp("three")) as cluster:
+    with LocalCluster(tmp_path_factory.mktemp("three"), extra_config=SHARED_CONFIG) as cluster:
         cluster.up(timeout_s=60.0)
         yield cluster
 
