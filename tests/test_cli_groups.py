@@ -265,9 +265,10 @@ def test_group_list_and_describe_show_the_lag(
     group, topic = unique("lag"), unique("lagt")
     with cluster.client() as client:
         put_spread(client, topic, 6, "l")
-        done = dledger(
-            cluster, "consume", "--group", group, "--topic", topic, "--idle-exit", "3", "--json"
-        )
+        done = dledger(  # --max: done at the sixth; fewer, and it exits idle (the assert says)
+            cluster, "consume", "--group", group, "--topic", topic, "--max", "6",
+            "--idle-exit", "3", "--json",
+        )  # fmt: skip
         assert done.returncode == 0 and len(json_lines(done.stdout)) == 6, done.stderr
         newer = put_spread(client, topic, 4, "n")  # one more in each queue: lag 4
 
@@ -330,14 +331,18 @@ def test_reset_offsets_makes_the_group_read_again(
     with cluster.client() as client:
         sent = put_spread(client, topic, 5, "r")
 
-    def consume_all() -> list[str]:
+    def consume_all(expected: int = 0) -> list[str]:
+        """What the group reads: `expected` messages end the read (no idle wait), nothing
+        more comes within 3 s otherwise."""
+        more = ("--max", str(expected)) if expected else ()
         done = dledger(
-            cluster, "consume", "--group", group, "--topic", topic, "--idle-exit", "3", "--json"
-        )
+            cluster, "consume", "--group", group, "--topic", topic, *more,
+            "--idle-exit", "3", "--json",
+        )  # fmt: skip
         assert done.returncode == 0, done.stderr
         return sorted(m["body"] for m in json_lines(done.stdout))
 
-    assert consume_all() == sorted(sent)
+    assert consume_all(len(sent)) == sorted(sent)
     assert consume_all() == []  # committed: nothing again
 
     live = procs(cluster, "live", "--group", group, "--topic", topic)
@@ -392,7 +397,7 @@ def test_reset_offsets_makes_the_group_read_again(
     )
     assert earliest.returncode == 0, earliest.stderr
     assert earliest.stdout.splitlines()[0].split() == ["topic", "queue", "offset"]
-    assert consume_all() == sorted(sent)
+    assert consume_all(len(sent)) == sorted(sent)
 
     bad = dledger(cluster, "group", "reset-offsets", group, "--topic", topic, "--to-time", "noon")
     assert bad.returncode == 2 and "ISO 8601" in bad.stderr, bad.stderr
@@ -443,9 +448,10 @@ def test_dlq_lists_and_resends_dead_letters(make_cluster: Callable[..., LocalClu
     bad = dledger(cluster, "group", "dlq", group, "--resend", "7")
     assert bad.returncode == 1 and "no dead letter at offset 7" in bad.stderr, bad.stderr
 
-    done = dledger(
-        cluster, "consume", "--group", group, "--topic", topic, "--idle-exit", "3", "--json"
-    )
+    done = dledger(  # --max: done at the third; fewer, and it exits idle (the assert says)
+        cluster, "consume", "--group", group, "--topic", topic, "--max", "3",
+        "--idle-exit", "3", "--json",
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     again = json_lines(done.stdout)
     assert sorted(m["body"] for m in again) == sorted(sent)
