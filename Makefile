@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest pytest-parallel pytest-serial bench clean check-java proto compile tools
+.PHONY: run test lint typecheck pytest pytest-parallel pytest-serial bench clean check-java proto compile tools rewrite-tests
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required (found " + sys.version.split()[0] + ")"'
@@ -66,10 +66,19 @@ typecheck: $(STAMP)
 PYTEST_WORKERS ?= 4
 pytest: pytest-parallel pytest-serial
 
-pytest-parallel: $(STAMP) compile tools
+# pytest rewrites the asserts of every test module as it collects them, in each worker;
+# where PYTHONDONTWRITEBYTECODE is set it cannot keep what it rewrote, and the workers
+# did it again each (5 s of CPU apiece, beside mypy, before the first test ran). One
+# collection with bytecode writing on leaves the rewritten modules, which pytest reads
+# whatever that setting (the rewrite is redone whenever a test file changes).
+rewrite-tests: $(STAMP) compile
+	@env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest --collect-only -q \
+	  -p no:cacheprovider > $(VENV)/collected.txt 2>&1 || { cat $(VENV)/collected.txt; exit 1; }
+
+pytest-parallel: $(STAMP) compile tools rewrite-tests
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not serial"
 
-pytest-serial: $(STAMP) compile
+pytest-serial: $(STAMP) compile rewrite-tests
 	$(BIN)/python -m pytest -m serial $$(grep -l "mark.serial" tests/test_*.py)
 
 # lint and typecheck run beside the parallel tests, which leave part of a core idle
