@@ -45,7 +45,7 @@ from store.errors import CorruptEntry, DirectoryInUse
 
 # The modules that register the CLI's own subcommands besides `serve` (defined here).
 # A node process (`dledger serve`) loads none of them, nor the client they are built
-# on, nor the plugins: a third of its start-up CPU, paid by every node that starts.
+# on, nor the plugins: a quarter of its start-up CPU, paid by every node that starts.
 COMMAND_MODULES = (
     "admin",  # the operator's commands
     "console",  # `dledger console`
@@ -203,9 +203,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 @command("serve", "run one node until SIGTERM/SIGINT", _serve_args)
 def _serve(args: argparse.Namespace) -> int:
-    from dledger_commitlog.cli import k8s_entry  # a StatefulSet's pod: it calls the cluster
+    pod = None
+    if args.from_env:  # a StatefulSet's pod: it calls the cluster (the client) to join
+        from dledger_commitlog.cli import k8s_entry
 
-    pod = k8s_entry.pod_from_env(os.environ) if args.from_env else None
+        pod = k8s_entry.pod_from_env(os.environ)
     config = serve_config(args, pod.settings() if pod is not None else {})
     from dledger_commitlog.process import server  # lazily: the server's imports are not the CLI's
 
