@@ -136,24 +136,27 @@ def test_a_route_update_is_seen_after_a_refresh_and_refuses_stale_queues(
         assert stale.route("moves").total_queues == 5
         rc.topic_update("update", "moves", {2: 1, 3: 1})
         seen(rc, "moves", ((2, 1), (3, 1)))
-        # Shard 3 no longer has queue 2 of `moves`: a direct put there is refused, naming
-        # the route (every node's copy of shard 0 holds the change once it is applied).
-        with Client(servers(cluster), shard=3, max_retries=0) as g3:
+        # Shards 2 and 3 no longer have queues 1 and 2 of `moves`: a direct put there is
+        # refused, naming the route, once the shard's leader applied the change (each
+        # node applies its copy of shard 0 on its own: the stale client's puts below
+        # wait for both, or one could land in a queue its shard's leader still has).
+        for shard, queue in ((3, 2), (2, 1)):
+            with Client(servers(cluster), shard=shard, max_retries=0) as direct:
 
-            def attempt() -> str:
-                try:
-                    g3.put("moves", b"stale", queue_id=2)
-                except InvalidArgument as exc:
-                    return str(exc)
-                return "accepted"
+                def attempt(direct: Client = direct, queue: int = queue) -> str:
+                    try:
+                        direct.put("moves", b"stale", queue_id=queue)
+                    except InvalidArgument as exc:
+                        return str(exc)
+                    return "accepted"
 
-            why = wait_until(
-                attempt,
-                10.0,
-                "shard 3 to refuse queue 2 of moves",
-                ok=lambda why: why != "accepted",
-            )
-            assert "outside [0, 1)" in why and "moves" in why, why
+                why = wait_until(
+                    attempt,
+                    10.0,
+                    f"shard {shard} to refuse queue {queue} of moves",
+                    ok=lambda why: why != "accepted",
+                )
+                assert "outside [0, 1)" in why and "moves" in why, why
         # The routed client with the old route lands in the new one after one refresh.
         for i in range(6):
             r = stale.put("moves", b"s-%d" % i)
