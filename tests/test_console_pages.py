@@ -72,10 +72,9 @@ if (MISSING := missing_browser()) is not None:
 
 
 @pytest.fixture(scope="module")
-def console(shared_cluster: LocalCluster) -> Iterator[Http]:
-    shared_cluster.wait_for_leader(timeout_s=10.0)
-    with running_console(shared_cluster) as http:
-        yield http
+def console(api: Http) -> Http:
+    """The shared cluster's console (conftest's `api`), by the name these pages use."""
+    return api
 
 
 @pytest.fixture(scope="module")
