@@ -1,7 +1,8 @@
 """The console's HTTP/1.1 server on its own (no cluster): limits, deadlines, framing.
 
-A real listener on loopback and raw sockets: keep-alive, `Expect: 100-continue`, a
-streamed (chunked) response, and the bounds every connection keeps: a head too
+A real listener on loopback and raw sockets: keep-alive (pipelined requests answered in
+turn), `Expect: 100-continue`, a streamed (chunked) response, HTTP/1.0 and HEAD, a
+header value with a line break never sent, and the bounds every connection keeps: a head too
 large is 431, a body over the limit is refused before it is read (by length or,
 chunked, as it arrives), a stalled client is cut at the read deadline, garbage is
 400, a connection past the cap is closed, and the strict headers are on every
@@ -43,11 +44,16 @@ async def stream(request: Request) -> Response:
     return Response(200, chunks(), "text/event-stream")
 
 
+async def injected(request: Request) -> Response:
+    return Response(200, b"{}", headers=(("X-Name", "a\r\nSet-Cookie: session=evil"),))
+
+
 def serving(test: Callable[[int], Awaitable[None]], limits: Limits = LIMITS) -> None:
     async def main() -> None:
         router = Router()
         router.add("POST", "/echo/{name}", echo)
         router.add("GET", "/events", stream)
+        router.add("GET", "/injected", injected)
         server = HttpServer(router, limits)
         port = await server.start("127.0.0.1", 0)
         try:
@@ -85,6 +91,33 @@ def test_keep_alive_serves_requests_in_turn() -> None:
         assert out.count(b"HTTP/1.1 200 OK") == 2
         assert b'{"n":5,"params":{"name":"a"}}' in out and b'"name":"b"' in out
         assert out.count(b"Content-Security-Policy: default-src 'none'") == 2
+
+    serving(test)
+
+
+def test_http_1_0_head_and_versions() -> None:
+    """HTTP/1.0 gets a stream to the close (no chunks), a HEAD the head alone; an
+    HTTP/1.1 request without Host is 400, another version 505."""
+
+    async def test(port: int) -> None:
+        out = await exchange(port, b"GET /events HTTP/1.0\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 200 ") and b"Connection: close" in out
+        assert b"chunked" not in out and out.endswith(b"data: 2\n\n")
+        out = await exchange(port, b"HEAD /echo/a HTTP/1.1\r\nHost: x\r\n\r\n", wait_s=0.5)
+        assert out.startswith(b"HTTP/1.1 405 ") and out.endswith(b"\r\n\r\n")
+        assert b"Content-Length: " in out and b"Content-Length: 0" not in out
+        out = await exchange(port, b"GET /events HTTP/1.1\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 400 ") and b"Host" in out
+        out = await exchange(port, b"GET /events HTTP/2.0\r\nHost: x\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 505 ")
+
+    serving(test)
+
+
+def test_a_header_with_a_line_break_is_never_sent() -> None:
+    async def test(port: int) -> None:
+        out = await exchange(port, b"GET /injected HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 500 ") and b"evil" not in out
 
     serving(test)
 

@@ -42,7 +42,7 @@ def _console_args(p: argparse.ArgumentParser) -> None:
 
 @command("console", "serve the HTTP JSON API of a cluster (docs/http-api.md)", _console_args)
 def _console(args: argparse.Namespace) -> int:
-    from dledger_commitlog.console import server  # lazily: asyncio server, h11
+    from dledger_commitlog.console import server  # lazily: asyncio server, httptools
 
     settings = console_settings(args)
     try:

@@ -1,7 +1,7 @@
 """The console: `dledger console`, an HTTP/1.1 JSON API (docs/http-api.md) that is a
 client of the cluster.
 
-`server` assembles the process; `http` is HTTP/1.1 over asyncio streams (h11 parses);
+`server` assembles the process; `http` is HTTP/1.1 over asyncio streams (llhttp parses);
 `api` holds the message and view endpoints, `members` the consumer-group members
 over HTTP; `params` reads a request's inputs strictly; `callers` says who a request
 runs as (HTTP Basic with an ACL) and gives it that user's client; `refusals` maps

@@ -1,7 +1,9 @@
-"""HTTP/1.1 on asyncio streams for the console: h11 parses, this module does the I/O.
+"""HTTP/1.1 on asyncio streams for the console: llhttp parses (httptools, C), this
+module frames the answers and does the I/O.
 
 Owns `HttpServer` (a listener, plain or TLS, and one task per connection: requests
-read one after another, keep-alive, `Expect: 100-continue` answered), the values a
+read one after another, pipelined ones in order, keep-alive, `Expect: 100-continue`
+answered, an answer with a body of bytes written in one write), the values a
 handler sees and returns (`Request`, `Response`; a response's body is bytes, or an
 async iterator of chunks for a stream such as server-sent events), `ApiError` (a
 refusal, sent as `{"error": {"code", "message", "field"?}}`), the `Router`
@@ -25,13 +27,14 @@ import contextlib
 import json
 import logging
 import ssl
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-import h11
+import httptools
 
 log = logging.getLogger(__name__)
 
@@ -254,8 +257,114 @@ class HttpServer:
             await _close(writer)
 
 
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    """One request as the parser completed it, before routing."""
+
+    method: bytes
+    target: bytes
+    headers: tuple[tuple[bytes, bytes], ...]  # names lower-case
+    body: bytes
+    keep_alive: bool  # the client may send another on this connection
+    chunked: bool  # a streamed answer may be chunked (HTTP/1.1); else it ends at the close
+
+
+class _Parser:
+    """llhttp (through httptools) parsing one connection's bytes into `_Parsed`
+    requests, in order, within `limits`; a request it cannot take is `failed` (the
+    requests completed before it are still served).
+
+    llhttp enforces the grammar (methods, tokens, header value characters, one of
+    Content-Length or Transfer-Encoding, chunk sizes); this class adds the sizes and
+    the HTTP versions the console serves."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.parser = httptools.HttpRequestParser(self)
+        self.done: deque[_Parsed] = deque()
+        self.failed: ApiError | None = None
+        self.ended = False  # nothing more can be read (an upgrade, or a close requested)
+        self.in_request = False  # a request has begun and is not complete
+        self.in_head = False  # ... and its head is not complete
+        self.head_fed = 0  # bytes fed while a head was incomplete
+        self.continue_wanted = False  # `Expect: 100-continue` and the body is still to come
+        self._target = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._head = 0
+        self._body = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        if not self.in_request or self.in_head:
+            self.head_fed += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            refusal = exc.__context__
+            self.failed = refusal if isinstance(refusal, ApiError) else _bad_request(str(exc))
+        except httptools.HttpParserUpgrade:
+            self.ended = True  # an Upgrade or CONNECT: what completed is served, then close
+        except httptools.HttpParserError as exc:
+            self.failed = _bad_request(str(exc))
+        if self.in_head and self.head_fed > self.limits.head_bytes + _READ_CHUNK:
+            self.failed = self.failed or _head_too_large(self.limits.head_bytes)
+
+    # -- httptools' callbacks ----------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.in_request = self.in_head = True
+        self._target, self._headers, self._head, self._body = b"", [], 0, bytearray()
+
+    def on_url(self, url: bytes) -> None:
+        self._target += url
+        self._grow_head(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.lower(), value))
+        self._grow_head(len(name) + len(value) + 4)
+
+    def on_headers_complete(self) -> None:
+        self.in_head, self.head_fed = False, 0
+        version = self.parser.get_http_version()
+        if version not in ("1.0", "1.1"):
+            raise ApiError(505, "http_version_not_supported", "HTTP/1.0 and 1.1 are served")
+        if version == "1.1" and not any(k == b"host" for k, _ in self._headers):
+            raise _bad_request("an HTTP/1.1 request must name its Host")
+        length = next((v for k, v in self._headers if k == b"content-length"), None)
+        if length is not None and int(length) > self.limits.body_bytes:
+            raise _too_large(self.limits.body_bytes)
+        expect = next((v for k, v in self._headers if k == b"expect"), None)
+        self.continue_wanted = expect is not None and expect.lower() == b"100-continue"
+
+    def on_body(self, data: bytes) -> None:
+        self._body += data
+        if len(self._body) > self.limits.body_bytes:
+            raise _too_large(self.limits.body_bytes)
+
+    def on_message_complete(self) -> None:
+        p = self.parser
+        keep_alive = p.should_keep_alive()
+        self.in_request = self.continue_wanted = False
+        self.ended = self.ended or not keep_alive
+        self.done.append(
+            _Parsed(
+                p.get_method(),
+                self._target,
+                tuple(self._headers),
+                bytes(self._body),
+                keep_alive,
+                p.get_http_version() == "1.1",
+            )
+        )
+
+    def _grow_head(self, n: int) -> None:
+        self._head += n
+        if self._head > self.limits.head_bytes:
+            raise _head_too_large(self.limits.head_bytes)
+
+
 class _Connection:
-    """One client connection: its h11 state, its requests one after another."""
+    """One client connection: its requests one after another, each answered in one
+    write where its body is bytes."""
 
     def __init__(
         self, server: HttpServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -264,39 +373,73 @@ class _Connection:
         self.limits = server.limits
         self.reader = reader
         self.writer = writer
-        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.head_bytes)
+        self.parse = _Parser(self.limits)
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
 
     async def serve(self) -> None:
         while True:
             try:
-                request = await self._read_request()
+                parsed = await self._next()
             except ApiError as exc:
                 await self._refuse(exc)
                 await self._discard()
                 return
-            except h11.RemoteProtocolError as exc:
-                if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                    await self._refuse(ApiError(exc.error_status_hint, "bad_request", str(exc)))
-                return
             except (TimeoutError, ConnectionError):
                 return
-            if request is None:
+            if parsed is None:
                 return
-            response = await self._handle(request)
             try:
-                await self._send(response)
-            except (ConnectionError, TimeoutError, h11.LocalProtocolError):
+                request = self._request(parsed)
+            except ApiError as exc:
+                response = exc.response()
+            else:
+                response = await self._handle(request)
+            try:
+                if not await self._send(response, parsed):
+                    return
+            except (ConnectionError, TimeoutError):
                 return
-            if self.conn.our_state is not h11.DONE or self.conn.their_state is not h11.DONE:
+            except ValueError:  # nothing of it was written
+                log.exception("console: the answer to %r could not be sent", parsed.target)
+                await self._refuse(ApiError(500, "internal", "the console failed; see its log"))
                 return
-            self.conn.start_next_cycle()
+
+    async def _next(self) -> _Parsed | None:
+        """The next complete request; None when the client closed or nothing more may
+        be read; ApiError for one that cannot be taken."""
+        parse = self.parse
+        while not parse.done:
+            if parse.failed is not None:
+                raise parse.failed
+            if parse.ended:
+                return None
+            timeout = self.limits.read_timeout_s if parse.in_request else self.limits.idle_timeout_s
+            async with asyncio.timeout(timeout):
+                data = await self.reader.read(_READ_CHUNK)
+            if not data:
+                return None  # closed, between requests or in the middle of one
+            parse.feed(data)
+            if parse.continue_wanted:
+                parse.continue_wanted = False
+                self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return parse.done.popleft()
+
+    def _request(self, parsed: _Parsed) -> Request:
+        path, query = parse_target(parsed.target)
+        return Request(
+            parsed.method.decode("ascii", "replace"),
+            path,
+            query,
+            parsed.headers,
+            parsed.body,
+            peer=self.peer,
+        )
 
     async def _refuse(self, refusal: ApiError) -> None:
         """Answer a request that cannot be read on, then close."""
-        with contextlib.suppress(ConnectionError, TimeoutError, h11.LocalProtocolError):
-            await self._send(refusal.response(), close=True)
+        with contextlib.suppress(ConnectionError, TimeoutError):
+            await self._send(refusal.response(), None)
 
     async def _discard(self) -> None:
         """Read (and drop) what the client still sends of a refused request, a bounded
@@ -310,58 +453,6 @@ class _Connection:
                     if not data:
                         return
                     left -= len(data)
-
-    async def _next_event(self, timeout_s: float) -> Any:
-        while True:
-            event = self.conn.next_event()
-            if event is not h11.NEED_DATA:
-                return event
-            async with asyncio.timeout(timeout_s):
-                data = await self.reader.read(_READ_CHUNK)
-            self.conn.receive_data(data)
-
-    async def _read_request(self) -> Request | None:
-        """The next request, its body read whole; None when the client closed."""
-        event = await self._next_event(self.limits.idle_timeout_s)
-        if isinstance(event, h11.ConnectionClosed):
-            return None
-        if not isinstance(event, h11.Request):
-            raise h11.RemoteProtocolError("expected a request", error_status_hint=400)
-        headers = tuple((bytes(k).lower(), bytes(v)) for k, v in event.headers)
-        head = len(event.target) + sum(len(k) + len(v) + 4 for k, v in headers)
-        if head > self.limits.head_bytes:  # h11 bounds only a head that arrives in parts
-            raise ApiError(
-                431,
-                "header_too_large",
-                f"the request's head is over {self.limits.head_bytes} bytes",
-            )
-        length = next((v for k, v in headers if k == b"content-length"), None)
-        if length is not None and int(length) > self.limits.body_bytes:
-            raise _too_large(self.limits.body_bytes)
-        if self.conn.they_are_waiting_for_100_continue:
-            self.writer.write(
-                self.conn.send(h11.InformationalResponse(status_code=100, headers=[]))
-            )
-        body = bytearray()
-        while True:
-            part = await self._next_event(self.limits.read_timeout_s)
-            if isinstance(part, h11.Data):
-                body += part.data
-                if len(body) > self.limits.body_bytes:
-                    raise _too_large(self.limits.body_bytes)
-            elif isinstance(part, h11.EndOfMessage):
-                break
-            else:
-                return None  # the client closed mid-request
-        path, query = parse_target(bytes(event.target))
-        return Request(
-            event.method.decode("ascii", "replace"),
-            path,
-            query,
-            headers,
-            bytes(body),
-            peer=self.peer,
-        )
 
     async def _handle(self, request: Request) -> Response:
         try:
@@ -382,41 +473,57 @@ class _Connection:
             log.exception("console: %s %s failed", request.method, request.path)
             return ApiError(500, "internal", "the console failed; see its log").response()
 
-    async def _send(self, response: Response, *, close: bool = False) -> None:
-        own = {name.lower() for name, _ in response.headers}
-        headers = [
-            ("Server", SERVER_NAME),
-            *((n, v) for n, v in SECURITY_HEADERS if n.lower() not in own),
-            ("Content-Type", response.content_type),
-            *response.headers,
-        ]
-        if close:
-            headers.append(("Connection", "close"))
-        body = response.body
+    async def _send(self, response: Response, parsed: _Parsed | None) -> bool:
+        """Write `response` to the request `parsed` (None: a refusal); whether the
+        connection stays open for another. ValueError: a header that cannot be sent."""
+        body, w = response.body, self.writer
         if isinstance(body, bytes):
-            headers.append(("Content-Length", str(len(body))))
-        w = self.writer
-        reason = _reason(response.status)
-        head = h11.Response(status_code=response.status, headers=headers, reason=reason)
-        w.write(self.conn.send(head))
-        if isinstance(body, bytes):
-            if body:
-                w.write(self.conn.send(h11.Data(data=body)))
+            keep = parsed is not None and parsed.keep_alive
+            head = _head(response, keep, len(body), chunked=False)
+            w.write(head if parsed is not None and parsed.method == b"HEAD" else head + body)
         else:
+            keep = parsed is not None and parsed.keep_alive and parsed.chunked
+            w.write(_head(response, keep, None, chunked=keep))  # HTTP/1.0: to the close
             try:
                 async for chunk in body:
                     if w.is_closing():  # the client left: a write would raise RuntimeError
                         raise ConnectionResetError("the client closed the connection")
-                    w.write(self.conn.send(h11.Data(data=chunk)))
+                    if chunk:
+                        w.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if keep else chunk)
                     async with asyncio.timeout(self.limits.read_timeout_s):
                         await w.drain()
             finally:  # a stream whose client left ends now, not when collected
                 aclose = getattr(body, "aclose", None)
                 if aclose is not None:
                     await aclose()
-        w.write(self.conn.send(h11.EndOfMessage()))
+            if keep:
+                w.write(b"0\r\n\r\n")
         async with asyncio.timeout(self.limits.read_timeout_s):
             await w.drain()
+        return keep
+
+
+def _head(response: Response, keep: bool, length: int | None, *, chunked: bool) -> bytes:
+    """The status line and headers of `response`: ours, the strict ones it did not set
+    itself, its own, and the framing (`length` bytes, chunked, or to the close; `keep`:
+    the connection stays open). ValueError: a header value with a line break (it would
+    start a header of its own) or outside Latin-1."""
+    own = {name.lower() for name, _ in response.headers}
+    lines = [f"HTTP/1.1 {response.status} {_reason(response.status)}", f"Server: {SERVER_NAME}"]
+    lines += (f"{n}: {v}" for n, v in SECURITY_HEADERS if n.lower() not in own)
+    lines.append(f"Content-Type: {response.content_type}")
+    lines += (f"{n}: {v}" for n, v in response.headers)
+    if length is not None:
+        lines.append(f"Content-Length: {length}")
+    elif chunked:
+        lines.append("Transfer-Encoding: chunked")
+    if not keep:
+        lines.append("Connection: close")
+    for line in lines:
+        if "\r" in line or "\n" in line:
+            raise ValueError(f"a response header has a line break: {line[:80]!r}")
+    lines += ("", "")
+    return "\r\n".join(lines).encode("latin-1")
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
@@ -432,11 +539,19 @@ async def _close(writer: asyncio.StreamWriter) -> None:
         pass
 
 
-def _reason(status: int) -> bytes:
+def _reason(status: int) -> str:
     try:
-        return HTTPStatus(status).phrase.encode()
+        return HTTPStatus(status).phrase
     except ValueError:
-        return b""
+        return ""
+
+
+def _bad_request(detail: str) -> ApiError:
+    return ApiError(400, "bad_request", f"not an HTTP/1.1 request the console takes: {detail}")
+
+
+def _head_too_large(limit: int) -> ApiError:
+    return ApiError(431, "header_too_large", f"the request's head is over {limit} bytes")
 
 
 def _too_large(limit: int) -> ApiError:

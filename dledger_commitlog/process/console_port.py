@@ -8,7 +8,7 @@ runs as the user who signs in), serving HTTPS with the node's certificate when
 TLS is on, and reading the node's own metrics port for the Cluster page.
 
 It runs on the node's event loop: the console is asyncio through and through
-(h11 over asyncio streams, grpc.aio clients like the ones the node forwards puts
+(llhttp over asyncio streams, grpc.aio clients like the ones the node forwards puts
 with, the one blocking read, of a metrics port, in a worker thread), keeps no
 process-wide state, and its work is a page's requests and one snapshot a second
 while a page is open. A thread of its own would buy no CPU under the GIL and
