@@ -10,7 +10,7 @@ Owns the frozen dataclasses a caller sees (`StoredMessage`, `PullResult`,
 from __future__ import annotations
 
 import dataclasses
-import uuid
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -31,6 +31,12 @@ from store.message import (
 
 # What `store.message.decode_fields` gives: fixed fields, topic, body, properties.
 StoredParts = tuple[tuple[Any, ...], str, bytes, dict[str, str]]
+
+
+def new_uniq_key() -> str:
+    """A new idempotency key: 32 upper-case hex digits, 128 random bits (as a UUID4's
+    hex, without building the UUID)."""
+    return os.urandom(16).hex().upper()
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +90,7 @@ class MessageSpec:
             keys=list(self.keys),
             tags=self.tags or "",
             properties=dict(self.properties or {}),
-            uniq_key=self.uniq_key or uuid.uuid4().hex.upper(),
+            uniq_key=self.uniq_key or new_uniq_key(),
             born_timestamp_ms=now_ms,
             flag=self.flag,
             queue_id=-1 if self.queue_id is None else self.queue_id,

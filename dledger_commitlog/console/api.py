@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -30,7 +29,7 @@ from dledger_commitlog.client import (
     StatusError,
     StoredMessage,
 )
-from dledger_commitlog.client.values import QueueOffset, Routes
+from dledger_commitlog.client.values import QueueOffset, Routes, new_uniq_key
 from dledger_commitlog.common.routes import shard_ids, shard_of_msg_id
 from dledger_commitlog.console.callers import Callers
 from dledger_commitlog.console.http import ApiError, Request, Response, Router, json_response
@@ -392,7 +391,7 @@ def _uniq_key(request: Request, p: Params) -> str:
     else:
         given = p.string("uniq_key")
     if not given:
-        return uuid.uuid4().hex.upper()
+        return new_uniq_key()
     if len(given) > _MAX_UNIQ_KEY or not given.isprintable() or " " in given:
         raise bad("uniq_key", f"an idempotency key is 1 to {_MAX_UNIQ_KEY} visible characters")
     return given

@@ -104,13 +104,6 @@ class Request:
         key = name.encode()
         return next((v for k, v in self.headers if k == key), None)
 
-    def header_values(self, name: str) -> list[bytes]:
-        key = name.encode()
-        return [v for k, v in self.headers if k == key]
-
-    def query_values(self, name: str) -> list[bytes]:
-        return [v for k, v in self.query if k == name]
-
     def query_names(self) -> set[str]:
         return {k for k, _ in self.query}
 
@@ -389,12 +382,7 @@ class _Connection:
                 return
             if parsed is None:
                 return
-            try:
-                request = self._request(parsed)
-            except ApiError as exc:
-                response = exc.response()
-            else:
-                response = await self._handle(request)
+            response = await self._handle(parsed)
             try:
                 if not await self._send(response, parsed):
                     return
@@ -425,17 +413,6 @@ class _Connection:
                 self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return parse.done.popleft()
 
-    def _request(self, parsed: _Parsed) -> Request:
-        path, query = parse_target(parsed.target)
-        return Request(
-            parsed.method.decode("ascii", "replace"),
-            path,
-            query,
-            parsed.headers,
-            parsed.body,
-            peer=self.peer,
-        )
-
     async def _refuse(self, refusal: ApiError) -> None:
         """Answer a request that cannot be read on, then close."""
         with contextlib.suppress(ConnectionError, TimeoutError):
@@ -454,23 +431,18 @@ class _Connection:
                         return
                     left -= len(data)
 
-    async def _handle(self, request: Request) -> Response:
+    async def _handle(self, parsed: _Parsed) -> Response:
+        """The answer to `parsed`: its handler's, or a refusal."""
+        method = parsed.method.decode("ascii", "replace")
         try:
-            handler, params = self.server.router.find(request.method, request.path)
-            request = Request(
-                request.method,
-                request.path,
-                request.query,
-                request.headers,
-                request.body,
-                params,
-                request.peer,
-            )
+            path, query = parse_target(parsed.target)
+            handler, params = self.server.router.find(method, path)
+            request = Request(method, path, query, parsed.headers, parsed.body, params, self.peer)
             return await handler(request)
         except ApiError as exc:
             return exc.response()
         except Exception:
-            log.exception("console: %s %s failed", request.method, request.path)
+            log.exception("console: %s %r failed", method, parsed.target)
             return ApiError(500, "internal", "the console failed; see its log").response()
 
     async def _send(self, response: Response, parsed: _Parsed | None) -> bool:
@@ -498,8 +470,9 @@ class _Connection:
                     await aclose()
             if keep:
                 w.write(b"0\r\n\r\n")
-        async with asyncio.timeout(self.limits.read_timeout_s):
-            await w.drain()
+        if w.transport.get_write_buffer_size():  # the socket did not take it all at once
+            async with asyncio.timeout(self.limits.read_timeout_s):
+                await w.drain()
         return keep
 
 

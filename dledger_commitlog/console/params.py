@@ -11,6 +11,7 @@ typo (`?delay=3`) never passes silently; nothing here does I/O.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable
@@ -58,11 +59,20 @@ class Params:
         unknown = sorted(request.query_names() - self.allowed)
         if unknown:
             raise bad(unknown[0], f"unknown parameter {unknown[0]!r}")
+        # Each allowed name's values, query first, in one pass over query and headers.
+        self._values: dict[str, list[bytes]] = {}
+        for name, value in request.query:
+            self._values.setdefault(name, []).append(value)
+        for key, value in request.headers:
+            if key.startswith(b"x-dledger-"):
+                carried = _header_names(self.allowed).get(key)
+                if carried is not None:
+                    self._values.setdefault(carried, []).append(value)
 
     def _raw(self, name: str) -> list[bytes]:
-        values = self.request.query_values(name)
-        header = "x-dledger-" + name.replace("_", "-")
-        return values + self.request.header_values(header)
+        if name not in self.allowed:  # a handler's mistake, not the caller's
+            raise KeyError(f"{name!r} is not among the parameters this request takes")
+        return self._values.get(name, [])
 
     def strings(self, name: str) -> list[str]:
         out = []
@@ -110,6 +120,12 @@ class Params:
                 raise bad(name, f"{name} must be NAME=VALUE, not {text[:40]!r}")
             out[key] = value
         return out
+
+
+@functools.lru_cache(maxsize=64)
+def _header_names(allowed: frozenset[str]) -> dict[bytes, str]:
+    """The header that carries each of `allowed` (`delay_level` <- `x-dledger-delay-level`)."""
+    return {("x-dledger-" + name.replace("_", "-")).encode(): name for name in allowed}
 
 
 def _checked_name(text: str, what: str) -> str:
