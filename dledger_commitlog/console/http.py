@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import ssl
@@ -283,7 +284,6 @@ class _Parser:
         self.continue_wanted = False  # `Expect: 100-continue` and the body is still to come
         self._target = b""
         self._headers: list[tuple[bytes, bytes]] = []
-        self._head = 0
         self._body = bytearray()
 
     def feed(self, data: bytes) -> None:
@@ -305,27 +305,36 @@ class _Parser:
 
     def on_message_begin(self) -> None:
         self.in_request = self.in_head = True
-        self._target, self._headers, self._head, self._body = b"", [], 0, bytearray()
+        self._target, self._headers, self._body = b"", [], bytearray()
 
     def on_url(self, url: bytes) -> None:
         self._target += url
-        self._grow_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name.lower(), value))
-        self._grow_head(len(name) + len(value) + 4)
 
     def on_headers_complete(self) -> None:
+        """The head is whole: its size (a head that arrived in parts is bounded by
+        `head_fed` meanwhile), version, Host, the body's announced length, `Expect`."""
         self.in_head, self.head_fed = False, 0
+        size, host, length, expect = len(self._target), False, None, None
+        for k, v in self._headers:
+            size += len(k) + len(v) + 4
+            if k == b"host":
+                host = True
+            elif k == b"content-length" and length is None:
+                length = v
+            elif k == b"expect" and expect is None:
+                expect = v
+        if size > self.limits.head_bytes:
+            raise _head_too_large(self.limits.head_bytes)
         version = self.parser.get_http_version()
         if version not in ("1.0", "1.1"):
             raise ApiError(505, "http_version_not_supported", "HTTP/1.0 and 1.1 are served")
-        if version == "1.1" and not any(k == b"host" for k, _ in self._headers):
+        if version == "1.1" and not host:
             raise _bad_request("an HTTP/1.1 request must name its Host")
-        length = next((v for k, v in self._headers if k == b"content-length"), None)
         if length is not None and int(length) > self.limits.body_bytes:
             raise _too_large(self.limits.body_bytes)
-        expect = next((v for k, v in self._headers if k == b"expect"), None)
         self.continue_wanted = expect is not None and expect.lower() == b"100-continue"
 
     def on_body(self, data: bytes) -> None:
@@ -348,11 +357,6 @@ class _Parser:
                 p.get_http_version() == "1.1",
             )
         )
-
-    def _grow_head(self, n: int) -> None:
-        self._head += n
-        if self._head > self.limits.head_bytes:
-            raise _head_too_large(self.limits.head_bytes)
 
 
 class _Connection:
@@ -477,26 +481,31 @@ class _Connection:
 
 
 def _head(response: Response, keep: bool, length: int | None, *, chunked: bool) -> bytes:
-    """The status line and headers of `response`: ours, the strict ones it did not set
-    itself, its own, and the framing (`length` bytes, chunked, or to the close; `keep`:
-    the connection stays open). ValueError: a header value with a line break (it would
-    start a header of its own) or outside Latin-1."""
-    own = {name.lower() for name, _ in response.headers}
-    lines = [f"HTTP/1.1 {response.status} {_reason(response.status)}", f"Server: {SERVER_NAME}"]
-    lines += (f"{n}: {v}" for n, v in SECURITY_HEADERS if n.lower() not in own)
-    lines.append(f"Content-Type: {response.content_type}")
-    lines += (f"{n}: {v}" for n, v in response.headers)
+    """The status line and headers of `response` (`_fixed_head`), and the framing:
+    `length` bytes, chunked, or to the close; `keep`: the connection stays open."""
+    head = _fixed_head(response.status, response.content_type, tuple(response.headers))
     if length is not None:
-        lines.append(f"Content-Length: {length}")
+        head += b"Content-Length: %d\r\n" % length
     elif chunked:
-        lines.append("Transfer-Encoding: chunked")
-    if not keep:
-        lines.append("Connection: close")
+        head += b"Transfer-Encoding: chunked\r\n"
+    return head + (b"\r\n" if keep else b"Connection: close\r\n\r\n")
+
+
+@functools.lru_cache(maxsize=256)
+def _fixed_head(status: int, content_type: str, headers: tuple[tuple[str, str], ...]) -> bytes:
+    """The status line and the headers that do not depend on the body: ours, the strict
+    ones the response did not set itself, its own (a few kinds of answer make all of a
+    console's, so they are made once). ValueError: a header value with a line break (it
+    would start a header of its own) or outside Latin-1."""
+    own = {name.lower() for name, _ in headers}
+    lines = [f"HTTP/1.1 {status} {_reason(status)}", f"Server: {SERVER_NAME}"]
+    lines += (f"{n}: {v}" for n, v in SECURITY_HEADERS if n.lower() not in own)
+    lines.append(f"Content-Type: {content_type}")
+    lines += (f"{n}: {v}" for n, v in headers)
     for line in lines:
         if "\r" in line or "\n" in line:
             raise ValueError(f"a response header has a line break: {line[:80]!r}")
-    lines += ("", "")
-    return "\r\n".join(lines).encode("latin-1")
+    return "".join(line + "\r\n" for line in lines).encode("latin-1")
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
