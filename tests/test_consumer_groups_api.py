@@ -366,6 +366,52 @@ def test_stale_owner_is_fenced_and_its_message_goes_to_the_new_owner(
         )
 
 
+def test_a_commit_right_after_a_failover_waits_for_the_members_claims(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """A new leader knows no member before they heartbeat again: a plain CommitOffset
+    that reaches it first waits out the grace period and is then refused, as the
+    group's member came back meanwhile; a group without members takes one as is."""
+    cluster = make_cluster("grace-commit", **GROUP_CONFIG)
+    group, topic = "grace-group", "grace-topic"
+    every = set(range(QUEUES))
+    with cluster.client() as client:
+        client.put(topic, "m", queue_id=0)
+        wait_until(
+            lambda: leases_of(client, group, "A", topic),
+            LEASES_S,
+            "member A to hold every queue",
+            ok=lambda ls: {x.queue_id for x in ls} == every,
+            interval_s=0.5,
+        )
+        old = cluster.leader_id()
+        target = next(n for n in cluster.specs if n != old)
+        assert client.transfer_leadership(target) == target
+        outcomes: dict[str, Exception | None] = {}
+
+        def plain_commit(name: str) -> None:
+            try:
+                client.commit_offset(name, topic, 0, 1)
+                outcomes[name] = None
+            except Exception as exc:  # recorded, asserted below
+                outcomes[name] = exc
+
+        committers = [threading.Thread(target=plain_commit, args=(g,)) for g in (group, "alone")]
+        for t in committers:
+            t.start()
+        # the order of events: the commits reach the new leader first, A heartbeats again
+        # a second later, inside its grace period (3 s)
+        time.sleep(1.0)
+        while any(t.is_alive() for t in committers):
+            leases_of(client, group, "A", topic)
+            for t in committers:
+                t.join(0.3)
+        assert isinstance(outcomes[group], GroupRefused), outcomes[group]
+        assert client.fetch_offset(group, topic, 0).get(0, -1) < 1
+        assert outcomes["alone"] is None, outcomes["alone"]
+        assert client.fetch_offset("alone", topic, 0).get(0) == 1
+
+
 def commit(cluster: LocalCluster, group: str, topic: str, member: str, epoch: int) -> None:
     """CommitOffset of queue 0 to offset 1 as `member` under `epoch`, at the leader (the
     client's `commit_offset` does not send a member or an epoch)."""

@@ -420,9 +420,20 @@ class GroupService:
     ) -> bool:
         """A client's own offset commit in a group with live members: only from the
         queue's owner under its lease (StaleLease), recorded as acks below `offset`.
-        False if the group has no live members here (the commit goes through as is)."""
+        False if the group has no live members here (the commit goes through as is).
+
+        A new leader does not know the old one's members until they claim their queues
+        in the grace period: a commit for a group none of whose members claimed yet
+        waits for the end of the grace period (a session timeout from the election),
+        then is judged by who claimed; so a stale owner's commit, or anyone's plain
+        one, cannot move an offset behind the members' backs right after a failover."""
         states = await self._states()
         state = states.get(group)
+        grace_left_ms = self._led_since_ms() + self.session_timeout_ms - _now_ms()
+        if grace_left_ms > 0 and (state is None or not state.members):
+            await asyncio.sleep(grace_left_ms / 1000)
+            states = await self._states()  # NotLeader if the leadership ended meanwhile
+            state = states.get(group)
         if state is None or not state.members:
             if state is not None:
                 state.reset(topic, queue_id, offset)  # members that join start from it
