@@ -16,6 +16,7 @@ from dledger_commitlog.cli.cluster_layout import free_ports
 from dledger_commitlog.log.commitlog import Draft
 from dledger_commitlog.node.config import NodeConfig, Peer, Route
 from dledger_commitlog.node.node import RaftNode
+from dledger_commitlog.service.admin import status_pb
 from raft import NotLeader
 from raft.errors import MembershipError
 from raft.membership import Member
@@ -218,6 +219,9 @@ def test_grow_three_to_five_then_shrink_back_loses_nothing(tmp_path: Path) -> No
         await until(lambda: _async(left.read_refusal is not None), 10.0, "4 knows it left")
         assert "no longer a member" in (left.read_refusal or "")
         assert not removed.is_leader()
+        assert left.removed and not leader.membership.removed
+        status = status_pb(removed.status(), removed.cfg, removed=left.removed)
+        assert status.role == "removed"  # not the follower it still is until it stops
 
     run(tmp_path, body)
 
@@ -235,6 +239,7 @@ def test_removing_the_leader_hands_over_and_membership_survives_restart(tmp_path
         await g.put(b"two")
         assert [m.id for m in leader.membership.members()] == sorted(rest)
         assert not old.is_leader()
+        await until(lambda: _async(old.membership.removed), 10.0, f"{old_id} knows it left")
         # The removed node's messages are refused from now on (its token and certificate
         # are checked against the same set by the PeerGate).
         assert old_id not in leader.membership.accepted

@@ -168,10 +168,16 @@ class NodeMembers:
             self._join_commit = msg.commit
 
     @property
+    def removed(self) -> bool:
+        """This node was a member (or started as one, not joining) and the configuration
+        in effect no longer has it: its status says `removed`."""
+        return self._cfg.node_id not in self.ids and (self._was_member or not self._cfg.join)
+
+    @property
     def read_refusal(self) -> str | None:
         """Why this node serves no read now (None: it does)."""
         me = self._cfg.node_id
-        if me not in self.ids and (self._was_member or not self._cfg.join):
+        if self.removed:
             return f"node {me} is no longer a member of the shard"
         if self._join_commit is None:
             return f"node {me} is joining the shard and has not heard from its leader yet"

@@ -32,7 +32,7 @@ class AdminRpcs(ServiceBase):
 
     async def Status(self, request: pb.StatusRequest, context: Context) -> pb.StatusResponse:
         await self._caller(context, "Status")
-        reply = status_pb(self.node.status(), self.cfg)
+        reply = status_pb(self.node.status(), self.cfg, removed=self.node.membership.removed)
         reply.loop_lag_max_ms = self.loop_lag.max_ms(reset=request.reset_loop_lag)
         reply.members.extend(members_pb(self.node.membership.members()))
         return reply
@@ -81,7 +81,12 @@ class AdminRpcs(ServiceBase):
         )
 
 
-def status_pb(state: NodeState, cfg: NodeConfig) -> pb.StatusResponse:
+REMOVED = "removed"  # the role a node reports once the configuration in effect left it out
+
+
+def status_pb(state: NodeState, cfg: NodeConfig, *, removed: bool = False) -> pb.StatusResponse:
+    """The Status answer: `state` as the node sees it; its role `removed` (not the
+    Raft role it still plays until it stops) once it is no longer a member."""
     peers = [
         pb.PeerStatus(
             node_id=p, match_index=pr.match, next_index=pr.next, recent_active=pr.recent_active
@@ -90,7 +95,7 @@ def status_pb(state: NodeState, cfg: NodeConfig) -> pb.StatusResponse:
     ]
     return pb.StatusResponse(
         node_id=cfg.node_id,
-        role=state.role.value,
+        role=REMOVED if removed else state.role.value,
         term=state.term,
         leader_id=state.leader_id or 0,
         leader_address=state.leader_client_address or "",
