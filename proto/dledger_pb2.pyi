@@ -1196,26 +1196,30 @@ class GroupLeader(_message.Message):
     def __init__(self, group: _Optional[int] = ..., leader_id: _Optional[int] = ..., leader: _Optional[str] = ..., members: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
-    __slots__ = ("cluster", "topic")
+    __slots__ = ("cluster", "topic", "linearizable")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
+    LINEARIZABLE_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     topic: str
-    def __init__(self, cluster: _Optional[str] = ..., topic: _Optional[str] = ...) -> None: ...
+    linearizable: bool
+    def __init__(self, cluster: _Optional[str] = ..., topic: _Optional[str] = ..., linearizable: _Optional[bool] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
-    __slots__ = ("data_groups", "queues_per_topic", "routes", "leaders", "version")
+    __slots__ = ("data_groups", "queues_per_topic", "routes", "leaders", "version", "age_ms")
     DATA_GROUPS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_PER_TOPIC_FIELD_NUMBER: _ClassVar[int]
     ROUTES_FIELD_NUMBER: _ClassVar[int]
     LEADERS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    AGE_MS_FIELD_NUMBER: _ClassVar[int]
     data_groups: int
     queues_per_topic: int
     routes: _containers.RepeatedCompositeFieldContainer[TopicRoute]
     leaders: _containers.RepeatedCompositeFieldContainer[GroupLeader]
     version: int
-    def __init__(self, data_groups: _Optional[int] = ..., queues_per_topic: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[TopicRoute, _Mapping]]] = ..., leaders: _Optional[_Iterable[_Union[GroupLeader, _Mapping]]] = ..., version: _Optional[int] = ...) -> None: ...
+    age_ms: int
+    def __init__(self, data_groups: _Optional[int] = ..., queues_per_topic: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[TopicRoute, _Mapping]]] = ..., leaders: _Optional[_Iterable[_Union[GroupLeader, _Mapping]]] = ..., version: _Optional[int] = ..., age_ms: _Optional[int] = ...) -> None: ...
 
 class TopicUpdateRequest(_message.Message):
     __slots__ = ("cluster", "topic", "op", "groups")

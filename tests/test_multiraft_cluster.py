@@ -173,6 +173,28 @@ def test_route_is_answered_by_every_node_and_topic_update_redirects(
     with routed(cluster) as rc:
         rc.topic_update("create", "everywhere", {1: 1, 3: 4})
         version = rc.routes().version
+    leader0 = leader_of(shard_statuses(cluster, 0))
+    # Asked linearizable, every node answers at once with the table shard 0's leader
+    # confirms (a node behind waits to catch up); an answer says how old it may be: 0
+    # from shard 0's leader, since its last word elsewhere. Each asked itself (a
+    # client's Route goes to its shard's leader).
+    for spec in cluster:
+        with grpc.insecure_channel(spec.client) as channel:
+            stub = pb_grpc.DLedgerClientStub(channel)
+
+            def route(linearizable: bool, stub: Any = stub) -> pb.RouteResponse:
+                request = pb.RouteRequest(topic="everywhere", linearizable=linearizable)
+                answer: pb.RouteResponse = stub.Route(request, timeout=5.0)
+                return answer
+
+            confirmed = route(True)
+            assert confirmed.version >= version and confirmed.age_ms == 0, spec.id
+            assert [(q.group, q.queues) for q in confirmed.routes[0].groups] == [(1, 1), (3, 4)]
+            age = route(False).age_ms
+            if spec.id == leader0:
+                assert age == 0
+            else:
+                assert 0 <= age < 5000, (spec.id, age)
     for spec in cluster:
         with Client([spec.client], max_retries=0) as one:
             routes = wait_until(
@@ -184,7 +206,6 @@ def test_route_is_answered_by_every_node_and_topic_update_redirects(
         assert routes.shard_count == SHARDS
         assert routes.route("everywhere").shards == ((1, 1), (3, 4))
         assert sorted(routes.leaders) == list(range(SHARDS + 1))
-    leader0 = leader_of(shard_statuses(cluster, 0))
     assert leader0 is not None
     follower = next(s for s in cluster if s.id != leader0)
     with grpc.insecure_channel(follower.client) as channel:

@@ -309,3 +309,26 @@ def test_a_route_in_this_nodes_settings_wins_over_the_config_entrys_address(
 
 async def _async(value: T) -> T:
     return value
+
+
+def test_a_node_says_how_long_since_it_heard_from_its_leader(tmp_path: Path) -> None:
+    """`behind_ms` (a Route answer's age): -1 before any leader was heard, 0 on the
+    leader, and on a follower the time since the leader's last message."""
+
+    async def body(g: Shard) -> None:
+        lone = await g.start(1, [1, 2, 3])
+        assert lone.membership.behind_ms() == -1  # no leader since it started
+        for i in (2, 3):
+            await g.start(i, [1, 2, 3])
+        leader = await g.leader()
+        assert leader.membership.behind_ms() == 0
+        await g.put(b"heard")
+        for i, n in g.nodes.items():
+            if n is not leader:
+
+                async def lately(n: RaftNode = n) -> bool | None:
+                    return 0 <= n.membership.behind_ms() < 1000 or None
+
+                await until(lately, 10.0, f"node {i} to have heard its leader lately")
+
+    run(tmp_path, body)

@@ -480,11 +480,14 @@ class ClientBase(MemberOps):
         return Op("clean_now", "CleanNow", request, convert, pinned=server, timeout_s=timeout_s)
 
     @operation
-    def route(self, topic: str = "") -> Op[Routes]:
+    def route(self, topic: str = "", linearizable: bool = False) -> Op[Routes]:
         """The cluster's routes (docs/scaling.md): with `topic`, that topic's (configured
         or default); without, every configured one. A single-shard cluster answers one
-        shard and the default route."""
-        return Op("route", "Route", pb.RouteRequest(cluster=self.cluster, topic=topic), routes)
+        shard and the default route. `linearizable`: only the table shard 0's leader
+        confirms current (a node behind it waits to catch up); else the answering
+        node's, as old as its `age_ms` says."""
+        request = pb.RouteRequest(cluster=self.cluster, topic=topic, linearizable=linearizable)
+        return Op("route", "Route", request, routes)
 
     @operation
     def topic_update(

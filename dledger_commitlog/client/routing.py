@@ -18,9 +18,11 @@ half message, whose commit or rollback goes to the shard its id names. Consumer
 groups live in each shard: `RoutedConsumer` (blocking, as `Consumer`) and
 `AsyncRoutedClient.consumers` run one consumer per data shard, with one member id
 and a `max_messages` shared between them (`async_consumer.run_together`). A refusal that
-says the route changed (a queue the shard does not have) refreshes the route and tries
-once more; a cached route is asked for again after `route_ttl_s` (30 s, as
-RocketMQ's clients poll their name server), and `refresh_routes` drops the cache.
+says the route changed (a queue the shard does not have) refreshes the route, as
+shard 0's leader confirms it (`linearizable`: a node of shard 0 that lags would answer
+with the route just refused), and tries once more; a cached route is asked for again
+after `route_ttl_s` (30 s, as RocketMQ's clients poll their name server), and
+`refresh_routes` drops the cache.
 A message id names its shard, so `get` needs no route. Everything else is a call of
 one shard: `client(g)`.
 """
@@ -177,9 +179,10 @@ class RoutedClient(_Routing[Client]):
         found = self._fresh(topic)
         return found if found is not None else self._cached(self.routes(topic), topic)
 
-    def routes(self, topic: str = "") -> Routes:
-        """The cluster's routes as a node of shard 0 answers them now (not cached)."""
-        return self.client(0).route(topic)
+    def routes(self, topic: str = "", linearizable: bool = False) -> Routes:
+        """The cluster's routes as a node of shard 0 answers them now (not cached;
+        `linearizable`: as its leader confirms them)."""
+        return self.client(0).route(topic, linearizable=linearizable)
 
     def put(
         self,
@@ -201,6 +204,7 @@ class RoutedClient(_Routing[Client]):
                 if attempt or _ROUTE_CHANGED not in str(exc):
                     raise
                 self.refresh_routes()
+                self._cached(self.routes(topic, linearizable=True), topic)
         raise AssertionError("unreachable")
 
     def get(self, msg_id: str, linearizable: bool = False) -> StoredMessage:
@@ -258,8 +262,8 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
         found = self._fresh(topic)
         return found if found is not None else self._cached(await self.routes(topic), topic)
 
-    async def routes(self, topic: str = "") -> Routes:
-        return await self.client(0).route(topic)
+    async def routes(self, topic: str = "", linearizable: bool = False) -> Routes:
+        return await self.client(0).route(topic, linearizable=linearizable)
 
     async def put(
         self,
@@ -278,6 +282,7 @@ class AsyncRoutedClient(_Routing[AsyncClient]):
                 if attempt or _ROUTE_CHANGED not in str(exc):
                     raise
                 self.refresh_routes()
+                self._cached(await self.routes(topic, linearizable=True), topic)
         raise AssertionError("unreachable")
 
     async def get(self, msg_id: str, linearizable: bool = False) -> StoredMessage:

@@ -337,13 +337,16 @@ class Routes:
     """A multi-shard cluster's routes (docs/scaling.md): the data shards, the queues per
     topic a shard holds by default, the configured routes by topic (a topic asked for
     by name is here even with the default route), the leaders the answering process
-    knows, and the table's version."""
+    knows, the table's version, and how old it may be (`age_ms`: 0 confirmed current or
+    from shard 0's leader; else since the answering node heard from that leader; -1
+    unknown)."""
 
     shard_count: int
     queues_per_topic: int
     routes: Mapping[str, TopicRoute]
     leaders: Mapping[int, GroupLeader]
     version: int
+    age_ms: int = 0
 
     def route(self, topic: str) -> TopicRoute:
         """`topic`'s route: the configured one, or every data shard's default queues."""
@@ -361,4 +364,4 @@ def routes(msg: pb.RouteResponse) -> Routes:
         for x in msg.leaders
     }
     table = {r.topic: topic_route(r) for r in msg.routes}
-    return Routes(msg.data_groups, msg.queues_per_topic, table, leaders, msg.version)
+    return Routes(msg.data_groups, msg.queues_per_topic, table, leaders, msg.version, msg.age_ms)

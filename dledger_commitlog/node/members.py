@@ -77,6 +77,7 @@ class NodeMembers:
         self.accepted: frozenset[int] = frozenset()
         # A joining node: the leader's commit index when it first heard from it.
         self._join_commit: int | None = None if cfg.join else 0
+        self._leader_heard_at: float | None = None  # monotonic time of a leader's last message
         self.sync()
 
     # -- the live membership ------------------------------------------------------
@@ -163,9 +164,22 @@ class NodeMembers:
     # -- reads of a joining node ------------------------------------------------------
 
     def heard(self, msg: Message) -> None:
-        """A message from a peer was accepted: a joining node learns the leader's commit."""
-        if self._join_commit is None and isinstance(msg, AppendEntries | Heartbeat | Snapshot):
-            self._join_commit = msg.commit
+        """A message from a peer was accepted: a joining node learns the leader's commit;
+        one from a leader is the latest word this node had of the shard's commit."""
+        if isinstance(msg, AppendEntries | Heartbeat | Snapshot):
+            self._leader_heard_at = time.monotonic()
+            if self._join_commit is None:
+                self._join_commit = msg.commit
+
+    def behind_ms(self) -> int:
+        """How old this node's knowledge of what the shard committed may be, in ms: 0 on
+        its leader, the time since a leader's last message on a follower, -1 when none
+        came since this node started (it cannot tell)."""
+        if self._core.role is Role.LEADER:
+            return 0
+        if self._leader_heard_at is None:
+            return -1
+        return int((time.monotonic() - self._leader_heard_at) * 1000)
 
     @property
     def removed(self) -> bool:

@@ -2,7 +2,9 @@
 
 Owns `RouteRpcs`, over `shard_map.ShardMap` (what one node process knows beyond the
 shard a call names: the shards it hosts and, with shard 0, the route table). `Route`
-is answered by any shard's service of the process (it is the process's answer);
+is answered by any shard's service of the process (it is the process's answer), with
+how old its table may be (`age_ms`), or, asked `linearizable`, only once the table
+holds what shard 0's leader confirms committed;
 `TopicUpdate` is a call of shard 0 (the dispatcher sends it to shard 0's service,
 a follower redirects to shard 0's leader) and needs the admin right when the ACL
 is on. A single-shard cluster answers `Route` with its one default route per topic
@@ -42,13 +44,26 @@ class RouteRpcs(ServiceBase):
         if wrong:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, wrong)
         host = self.shard_map
-        table = host.table()
-        if table is None:
+        if host.table() is None:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"node {self.cfg.node_id}'s process does not host shard 0 "
                 "(the routes): ask one that does",
             )
+        age_ms = host.routes_behind_ms()
+        if request.linearizable and age_ms != 0:
+            try:
+                await host.confirm_routes(self._timeout(context))
+            except NotLeader:
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE, "no leader of shard 0 to confirm the routes"
+                )
+            except TimeoutError:
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE, "the routes could not be confirmed in time"
+                )
+            age_ms = 0
+        table = host.table()
         assert table is not None
         routes = (
             [table.route(request.topic)]
@@ -61,6 +76,7 @@ class RouteRpcs(ServiceBase):
             routes=[route_pb(r) for r in routes],
             leaders=host.leaders(),
             version=table.version,
+            age_ms=age_ms,
         )
 
     async def TopicUpdate(

@@ -34,6 +34,25 @@ class ShardMap:
             return RouteTable(1, self.queues_per_topic)
         return None
 
+    def routes_behind_ms(self) -> int:
+        """How old `table()` may be (RouteResponse.age_ms): 0 on shard 0's leader and
+        where the routes never change (one data shard); else how long since this node
+        heard from shard 0's leader (-1: not since it started)."""
+        node = self.nodes.get(0)
+        if self.routes is None or node is None:
+            return 0
+        return node.membership.behind_ms()
+
+    async def confirm_routes(self, timeout_s: float) -> None:
+        """Return once `table()` holds every route change shard 0 had committed when
+        asked: a read index confirmed by its quorum, then dispatched here (NotLeader,
+        TimeoutError)."""
+        node = self.nodes.get(0)
+        if self.routes is None or node is None:
+            return
+        await node.read_index(timeout_s)
+        await node.wait_dispatched(node.committed_pos, timeout_s)
+
     def leaders(self) -> list[pb.GroupLeader]:
         return [
             pb.GroupLeader(
