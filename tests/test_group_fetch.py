@@ -61,9 +61,11 @@ class Context:
 Body = Callable[[RaftNode, GroupService, ClientService], Awaitable[None]]
 
 
-def run_node(tmp_path: Path, body: Body) -> None:
+def run_node(tmp_path: Path, body: Body, **settings: object) -> None:
     async def main() -> None:
-        cfg = lone_config(tmp_path, queues_per_topic=QUEUES, group_session_timeout_ms=600)
+        cfg = lone_config(
+            tmp_path, queues_per_topic=QUEUES, group_session_timeout_ms=600, **settings
+        )
         async with lone_leader(cfg) as (node, services, metrics):
             service = ClientService(cfg, node, services, metrics=metrics)
             try:
@@ -210,6 +212,36 @@ def test_an_orderly_run_that_ends_wakes_the_fetch_waiting_for_its_queue(tmp_path
         assert _bodies(after.messages) == [b"2"] and after.counts == [1]
 
     run_node(tmp_path, body)
+
+
+def test_an_orderly_dead_letter_is_not_delivered_again_while_it_is_put(tmp_path: Path) -> None:
+    """The nack that ends an orderly message's retries puts it to the dead-letter topic;
+    its queue stays paused until that put returns, even past the nack's delay, so the
+    message is not delivered once more meanwhile (the put made slow here)."""
+
+    async def body(node: RaftNode, groups: GroupService, service: ClientService) -> None:
+        await join(groups, "o", orderly=True, max_reconsume=1)
+        await put(node, "T", b"poison", 0)
+        (run,) = (await groups.fetch("o", "m", 32, 1.0)).runs
+        pause_s = groups.levels[0] / 1000
+        stored = groups.log.put
+
+        async def slow_put(specs: Any, timeout_s: float) -> Any:
+            await asyncio.sleep(pause_s + 0.5)  # a dead-letter put slower than the pause
+            return await stored(specs, timeout_s)
+
+        groups.log.put = slow_put  # type: ignore[method-assign]
+        handle = (run.topic, run.queue_id, 0, run.epoch)
+        nacking = asyncio.create_task(groups.nack("o", "m", handle, 1))
+        during = await groups.fetch("o", "m", 32, pause_s + 0.3)  # past the pause's end
+        assert not during.runs, "delivered again while its dead letter was being put"
+        assert (await nacking).outcome == "dead-letter"
+        after = await groups.fetch("o", "m", 32, 0.3)
+        assert not after.runs
+        (lease,) = [x for ref, x in (await join(groups, "o")).leases.items() if ref == ("T", 0)]
+        assert lease.frontier == 1
+
+    run_node(tmp_path, body, delay_levels="200ms 400ms 800ms")
 
 
 def test_filters_run_on_the_server_and_what_they_drop_counts_as_acked(tmp_path: Path) -> None:

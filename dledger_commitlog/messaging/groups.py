@@ -345,7 +345,15 @@ class GroupService:
             if tries < settings.max_reconsume:
                 self._moved(group)
                 return NackOutcome("in-place", tries, delay_ms, level)
-            await self._dead_letter(group, msg, units[0].commitlog_offset, tries, "orderly")
+            # The queue stays paused until the dead letter is stored: were it to resume
+            # after the delay, the message could be delivered again during the put.
+            lease.suspended_until_ms = _HELD_MS
+            try:
+                await self._dead_letter(group, msg, units[0].commitlog_offset, tries, "orderly")
+            except BaseException:
+                lease.suspended_until_ms = _now_ms()  # not stored: it is retried in place
+                self._moved(group)
+                raise
             lease.suspended_until_ms = 0
             lease.mark_acked(offset)
             self._moved(group)
@@ -536,6 +544,9 @@ class GroupService:
 
 def _now_ms() -> int:
     return int(time.monotonic() * 1000)
+
+
+_HELD_MS = 1 << 62  # a queue's pause while the dead letter that ends its run is put
 
 
 def _freed(touched: list[tuple[Lease, int]], orderly: bool) -> bool:
