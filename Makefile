@@ -29,18 +29,23 @@ compile: $(STAMP)
 
 # What tests use beyond Python: Prometheus and promtool (tests/test_prometheus.py):
 # the system's, else Debian's package unpacked under .venv/tools (no root needed, no
-# service started); and Chromium for the console's browser tests
-# (tests/test_console_pages.py): the system's, else Debian's `chromium` installed with
-# apt-get when running as root (Playwright, of the dev extra, never downloads a
-# browser). Where neither works, those tests skip and say why.
+# service started); Chromium for the console's browser tests
+# (tests/test_console_pages.py) and iptables for the network-namespace chaos tests
+# (tests/test_chaos_netns.py, which run as root): the system's, else Debian's package
+# installed with apt-get when running as root (Playwright, of the dev extra, never
+# downloads a browser). Where neither works, those tests skip and say why.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 TOOLS := $(VENV)/tools
-APT_CHROMIUM := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
+APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
+define apt_tool # $(1): the command, $(2): its Debian package, $(3): what skips without it
+	@PATH="$$PATH:/usr/sbin:/sbin" command -v $(1) >/dev/null 2>&1 || { test "$$(id -u)" = 0 \
+	  && { $(APT_INSTALL) $(2) >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && $(APT_INSTALL) $(2) >/dev/null 2>&1; }; } \
+	  && echo "$(1): Debian's package installed with apt-get"; } \
+	  || echo "$(1): not found and not installable with apt-get (needs root): $(3) will skip"
+endef
 tools: $(STAMP)
-	@command -v chromium >/dev/null 2>&1 || { test "$$(id -u)" = 0 \
-	  && { $(APT_CHROMIUM) >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && $(APT_CHROMIUM) >/dev/null 2>&1; }; } \
-	  && echo "chromium: Debian's package installed with apt-get"; } \
-	  || echo "chromium: not found and not installable with apt-get (needs root): the browser tests will skip"
+	$(call apt_tool,chromium,chromium,the browser tests)
+	$(call apt_tool,iptables,iptables,the network-namespace chaos tests)
 	@command -v promtool >/dev/null 2>&1 || test -x $(TOOLS)/usr/bin/promtool || { \
 	  mkdir -p $(TOOLS)/deb && cd $(TOOLS)/deb && apt-get download prometheus >/dev/null 2>&1 \
 	  && dpkg-deb -x prometheus_*.deb .. && rm -f prometheus_*.deb \
