@@ -183,6 +183,11 @@ class Dispatcher:
         # What the last `persist` recorded: an idle node does not rewrite (and fsync)
         # the same offsets file and checkpoint once a second.
         self._persisted: tuple[int, dict[GroupKey, int], int] | None = None
+        # The commit-log position below which dispatch survives a crash without the log
+        # (queues, index and group offsets recorded durably): retention deletes nothing
+        # at or past it, or a restart would find offset commits neither in the offsets
+        # file nor in the log.
+        self.persisted_pos = 0
 
     # -- opening and recovery ------------------------------------------------------
 
@@ -239,7 +244,7 @@ class Dispatcher:
         # commits between is idempotent, as each sets a value in log order.
         if offsets_pos is not None:
             resume = min(resume, max(offsets_pos, log_min))
-        self.dispatched_pos = resume
+        self.dispatched_pos = self.persisted_pos = resume
         self.last_store_timestamp_ms = cp.logics_msg_timestamp_ms
         report.resume_pos = resume
         report.seconds = time.perf_counter() - started
@@ -248,7 +253,7 @@ class Dispatcher:
     def reset(self, pos: int, offsets: dict[GroupKey, int]) -> None:
         """The log restarts at `pos` (restored from a leader): start queues and index over."""
         self._wipe()
-        self.dispatched_pos = pos
+        self.dispatched_pos = self.persisted_pos = pos  # the log starts there
         self.offsets = dict(offsets)
 
     def _store_timestamp_of(self, commitlog_offset: int) -> int:
@@ -419,6 +424,7 @@ class Dispatcher:
         self.index.flush(snap.index)
         record = (snap.dispatched_pos, snap.offsets, snap.last_store_timestamp_ms)
         if record == self._persisted:
+            self.persisted_pos = max(self.persisted_pos, snap.dispatched_pos)
             return
         doc = {
             "position": snap.dispatched_pos,
@@ -433,6 +439,7 @@ class Dispatcher:
         )
         self.checkpoint.flush()
         self._persisted = record
+        self.persisted_pos = max(self.persisted_pos, snap.dispatched_pos)
 
     def close(self, clean: bool) -> None:
         """Close the files; `clean` (after a final persist) removes the abort marker."""

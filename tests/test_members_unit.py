@@ -109,6 +109,10 @@ class FakeMembership:
     def read_refusal(self) -> str | None:
         return self.shard.read_refusal
 
+    @property
+    def removed(self) -> bool:
+        return self.node.node_id not in self.shard.members
+
     def members(self) -> list[MemberStatus]:
         ms = self.shard.members.values()
         if self.node.is_leader():

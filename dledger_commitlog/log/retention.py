@@ -5,8 +5,9 @@ commit-log segments when it is the configured hour, or at once when the disk
 is fuller than the force ratio, or when an admin forces it. Above the refuse
 ratio the node refuses puts with a clear error until space is freed.
 
-Never deleted: anything at or beyond the committed position or the dispatched
-position, and the newest segment. On a leader (unless the disk is past the
+Never deleted: anything at or beyond the committed position or the position
+dispatch last recorded durably (its checkpoint, within a second of dispatching),
+and the newest segment. On a leader (unless the disk is past the
 force ratio) neither is what a recently active follower still needs; a follower
 that falls behind the retained start anyway is caught up from the leader's
 first retained entry (Raft snapshot). After the commit log, consume-queue and
@@ -61,7 +62,9 @@ class Retention:
 
     def safe_offset(self, under_pressure: bool) -> int:
         """Commit-log position below which whole segments may go."""
-        safe = min(self._commitlog.committed_pos, self._dispatcher.dispatched_pos)
+        # What dispatch recorded durably, not only what it did: an offset commit deleted
+        # before the offsets file holds it would be lost to a crash (and to a snapshot).
+        safe = min(self._commitlog.committed_pos, self._dispatcher.persisted_pos)
         core = self._core
         if core.role is Role.LEADER and not under_pressure:
             for peer, pr in core.progress.items():

@@ -530,7 +530,12 @@ class RaftNode:
         )
 
     async def clean_now(self, force: bool) -> tuple[int, int, str]:
-        """`dledger admin clean-now`: a retention pass now (`force`: whatever the age)."""
+        """`dledger admin clean-now`: a retention pass now (`force`: whatever the age),
+        after a checkpoint (off the loop): retention deletes only what dispatch has
+        recorded durably, and "now" includes what was dispatched a moment ago."""
+        loop = asyncio.get_running_loop()
+        snap = self.dispatcher.snapshot()
+        await loop.run_in_executor(self._executor, self.loops.checkpoint_now, snap)
         return self.loops.clean_now(force)
 
     # -- the Ready driver's callbacks ---------------------------------------------------
