@@ -253,6 +253,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         elif ours:
             module = getattr(item, "module", None)
             item.add_marker(pytest.mark.xdist_group(getattr(module, "__name__", "shared")))
+    _longest_first(items)
+
+
+def _longest_first(items: list[pytest.Item]) -> None:
+    """Order whole modules so the long ones go first: the groups of a session-wide
+    fixture (Spark: minutes of tests on one worker), then modules with slow tests, then
+    the rest; a module's tests stay together and in their order. The workers take the
+    groups in this order, so no long group starts near the end and leaves the other
+    workers idle (longest processing time first)."""
+
+    def rank(item: pytest.Item) -> int:
+        group = item.get_closest_marker("xdist_group")
+        if group is not None and not str(group.args[0]).startswith("tests."):
+            return 0
+        return 1 if item.get_closest_marker("slow") is not None else 2
+
+    module_rank: dict[str, int] = {}
+    for item in items:
+        name = item.nodeid.split("::", 1)[0]
+        module_rank[name] = min(module_rank.get(name, 2), rank(item))
+    items.sort(key=lambda item: module_rank[item.nodeid.split("::", 1)[0]])
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
