@@ -290,6 +290,18 @@ def leases_of(client: Client, group: str, member: str, topic: str) -> list[Queue
     return [x for x in leases if x.topic == topic]
 
 
+def holds_every_queue(client: Client, group: str, member: str, topic: str) -> None:
+    """Heartbeat as `member` until it holds every queue of `topic` (a new leader grants
+    nothing in its grace period, the first grant waits for the coordinator's tick)."""
+    wait_until(
+        lambda: leases_of(client, group, member, topic),
+        LEASES_S,
+        f"member {member} to hold every queue",
+        ok=lambda ls: {x.queue_id for x in ls} == set(range(QUEUES)),
+        interval_s=0.5,
+    )
+
+
 def test_stale_owner_is_fenced_and_its_message_goes_to_the_new_owner(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:
@@ -298,13 +310,7 @@ def test_stale_owner_is_fenced_and_its_message_goes_to_the_new_owner(
     every = set(range(QUEUES))
     with cluster.client() as client:
         client.put(topic, "unacked", queue_id=0)
-        wait_until(
-            lambda: leases_of(client, group, "A", topic),
-            LEASES_S,
-            "member A to hold every queue",
-            ok=lambda ls: {x.queue_id for x in ls} == every,
-            interval_s=0.5,
-        )
+        holds_every_queue(client, group, "A", topic)
 
         def fetch(member: str) -> tuple[Delivery, ...]:
             return client.group_fetch(group, member, 32, 500).deliveries
@@ -374,16 +380,9 @@ def test_a_commit_right_after_a_failover_waits_for_the_members_claims(
     group's member came back meanwhile; a group without members takes one as is."""
     cluster = make_cluster("grace-commit", **GROUP_CONFIG)
     group, topic = "grace-group", "grace-topic"
-    every = set(range(QUEUES))
     with cluster.client() as client:
         client.put(topic, "m", queue_id=0)
-        wait_until(
-            lambda: leases_of(client, group, "A", topic),
-            LEASES_S,
-            "member A to hold every queue",
-            ok=lambda ls: {x.queue_id for x in ls} == every,
-            interval_s=0.5,
-        )
+        holds_every_queue(client, group, "A", topic)
         old = cluster.leader_id()
         target = next(n for n in cluster.specs if n != old)
         assert client.transfer_leadership(target) == target

@@ -24,16 +24,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dledger_commitlog.console.http import (
-    HttpServer,
-    Limits,
-    Request,
-    Response,
-    Router,
-    json_response,
-)
+from dledger_commitlog.console.http import HttpServer, Router
+from tests.test_http_server import LIMITS, echo
 
-LIMITS = Limits(head_bytes=2048, body_bytes=1000, read_timeout_s=0.5, idle_timeout_s=1.0)
 VALID = (
     b"POST /echo/a?x=1&y=%41 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     b"Content-Length: 5\r\n\r\nhello"
@@ -44,10 +37,6 @@ CHUNKED = (
 )
 STATUS = re.compile(rb"HTTP/1\.1 (\d{3}) ")
 MEANT = {100, 200, 400, 404, 405, 431, 505}  # what the server says to such bytes
-
-
-async def echo(request: Request) -> Response:
-    return json_response(200, {"n": len(request.body), "params": dict(request.params)})
 
 
 @pytest.fixture(scope="module")
