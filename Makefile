@@ -35,9 +35,6 @@ compile: $(STAMP)
 # installed with apt-get when running as root (Playwright, of the dev extra, never
 # downloads a browser). Where neither works, those tests skip and say why.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
-# Processes that start others while their gRPC channels are live (the suite, the demo)
-# run without gRPC's fork support: see dledger_commitlog/cli/__init__.py.
-export GRPC_ENABLE_FORK_SUPPORT := false
 TOOLS := $(VENV)/tools
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
 define apt_tool # $(1): the command, $(2): its Debian package, $(3): what skips without it
