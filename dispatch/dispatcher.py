@@ -424,8 +424,7 @@ class Dispatcher:
         self.index.flush(snap.index)
         record = (snap.dispatched_pos, snap.offsets, snap.last_store_timestamp_ms)
         if record == self._persisted:
-            self.persisted_pos = max(self.persisted_pos, snap.dispatched_pos)
-            return
+            return  # recorded already (persisted_pos with it)
         doc = {
             "position": snap.dispatched_pos,
             "offsets": [[g, t, q, o] for (g, t, q), o in sorted(snap.offsets.items())],
